@@ -1,0 +1,530 @@
+//! `nodestrap bootstrap`: tectonic-torcx's node bootstrap, step by step (torcx.md 2.2), with
+//! the fixes its reference lists: atomic writes, stable kubelet.env, a deadline on the update
+//! wait, retries on 5xx, and a reboot only when one is really needed.
+
+use std::time::Duration;
+
+use crate::cli::{Bootstrap, RebootMode, DEFAULT_MANIFEST_URL};
+use crate::dbus::{self, Update};
+use crate::envfile::EnvFile;
+use crate::error::{Error, Result};
+use crate::fetch::{Backoff, Http, Request, Retry, Tls};
+use crate::kube::{ApiRetry, Kube};
+use crate::mappings::Mappings;
+use crate::reboot::Rebooter;
+use crate::root::Root;
+use crate::torcx::{self, PackageList, Source, Staged};
+use crate::verify::Keyring;
+
+pub const OS_RELEASE: &str = "/usr/lib/os-release";
+const RUNTIME: &str = "docker";
+const MAPPINGS_NS: &str = "tectonic-system";
+const MAPPINGS_CM: &str = "tectonic-torcx-runtime-mappings";
+const MAPPINGS_KEY: &str = "runtime-mappings.yaml";
+const MANIFEST_CAP: u64 = 1 << 20;
+const SIGNATURE_CAP: u64 = 64 << 10;
+
+pub fn run(a: &Bootstrap) -> Result<()> {
+    // 0. Everything that can be checked without the node or the network: exit 2 if wrong.
+    let root = Root::open(&a.root)?;
+    if !torcx::plain_name(&a.torcx_profile) {
+        return Err(Error::config(format!(
+            "--torcx-profile {:?} is not a plain name",
+            a.torcx_profile
+        )));
+    }
+    let template = if a.torcx_manifest_url.is_empty() {
+        DEFAULT_MANIFEST_URL
+    } else {
+        &a.torcx_manifest_url
+    };
+    render_url(template, "amd64-usr", "1.0.0")?;
+    let torcx_on = !a.torcx_skip_setup;
+    let keyring = if torcx_on && !a.no_verify_signatures {
+        let data = crate::root::read_host_file(&a.keyring, 16 << 20, "--keyring")?;
+        let k = Keyring::parse(&data, &a.keyring.display().to_string())?;
+        log::debug!("keyring {}: {}", a.keyring.display(), k.fingerprints().join(", "));
+        Some(k)
+    } else {
+        if torcx_on {
+            log::warn!("--no-verify-signatures: torcx manifests will NOT be authenticated; anyone on the path can choose what runs on this node");
+        }
+        None
+    };
+    let api_retry = ApiRetry {
+        tries: a.api_tries,
+        delay: Duration::from_secs(a.api_retry_delay),
+    };
+    let rebooter = crate::reboot::for_run(&root, a.reboot == RebootMode::Auto, a.dry_run);
+
+    // 1. OS version and board.
+    let os = OsInfo::read(&root)?;
+    log::info!(
+        "OS version {} board {} (from {}{})",
+        os.version,
+        os.board,
+        root.show(OS_RELEASE),
+        if os.board_from_arch {
+            ", board by architecture"
+        } else {
+            ""
+        }
+    );
+
+    // 2. Kubernetes version: forced, API server, or the installer's kubelet.env.
+    let kube = if a.force_kube_version.is_none() || torcx_on {
+        Kube::from_kubeconfig(&root, &a.kubeconfig, api_retry)?
+    } else {
+        None
+    };
+    let k8s = kube_version(&root, a, kube.as_ref())?;
+
+    // 3. Runtime mappings: the ConfigMap, else the node's file.
+    let wanted = if torcx_on {
+        runtime_versions(&root, a, kube.as_ref(), &k8s)?
+    } else {
+        Vec::new()
+    };
+
+    // 4. update_engine.
+    let update = os_update(a)?;
+    let next = match &update {
+        Update::Pending(v) => Some(v.clone()),
+        _ => None,
+    };
+
+    // 5-8. torcx: choose, fetch and verify, stage, profile.
+    let chosen = if torcx_on {
+        let http = Http::new(
+            &Tls::system_plus(a.ca_file.as_deref())?,
+            Retry {
+                attempts: a.fetch_attempts.max(1),
+                backoff: Backoff::Exponential {
+                    initial: Duration::from_millis(a.fetch_backoff_ms),
+                    cap: Duration::from_secs(60),
+                },
+                budget: Duration::from_secs(600),
+            },
+        )?;
+        let m = Manifests {
+            http: &http,
+            template,
+            board: &os.board,
+            keyring: keyring.as_ref(),
+        };
+        stage_runtime(
+            &root,
+            &m,
+            &os.version,
+            next.as_deref(),
+            &wanted,
+            &a.torcx_profile,
+            a.dry_run,
+        )?
+    } else {
+        log::info!("torcx setup skipped (--torcx-skip-setup)");
+        None
+    };
+
+    // 9. kubelet.env, last: it is the done marker.
+    write_kubelet_env(&root, a, &k8s)?;
+
+    // 10. Reboot only when needed.
+    let applied = torcx::applied_reference(&root, RUNTIME)?;
+    let reasons = reboot_reasons(&update, applied.as_ref(), chosen.as_deref());
+    println!(
+        "nodestrap: bootstrap {} k8s={k8s} {RUNTIME}={} next-os={} reboot={}",
+        if a.dry_run { "planned" } else { "done" },
+        chosen.as_deref().unwrap_or("unchanged"),
+        next.as_deref().unwrap_or("none"),
+        if reasons.is_empty() {
+            "no".to_string()
+        } else {
+            format!("needed ({})", reasons.join("; "))
+        }
+    );
+    if reasons.is_empty() {
+        log::info!("no reboot needed");
+        return Ok(());
+    }
+    let runtime_changes = applied.is_some() && chosen.is_some();
+    reboot(
+        &root,
+        rebooter.as_ref(),
+        &reasons.join("; "),
+        runtime_changes,
+        a.dry_run,
+    )
+}
+
+pub struct OsInfo {
+    pub version: String,
+    pub board: String,
+    pub board_from_arch: bool,
+    pub id: Option<String>,
+}
+
+impl OsInfo {
+    pub fn read(root: &Root) -> Result<OsInfo> {
+        let name = root.show(OS_RELEASE);
+        let text = root
+            .read_text(OS_RELEASE)?
+            .ok_or_else(|| Error::failed(format!("{name}: does not exist")))?;
+        let env = EnvFile::parse(&text, &name)?;
+        let version = env
+            .get("VERSION_ID")
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| Error::failed(format!("{name}: no VERSION_ID")))?
+            .to_string();
+        if !torcx::plain_name(&version) {
+            return Err(Error::failed(format!(
+                "{name}: VERSION_ID {version:?} is not a plain version"
+            )));
+        }
+        let (board, board_from_arch) = match env.get("COREOS_BOARD").filter(|b| !b.is_empty()) {
+            Some(b) if torcx::plain_name(b) => (b.to_string(), false),
+            Some(b) => return Err(Error::failed(format!("{name}: COREOS_BOARD {b:?} is not a plain name"))),
+            None => (arch_board()?.to_string(), true),
+        };
+        Ok(OsInfo {
+            version,
+            board,
+            board_from_arch,
+            id: env.get("ID").map(str::to_string),
+        })
+    }
+}
+
+/// Container Linux boards by the architecture this binary was built for.
+fn arch_board() -> Result<&'static str> {
+    match std::env::consts::ARCH {
+        "x86_64" => Ok("amd64-usr"),
+        "aarch64" => Ok("arm64-usr"),
+        a => Err(Error::failed(format!(
+            "no COREOS_BOARD in os-release and no board for architecture {a}"
+        ))),
+    }
+}
+
+pub fn render_url(template: &str, board: &str, os_version: &str) -> Result<String> {
+    let mut u = template.to_string();
+    for (k, v) in [
+        ("{{.Board}}", board),
+        ("{{ .Board }}", board),
+        ("${COREOS_BOARD}", board),
+        ("{{.OSVersion}}", os_version),
+        ("{{ .OSVersion }}", os_version),
+        ("${VERSION_ID}", os_version),
+    ] {
+        u = u.replace(k, v);
+    }
+    if u.contains("{{") || u.contains("${") {
+        return Err(Error::config(format!("--torcx-manifest-url {template:?}: unknown placeholder (known: {{{{.Board}}}} {{{{.OSVersion}}}} ${{COREOS_BOARD}} ${{VERSION_ID}})")));
+    }
+    if !(u.starts_with("https://") || u.starts_with("http://")) {
+        return Err(Error::config(format!(
+            "--torcx-manifest-url {template:?}: not an http(s) URL"
+        )));
+    }
+    Ok(u)
+}
+
+fn kube_version(root: &Root, a: &Bootstrap, kube: Option<&Kube>) -> Result<String> {
+    if let Some(v) = &a.force_kube_version {
+        log::info!("Kubernetes version {v} (from --force-kube-version)");
+        return Ok(v.clone());
+    }
+    match kube {
+        Some(k) => match k.server_version() {
+            Ok(v) => {
+                log::info!(
+                    "Kubernetes version {v} (from the API server, GET /version, credentials from {})",
+                    k.source
+                );
+                return Ok(v);
+            }
+            Err(e) => log::warn!("API server version unavailable: {e}"),
+        },
+        None => log::info!(
+            "no kubeconfig at {}: not asking the API server",
+            root.show(&a.kubeconfig)
+        ),
+    }
+    let name = root.show(&a.installer_kubelet_env);
+    let text = root.read_text(&a.installer_kubelet_env)?.ok_or_else(|| {
+        Error::failed(format!(
+            "unable to determine the cluster version: API server unavailable and {name} does not exist"
+        ))
+    })?;
+    let env = EnvFile::parse(&text, &name)?;
+    let tag = env.get("KUBELET_IMAGE_TAG").filter(|t| !t.is_empty()).ok_or_else(|| {
+        Error::failed(format!(
+            "unable to determine the cluster version: {name} has no KUBELET_IMAGE_TAG"
+        ))
+    })?;
+    // Docker tags cannot hold '+', so the installer wrote '_'.
+    let v = tag.replace('_', "+");
+    log::info!("Kubernetes version {v} (from KUBELET_IMAGE_TAG in {name})");
+    Ok(v)
+}
+
+fn runtime_versions(root: &Root, a: &Bootstrap, kube: Option<&Kube>, k8s: &str) -> Result<Vec<String>> {
+    let from_api = kube.map(|k| k.configmap_key(MAPPINGS_NS, MAPPINGS_CM, MAPPINGS_KEY));
+    let mappings = match from_api {
+        // Data the API gave us that does not parse is an error, not a reason to use older data.
+        Some(Ok(text)) => Mappings::parse(
+            &text,
+            &format!("ConfigMap {MAPPINGS_NS}/{MAPPINGS_CM} key {MAPPINGS_KEY}"),
+        )?,
+        other => {
+            if let Some(Err(e)) = other {
+                log::warn!("runtime mappings from the API unavailable: {e}");
+            }
+            let name = root.show(&a.version_manifest);
+            let text = root.read_text(&a.version_manifest)?.ok_or_else(|| {
+                Error::failed(format!(
+                    "no runtime mappings: API unavailable and {name} does not exist"
+                ))
+            })?;
+            Mappings::parse(&text, &name)?
+        }
+    };
+    let wanted = mappings.runtime_for(k8s, RUNTIME)?;
+    for v in &wanted {
+        if !torcx::plain_name(v) {
+            return Err(Error::failed(format!(
+                "{}: {RUNTIME} version {v:?} is not a plain version",
+                mappings.source
+            )));
+        }
+    }
+    log::info!(
+        "{RUNTIME} versions for Kubernetes {k8s}: {} (from {})",
+        wanted.join(", "),
+        mappings.source
+    );
+    Ok(wanted)
+}
+
+fn os_update(a: &Bootstrap) -> Result<Update> {
+    let u = if a.upgrade_os && !a.dry_run {
+        log::info!(
+            "asking update_engine for an OS update (AttemptUpdate), waiting up to {}s",
+            a.update_timeout
+        );
+        dbus::attempt_update(Duration::from_secs(a.update_timeout), Duration::from_secs(5))?
+    } else {
+        dbus::update_status()?
+    };
+    match &u {
+        Update::Unavailable(why) => log::info!("no pending OS update: update_engine is not on the system bus ({why})"),
+        Update::Pending(v) => log::info!("OS update to {v} pending a reboot (from update_engine)"),
+        Update::None(op) => log::info!("no pending OS update (update_engine status {op})"),
+    }
+    Ok(u)
+}
+
+/// Fetches and authenticates package lists.
+struct Manifests<'a> {
+    http: &'a Http,
+    template: &'a str,
+    board: &'a str,
+    keyring: Option<&'a Keyring>,
+}
+
+impl Manifests<'_> {
+    fn get(&self, os_version: &str) -> Result<PackageList> {
+        let url = render_url(self.template, self.board, os_version)?;
+        let body = self.http.fetch(&Request::get(&url), MANIFEST_CAP)?;
+        match self.keyring {
+            Some(k) => {
+                let sig_url = format!("{url}.asc");
+                let sig = self.http.fetch(&Request::get(&sig_url), SIGNATURE_CAP)?;
+                let by = k.verify_detached(&body, &sig, &url)?;
+                log::info!("manifest {url}: good signature by {by}");
+            }
+            None => log::warn!("manifest {url}: signature NOT checked (--no-verify-signatures)"),
+        }
+        PackageList::parse(&body, &url)
+    }
+}
+
+/// Steps 5-8. Returns the runtime version the profile now names, if torcx was set up.
+fn stage_runtime(
+    root: &Root,
+    m: &Manifests,
+    current: &str,
+    next: Option<&str>,
+    wanted: &[String],
+    profile_default: &str,
+    dry_run: bool,
+) -> Result<Option<String>> {
+    // 5. The upcoming OS decides (we bet it will not roll back); the current one is staged
+    //    too when it offers the same version.
+    let primary = next.unwrap_or(current);
+    if !torcx::supports_remote(primary) {
+        log::warn!(
+            "OS {primary} is older than {}: it has no torcx manifests; runtime left as shipped",
+            torcx::MIN_REMOTE_OS
+        );
+        return Ok(None);
+    }
+    let list = m.get(primary)?;
+    let (version, source) = wanted
+        .iter()
+        .find_map(|v| list.source_for(RUNTIME, v).map(|s| (v.clone(), s)))
+        .ok_or_else(|| {
+            Error::failed(format!(
+                "no suitable {RUNTIME} version: none of {} is offered for OS {primary}",
+                wanted.join(", ")
+            ))
+        })?;
+    log::info!("{RUNTIME} {version} chosen for OS {primary} (first of the mapped versions the manifest offers)");
+    let mut targets = vec![(primary.to_string(), source)];
+    if let Some(cur) = next.map(|_| current).filter(|c| torcx::supports_remote(c)) {
+        match m.get(cur)?.source_for(RUNTIME, &version) {
+            Some(s) => targets.push((cur.to_string(), s)),
+            None => log::info!("OS {cur} does not offer {RUNTIME} {version}: staging only for {primary}"),
+        }
+    }
+
+    // 6-7. Stage each image, verified, atomically.
+    for (os, source) in &targets {
+        let file = torcx::image_file(RUNTIME, &version);
+        match source {
+            Source::Vendored(p) => log::info!("{file} for OS {os}: shipped in its /usr ({p}), nothing to download"),
+            Source::Remote { url, digest } if dry_run => log::info!(
+                "plan: fetch {url} ({digest}) into {}",
+                root.show(&format!("{}/{os}/{file}", torcx::USER_STORE))
+            ),
+            Source::Remote { url, digest } => {
+                match torcx::stage_image(root, m.http, os, RUNTIME, &version, url, digest)? {
+                    Staged::Kept => log::info!("{file} for OS {os}: already in the store with the right hash"),
+                    Staged::Copied(from) => log::info!("{file} for OS {os}: copied from {from} (hash verified)"),
+                    Staged::Downloaded(n) => {
+                        log::info!("{file} for OS {os}: downloaded {n} bytes from {url}, hash verified")
+                    }
+                }
+            }
+        }
+    }
+
+    // 8. Profile and next-profile.
+    let (profile, why) = torcx::choose_profile(root, profile_default)?;
+    if dry_run {
+        log::info!("plan: profile {profile} ({why}) gets {RUNTIME}:{version}, selected as next-profile");
+    } else {
+        torcx::set_profile_image(root, &profile, RUNTIME, &version)?;
+        log::info!("profile {profile} ({why}) now names {RUNTIME}:{version}; next-profile set");
+    }
+    Ok(Some(version))
+}
+
+fn write_kubelet_env(root: &Root, a: &Bootstrap, k8s: &str) -> Result<()> {
+    if a.kubelet_env_path.is_empty() {
+        log::info!("--kubelet-env-path is empty: not writing kubelet.env");
+        return Ok(());
+    }
+    let name = root.show(&a.installer_kubelet_env);
+    let text = root
+        .read_text(&a.installer_kubelet_env)?
+        .ok_or_else(|| Error::failed(format!("{name} does not exist: it is the template for kubelet.env")))?;
+    let mut env = EnvFile::parse(&text, &name)?;
+    env.set("KUBELET_IMAGE_TAG", &k8s.replace('+', "_"));
+    let out = root.show(&a.kubelet_env_path);
+    if a.dry_run {
+        log::info!("plan: write {out}:\n{}", env.render().trim_end());
+        return Ok(());
+    }
+    root.write_atomic(&a.kubelet_env_path, env.render().as_bytes(), 0o644)?;
+    log::info!("wrote {out} (from {name}, KUBELET_IMAGE_TAG for {k8s})");
+    Ok(())
+}
+
+/// Why the node must reboot before the kubelet starts; empty when it need not.
+pub fn reboot_reasons(update: &Update, applied: Option<&Option<String>>, chosen: Option<&str>) -> Vec<String> {
+    let mut r = Vec::new();
+    if let Update::Pending(v) = update {
+        r.push(format!("OS update to {v} is pending"));
+    }
+    // torcx applies profiles once per boot; if it already ran with another runtime, only a
+    // reboot brings ours in. In the initramfs it has not run yet, so nothing is needed.
+    if let (Some(applied), Some(chosen)) = (applied, chosen) {
+        if applied.as_deref() != Some(chosen) {
+            r.push(format!(
+                "torcx applied {RUNTIME} {} in this boot, {chosen} is staged",
+                applied.as_deref().unwrap_or("(none)")
+            ));
+        }
+    }
+    r
+}
+
+fn reboot(root: &Root, rebooter: &dyn Rebooter, reason: &str, runtime_changes: bool, dry_run: bool) -> Result<()> {
+    if runtime_changes {
+        if dry_run {
+            log::info!(
+                "plan: install {} to wipe /var/lib/docker at shutdown",
+                torcx::CLEANUP_UNIT
+            );
+        } else {
+            torcx::install_cleanup_unit(root)?;
+            log::info!(
+                "installed {} in {}: /var/lib/docker is wiped at shutdown (docker cannot downgrade its data)",
+                torcx::CLEANUP_UNIT,
+                root.show("/run/systemd/system")
+            );
+            if rebooter.is_real() {
+                dbus::systemd_reload()?;
+            }
+        }
+    }
+    rebooter.reboot(reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_templates() {
+        assert_eq!(
+            render_url(DEFAULT_MANIFEST_URL, "amd64-usr", "1632.3.0").unwrap(),
+            "https://tectonic-torcx.release.core-os.net/manifests/amd64-usr/1632.3.0/torcx_manifest.json"
+        );
+        assert_eq!(
+            render_url("https://h/${COREOS_BOARD}/${VERSION_ID}/m.json", "arm64-usr", "1.2.3").unwrap(),
+            "https://h/arm64-usr/1.2.3/m.json"
+        );
+        assert!(render_url("https://h/{{.Channel}}/m.json", "b", "v").is_err());
+        assert!(render_url("file:///m.json", "b", "v").is_err());
+    }
+
+    #[test]
+    fn reboot_only_when_needed() {
+        let none = Update::None(dbus::IDLE.into());
+        // initramfs: torcx has not run.
+        assert!(reboot_reasons(&none, None, Some("17.06")).is_empty());
+        // first boot: torcx applied the vendor runtime.
+        assert_eq!(
+            reboot_reasons(&none, Some(&Some("com.coreos.cl".into())), Some("17.06")).len(),
+            1
+        );
+        assert!(reboot_reasons(&none, Some(&Some("17.06".into())), Some("17.06")).is_empty());
+        assert!(reboot_reasons(&none, Some(&Some("com.coreos.cl".into())), None).is_empty());
+        let pending = Update::Pending("1632.3.0".into());
+        assert_eq!(
+            reboot_reasons(&pending, None, None),
+            vec!["OS update to 1632.3.0 is pending".to_string()]
+        );
+    }
+
+    #[test]
+    fn the_rebooter_is_injected() {
+        let rec = crate::reboot::testing::Recorder::default();
+        let p = std::env::temp_dir();
+        let root = Root::open(&p).unwrap();
+        reboot(&root, &rec, "OS update", false, false).unwrap();
+        assert_eq!(*rec.0.borrow(), vec!["OS update".to_string()]);
+    }
+}

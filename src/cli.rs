@@ -1,0 +1,244 @@
+//! Command line. argh does not take `--flag=value` or bare boolean flags the way Go's flag
+//! package does, and the original units pass them that way, so argv is normalised first.
+
+use std::path::PathBuf;
+
+use argh::FromArgs;
+
+pub const DEFAULT_MANIFEST_URL: &str =
+    "https://tectonic-torcx.release.core-os.net/manifests/{{.Board}}/{{.OSVersion}}/torcx_manifest.json";
+
+#[derive(FromArgs, Debug)]
+/// Prepare this machine to join a Kubernetes cluster before anything else runs.
+pub struct Cli {
+    #[argh(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(FromArgs, Debug)]
+#[argh(subcommand)]
+pub enum Cmd {
+    Bootstrap(Bootstrap),
+}
+
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "bootstrap")]
+/// Stage the container runtime the cluster needs for this node's OS (and a pending OS update),
+/// write kubelet.env, and reboot if that is needed for the runtime to apply.
+pub struct Bootstrap {
+    /// the node's root; every node path resolves under it (default /)
+    #[argh(option, default = "PathBuf::from(\"/\")")]
+    pub root: PathBuf,
+    /// kubeconfig for the API server (node path, default /etc/kubernetes/kubeconfig)
+    #[argh(option, default = "\"/etc/kubernetes/kubeconfig\".into()")]
+    pub kubeconfig: String,
+    /// use this Kubernetes version instead of detecting it
+    #[argh(option)]
+    pub force_kube_version: Option<String>,
+    /// runtime mappings file (node path, default /etc/kubernetes/installer/runtime-mappings.yaml)
+    #[argh(option, default = "\"/etc/kubernetes/installer/runtime-mappings.yaml\".into()")]
+    pub version_manifest: String,
+    /// installer kubelet.env: fallback version source and template (node path)
+    #[argh(option, default = "\"/etc/kubernetes/installer/kubelet.env\".into()")]
+    pub installer_kubelet_env: String,
+    /// torcx manifest URL template: {{.Board}} {{.OSVersion}} ${COREOS_BOARD} ${VERSION_ID}
+    #[argh(option, default = "DEFAULT_MANIFEST_URL.into()")]
+    pub torcx_manifest_url: String,
+    /// armored OpenPGP keyring that signs manifests (read as given, not under --root)
+    #[argh(option, default = "PathBuf::from(\"/usr/share/nodestrap/keyring.asc\")")]
+    pub keyring: PathBuf,
+    /// extra PEM trust anchors added to the system roots (read as given)
+    #[argh(option)]
+    pub ca_file: Option<PathBuf>,
+    /// skip the manifest signature check (and do not fetch .asc): dangerous
+    #[argh(option, default = "false")]
+    pub no_verify_signatures: bool,
+    /// ask update_engine to update and wait; false: only read its status (default true)
+    #[argh(option, default = "true")]
+    pub upgrade_os: bool,
+    /// skip all torcx steps, still write kubelet.env
+    #[argh(option, default = "false")]
+    pub torcx_skip_setup: bool,
+    /// profile to create when no user next-profile exists (default tectonic)
+    #[argh(option, default = "\"tectonic\".into()")]
+    pub torcx_profile: String,
+    /// where to write kubelet.env (node path; empty: do not write it)
+    #[argh(option, default = "\"/etc/kubernetes/kubelet.env\".into()")]
+    pub kubelet_env_path: String,
+    /// auto (reboot when needed, only if --root is /) or never (report only)
+    #[argh(option, default = "RebootMode::Auto")]
+    pub reboot: RebootMode,
+    /// print the plan; write nothing, update nothing, reboot nothing
+    #[argh(switch)]
+    pub dry_run: bool,
+    /// log level: error, warn, info, debug (default info)
+    #[argh(option, default = "\"info\".into()")]
+    pub verbose: String,
+    /// API server tries for the version and the runtime mappings (default 3)
+    #[argh(option, default = "3")]
+    pub api_tries: u32,
+    /// seconds between API server tries (default 10)
+    #[argh(option, default = "10")]
+    pub api_retry_delay: u64,
+    /// attempts per manifest, signature or image download (default 6)
+    #[argh(option, default = "6")]
+    pub fetch_attempts: u32,
+    /// first retry delay in milliseconds; doubles per retry with full jitter, capped at 60 s
+    #[argh(option, default = "1000")]
+    pub fetch_backoff_ms: u64,
+    /// seconds to wait for update_engine to settle (default 1800)
+    #[argh(option, default = "1800")]
+    pub update_timeout: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RebootMode {
+    Auto,
+    Never,
+}
+
+impl argh::FromArgValue for RebootMode {
+    fn from_arg_value(v: &str) -> Result<Self, String> {
+        match v {
+            "auto" => Ok(RebootMode::Auto),
+            "never" => Ok(RebootMode::Never),
+            _ => Err(format!("expected auto or never, got {v:?}")),
+        }
+    }
+}
+
+/// Options that take true/false and may be given bare (`--upgrade-os` means true).
+const BOOL_OPTIONS: &[&str] = &["--no-verify-signatures", "--upgrade-os", "--torcx-skip-setup"];
+/// Switches that may be written `--dry-run=true` / `--dry-run=false`.
+const SWITCHES: &[&str] = &["--dry-run"];
+
+/// Rewrite Go-style arguments into what argh parses.
+pub fn normalize(args: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut it = args.iter().peekable();
+    while let Some(a) = it.next() {
+        if a == "--" {
+            out.push(a.clone());
+            out.extend(it.cloned());
+            break;
+        }
+        let (flag, value) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (a.clone(), None),
+        };
+        if SWITCHES.contains(&flag.as_str()) {
+            match value.as_deref() {
+                None | Some("true") | Some("1") => out.push(flag),
+                Some("false") | Some("0") => {}
+                Some(v) => out.extend([flag, v.to_string()]), // let argh report it
+            }
+            continue;
+        }
+        if BOOL_OPTIONS.contains(&flag.as_str()) && value.is_none() {
+            let next_is_value = it.peek().is_some_and(|n| !n.starts_with("--"));
+            out.push(flag);
+            if !next_is_value {
+                out.push("true".into());
+            }
+            continue;
+        }
+        out.push(flag);
+        if let Some(v) = value {
+            out.push(v);
+        }
+    }
+    last_wins(out)
+}
+
+/// Go's flag package lets a later `--flag v` override an earlier one; argh refuses duplicates.
+fn last_wins(args: Vec<String>) -> Vec<String> {
+    let takes_value = |a: &str| a.starts_with("--") && a != "--" && a != "--help" && !SWITCHES.contains(&a);
+    let mut items: Vec<Vec<String>> = Vec::new();
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        if a == "--" {
+            items.push(std::iter::once(a).chain(it.by_ref()).collect());
+            break;
+        }
+        let mut item = vec![a];
+        if takes_value(&item[0]) {
+            item.extend(it.next());
+        }
+        items.push(item);
+    }
+    let mut out = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let overridden = item.len() == 2 && takes_value(&item[0]) && items[i + 1..].iter().any(|l| l[0] == item[0]);
+        if !overridden {
+            out.extend(item.iter().cloned());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn go_style_flags() {
+        assert_eq!(
+            normalize(&s(&[
+                "bootstrap",
+                "--upgrade-os=false",
+                "--torcx-manifest-url=",
+                "--verbose=debug",
+                "--torcx-skip-setup",
+                "--dry-run=true"
+            ])),
+            s(&[
+                "bootstrap",
+                "--upgrade-os",
+                "false",
+                "--torcx-manifest-url",
+                "",
+                "--verbose",
+                "debug",
+                "--torcx-skip-setup",
+                "true",
+                "--dry-run"
+            ])
+        );
+        assert_eq!(
+            normalize(&s(&["--upgrade-os", "false", "--dry-run=false"])),
+            s(&["--upgrade-os", "false"])
+        );
+        // The last of repeated options wins, as with Go's flag package.
+        assert_eq!(
+            normalize(&s(&[
+                "bootstrap",
+                "--upgrade-os=false",
+                "--dry-run",
+                "--root",
+                "/a",
+                "--upgrade-os=true"
+            ])),
+            s(&["bootstrap", "--dry-run", "--root", "/a", "--upgrade-os", "true"])
+        );
+    }
+
+    #[test]
+    fn parses_bootstrap() {
+        let args = normalize(&s(&[
+            "bootstrap",
+            "--root=/sysroot",
+            "--upgrade-os=false",
+            "--reboot=never",
+        ]));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let cli = Cli::from_args(&["nodestrap"], &refs).unwrap();
+        let Cmd::Bootstrap(b) = cli.cmd;
+        assert_eq!(b.root, PathBuf::from("/sysroot"));
+        assert!(!b.upgrade_os && b.reboot == RebootMode::Never && !b.dry_run);
+        assert_eq!(b.kubelet_env_path, "/etc/kubernetes/kubelet.env");
+    }
+}

@@ -1,0 +1,104 @@
+//! One error type for the whole binary: a message chain plus the exit code it maps to.
+//!
+//! Exit codes follow tectonic-torcx: 0 done, 1 failed (systemd retries the unit), 2 usage or
+//! configuration error (retrying cannot help).
+
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Something went wrong that a later attempt may fix: exit 1.
+    Failed,
+    /// The invocation or its configuration is wrong: exit 2.
+    Config,
+}
+
+#[derive(Debug)]
+pub struct Error {
+    kind: Kind,
+    msg: String,
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn failed(msg: impl Into<String>) -> Self {
+        Error {
+            kind: Kind::Failed,
+            msg: msg.into(),
+        }
+    }
+    pub fn config(msg: impl Into<String>) -> Self {
+        Error {
+            kind: Kind::Config,
+            msg: msg.into(),
+        }
+    }
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+    pub fn exit_code(&self) -> i32 {
+        match self.kind {
+            Kind::Failed => 1,
+            Kind::Config => 2,
+        }
+    }
+    /// Same message, other exit code: a node file that is broken is a failure, the same
+    /// content given on the command line is a configuration error.
+    pub fn with_kind(mut self, kind: Kind) -> Self {
+        self.kind = kind;
+        self
+    }
+    pub fn context(mut self, what: impl fmt::Display) -> Self {
+        self.msg = format!("{what}: {}", self.msg);
+        self
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// `.ctx("reading <file>")` on any error that displays: the message names the input first.
+pub trait Context<T> {
+    fn ctx(self, what: impl fmt::Display) -> Result<T>;
+    fn with_ctx<D: fmt::Display>(self, what: impl FnOnce() -> D) -> Result<T>;
+}
+
+impl<T, E: Into<Error>> Context<T> for std::result::Result<T, E> {
+    fn ctx(self, what: impl fmt::Display) -> Result<T> {
+        self.map_err(|e| e.into().context(what))
+    }
+    fn with_ctx<D: fmt::Display>(self, what: impl FnOnce() -> D) -> Result<T> {
+        self.map_err(|e| e.into().context(what()))
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::failed(e.to_string())
+    }
+}
+
+impl From<rustix::io::Errno> for Error {
+    fn from(e: rustix::io::Errno) -> Self {
+        Error::failed(std::io::Error::from(e).to_string())
+    }
+}
+
+impl From<serde_json::Error> for Error {
+    fn from(e: serde_json::Error) -> Self {
+        Error::failed(e.to_string())
+    }
+}
+
+/// `bail!(failed, "...")` / `bail!(config, "...")`.
+#[macro_export]
+macro_rules! bail {
+    (config, $($arg:tt)*) => { return Err($crate::error::Error::config(format!($($arg)*))) };
+    (failed, $($arg:tt)*) => { return Err($crate::error::Error::failed(format!($($arg)*))) };
+}

@@ -1,0 +1,448 @@
+//! HTTPS client: ureq over rustls, trust anchors we choose, retries with `curl --retry`
+//! semantics (transport errors, 408, 429 and 5xx are retried; 404 and other 4xx are final),
+//! exponential backoff with full jitter, size caps, and progress lines on long downloads.
+
+use std::io::{self, Read, Write};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ureq::tls::{Certificate, ClientCert, PemItem, RootCerts, TlsConfig};
+use ureq::Agent;
+
+use crate::error::{Error, Result};
+use crate::root::{read_host_file, Dir};
+use crate::verify::{Digest, HashingReader};
+
+/// CA bundles of the distributions we run on; the first that exists is the system trust store.
+const SYSTEM_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
+
+/// Trust anchors and an optional client identity for one endpoint family.
+#[derive(Default, Clone)]
+pub struct Tls {
+    pub roots: Vec<Certificate<'static>>,
+    pub client: Option<ClientCert>,
+    /// Where the roots came from, for the log line.
+    pub sources: Vec<String>,
+}
+
+impl Tls {
+    /// The system bundle (`SSL_CERT_FILE` or the first distribution path found) plus `extra`.
+    pub fn system_plus(extra: Option<&Path>) -> Result<Tls> {
+        let mut tls = Tls::default();
+        let env = std::env::var_os("SSL_CERT_FILE").map(std::path::PathBuf::from);
+        let bundle = env.or_else(|| {
+            SYSTEM_BUNDLES
+                .iter()
+                .map(Path::new)
+                .find(|p| p.exists())
+                .map(Into::into)
+        });
+        if let Some(b) = bundle {
+            match std::fs::read(&b) {
+                Ok(pem) => tls
+                    .add_pem(&pem, &b.display().to_string())
+                    .map_err(|e| e.with_kind(crate::error::Kind::Config))?,
+                Err(e) => log::warn!("system CA bundle {} unreadable: {e}", b.display()),
+            }
+        }
+        if let Some(p) = extra {
+            let pem = read_host_file(p, 16 << 20, "--ca-file")?;
+            tls.add_pem(&pem, &p.display().to_string())
+                .map_err(|e| e.with_kind(crate::error::Kind::Config))?;
+        }
+        Ok(tls)
+    }
+
+    /// Add every certificate of a PEM bundle; it must hold at least one.
+    pub fn add_pem(&mut self, pem: &[u8], name: &str) -> Result<()> {
+        let before = self.roots.len();
+        for item in ureq::tls::parse_pem(pem) {
+            match item {
+                Ok(PemItem::Certificate(c)) => self.roots.push(c),
+                Ok(_) => {}
+                Err(e) => return Err(Error::failed(format!("{name}: bad PEM: {e}"))),
+            }
+        }
+        if self.roots.len() == before {
+            return Err(Error::failed(format!("{name}: no PEM certificate in it")));
+        }
+        self.sources
+            .push(format!("{name} ({} certificates)", self.roots.len() - before));
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum Backoff {
+    /// Full jitter: sleep a random time in [0, min(cap, initial * 2^n)).
+    Exponential { initial: Duration, cap: Duration },
+    /// Always the same pause (tectonic-torcx's API-server rule: 3 tries 10 s apart).
+    Fixed(Duration),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Retry {
+    pub attempts: u32,
+    pub backoff: Backoff,
+    /// No new attempt starts once this much time has gone by.
+    pub budget: Duration,
+}
+
+impl Retry {
+    fn delay(&self, failures: u32) -> Duration {
+        match self.backoff {
+            Backoff::Fixed(d) => d,
+            Backoff::Exponential { initial, cap } => {
+                let ceil = initial.saturating_mul(1u32 << failures.min(20)).min(cap);
+                let mut r = [0u8; 8];
+                rustix::rand::getrandom(&mut r, rustix::rand::GetRandomFlags::empty()).ok();
+                let frac = (u64::from_le_bytes(r) >> 11) as f64 / (1u64 << 53) as f64;
+                ceil.mul_f64(frac)
+            }
+        }
+    }
+}
+
+/// What one attempt says about trying again.
+pub enum Attempt<T> {
+    Done(T),
+    Retry(Error),
+    Final(Error),
+}
+
+pub struct Http {
+    agent: Agent,
+    pub retry: Retry,
+}
+
+pub struct Request<'a> {
+    pub method: &'a str,
+    pub url: &'a str,
+    /// Header values may be secrets: they are never logged.
+    pub headers: Vec<(&'a str, String)>,
+    pub body: Option<(&'a str, Vec<u8>)>,
+}
+
+impl<'a> Request<'a> {
+    pub fn get(url: &'a str) -> Self {
+        Request {
+            method: "GET",
+            url,
+            headers: Vec::new(),
+            body: None,
+        }
+    }
+}
+
+impl Http {
+    pub fn new(tls: &Tls, retry: Retry) -> Result<Http> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls_config = TlsConfig::builder()
+            .root_certs(RootCerts::new_with_certs(&tls.roots))
+            .client_cert(tls.client.clone())
+            .unversioned_rustls_crypto_provider(provider)
+            .build();
+        let agent = Agent::config_builder()
+            .tls_config(tls_config)
+            .http_status_as_error(false)
+            .https_only(false)
+            .proxy(ureq::Proxy::try_from_env())
+            .user_agent(concat!("nodestrap/", env!("CARGO_PKG_VERSION")))
+            .timeout_connect(Some(Duration::from_secs(30)))
+            .timeout_recv_response(Some(Duration::from_secs(60)))
+            .timeout_per_read(Some(Duration::from_secs(60)))
+            .max_redirects(5)
+            .build()
+            .new_agent();
+        Ok(Http { agent, retry })
+    }
+
+    /// Run `op` until it is done, fails for good, or attempts or time run out.
+    pub fn retrying<T>(&self, what: &str, mut op: impl FnMut() -> Attempt<T>) -> Result<T> {
+        let start = Instant::now();
+        let mut n = 0;
+        loop {
+            n += 1;
+            let e = match op() {
+                Attempt::Done(t) => return Ok(t),
+                Attempt::Final(e) => return Err(e),
+                Attempt::Retry(e) => e,
+            };
+            let delay = self.retry.delay(n - 1);
+            if n >= self.retry.attempts || start.elapsed() + delay > self.retry.budget {
+                return Err(e.context(format!("{what}: giving up after {n} attempts")));
+            }
+            log::warn!(
+                "{what}: attempt {n}/{} failed: {e}; retrying in {:.1}s",
+                self.retry.attempts,
+                delay.as_secs_f64()
+            );
+            std::thread::sleep(delay);
+        }
+    }
+
+    /// One request; a response of any status is `Ok`.
+    pub fn call(&self, req: &Request) -> std::result::Result<ureq::http::Response<ureq::Body>, ureq::Error> {
+        let mut b = ureq::http::Request::builder().method(req.method).uri(req.url);
+        for (k, v) in &req.headers {
+            b = b.header(*k, v.as_str());
+        }
+        match &req.body {
+            Some((ctype, body)) => {
+                let r = b
+                    .header("Content-Type", *ctype)
+                    .body(body.clone())
+                    .map_err(ureq::Error::Http)?;
+                self.agent.run(r)
+            }
+            None => {
+                let r = b.body(()).map_err(ureq::Error::Http)?;
+                self.agent.run(r)
+            }
+        }
+    }
+
+    /// A request whose body is read whole (at most `cap` bytes), retried as a unit.
+    pub fn fetch(&self, req: &Request, cap: u64) -> Result<Vec<u8>> {
+        self.fetch_retrying_on(req, cap, &[])
+    }
+
+    /// `fetch`, also retrying the given statuses (409 for a Kubernetes update conflict).
+    pub fn fetch_retrying_on(&self, req: &Request, cap: u64, also: &[u16]) -> Result<Vec<u8>> {
+        let what = format!("{} {}", req.method, req.url);
+        self.retrying(&what, || {
+            let mut resp = match self.call(req) {
+                Ok(r) => r,
+                Err(e) => return classify_transport(&what, e),
+            };
+            if let Some(a) = status_attempt(&what, &mut resp, also) {
+                return a;
+            }
+            match resp.body_mut().with_config().limit(cap).read_to_vec() {
+                Ok(v) => Attempt::Done(v),
+                Err(ureq::Error::BodyExceedsLimit(_)) => Attempt::Final(Error::failed(format!(
+                    "{what}: response larger than the {cap}-byte limit"
+                ))),
+                Err(e) => Attempt::Retry(Error::failed(format!("{what}: reading body: {e}"))),
+            }
+        })
+    }
+
+    /// Stream `url` into a temp file in `dir` while hashing; the file becomes `name` only if
+    /// the digest matches. A broken transfer is retried from scratch in a fresh temp file.
+    pub fn download(&self, url: &str, dir: &Dir, name: &str, digest: &Digest, cap: u64) -> Result<u64> {
+        let what = format!("GET {url}");
+        let req = Request::get(url);
+        self.retrying(&what, || {
+            let mut resp = match self.call(&req) {
+                Ok(r) => r,
+                Err(e) => return classify_transport(&what, e),
+            };
+            if let Some(a) = status_attempt(&what, &mut resp, &[]) {
+                return a;
+            }
+            let total = resp.body().content_length();
+            if let Some(t) = total.filter(|t| *t > cap) {
+                return Attempt::Final(Error::failed(format!("{what}: {t} bytes is over the {cap}-byte limit")));
+            }
+            let mut tmp = match dir.create_temp(name, 0o644) {
+                Ok(t) => t,
+                Err(e) => return Attempt::Final(e),
+            };
+            let body = resp.body_mut().with_config().limit(cap).reader();
+            let progress = Progress::new(body, url, total);
+            let mut hashing = HashingReader::new(progress, digest.hasher());
+            let n = match copy_large(&mut hashing, tmp.file()) {
+                Ok(n) => n,
+                Err(CopyError::Read(e)) => return Attempt::Retry(Error::failed(format!("{what}: reading body: {e}"))),
+                Err(CopyError::Write(e)) => {
+                    return Attempt::Final(Error::failed(format!("writing {}: {e}", dir.show(name))))
+                }
+            };
+            let got = hashing.hasher.finish_hex();
+            if got != digest.hex {
+                // The bytes arrived intact over TLS, so trying again would fetch the same ones.
+                return Attempt::Final(Error::failed(format!(
+                    "{what}: hash mismatch: computed {}-{got} but the signed manifest says {digest}",
+                    digest.to_string().split('-').next().unwrap_or("sha512")
+                )));
+            }
+            match tmp.persist() {
+                Ok(()) => Attempt::Done(n),
+                Err(e) => Attempt::Final(e),
+            }
+        })
+    }
+}
+
+fn classify_transport<T>(what: &str, e: ureq::Error) -> Attempt<T> {
+    let msg = format!("{what}: {e}");
+    match e {
+        ureq::Error::BadUri(_)
+        | ureq::Error::Http(_)
+        | ureq::Error::RequireHttpsOnly(_)
+        | ureq::Error::InvalidProxyUrl
+        | ureq::Error::TooManyRedirects
+        | ureq::Error::RedirectFailed
+        | ureq::Error::Pem(_) => Attempt::Final(Error::failed(msg)),
+        // A certificate the trust anchors reject will not become trusted by asking again.
+        ureq::Error::Io(ref io) if io.to_string().contains("invalid peer certificate") => {
+            Attempt::Final(Error::failed(msg))
+        }
+        ureq::Error::Rustls(rustls::Error::InvalidCertificate(_)) => Attempt::Final(Error::failed(msg)),
+        _ => Attempt::Retry(Error::failed(msg)),
+    }
+}
+
+/// `None` for 2xx; otherwise the attempt's verdict with the server's own message.
+fn status_attempt<T>(what: &str, resp: &mut ureq::http::Response<ureq::Body>, also: &[u16]) -> Option<Attempt<T>> {
+    let status = resp.status();
+    if status.is_success() {
+        return None;
+    }
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(64 << 10)
+        .read_to_vec()
+        .unwrap_or_default();
+    let detail = server_message(&body);
+    let msg = format!(
+        "{what}: HTTP {}{}",
+        status,
+        detail.map(|d| format!(": {d}")).unwrap_or_default()
+    );
+    let code = status.as_u16();
+    Some(
+        if code == 408 || code == 429 || status.is_server_error() || also.contains(&code) {
+            Attempt::Retry(Error::failed(msg))
+        } else {
+            Attempt::Final(Error::failed(msg))
+        },
+    )
+}
+
+/// The Kubernetes `Status.message` of an error body, or its first line of text.
+pub fn server_message(body: &[u8]) -> Option<String> {
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
+        if let Some(m) = v.get("message").and_then(|m| m.as_str()) {
+            return Some(m.to_string());
+        }
+    }
+    let text = String::from_utf8_lossy(body);
+    let line = text.lines().map(str::trim).find(|l| !l.is_empty())?;
+    Some(line.chars().take(200).collect())
+}
+
+enum CopyError {
+    Read(io::Error),
+    Write(io::Error),
+}
+
+/// `io::copy` with a buffer large enough that syscalls and hashing dominate, not loop overhead.
+fn copy_large(r: &mut impl Read, w: &mut impl Write) -> std::result::Result<u64, CopyError> {
+    let mut buf = vec![0u8; 256 << 10];
+    let mut n = 0u64;
+    loop {
+        let k = match r.read(&mut buf) {
+            Ok(0) => return Ok(n),
+            Ok(k) => k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(CopyError::Read(e)),
+        };
+        w.write_all(&buf[..k]).map_err(CopyError::Write)?;
+        n += k as u64;
+    }
+}
+
+/// Logs a progress line every few seconds, and a summary at the end.
+pub struct Progress<R> {
+    inner: R,
+    label: String,
+    total: Option<u64>,
+    done: u64,
+    start: Instant,
+    last: Instant,
+}
+
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+impl<R> Progress<R> {
+    pub fn new(inner: R, label: &str, total: Option<u64>) -> Self {
+        let now = Instant::now();
+        Progress {
+            inner,
+            label: label.to_string(),
+            total,
+            done: 0,
+            start: now,
+            last: now,
+        }
+    }
+
+    fn line(&self, verb: &str) {
+        let secs = self.start.elapsed().as_secs_f64().max(1e-3);
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let pct = match self.total {
+            Some(t) if t > 0 => format!(" of {:.1} MiB ({}%)", mib(t), self.done * 100 / t),
+            _ => String::new(),
+        };
+        log::info!(
+            "{verb} {}: {:.1} MiB{pct} at {:.1} MiB/s",
+            self.label,
+            mib(self.done),
+            mib(self.done) / secs
+        );
+    }
+}
+
+impl<R: Read> Read for Progress<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.done += n as u64;
+        if n == 0 {
+            self.line("downloaded");
+        } else if self.last.elapsed() >= PROGRESS_EVERY {
+            self.last = Instant::now();
+            self.line("downloading");
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_jitter_stays_under_the_cap() {
+        let r = Retry {
+            attempts: 10,
+            backoff: Backoff::Exponential {
+                initial: Duration::from_secs(1),
+                cap: Duration::from_secs(60),
+            },
+            budget: Duration::from_secs(600),
+        };
+        for n in 0..12 {
+            let d = r.delay(n);
+            assert!(
+                d <= Duration::from_secs(60).min(Duration::from_secs(1 << n)),
+                "{n}: {d:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn kubernetes_status_message_is_used() {
+        let b = br#"{"kind":"Status","status":"Failure","message":"configmaps \"x\" is forbidden","code":403}"#;
+        assert_eq!(server_message(b).unwrap(), "configmaps \"x\" is forbidden");
+        assert_eq!(server_message(b"\n<html>oops</html>\n").unwrap(), "<html>oops</html>");
+    }
+}

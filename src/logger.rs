@@ -1,0 +1,68 @@
+//! `log` backend: one line per record on stderr. Under systemd (stderr is the journal stream
+//! named by `JOURNAL_STREAM`) each line carries a `<N>` syslog priority prefix so journald
+//! files it at the right level; elsewhere it is `level: message`.
+
+use std::io::Write;
+use std::os::fd::AsFd;
+
+struct Logger {
+    journal: bool,
+}
+
+impl log::Log for Logger {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= log::max_level()
+    }
+
+    fn log(&self, r: &log::Record) {
+        if !self.enabled(r.metadata()) {
+            return;
+        }
+        let line = if self.journal {
+            let prio = match r.level() {
+                log::Level::Error => 3,
+                log::Level::Warn => 4,
+                log::Level::Info => 6,
+                log::Level::Debug | log::Level::Trace => 7,
+            };
+            format!("<{prio}>{}\n", r.args())
+        } else {
+            format!("{}: {}\n", r.level().as_str().to_ascii_lowercase(), r.args())
+        };
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    }
+
+    fn flush(&self) {}
+}
+
+/// True when stderr is the journal stream systemd gave us.
+fn stderr_is_journal() -> bool {
+    let Ok(v) = std::env::var("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Some((dev, ino)) = v.split_once(':') else {
+        return false;
+    };
+    let Ok(st) = rustix::fs::fstat(std::io::stderr().as_fd()) else {
+        return false;
+    };
+    dev.parse::<u64>().ok() == Some(st.st_dev) && ino.parse::<u64>().ok() == Some(st.st_ino)
+}
+
+pub fn init(level: log::LevelFilter) {
+    let _ = log::set_boxed_logger(Box::new(Logger {
+        journal: stderr_is_journal(),
+    }));
+    log::set_max_level(level);
+}
+
+pub fn parse_level(s: &str) -> Option<log::LevelFilter> {
+    Some(match s {
+        "error" => log::LevelFilter::Error,
+        "warn" | "warning" => log::LevelFilter::Warn,
+        "info" => log::LevelFilter::Info,
+        "debug" => log::LevelFilter::Debug,
+        "trace" => log::LevelFilter::Trace,
+        _ => return None,
+    })
+}

@@ -1,0 +1,438 @@
+//! The node's root file system, opened once as a directory handle.
+//!
+//! Every node path is resolved by the kernel with `openat2(RESOLVE_IN_ROOT)`: `..` and symlinks
+//! (absolute ones included) are evaluated as if the root were `/`, the way the node sees its own
+//! files after switch-root, so nothing we read or write can land outside it. Writes never
+//! follow a name: they create a fresh temp file with `O_EXCL` in the already-resolved target
+//! directory and `renameat` it over the final name.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
+
+use crate::error::{Context, Error, Result};
+
+/// A size cap for configuration files read whole into memory.
+pub const CONFIG_CAP: u64 = 4 << 20;
+
+pub struct Root {
+    fd: OwnedFd,
+    path: PathBuf,
+    host: bool,
+}
+
+/// A directory inside the root, resolved once; files are created relative to it.
+pub struct Dir {
+    fd: OwnedFd,
+    /// Node path of the directory, for messages (`/var/lib/torcx/store/1.2.3`).
+    node_path: String,
+    shown: String,
+}
+
+impl Root {
+    pub fn open(path: &Path) -> Result<Root> {
+        let fd = rustix::fs::open(path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|e| Error::config(format!("--root {}: {}", path.display(), io::Error::from(e))))?;
+        let canon = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        Ok(Root {
+            fd,
+            host: canon == Path::new("/"),
+            path: canon,
+        })
+    }
+
+    /// True when the root is the system we run on, the only case where we may talk to its
+    /// systemd or reboot it.
+    pub fn is_host(&self) -> bool {
+        self.host
+    }
+
+    /// How a node path is named in messages: `/sysroot/etc/kubernetes/kubelet.env`.
+    pub fn show(&self, node_path: &str) -> String {
+        if self.host {
+            node_path.to_string()
+        } else {
+            format!("{}{}", self.path.display(), node_path)
+        }
+    }
+
+    fn resolve(&self, node_path: &str, flags: OFlags, mode: Mode) -> io::Result<OwnedFd> {
+        let rel = node_path.trim_start_matches('/');
+        let rel = if rel.is_empty() { "." } else { rel };
+        rustix::fs::openat2(
+            &self.fd,
+            rel,
+            flags | OFlags::CLOEXEC,
+            mode,
+            ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+        )
+        .map_err(|e| {
+            if e == rustix::io::Errno::NOSYS {
+                io::Error::other("openat2 is not available (Linux 5.6 or later is needed)")
+            } else {
+                e.into()
+            }
+        })
+    }
+
+    /// Open a regular file for reading; `None` when it does not exist.
+    pub fn open_file(&self, node_path: &str) -> Result<Option<File>> {
+        match self.resolve(node_path, OFlags::RDONLY, Mode::empty()) {
+            Ok(fd) => {
+                let f = File::from(fd);
+                let meta = f.metadata().with_ctx(|| self.show(node_path))?;
+                if !meta.is_file() {
+                    return Err(Error::failed("not a regular file").context(self.show(node_path)));
+                }
+                Ok(Some(f))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::from(e).context(self.show(node_path))),
+        }
+    }
+
+    /// Read a whole file of at most `cap` bytes; `None` when it does not exist.
+    pub fn read(&self, node_path: &str, cap: u64) -> Result<Option<Vec<u8>>> {
+        let Some(f) = self.open_file(node_path)? else {
+            return Ok(None);
+        };
+        read_capped(f, cap).map(Some).with_ctx(|| self.show(node_path))
+    }
+
+    /// Like `read` but the file must be UTF-8 text.
+    pub fn read_text(&self, node_path: &str) -> Result<Option<String>> {
+        match self.read(node_path, CONFIG_CAP)? {
+            None => Ok(None),
+            Some(b) => String::from_utf8(b)
+                .map(Some)
+                .map_err(|_| Error::failed("not UTF-8 text").context(self.show(node_path))),
+        }
+    }
+
+    pub fn exists(&self, node_path: &str) -> bool {
+        self.resolve(node_path, OFlags::PATH, Mode::empty()).is_ok()
+    }
+
+    /// Open a directory, creating it and its parents (mode 0755) when `create` is set.
+    /// `None` when it does not exist and `create` is not set.
+    pub fn dir(&self, node_path: &str, create: bool) -> Result<Option<Dir>> {
+        let shown = self.show(node_path);
+        let dir_flags = OFlags::PATH | OFlags::DIRECTORY;
+        match self.resolve(node_path, dir_flags, Mode::empty()) {
+            Ok(fd) => return Ok(Some(self.wrap_dir(fd, node_path))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound && create => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::from(e).context(shown)),
+        }
+        // mkdir -p, one component at a time, each parent resolved inside the root.
+        let mut prefix = String::new();
+        let mut parent = self
+            .resolve("/", dir_flags, Mode::empty())
+            .with_ctx(|| self.show("/"))?;
+        for comp in node_path.split('/').filter(|c| !c.is_empty() && *c != ".") {
+            prefix.push('/');
+            prefix.push_str(comp);
+            match self.resolve(&prefix, dir_flags, Mode::empty()) {
+                Ok(fd) => parent = fd,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    match rustix::fs::mkdirat(&parent, comp, Mode::from_raw_mode(0o755)) {
+                        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                        Err(e) => return Err(Error::from(e).context(format!("creating {}", self.show(&prefix)))),
+                    }
+                    parent = self
+                        .resolve(&prefix, dir_flags, Mode::empty())
+                        .with_ctx(|| self.show(&prefix))?;
+                }
+                Err(e) => return Err(Error::from(e).context(self.show(&prefix))),
+            }
+        }
+        Ok(Some(self.wrap_dir(parent, node_path)))
+    }
+
+    fn wrap_dir(&self, fd: OwnedFd, node_path: &str) -> Dir {
+        let node_path = format!("/{}", node_path.trim_matches('/'));
+        Dir {
+            fd,
+            shown: self.show(&node_path),
+            node_path,
+        }
+    }
+
+    /// Split a node path into its directory (created if needed) and file name, for writing.
+    pub fn parent_of(&self, node_path: &str) -> Result<(Dir, String)> {
+        let (dir, name) =
+            split_node_path(node_path).ok_or_else(|| Error::config(format!("{node_path}: not a file path")))?;
+        let d = self.dir(dir, true)?.expect("created");
+        Ok((d, name.to_string()))
+    }
+
+    /// Atomically replace `node_path` with `data`.
+    pub fn write_atomic(&self, node_path: &str, data: &[u8], mode: u32) -> Result<()> {
+        let (dir, name) = self.parent_of(node_path)?;
+        dir.write_atomic(&name, data, mode)
+    }
+}
+
+fn split_node_path(p: &str) -> Option<(&str, &str)> {
+    let p = p.trim_end_matches('/');
+    let (dir, name) = p.rsplit_once('/')?;
+    if name.is_empty() || name == "." || name == ".." {
+        return None;
+    }
+    Some((if dir.is_empty() { "/" } else { dir }, name))
+}
+
+pub fn read_capped(f: impl Read, cap: u64) -> io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    f.take(cap + 1).read_to_end(&mut buf)?;
+    if buf.len() as u64 > cap {
+        return Err(io::Error::other(format!("larger than the {cap}-byte limit")));
+    }
+    Ok(buf)
+}
+
+impl Dir {
+    pub fn show(&self, name: &str) -> String {
+        format!("{}/{}", self.shown.trim_end_matches('/'), name)
+    }
+
+    pub fn node_path(&self, name: &str) -> String {
+        format!("{}/{}", self.node_path.trim_end_matches('/'), name)
+    }
+
+    /// Names in this directory (not `.`/`..`).
+    pub fn entries(&self) -> Result<Vec<String>> {
+        let fd = rustix::fs::openat(
+            &self.fd,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .with_ctx(|| self.shown.clone())?;
+        let mut out = Vec::new();
+        for ent in rustix::fs::Dir::read_from(&fd).with_ctx(|| self.shown.clone())? {
+            let ent = ent.with_ctx(|| self.shown.clone())?;
+            let name = ent.file_name().to_bytes();
+            if name != b"." && name != b".." {
+                out.push(String::from_utf8_lossy(name).into_owned());
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// A new temp file in this directory that becomes `name` on `persist`, and vanishes if
+    /// dropped first: the final name only ever holds complete, verified content.
+    pub fn create_temp(&self, name: &str, mode: u32) -> Result<TempFile<'_>> {
+        let mut rnd = [0u8; 6];
+        rustix::rand::getrandom(&mut rnd, rustix::rand::GetRandomFlags::empty()).ok();
+        let tmp = format!(".{name}.nodestrap-{}", hex(&rnd));
+        let fd = rustix::fs::openat(
+            &self.fd,
+            tmp.as_str(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode),
+        )
+        .with_ctx(|| format!("creating a temp file in {}", self.shown))?;
+        // The umask must not weaken or strengthen what the node expects.
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode)).with_ctx(|| self.show(&tmp))?;
+        Ok(TempFile {
+            dir: self,
+            tmp,
+            name: name.to_string(),
+            file: Some(File::from(fd)),
+        })
+    }
+
+    pub fn write_atomic(&self, name: &str, data: &[u8], mode: u32) -> Result<()> {
+        let mut t = self.create_temp(name, mode)?;
+        t.write_all(data).with_ctx(|| self.show(name))?;
+        t.persist()
+    }
+
+    /// Remove leftovers of runs that were killed between create_temp and persist.
+    pub fn sweep_temps(&self) {
+        if let Ok(names) = self.entries() {
+            for n in names.iter().filter(|n| n.starts_with('.') && n.contains(".nodestrap-")) {
+                if rustix::fs::unlinkat(&self.fd, n.as_str(), AtFlags::empty()).is_ok() {
+                    log::info!("removed stale temp file {}", self.show(n));
+                }
+            }
+        }
+    }
+
+    pub fn fsync(&self) -> Result<()> {
+        let fd = rustix::fs::openat(
+            &self.fd,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .with_ctx(|| self.shown.clone())?;
+        rustix::fs::fsync(&fd).with_ctx(|| format!("fsync {}", self.shown))
+    }
+
+    /// Remove a directory tree directly below this directory, never following symlinks.
+    pub fn remove_tree(&self, name: &str) -> Result<()> {
+        remove_tree_at(&self.fd, name.as_ref()).with_ctx(|| self.show(name))?;
+        self.fsync()
+    }
+
+    pub fn symlink(&self, target: &str, name: &str) -> Result<()> {
+        match rustix::fs::symlinkat(target, &self.fd, name) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => Ok(()),
+            Err(e) => Err(Error::from(e).context(self.show(name))),
+        }
+    }
+}
+
+fn remove_tree_at(parent: &impl AsFd, name: &OsStr) -> io::Result<()> {
+    let st = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
+        let fd = rustix::fs::openat(
+            parent,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let mut names = Vec::new();
+        for ent in rustix::fs::Dir::read_from(&fd)? {
+            let ent = ent?;
+            let n = ent.file_name().to_bytes();
+            if n != b"." && n != b".." {
+                names.push(OsStr::from_bytes(n).to_owned());
+            }
+        }
+        for n in names {
+            remove_tree_at(&fd, &n)?;
+        }
+        rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)?;
+    } else {
+        rustix::fs::unlinkat(parent, name, AtFlags::empty())?;
+    }
+    Ok(())
+}
+
+pub struct TempFile<'a> {
+    dir: &'a Dir,
+    tmp: String,
+    name: String,
+    file: Option<File>,
+}
+
+impl TempFile<'_> {
+    pub fn file(&mut self) -> &mut File {
+        self.file.as_mut().expect("open until persisted")
+    }
+
+    /// fsync the data, rename over the final name, fsync the directory.
+    pub fn persist(mut self) -> Result<()> {
+        let f = self.file.take().expect("open until persisted");
+        f.sync_all().with_ctx(|| self.dir.show(&self.tmp))?;
+        drop(f);
+        rustix::fs::renameat(&self.dir.fd, self.tmp.as_str(), &self.dir.fd, self.name.as_str())
+            .with_ctx(|| format!("renaming into {}", self.dir.show(&self.name)))?;
+        self.tmp.clear();
+        self.dir.fsync()
+    }
+}
+
+impl Write for TempFile<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.file().write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.file().flush()
+    }
+}
+
+impl Drop for TempFile<'_> {
+    fn drop(&mut self) {
+        if !self.tmp.is_empty() {
+            let _ = rustix::fs::unlinkat(&self.dir.fd, self.tmp.as_str(), AtFlags::empty());
+        }
+    }
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// Open a file given on the command line (not a node path): keyring, CA file.
+pub fn read_host_file(path: &Path, cap: u64, what: &str) -> Result<Vec<u8>> {
+    let f = rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| Error::config(format!("{what} {}: {}", path.display(), io::Error::from(e))))?;
+    read_capped(File::from(f), cap).map_err(|e| Error::config(format!("{what} {}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp_root() -> (PathBuf, Root) {
+        let mut rnd = [0u8; 8];
+        rustix::rand::getrandom(&mut rnd, rustix::rand::GetRandomFlags::empty()).unwrap();
+        let p = std::env::temp_dir().join(format!("nodestrap-root-{}", hex(&rnd)));
+        std::fs::create_dir_all(&p).unwrap();
+        let r = Root::open(&p).unwrap();
+        (p, r)
+    }
+
+    #[test]
+    fn symlinks_and_dotdot_stay_inside() {
+        let (p, r) = tmp_root();
+        let outside = p.with_extension("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("secret"), "outside").unwrap();
+        std::fs::create_dir_all(p.join("etc")).unwrap();
+        std::os::unix::fs::symlink(&outside, p.join("etc/abs")).unwrap();
+        std::os::unix::fs::symlink("../../../../../..", p.join("etc/rel")).unwrap();
+        assert!(r.read("/etc/abs/secret", 100).unwrap().is_none());
+        assert!(r.read("/../../etc/rel/secret", 100).unwrap().is_none());
+        // Writing through it resolves inside the root, where the target does not exist.
+        let e = r.write_atomic("/etc/abs/new", b"x", 0o644).unwrap_err();
+        assert!(e.to_string().contains("/etc/abs"), "{e}");
+        assert!(!outside.join("new").exists());
+        // Once the target exists inside the root, the same write lands there.
+        std::fs::create_dir_all(p.join(outside.strip_prefix("/").unwrap())).unwrap();
+        r.write_atomic("/etc/abs/new", b"x", 0o644).unwrap();
+        assert!(!outside.join("new").exists());
+        assert_eq!(
+            std::fs::read(p.join(outside.strip_prefix("/").unwrap()).join("new")).unwrap(),
+            b"x"
+        );
+        std::fs::remove_dir_all(&p).unwrap();
+        std::fs::remove_dir_all(&outside).unwrap();
+    }
+
+    #[test]
+    fn temp_file_vanishes_unless_persisted() {
+        let (p, r) = tmp_root();
+        let d = r.dir("/a/b", true).unwrap().unwrap();
+        {
+            let mut t = d.create_temp("f", 0o600).unwrap();
+            t.write_all(b"partial").unwrap();
+        }
+        assert!(d.entries().unwrap().is_empty());
+        let mut t = d.create_temp("f", 0o640).unwrap();
+        t.write_all(b"done").unwrap();
+        t.persist().unwrap();
+        assert_eq!(d.entries().unwrap(), vec!["f".to_string()]);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(p.join("a/b/f")).unwrap().permissions().mode() & 0o777,
+            0o640
+        );
+        std::fs::remove_dir_all(&p).unwrap();
+    }
+}

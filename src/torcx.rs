@@ -1,0 +1,406 @@
+//! torcx formats and store layout: the signed package list (`torcx-package-list-v0`), the
+//! versioned user store, profiles (`profile-manifest-v0`) and next-profile. Shared by the
+//! bootstrap and the pre-reboot hook.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Context, Error, Result};
+use crate::fetch::Http;
+use crate::root::Root;
+use crate::verify::{Digest, HashingReader};
+
+pub const PACKAGE_LIST_KIND: &str = "torcx-package-list-v0";
+pub const PROFILE_KIND: &str = "profile-manifest-v0";
+/// The first Container Linux release with remote torcx manifests.
+pub const MIN_REMOTE_OS: &str = "1520.3.0";
+pub const VENDOR_STORE: &str = "/usr/share/torcx/store/";
+pub const USER_STORE: &str = "/var/lib/torcx/store";
+pub const PROFILES_DIR: &str = "/etc/torcx/profiles";
+pub const NEXT_PROFILE: &str = "/etc/torcx/next-profile";
+pub const APPLIED_PROFILE: &str = "/run/torcx/profile.json";
+/// Largest image we accept; torcx docker images are ~50-100 MB.
+pub const IMAGE_CAP: u64 = 4 << 30;
+
+#[derive(Debug, Deserialize)]
+pub struct PackageList {
+    pub kind: String,
+    pub value: PackageListValue,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PackageListValue {
+    pub packages: Vec<Package>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Package {
+    pub name: String,
+    #[serde(rename = "defaultVersion", default)]
+    pub default_version: Option<String>,
+    #[serde(default)]
+    pub versions: Vec<PackageVersion>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PackageVersion {
+    pub version: String,
+    pub hash: String,
+    #[serde(default)]
+    pub locations: Vec<Location>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Location {
+    pub path: Option<String>,
+    pub url: Option<String>,
+}
+
+/// Where one image version comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    /// Shipped in that OS's `/usr/share/torcx/store/`: nothing to download.
+    Vendored(String),
+    Remote {
+        url: String,
+        digest: Digest,
+    },
+}
+
+/// Names that become file names (`<name>:<version>.torcx.tgz`, profile names) must be plain.
+pub fn plain_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s != "."
+        && s != ".."
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._+-".contains(&b))
+        && !s.starts_with(['.', '-'])
+}
+
+impl PackageList {
+    /// Parse a manifest whose signature has already been checked. Every name, version, hash
+    /// and URL is validated here so later steps never see a hostile value.
+    pub fn parse(data: &[u8], name: &str) -> Result<PackageList> {
+        let list: PackageList = serde_json::from_slice(data)
+            .map_err(|e| Error::failed(format!("{name}: invalid package list JSON: {e}")))?;
+        if list.kind != PACKAGE_LIST_KIND {
+            return Err(Error::failed(format!(
+                "{name}: kind is {:?}, expected {PACKAGE_LIST_KIND:?}",
+                list.kind
+            )));
+        }
+        for p in &list.value.packages {
+            if !plain_name(&p.name) {
+                return Err(Error::failed(format!(
+                    "{name}: package name {:?} is not a plain name",
+                    p.name
+                )));
+            }
+            for v in &p.versions {
+                let field = format!("{name}: package {} version {:?}", p.name, v.version);
+                if !plain_name(&v.version) {
+                    return Err(Error::failed(format!("{field}: not a plain version")));
+                }
+                if Digest::parse(&v.hash).is_none() {
+                    return Err(Error::failed(format!(
+                        "{field}: hash {:?} is not sha256-/sha384-/sha512-<hex>",
+                        v.hash
+                    )));
+                }
+                for l in &v.locations {
+                    if let Some(u) = &l.url {
+                        if !(u.starts_with("https://") || u.starts_with("http://")) {
+                            return Err(Error::failed(format!("{field}: location {u:?} is not an http(s) URL")));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(list)
+    }
+
+    /// The source of `name:version`, if this OS offers it: a vendored store path wins,
+    /// else the first URL.
+    pub fn source_for(&self, name: &str, version: &str) -> Option<Source> {
+        let p = self.value.packages.iter().find(|p| p.name == name)?;
+        let v = p.versions.iter().find(|v| v.version == version)?;
+        if let Some(path) = v
+            .locations
+            .iter()
+            .filter_map(|l| l.path.as_ref())
+            .find(|p| p.starts_with(VENDOR_STORE))
+        {
+            return Some(Source::Vendored(path.clone()));
+        }
+        let url = v.locations.iter().find_map(|l| l.url.clone())?;
+        Some(Source::Remote {
+            url,
+            digest: Digest::parse(&v.hash)?,
+        })
+    }
+}
+
+/// Compare dotted numeric OS versions; `None` when either is not one (treated as new enough).
+pub fn os_version_cmp(a: &str, b: &str) -> Option<std::cmp::Ordering> {
+    let parse = |s: &str| s.split('.').map(|p| p.parse::<u64>().ok()).collect::<Option<Vec<_>>>();
+    Some(parse(a)?.cmp(&parse(b)?))
+}
+
+pub fn supports_remote(os_version: &str) -> bool {
+    os_version_cmp(os_version, MIN_REMOTE_OS) != Some(std::cmp::Ordering::Less)
+}
+
+pub fn image_file(name: &str, version: &str) -> String {
+    format!("{name}:{version}.torcx.tgz")
+}
+
+#[derive(Debug, PartialEq)]
+pub enum Staged {
+    /// Already in the store with the right hash.
+    Kept,
+    /// Copied from another store on this node after its hash matched.
+    Copied(String),
+    Downloaded(u64),
+}
+
+/// Put `name:version` into `/var/lib/torcx/store/<os_version>/`, verified against `digest`.
+pub fn stage_image(
+    root: &Root,
+    http: &Http,
+    os_version: &str,
+    name: &str,
+    version: &str,
+    url: &str,
+    digest: &Digest,
+) -> Result<Staged> {
+    if !plain_name(os_version) || !plain_name(name) || !plain_name(version) {
+        return Err(Error::failed(format!(
+            "refusing image {name}:{version} for OS {os_version}: not plain names"
+        )));
+    }
+    let file = image_file(name, version);
+    let store = format!("{USER_STORE}/{os_version}");
+    let dir = root.dir(&store, true)?.expect("created");
+    dir.sweep_temps();
+    if let Some(f) = root.open_file(&dir.node_path(&file))? {
+        if digest.matches(f).with_ctx(|| dir.show(&file))? {
+            return Ok(Staged::Kept);
+        }
+        log::warn!("{} does not match {digest}; replacing it", dir.show(&file));
+    }
+    // The same image staged for another OS version (the hook stages current and next).
+    for other in local_copies(root, &file, &store)? {
+        if let Some(f) = root.open_file(&other)? {
+            let mut t = dir.create_temp(&file, 0o644)?;
+            let mut r = HashingReader::new(f, digest.hasher());
+            std::io::copy(&mut r, t.file())
+                .with_ctx(|| format!("copying {} to {}", root.show(&other), dir.show(&file)))?;
+            if r.hasher.finish_hex() == digest.hex {
+                t.persist()?;
+                return Ok(Staged::Copied(root.show(&other)));
+            }
+        }
+    }
+    http.download(url, &dir, &file, digest, IMAGE_CAP)
+        .map(Staged::Downloaded)
+}
+
+fn local_copies(root: &Root, file: &str, except: &str) -> Result<Vec<String>> {
+    let mut out = vec![format!("{USER_STORE}/{file}")];
+    if let Some(d) = root.dir(USER_STORE, false)? {
+        for e in d.entries()? {
+            let p = format!("{USER_STORE}/{e}");
+            if p != except && plain_name(&e) {
+                out.push(format!("{p}/{file}"));
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Serialize, Deserialize, Default)]
+pub struct Profile {
+    pub kind: String,
+    pub value: ProfileValue,
+}
+
+#[derive(Debug, Serialize, Deserialize, Default)]
+pub struct ProfileValue {
+    pub images: Vec<ProfileImage>,
+}
+
+#[derive(Debug, Serialize, Deserialize, Clone, PartialEq)]
+pub struct ProfileImage {
+    pub name: String,
+    pub reference: String,
+    /// profile-manifest-v1's optional remote, kept if present.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub remote: Option<String>,
+}
+
+impl Profile {
+    pub fn parse(data: &[u8], name: &str) -> Result<Profile> {
+        let p: Profile =
+            serde_json::from_slice(data).map_err(|e| Error::failed(format!("{name}: invalid profile JSON: {e}")))?;
+        if p.kind != PROFILE_KIND && p.kind != "profile-manifest-v1" {
+            return Err(Error::failed(format!(
+                "{name}: kind is {:?}, expected {PROFILE_KIND:?}",
+                p.kind
+            )));
+        }
+        Ok(p)
+    }
+
+    pub fn reference(&self, image: &str) -> Option<&str> {
+        self.value
+            .images
+            .iter()
+            .find(|i| i.name == image)
+            .map(|i| i.reference.as_str())
+    }
+}
+
+/// The profile to edit: an existing user (non-vendor) next-profile, else `default`.
+/// Returns the name and a phrase saying why.
+pub fn choose_profile(root: &Root, default: &str) -> Result<(String, String)> {
+    if let Some(t) = root.read_text(NEXT_PROFILE)? {
+        let n = t.trim();
+        let n = n.strip_suffix(".json").unwrap_or(n);
+        if !n.is_empty() && n != "vendor" && plain_name(n) && root.exists(&format!("{PROFILES_DIR}/{n}.json")) {
+            return Ok((
+                n.to_string(),
+                format!("existing next-profile in {}", root.show(NEXT_PROFILE)),
+            ));
+        }
+        if !n.is_empty() {
+            return Ok((
+                default.to_string(),
+                format!("{} names {n:?}, which is not a user profile", root.show(NEXT_PROFILE)),
+            ));
+        }
+    }
+    Ok((default.to_string(), "no user next-profile".to_string()))
+}
+
+/// Make `profile` hold `image:reference` (replacing that image's entry, keeping the others)
+/// and select it for the next boot. Both files are replaced atomically.
+pub fn set_profile_image(root: &Root, profile: &str, image: &str, reference: &str) -> Result<()> {
+    if !plain_name(profile) {
+        return Err(Error::config(format!("profile name {profile:?} is not a plain name")));
+    }
+    let path = format!("{PROFILES_DIR}/{profile}.json");
+    let mut p = match root.read(&path, crate::root::CONFIG_CAP)? {
+        Some(b) => Profile::parse(&b, &root.show(&path))?,
+        None => Profile {
+            kind: PROFILE_KIND.into(),
+            value: ProfileValue::default(),
+        },
+    };
+    match p.value.images.iter_mut().find(|i| i.name == image) {
+        Some(i) => i.reference = reference.to_string(),
+        None => p.value.images.push(ProfileImage {
+            name: image.into(),
+            reference: reference.into(),
+            remote: None,
+        }),
+    }
+    let mut json = serde_json::to_vec_pretty(&p)?;
+    json.push(b'\n');
+    root.write_atomic(&path, &json, 0o644)?;
+    root.write_atomic(NEXT_PROFILE, format!("{profile}\n").as_bytes(), 0o644)
+}
+
+/// What torcx applied in this boot (`/run/torcx/profile.json`), if it ran.
+pub fn applied_reference(root: &Root, image: &str) -> Result<Option<Option<String>>> {
+    match root.read(APPLIED_PROFILE, crate::root::CONFIG_CAP)? {
+        None => Ok(None),
+        Some(b) => Ok(Some(
+            Profile::parse(&b, &root.show(APPLIED_PROFILE))?
+                .reference(image)
+                .map(str::to_string),
+        )),
+    }
+}
+
+/// Remove versioned stores for OS versions older than `current` (the hook's GC).
+pub fn gc_stores(root: &Root, current: &str) -> Result<Vec<String>> {
+    let Some(d) = root.dir(USER_STORE, false)? else {
+        return Ok(Vec::new());
+    };
+    let mut removed = Vec::new();
+    for e in d.entries()? {
+        let is_version = e.split('.').count() == 3
+            && e.split('.')
+                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+        if is_version && os_version_cmp(&e, current) == Some(std::cmp::Ordering::Less) {
+            d.remove_tree(&e)?;
+            removed.push(d.show(&e));
+        }
+    }
+    Ok(removed)
+}
+
+/// The runtime unit that wipes docker's data dir at shutdown when the runtime version changes
+/// (docker cannot downgrade its data dir). It lives in /run, so it is gone after the reboot.
+pub const CLEANUP_UNIT: &str = "torcx-docker-cleanup.service";
+const CLEANUP_UNIT_TEXT: &str = "\
+[Unit]
+Description=Clean docker datadir for torcx changes
+DefaultDependencies=no
+Before=docker.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/bin/rm -rf /var/lib/docker
+
+[Install]
+RequiredBy=umount.target
+";
+
+pub fn install_cleanup_unit(root: &Root) -> Result<()> {
+    let dir = root.dir("/run/systemd/system", true)?.expect("created");
+    dir.write_atomic(CLEANUP_UNIT, CLEANUP_UNIT_TEXT.as_bytes(), 0o644)?;
+    let req = root
+        .dir("/run/systemd/system/umount.target.requires", true)?
+        .expect("created");
+    req.symlink(&format!("../{CLEANUP_UNIT}"), CLEANUP_UNIT)?;
+    req.fsync()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_versions() {
+        assert!(plain_name("17.03") && plain_name("docker") && plain_name("1.12.6-r1"));
+        for bad in ["", "..", "../x", "a/b", "a:b", ".hidden", "-rf", "a b", "x\n"] {
+            assert!(!plain_name(bad), "{bad:?}");
+        }
+        assert!(supports_remote("1520.3.0") && supports_remote("1632.3.0") && supports_remote("nightly"));
+        assert!(!supports_remote("1520.2.9") && !supports_remote("1298.7.0"));
+    }
+
+    #[test]
+    fn source_prefers_vendored_path() {
+        let j = br#"{"kind":"torcx-package-list-v0","value":{"packages":[{"name":"docker","defaultVersion":"1.12","versions":[
+          {"version":"1.12","hash":"sha512-0e3e75234abc68f4378a86b3f4b32a198ba301845b0cd6e50106e874345700cc6663a86c1ea125dc5e92be17c98f9a0f85ca9d5f595db2012f7cc3571945c123","sourcePackage":"x","casDigest":"y",
+           "locations":[{"url":"https://e/a.tgz"},{"path":"/usr/share/torcx/store/docker:1.12.torcx.tgz"}]},
+          {"version":"17.06","hash":"sha512-0e3e75234abc68f4378a86b3f4b32a198ba301845b0cd6e50106e874345700cc6663a86c1ea125dc5e92be17c98f9a0f85ca9d5f595db2012f7cc3571945c123",
+           "locations":[{"url":"https://e/b.tgz"}]}]}]}}"#;
+        let l = PackageList::parse(j, "m").unwrap();
+        assert_eq!(
+            l.source_for("docker", "1.12"),
+            Some(Source::Vendored("/usr/share/torcx/store/docker:1.12.torcx.tgz".into()))
+        );
+        assert!(
+            matches!(l.source_for("docker", "17.06"), Some(Source::Remote { url, .. }) if url == "https://e/b.tgz")
+        );
+        assert_eq!(l.source_for("docker", "18.06"), None);
+        let hostile = String::from_utf8_lossy(j).replace("\"17.06\"", "\"../../etc\"");
+        assert!(PackageList::parse(hostile.as_bytes(), "m")
+            .unwrap_err()
+            .to_string()
+            .contains("not a plain version"));
+    }
+}

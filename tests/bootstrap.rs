@@ -1,0 +1,776 @@
+//! `nodestrap bootstrap` end to end: the built binary against a temp root and local servers.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+
+use sha2::Digest as _;
+use support::*;
+
+const CUR: &str = "1520.5.0";
+const NEXT: &str = "1632.3.0";
+const INSTALLER_ENV: &str = "KUBELET_IMAGE_URL=\"quay.io/coreos/hyperkube\"\nKUBELET_IMAGE_TAG=\"v1.9.6_coreos.0\"\n";
+const MAPPINGS: &str = "kind: VersionManifestV1\nversions:\n  k8s:\n    1.1:\n        docker: [ \"1.11\" ]\n    1.9:\n        docker: [ \"17.03\", \"1.12\"]\n    1.10:\n        docker: [ \"17.06\", \"17.03\" ]\n";
+
+fn image(version: &str) -> Vec<u8> {
+    // Distinct, incompressible-looking content per version, a few hundred KiB.
+    let mut out = Vec::with_capacity(300 << 10);
+    let mut h = sha2::Sha512::digest(version.as_bytes()).to_vec();
+    while out.len() < 300 << 10 {
+        h = sha2::Sha512::digest(&h).to_vec();
+        out.extend_from_slice(&h);
+    }
+    out
+}
+
+fn sha512(b: &[u8]) -> String {
+    format!(
+        "sha512-{}",
+        sha2::Sha512::digest(b)
+            .iter()
+            .map(|x| format!("{x:02x}"))
+            .collect::<String>()
+    )
+}
+
+/// Everything one scenario needs.
+struct World {
+    root: PathBuf,
+    ca: Ca,
+    ca_file: PathBuf,
+    files: Server,
+    signer: Signer_,
+    keyring: PathBuf,
+    extra: Vec<String>,
+}
+
+impl World {
+    fn new() -> World {
+        let root = unique_dir("root");
+        let ca = Ca::new("nodestrap test CA");
+        let files = Server::start(&ca.server(), None);
+        let signer = Signer_::new("torcx signer <torcx@nodestrap.invalid>");
+        let keyring = root.with_extension("keyring.asc");
+        std::fs::write(&keyring, signer.keyring()).unwrap();
+        let ca_file = root.with_extension("ca.pem");
+        std::fs::write(&ca_file, &ca.pem).unwrap();
+        let w = World {
+            root,
+            ca,
+            ca_file,
+            files,
+            signer,
+            keyring,
+            extra: Vec::new(),
+        };
+        w.write("/usr/lib/os-release", &format!("NAME=\"Flatcar Container Linux by Kinvolk\"\nID=flatcar\nVERSION_ID={CUR}\nCOREOS_BOARD=\"amd64-usr\"\n"));
+        w.write("/etc/kubernetes/installer/kubelet.env", INSTALLER_ENV);
+        w.write("/etc/kubernetes/installer/runtime-mappings.yaml", MAPPINGS);
+        for os in [CUR, NEXT] {
+            w.publish(os, &w.manifest(os, &["17.03", "17.06"]));
+        }
+        for v in ["17.03", "17.06"] {
+            w.files.set(&format!("/pkgs/docker-{v}.tgz"), Reply::ok(image(v)));
+        }
+        w
+    }
+
+    fn manifest(&self, _os: &str, versions: &[&str]) -> String {
+        let mut vs: Vec<String> = versions.iter().map(|v| format!(
+            r#"{{"version":"{v}","hash":"{}","sourcePackage":"app-torcx/docker-{v}","locations":[{{"url":"{}"}}]}}"#,
+            sha512(&image(v)), self.files.url(&format!("/pkgs/docker-{v}.tgz")))).collect();
+        vs.push(r#"{"version":"1.12","hash":"sha512-0e3e75234abc68f4378a86b3f4b32a198ba301845b0cd6e50106e874345700cc6663a86c1ea125dc5e92be17c98f9a0f85ca9d5f595db2012f7cc3571945c123","locations":[{"path":"/usr/share/torcx/store/docker:1.12.torcx.tgz"}]}"#.into());
+        format!(
+            r#"{{"kind":"torcx-package-list-v0","value":{{"packages":[{{"name":"docker","defaultVersion":"1.12","versions":[{}]}}]}}}}"#,
+            vs.join(",")
+        )
+    }
+
+    fn manifest_path(os: &str) -> String {
+        format!("/manifests/amd64-usr/{os}/torcx_manifest.json")
+    }
+
+    /// Serve `manifest` for `os`, signed by the world's key.
+    fn publish(&self, os: &str, manifest: &str) {
+        let p = Self::manifest_path(os);
+        self.files.set(&p, Reply::ok(manifest.as_bytes().to_vec()));
+        self.files
+            .set(&format!("{p}.asc"), Reply::ok(self.signer.sign(manifest.as_bytes())));
+    }
+
+    fn path(&self, node_path: &str) -> PathBuf {
+        self.root.join(node_path.trim_start_matches('/'))
+    }
+
+    fn write(&self, node_path: &str, content: &str) {
+        let p = self.path(node_path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+
+    fn read(&self, node_path: &str) -> Option<String> {
+        std::fs::read_to_string(self.path(node_path)).ok()
+    }
+
+    fn args(&self) -> Vec<String> {
+        let mut a: Vec<String> = vec![
+            "bootstrap".into(),
+            format!("--root={}", self.root.display()),
+            format!(
+                "--torcx-manifest-url={}",
+                self.files
+                    .url("/manifests/{{.Board}}/{{.OSVersion}}/torcx_manifest.json")
+            ),
+            format!("--keyring={}", self.keyring.display()),
+            format!("--ca-file={}", self.ca_file.display()),
+            "--upgrade-os=false".into(),
+            "--api-tries=2".into(),
+            "--api-retry-delay=0".into(),
+            "--fetch-attempts=3".into(),
+            "--fetch-backoff-ms=10".into(),
+        ];
+        a.extend(self.extra.iter().cloned());
+        a
+    }
+
+    fn run(&self) -> Run {
+        nodestrap(&self.args(), None, &[])
+    }
+
+    fn run_on(&self, bus: &Bus) -> Run {
+        nodestrap(&self.args(), Some(&bus.address), &[])
+    }
+
+    fn store_file(&self, os: &str, v: &str) -> PathBuf {
+        self.path(&format!("/var/lib/torcx/store/{os}/docker:{v}.torcx.tgz"))
+    }
+
+    /// Files under the store (temp files included), relative to it.
+    fn store_listing(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) {
+            let Ok(rd) = std::fs::read_dir(dir) else { return };
+            for e in rd.flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(base, &p, out);
+                } else {
+                    out.push(p.strip_prefix(base).unwrap().display().to_string());
+                }
+            }
+        }
+        let base = self.path("/var/lib/torcx/store");
+        walk(&base, &base, &mut out);
+        out.sort();
+        out
+    }
+
+    /// The failure contract: no file at any final path, no temp file left behind.
+    fn assert_nothing_written(&self) {
+        assert_eq!(self.store_listing(), Vec::<String>::new(), "store must stay empty");
+        for p in [
+            "/etc/kubernetes/kubelet.env",
+            "/etc/torcx/next-profile",
+            "/etc/torcx/profiles/tectonic.json",
+        ] {
+            assert!(!self.path(p).exists(), "{p} must not exist");
+        }
+    }
+
+    fn with_api(&self, version: &str, mappings: Option<&str>) -> (Server, Ca) {
+        let client_ca = Ca::new("kube client CA");
+        let api = Server::start(&self.ca.server(), Some(&client_ca));
+        api.set(
+            "/version",
+            Reply::ok(format!(
+                r#"{{"major":"1","minor":"10","gitVersion":"{version}","platform":"linux/amd64"}}"#
+            )),
+        );
+        if let Some(m) = mappings {
+            let cm = serde_json::json!({"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"tectonic-torcx-runtime-mappings","namespace":"tectonic-system"},"data":{"runtime-mappings.yaml": m}});
+            api.set(
+                "/api/v1/namespaces/tectonic-system/configmaps/tectonic-torcx-runtime-mappings",
+                Reply::ok(cm.to_string()),
+            );
+        }
+        let leaf = client_ca.client("system:node:test");
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        // Tectonic's shape: one unnamed context, no current-context.
+        self.write("/etc/kubernetes/kubeconfig", &format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: kubelet\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\ncontexts:\n- context:\n    cluster: local\n    user: kubelet\n",
+            api.url(""), b64(&self.ca.pem), b64(&leaf.cert_pem), b64(&leaf.key_pem)));
+        (api, client_ca)
+    }
+}
+
+#[test]
+fn happy_path_without_api_server() {
+    let w = World::new();
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stdout
+            .contains("bootstrap done k8s=v1.9.6+coreos.0 docker=17.03 next-os=none reboot=no"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(std::fs::read(w.store_file(CUR, "17.03")).unwrap(), image("17.03"));
+    assert_eq!(w.store_listing(), vec![format!("{CUR}/docker:17.03.torcx.tgz")]);
+    let profile: serde_json::Value =
+        serde_json::from_str(&w.read("/etc/torcx/profiles/tectonic.json").unwrap()).unwrap();
+    assert_eq!(
+        profile,
+        serde_json::json!({"kind":"profile-manifest-v0","value":{"images":[{"name":"docker","reference":"17.03"}]}})
+    );
+    assert_eq!(w.read("/etc/torcx/next-profile").unwrap(), "tectonic\n");
+    assert_eq!(
+        w.read("/etc/kubernetes/kubelet.env").unwrap(),
+        "KUBELET_IMAGE_URL=quay.io/coreos/hyperkube\nKUBELET_IMAGE_TAG=v1.9.6_coreos.0\n"
+    );
+    // One decision line per step, each naming its source.
+    for needle in [
+        "(from KUBELET_IMAGE_TAG in",
+        "/usr/lib/os-release)",
+        "no pending OS update: update_engine is not on the system bus",
+        "good signature by",
+        "hash verified",
+    ] {
+        assert!(r.stderr.contains(needle), "missing {needle:?} in\n{}", r.stderr);
+    }
+    // A second run keeps the verified image instead of downloading it again.
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    w.run().assert_ok();
+    assert_eq!(w.files.hits("/pkgs/docker-17.03.tgz"), 1);
+}
+
+#[test]
+fn happy_path_with_api_server_and_the_1_10_trap() {
+    let w = World::new();
+    // The ConfigMap has both 1.1 and 1.10: parsed as floats they would collide.
+    let cm = "kind: VersionManifestV1\nversions:\n  k8s:\n    1.1:\n        docker: [ \"17.03\" ]\n    1.10:\n        docker: [ \"17.06\" ]\n";
+    let (api, _ca) = w.with_api("v1.10.2+coreos.0", Some(cm));
+    let r = w.run();
+    r.assert_ok();
+    assert!(r.stdout.contains("k8s=v1.10.2+coreos.0 docker=17.06"), "{}", r.stdout);
+    assert!(w.store_file(CUR, "17.06").exists());
+    assert_eq!(
+        w.read("/etc/kubernetes/kubelet.env").unwrap(),
+        "KUBELET_IMAGE_URL=quay.io/coreos/hyperkube\nKUBELET_IMAGE_TAG=v1.10.2_coreos.0\n"
+    );
+    assert!(r.stderr.contains("(from the API server, GET /version"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("(from ConfigMap tectonic-system/tectonic-torcx-runtime-mappings key runtime-mappings.yaml)"),
+        "{}",
+        r.stderr
+    );
+    let seen = api.seen();
+    assert!(seen.iter().any(|s| s.path == "/version"));
+    assert!(
+        seen.iter().all(|s| s.client_cert),
+        "every API request presents the client certificate"
+    );
+}
+
+#[test]
+fn api_server_without_the_configmap_falls_back_to_the_file() {
+    let w = World::new();
+    let (_api, _ca) = w.with_api("v1.10.2+coreos.0", None);
+    let r = w.run();
+    r.assert_ok();
+    assert!(r.stdout.contains("docker=17.06"), "{}", r.stdout);
+    assert!(r.stderr.contains("runtime-mappings.yaml)"), "{}", r.stderr);
+}
+
+#[test]
+fn mapping_file_keeps_1_10_apart_from_1_1() {
+    let w = World::new();
+    let mut w = w;
+    w.extra.push("--force-kube-version=v1.1.0".into());
+    w.write("/etc/kubernetes/installer/runtime-mappings.yaml",
+        "kind: VersionManifestV1\nversions:\n  k8s:\n    1.10:\n        docker: [ \"17.06\" ]\n    1.1:\n        docker: [ \"17.03\" ]\n");
+    let r = w.run();
+    r.assert_ok();
+    assert!(r.stdout.contains("k8s=v1.1.0 docker=17.03"), "{}", r.stdout);
+}
+
+#[test]
+fn api_server_down_falls_back_to_installer_env() {
+    let w = World::new();
+    let (api, _ca) = w.with_api("v1.10.2+coreos.0", None);
+    let port = api.port;
+    drop(api);
+    // Point the kubeconfig at a port nothing listens on.
+    let kc = w
+        .read("/etc/kubernetes/kubeconfig")
+        .unwrap()
+        .replace(&format!(":{port}"), ":1");
+    w.write("/etc/kubernetes/kubeconfig", &kc);
+    let r = w.run();
+    r.assert_ok();
+    assert!(r.stdout.contains("k8s=v1.9.6+coreos.0 docker=17.03"), "{}", r.stdout);
+    assert!(r.stderr.contains("API server version unavailable"), "{}", r.stderr);
+}
+
+#[test]
+fn update_pending_stages_both_stores_and_asks_for_a_reboot() {
+    let w = World::new();
+    let mut bus = Bus::start();
+    bus.update_engine(&[
+        "--on-attempt",
+        "CHECKING_FOR_UPDATE,UPDATE_AVAILABLE,DOWNLOADING,VERIFYING,FINALIZING,UPDATED_NEED_REBOOT",
+        "--new-version",
+        NEXT,
+        "--stale",
+        "UPDATE_STATUS_IDLE",
+    ]);
+    let mut w = w;
+    w.extra.push("--upgrade-os=true".into());
+    let r = w.run_on(&bus);
+    r.assert_ok();
+    assert!(
+        r.stdout.contains(&format!(
+            "next-os={NEXT} reboot=needed (OS update to {NEXT} is pending)"
+        )),
+        "{}\n{}",
+        r.stdout,
+        r.stderr
+    );
+    assert_eq!(
+        w.store_listing(),
+        vec![
+            format!("{CUR}/docker:17.03.torcx.tgz"),
+            format!("{NEXT}/docker:17.03.torcx.tgz")
+        ]
+    );
+    // The image is fetched once and copied into the second store.
+    assert_eq!(w.files.hits("/pkgs/docker-17.03.tgz"), 1);
+    assert!(r.stderr.contains("not rebooting: --root is not /"), "{}", r.stderr);
+}
+
+#[test]
+fn pending_update_read_with_get_status_only() {
+    let w = World::new();
+    let mut bus = Bus::start();
+    bus.update_engine(&["--status", "UPDATE_STATUS_UPDATED_NEED_REBOOT", "--new-version", NEXT]);
+    let r = w.run_on(&bus);
+    r.assert_ok();
+    assert!(r.stdout.contains(&format!("next-os={NEXT}")), "{}", r.stdout);
+    assert!(w.store_file(NEXT, "17.03").exists() && w.store_file(CUR, "17.03").exists());
+}
+
+#[test]
+fn no_update_available_ends_at_idle() {
+    let mut w = World::new();
+    let mut bus = Bus::start();
+    bus.update_engine(&["--on-attempt", "CHECKING_FOR_UPDATE,IDLE", "--silent"]);
+    w.extra.push("--upgrade-os=true".into());
+    let r = w.run_on(&bus);
+    r.assert_ok();
+    assert!(r.stdout.contains("next-os=none reboot=no"), "{}", r.stdout);
+    assert_eq!(w.store_listing(), vec![format!("{CUR}/docker:17.03.torcx.tgz")]);
+}
+
+#[test]
+fn update_wait_has_a_deadline() {
+    let mut w = World::new();
+    let mut bus = Bus::start();
+    bus.update_engine(&["--on-attempt", "CHECKING_FOR_UPDATE,DOWNLOADING"]);
+    w.extra
+        .extend(["--upgrade-os=true".into(), "--update-timeout=1".into()]);
+    w.run_on(&bus).assert_fails(1, "update_engine did not settle within 1s");
+    w.assert_nothing_written();
+}
+
+#[test]
+fn first_boot_after_torcx_applied_the_vendor_runtime_reboots() {
+    let w = World::new();
+    w.write(
+        "/run/torcx/profile.json",
+        r#"{"kind":"profile-manifest-v0","value":{"images":[{"name":"docker","reference":"com.coreos.cl"}]}}"#,
+    );
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stdout
+            .contains("reboot=needed (torcx applied docker com.coreos.cl in this boot, 17.03 is staged)"),
+        "{}",
+        r.stdout
+    );
+    let unit = w.read("/run/systemd/system/torcx-docker-cleanup.service").unwrap();
+    assert!(unit.contains("ExecStart=/usr/bin/rm -rf /var/lib/docker") && unit.contains("RequiredBy=umount.target"));
+    let link =
+        std::fs::read_link(w.path("/run/systemd/system/umount.target.requires/torcx-docker-cleanup.service")).unwrap();
+    assert_eq!(link, Path::new("../torcx-docker-cleanup.service"));
+    // Same runtime already applied: no reboot, no wipe.
+    let w2 = World::new();
+    w2.write(
+        "/run/torcx/profile.json",
+        r#"{"kind":"profile-manifest-v0","value":{"images":[{"name":"docker","reference":"17.03"}]}}"#,
+    );
+    let r2 = w2.run();
+    r2.assert_ok();
+    assert!(r2.stdout.contains("reboot=no"), "{}", r2.stdout);
+    assert!(!w2.path("/run/systemd/system/torcx-docker-cleanup.service").exists());
+}
+
+#[test]
+fn existing_user_next_profile_is_reused() {
+    let w = World::new();
+    w.write("/etc/torcx/profiles/mine.json", r#"{"kind":"profile-manifest-v0","value":{"images":[{"name":"rkt","reference":"1.0"},{"name":"docker","reference":"1.12"}]}}"#);
+    w.write("/etc/torcx/next-profile", "mine.json\n");
+    w.run().assert_ok();
+    let p: serde_json::Value = serde_json::from_str(&w.read("/etc/torcx/profiles/mine.json").unwrap()).unwrap();
+    assert_eq!(
+        p["value"]["images"],
+        serde_json::json!([{"name":"rkt","reference":"1.0"},{"name":"docker","reference":"17.03"}])
+    );
+    assert_eq!(w.read("/etc/torcx/next-profile").unwrap(), "mine\n");
+    assert!(!w.path("/etc/torcx/profiles/tectonic.json").exists());
+}
+
+#[test]
+fn dry_run_writes_nothing() {
+    let mut w = World::new();
+    w.extra.push("--dry-run".into());
+    w.write(
+        "/run/torcx/profile.json",
+        r#"{"kind":"profile-manifest-v0","value":{"images":[{"name":"docker","reference":"com.coreos.cl"}]}}"#,
+    );
+    let r = w.run();
+    r.assert_ok();
+    assert!(r.stdout.contains("bootstrap planned"), "{}", r.stdout);
+    assert!(r.stderr.contains("plan: fetch"), "{}", r.stderr);
+    w.assert_nothing_written();
+    assert!(!w.path("/run/systemd/system").exists());
+    assert_eq!(w.files.hits("/pkgs/docker-17.03.tgz"), 0);
+}
+
+#[test]
+fn gnupg_signed_manifest_interoperates() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gnupg");
+    let mut w = World::new();
+    let p = World::manifest_path(CUR);
+    w.files
+        .set(&p, Reply::ok(std::fs::read(fixtures.join("manifest.json")).unwrap()));
+    w.files.set(
+        &format!("{p}.asc"),
+        Reply::ok(std::fs::read(fixtures.join("manifest.json.asc")).unwrap()),
+    );
+    w.keyring = fixtures.join("keyring.asc");
+    w.extra.push("--force-kube-version=v1.10.0".into());
+    let r = w.run();
+    r.assert_ok();
+    // 17.06 is vendored in that manifest: nothing to download, the profile names it.
+    assert!(r.stdout.contains("docker=17.06"), "{}", r.stdout);
+    assert!(r.stderr.contains("shipped in its /usr"), "{}", r.stderr);
+    assert_eq!(w.store_listing(), Vec::<String>::new());
+    assert_eq!(w.read("/etc/torcx/next-profile").unwrap(), "tectonic\n");
+}
+
+// ---- failures: exit 1 or 2, a message naming the input, nothing at any final path ----------
+
+#[test]
+fn bad_signature_is_refused() {
+    let w = World::new();
+    let p = World::manifest_path(CUR);
+    // Signed by the right key, but over other bytes.
+    w.files
+        .set(&format!("{p}.asc"), Reply::ok(w.signer.sign(b"something else")));
+    w.run()
+        .assert_fails(1, &format!("{}: signature check against keyring", w.files.url(&p)));
+    w.assert_nothing_written();
+}
+
+#[test]
+fn unknown_key_is_refused() {
+    let w = World::new();
+    let p = World::manifest_path(CUR);
+    let stranger = Signer_::new("stranger <x@nodestrap.invalid>");
+    let m = w.manifest(CUR, &["17.03"]);
+    w.files.set(&p, Reply::ok(m.clone()));
+    w.files.set(&format!("{p}.asc"), Reply::ok(stranger.sign(m.as_bytes())));
+    w.run().assert_fails(1, "Missing key");
+    w.assert_nothing_written();
+}
+
+#[test]
+fn unsigned_manifest_is_refused() {
+    let w = World::new();
+    let p = World::manifest_path(CUR);
+    w.files.set(&format!("{p}.asc"), Reply::status(404));
+    w.run()
+        .assert_fails(1, &format!("GET {}.asc: HTTP 404", w.files.url(&p)));
+    w.assert_nothing_written();
+}
+
+#[test]
+fn no_verify_signatures_skips_the_asc() {
+    let mut w = World::new();
+    w.extra.push("--no-verify-signatures".into());
+    w.keyring = PathBuf::from("/nonexistent/keyring.asc");
+    let r = w.run();
+    r.assert_ok();
+    assert!(r.stderr.contains("NOT be authenticated"), "{}", r.stderr);
+    assert_eq!(w.files.hits(&format!("{}.asc", World::manifest_path(CUR))), 0);
+}
+
+#[test]
+fn hash_mismatch_leaves_no_file() {
+    let w = World::new();
+    w.files.set("/pkgs/docker-17.03.tgz", Reply::ok(image("evil")));
+    w.run().assert_fails(1, "hash mismatch");
+    w.assert_nothing_written();
+    // A wrong hash is not a transport error: no retry.
+    assert_eq!(w.files.hits("/pkgs/docker-17.03.tgz"), 1);
+}
+
+#[test]
+fn truncated_body_is_retried_then_fails_cleanly() {
+    let w = World::new();
+    w.files
+        .set("/pkgs/docker-17.03.tgz", Reply::truncated(image("17.03"), 100_000));
+    w.run().assert_fails(1, "/pkgs/docker-17.03.tgz");
+    assert_eq!(w.files.hits("/pkgs/docker-17.03.tgz"), 3);
+    w.assert_nothing_written();
+    // One broken transfer, then a good one: it converges.
+    w.files
+        .queue("/pkgs/docker-17.03.tgz", Reply::truncated(image("17.03"), 1000));
+    w.files.set("/pkgs/docker-17.03.tgz", Reply::ok(image("17.03")));
+    w.run().assert_ok();
+    assert_eq!(w.store_listing(), vec![format!("{CUR}/docker:17.03.torcx.tgz")]);
+}
+
+#[test]
+fn server_errors_are_retried_until_success() {
+    let w = World::new();
+    let p = World::manifest_path(CUR);
+    w.files.queue(&p, Reply::status(500));
+    w.files.queue(&p, Reply::status(503));
+    let r = w.run();
+    r.assert_ok();
+    assert_eq!(w.files.hits(&p), 3);
+    assert!(
+        r.stderr.contains("attempt 1/3 failed") && r.stderr.contains("HTTP 500"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn not_found_is_final() {
+    let w = World::new();
+    w.files.set("/pkgs/docker-17.03.tgz", Reply::status(404));
+    w.run()
+        .assert_fails(1, &format!("GET {}: HTTP 404", w.files.url("/pkgs/docker-17.03.tgz")));
+    assert_eq!(w.files.hits("/pkgs/docker-17.03.tgz"), 1);
+    w.assert_nothing_written();
+}
+
+#[test]
+fn untrusted_server_certificate_is_refused() {
+    let mut w = World::new();
+    let other = Ca::new("not the node's CA");
+    w.ca_file = w.root.with_extension("other-ca.pem");
+    std::fs::write(&w.ca_file, &other.pem).unwrap();
+    w.run().assert_fails(1, "invalid peer certificate");
+    w.assert_nothing_written();
+}
+
+#[test]
+fn hostile_names_are_refused() {
+    // In the signed manifest.
+    let w = World::new();
+    let m = w
+        .manifest(CUR, &["17.03"])
+        .replace("\"version\":\"17.03\"", "\"version\":\"../../../../etc/cron.d/x\"");
+    w.publish(CUR, &m);
+    w.run()
+        .assert_fails(1, "version \"../../../../etc/cron.d/x\": not a plain version");
+    w.assert_nothing_written();
+    // In the runtime mappings.
+    let w = World::new();
+    w.write(
+        "/etc/kubernetes/installer/runtime-mappings.yaml",
+        "kind: VersionManifestV1\nversions:\n  k8s:\n    1.9:\n      docker: [ \"../../x\" ]\n",
+    );
+    w.run().assert_fails(
+        1,
+        "runtime-mappings.yaml: docker version \"../../x\" is not a plain version",
+    );
+    w.assert_nothing_written();
+    // As the profile name.
+    let mut w = World::new();
+    w.extra.push("--torcx-profile=../../etc/passwd".into());
+    w.run().assert_fails(2, "--torcx-profile");
+    w.assert_nothing_written();
+}
+
+#[test]
+fn symlinks_pointing_outside_the_root_stay_inside() {
+    let w = World::new();
+    let outside = unique_dir("outside");
+    std::fs::write(outside.join("kubelet.env"), "KUBELET_IMAGE_TAG=v9.9.9_outside\n").unwrap();
+    // The store is an absolute symlink out of the root; the installer env a relative one.
+    std::fs::create_dir_all(w.path("/var/lib")).unwrap();
+    std::os::unix::fs::symlink(&outside, w.path("/var/lib/torcx")).unwrap();
+    std::fs::remove_file(w.path("/etc/kubernetes/installer/kubelet.env")).unwrap();
+    let rel = format!("../../../../../../../..{}/kubelet.env", outside.display());
+    std::os::unix::fs::symlink(&rel, w.path("/etc/kubernetes/installer/kubelet.env")).unwrap();
+    let r = w.run();
+    // The env file resolves inside the root, where it does not exist.
+    r.assert_fails(1, "unable to determine the cluster version");
+    assert!(!r.stderr.contains("v9.9.9"), "{}", r.stderr);
+    assert_eq!(
+        std::fs::read_dir(&outside).unwrap().count(),
+        1,
+        "nothing written outside the root"
+    );
+    // With a version forced, staging into the escaping store fails and writes nothing outside.
+    let mut w = w;
+    w.extra.push("--force-kube-version=v1.9.6".into());
+    w.run().assert_fails(1, "/var/lib/torcx");
+    assert_eq!(
+        std::fs::read_dir(&outside).unwrap().count(),
+        1,
+        "nothing written outside the root"
+    );
+    assert!(!w.path("/etc/kubernetes/kubelet.env").exists());
+}
+
+#[test]
+fn malformed_os_release() {
+    let w = World::new();
+    w.write(
+        "/usr/lib/os-release",
+        "ID=flatcar\nthis is not a key value line\nVERSION_ID=1520.5.0\n",
+    );
+    w.run().assert_fails(1, "/usr/lib/os-release:2: expected KEY=VALUE");
+    w.assert_nothing_written();
+    let w = World::new();
+    w.write("/usr/lib/os-release", "ID=flatcar\n");
+    w.run().assert_fails(1, "/usr/lib/os-release: no VERSION_ID");
+    w.assert_nothing_written();
+}
+
+#[test]
+fn malformed_env() {
+    let w = World::new();
+    w.write(
+        "/etc/kubernetes/installer/kubelet.env",
+        "KUBELET_IMAGE_TAG=\"v1.9.6_coreos.0\n",
+    );
+    w.run()
+        .assert_fails(1, "/etc/kubernetes/installer/kubelet.env:1: unbalanced quotes");
+    w.assert_nothing_written();
+}
+
+#[test]
+fn malformed_yaml() {
+    let w = World::new();
+    w.write(
+        "/etc/kubernetes/installer/runtime-mappings.yaml",
+        "kind: VersionManifestV1\nversions: [\n",
+    );
+    w.run().assert_fails(1, "runtime-mappings.yaml: invalid YAML");
+    w.assert_nothing_written();
+    let w = World::new();
+    w.write(
+        "/etc/kubernetes/installer/runtime-mappings.yaml",
+        "kind: VersionManifestV2\nversions: {}\n",
+    );
+    w.run().assert_fails(1, "kind is \"VersionManifestV2\"");
+    w.assert_nothing_written();
+}
+
+#[test]
+fn malformed_json_manifest() {
+    let w = World::new();
+    w.publish(CUR, "{\"kind\":\"torcx-package-list-v0\",\"value\":");
+    w.run().assert_fails(
+        1,
+        &format!("{}: invalid package list JSON", w.files.url(&World::manifest_path(CUR))),
+    );
+    w.assert_nothing_written();
+}
+
+#[test]
+fn malformed_kubeconfig() {
+    let w = World::new();
+    w.write("/etc/kubernetes/kubeconfig", "clusters: [\n");
+    w.run().assert_fails(1, "/etc/kubernetes/kubeconfig: invalid YAML");
+    w.assert_nothing_written();
+    let w = World::new();
+    w.write("/etc/kubernetes/kubeconfig", "clusters:\n- name: a\n  cluster: {server: 'https://127.0.0.1:1'}\ncontexts:\n- name: x\n  context: {cluster: a}\n- name: y\n  context: {cluster: a}\n");
+    w.run().assert_fails(1, "kubeconfig: no current-context and 2 contexts");
+    w.assert_nothing_written();
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let w = World::new();
+    let mut a = w.args();
+    a.push("--no-such-flag".into());
+    assert_eq!(nodestrap(&a, None, &[]).code, 2);
+    let mut a = w.args();
+    a.push("--reboot=sometimes".into());
+    assert_eq!(nodestrap(&a, None, &[]).code, 2);
+    let mut w = w;
+    w.keyring = PathBuf::from("/nonexistent/keyring.asc");
+    w.run().assert_fails(2, "--keyring /nonexistent/keyring.asc");
+    w.keyring = w.ca_file.clone();
+    w.run().assert_fails(2, "keyring");
+    let mut w = World::new();
+    w.extra
+        .push("--torcx-manifest-url=https://x/{{.Channel}}/m.json".into());
+    w.run().assert_fails(2, "unknown placeholder");
+    let mut a = w.args();
+    a.push("--verbose=loud".into());
+    assert_eq!(nodestrap(&a, None, &[]).code, 2);
+    w.assert_nothing_written();
+}
+
+#[test]
+fn torcx_skip_setup_still_writes_kubelet_env() {
+    let mut w = World::new();
+    w.extra.extend([
+        "--torcx-skip-setup".into(),
+        "--force-kube-version=v1.11.0+coreos.0".into(),
+    ]);
+    w.keyring = PathBuf::from("/nonexistent");
+    w.run().assert_ok();
+    assert_eq!(
+        w.read("/etc/kubernetes/kubelet.env").unwrap(),
+        "KUBELET_IMAGE_URL=quay.io/coreos/hyperkube\nKUBELET_IMAGE_TAG=v1.11.0_coreos.0\n"
+    );
+    assert_eq!(w.store_listing(), Vec::<String>::new());
+}
+
+#[test]
+fn journald_priority_prefixes_under_systemd() {
+    let w = World::new();
+    // JOURNAL_STREAM naming stderr's own device and inode, as systemd sets it.
+    let dir = unique_dir("journal");
+    let errf = dir.join("stderr");
+    let f = std::fs::File::create(&errf).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let m = f.metadata().unwrap();
+    let status = std::process::Command::new(BIN)
+        .args(w.args())
+        .env_clear()
+        .env("SSL_CERT_FILE", "/nonexistent")
+        .env("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent")
+        .env("JOURNAL_STREAM", format!("{}:{}", m.dev(), m.ino()))
+        .stderr(f)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let text = std::fs::read_to_string(&errf).unwrap();
+    assert!(
+        text.lines()
+            .all(|l| l.starts_with("<6>") || l.starts_with("<4>") || l.starts_with("<7>")),
+        "{text}"
+    );
+    assert!(text.contains("<6>OS version 1520.5.0 board amd64-usr"), "{text}");
+}
