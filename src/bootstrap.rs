@@ -43,7 +43,11 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     let keyring = if torcx_on && !a.no_verify_signatures {
         let data = crate::root::read_host_file(&a.keyring, 16 << 20, "--keyring")?;
         let k = Keyring::parse(&data, &a.keyring.display().to_string())?;
-        log::debug!("keyring {}: {}", a.keyring.display(), k.fingerprints().join(", "));
+        log::debug!(
+            "keyring {}: {}",
+            a.keyring.display(),
+            k.fingerprints().join(", ")
+        );
         Some(k)
     } else {
         if torcx_on {
@@ -183,7 +187,11 @@ impl OsInfo {
         }
         let (board, board_from_arch) = match env.get("COREOS_BOARD").filter(|b| !b.is_empty()) {
             Some(b) if torcx::plain_name(b) => (b.to_string(), false),
-            Some(b) => return Err(Error::failed(format!("{name}: COREOS_BOARD {b:?} is not a plain name"))),
+            Some(b) => {
+                return Err(Error::failed(format!(
+                    "{name}: COREOS_BOARD {b:?} is not a plain name"
+                )))
+            }
             None => (arch_board()?.to_string(), true),
         };
         Ok(OsInfo {
@@ -257,18 +265,26 @@ fn kube_version(root: &Root, a: &Bootstrap, kube: Option<&Kube>) -> Result<Strin
         ))
     })?;
     let env = EnvFile::parse(&text, &name)?;
-    let tag = env.get("KUBELET_IMAGE_TAG").filter(|t| !t.is_empty()).ok_or_else(|| {
-        Error::failed(format!(
-            "unable to determine the cluster version: {name} has no KUBELET_IMAGE_TAG"
-        ))
-    })?;
+    let tag = env
+        .get("KUBELET_IMAGE_TAG")
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| {
+            Error::failed(format!(
+                "unable to determine the cluster version: {name} has no KUBELET_IMAGE_TAG"
+            ))
+        })?;
     // Docker tags cannot hold '+', so the installer wrote '_'.
     let v = tag.replace('_', "+");
     log::info!("Kubernetes version {v} (from KUBELET_IMAGE_TAG in {name})");
     Ok(v)
 }
 
-fn runtime_versions(root: &Root, a: &Bootstrap, kube: Option<&Kube>, k8s: &str) -> Result<Vec<String>> {
+fn runtime_versions(
+    root: &Root,
+    a: &Bootstrap,
+    kube: Option<&Kube>,
+    k8s: &str,
+) -> Result<Vec<String>> {
     let from_api = kube.map(|k| k.configmap_key(MAPPINGS_NS, MAPPINGS_CM, MAPPINGS_KEY));
     let mappings = match from_api {
         // Data the API gave us that does not parse is an error, not a reason to use older data.
@@ -312,12 +328,17 @@ fn os_update(a: &Bootstrap) -> Result<Update> {
             "asking update_engine for an OS update (AttemptUpdate), waiting up to {}s",
             a.update_timeout
         );
-        dbus::attempt_update(Duration::from_secs(a.update_timeout), Duration::from_secs(5))?
+        dbus::attempt_update(
+            Duration::from_secs(a.update_timeout),
+            Duration::from_secs(5),
+        )?
     } else {
         dbus::update_status()?
     };
     match &u {
-        Update::Unavailable(why) => log::info!("no pending OS update: update_engine is not on the system bus ({why})"),
+        Update::Unavailable(why) => {
+            log::info!("no pending OS update: update_engine is not on the system bus ({why})")
+        }
         Update::Pending(v) => log::info!("OS update to {v} pending a reboot (from update_engine)"),
         Update::None(op) => log::info!("no pending OS update (update_engine status {op})"),
     }
@@ -384,7 +405,9 @@ fn stage_runtime(
     if let Some(cur) = next.map(|_| current).filter(|c| torcx::supports_remote(c)) {
         match m.get(cur)?.source_for(RUNTIME, &version) {
             Some(s) => targets.push((cur.to_string(), s)),
-            None => log::info!("OS {cur} does not offer {RUNTIME} {version}: staging only for {primary}"),
+            None => log::info!(
+                "OS {cur} does not offer {RUNTIME} {version}: staging only for {primary}"
+            ),
         }
     }
 
@@ -392,17 +415,25 @@ fn stage_runtime(
     for (os, source) in &targets {
         let file = torcx::image_file(RUNTIME, &version);
         match source {
-            Source::Vendored(p) => log::info!("{file} for OS {os}: shipped in its /usr ({p}), nothing to download"),
+            Source::Vendored(p) => {
+                log::info!("{file} for OS {os}: shipped in its /usr ({p}), nothing to download")
+            }
             Source::Remote { url, digest } if dry_run => log::info!(
                 "plan: fetch {url} ({digest}) into {}",
                 root.show(&format!("{}/{os}/{file}", torcx::USER_STORE))
             ),
             Source::Remote { url, digest } => {
                 match torcx::stage_image(root, m.http, os, RUNTIME, &version, url, digest)? {
-                    Staged::Kept => log::info!("{file} for OS {os}: already in the store with the right hash"),
-                    Staged::Copied(from) => log::info!("{file} for OS {os}: copied from {from} (hash verified)"),
+                    Staged::Kept => {
+                        log::info!("{file} for OS {os}: already in the store with the right hash")
+                    }
+                    Staged::Copied(from) => {
+                        log::info!("{file} for OS {os}: copied from {from} (hash verified)")
+                    }
                     Staged::Downloaded(n) => {
-                        log::info!("{file} for OS {os}: downloaded {n} bytes from {url}, hash verified")
+                        log::info!(
+                            "{file} for OS {os}: downloaded {n} bytes from {url}, hash verified"
+                        )
                     }
                 }
             }
@@ -412,7 +443,9 @@ fn stage_runtime(
     // 8. Profile and next-profile.
     let (profile, why) = torcx::choose_profile(root, profile_default)?;
     if dry_run {
-        log::info!("plan: profile {profile} ({why}) gets {RUNTIME}:{version}, selected as next-profile");
+        log::info!(
+            "plan: profile {profile} ({why}) gets {RUNTIME}:{version}, selected as next-profile"
+        );
     } else {
         torcx::set_profile_image(root, &profile, RUNTIME, &version)?;
         log::info!("profile {profile} ({why}) now names {RUNTIME}:{version}; next-profile set");
@@ -426,9 +459,11 @@ fn write_kubelet_env(root: &Root, a: &Bootstrap, k8s: &str) -> Result<()> {
         return Ok(());
     }
     let name = root.show(&a.installer_kubelet_env);
-    let text = root
-        .read_text(&a.installer_kubelet_env)?
-        .ok_or_else(|| Error::failed(format!("{name} does not exist: it is the template for kubelet.env")))?;
+    let text = root.read_text(&a.installer_kubelet_env)?.ok_or_else(|| {
+        Error::failed(format!(
+            "{name} does not exist: it is the template for kubelet.env"
+        ))
+    })?;
     let mut env = EnvFile::parse(&text, &name)?;
     env.set("KUBELET_IMAGE_TAG", &k8s.replace('+', "_"));
     let out = root.show(&a.kubelet_env_path);
@@ -442,7 +477,11 @@ fn write_kubelet_env(root: &Root, a: &Bootstrap, k8s: &str) -> Result<()> {
 }
 
 /// Why the node must reboot before the kubelet starts; empty when it need not.
-pub fn reboot_reasons(update: &Update, applied: Option<&Option<String>>, chosen: Option<&str>) -> Vec<String> {
+pub fn reboot_reasons(
+    update: &Update,
+    applied: Option<&Option<String>>,
+    chosen: Option<&str>,
+) -> Vec<String> {
     let mut r = Vec::new();
     if let Update::Pending(v) = update {
         r.push(format!("OS update to {v} is pending"));
@@ -460,7 +499,13 @@ pub fn reboot_reasons(update: &Update, applied: Option<&Option<String>>, chosen:
     r
 }
 
-fn reboot(root: &Root, rebooter: &dyn Rebooter, reason: &str, runtime_changes: bool, dry_run: bool) -> Result<()> {
+fn reboot(
+    root: &Root,
+    rebooter: &dyn Rebooter,
+    reason: &str,
+    runtime_changes: bool,
+    dry_run: bool,
+) -> Result<()> {
     if runtime_changes {
         if dry_run {
             log::info!(
@@ -493,7 +538,12 @@ mod tests {
             "https://tectonic-torcx.release.core-os.net/manifests/amd64-usr/1632.3.0/torcx_manifest.json"
         );
         assert_eq!(
-            render_url("https://h/${COREOS_BOARD}/${VERSION_ID}/m.json", "arm64-usr", "1.2.3").unwrap(),
+            render_url(
+                "https://h/${COREOS_BOARD}/${VERSION_ID}/m.json",
+                "arm64-usr",
+                "1.2.3"
+            )
+            .unwrap(),
             "https://h/arm64-usr/1.2.3/m.json"
         );
         assert!(render_url("https://h/{{.Channel}}/m.json", "b", "v").is_err());

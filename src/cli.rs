@@ -36,7 +36,10 @@ pub struct Bootstrap {
     #[argh(option)]
     pub force_kube_version: Option<String>,
     /// runtime mappings file (node path, default /etc/kubernetes/installer/runtime-mappings.yaml)
-    #[argh(option, default = "\"/etc/kubernetes/installer/runtime-mappings.yaml\".into()")]
+    #[argh(
+        option,
+        default = "\"/etc/kubernetes/installer/runtime-mappings.yaml\".into()"
+    )]
     pub version_manifest: String,
     /// installer kubelet.env: fallback version source and template (node path)
     #[argh(option, default = "\"/etc/kubernetes/installer/kubelet.env\".into()")]
@@ -45,7 +48,10 @@ pub struct Bootstrap {
     #[argh(option, default = "DEFAULT_MANIFEST_URL.into()")]
     pub torcx_manifest_url: String,
     /// armored OpenPGP keyring that signs manifests (read as given, not under --root)
-    #[argh(option, default = "PathBuf::from(\"/usr/share/nodestrap/keyring.asc\")")]
+    #[argh(
+        option,
+        default = "PathBuf::from(\"/usr/share/nodestrap/keyring.asc\")"
+    )]
     pub keyring: PathBuf,
     /// extra PEM trust anchors added to the system roots (read as given)
     #[argh(option)]
@@ -108,7 +114,11 @@ impl argh::FromArgValue for RebootMode {
 }
 
 /// Options that take true/false and may be given bare (`--upgrade-os` means true).
-const BOOL_OPTIONS: &[&str] = &["--no-verify-signatures", "--upgrade-os", "--torcx-skip-setup"];
+const BOOL_OPTIONS: &[&str] = &[
+    "--no-verify-signatures",
+    "--upgrade-os",
+    "--torcx-skip-setup",
+];
 /// Switches that may be written `--dry-run=true` / `--dry-run=false`.
 const SWITCHES: &[&str] = &["--dry-run"];
 
@@ -152,7 +162,8 @@ pub fn normalize(args: &[String]) -> Vec<String> {
 
 /// Go's flag package lets a later `--flag v` override an earlier one; argh refuses duplicates.
 fn last_wins(args: Vec<String>) -> Vec<String> {
-    let takes_value = |a: &str| a.starts_with("--") && a != "--" && a != "--help" && !SWITCHES.contains(&a);
+    let takes_value =
+        |a: &str| a.starts_with("--") && a != "--" && a != "--help" && !SWITCHES.contains(&a);
     let mut items: Vec<Vec<String>> = Vec::new();
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
@@ -168,7 +179,9 @@ fn last_wins(args: Vec<String>) -> Vec<String> {
     }
     let mut out = Vec::new();
     for (i, item) in items.iter().enumerate() {
-        let overridden = item.len() == 2 && takes_value(&item[0]) && items[i + 1..].iter().any(|l| l[0] == item[0]);
+        let overridden = item.len() == 2
+            && takes_value(&item[0])
+            && items[i + 1..].iter().any(|l| l[0] == item[0]);
         if !overridden {
             out.extend(item.iter().cloned());
         }
@@ -222,7 +235,14 @@ mod tests {
                 "/a",
                 "--upgrade-os=true"
             ])),
-            s(&["bootstrap", "--dry-run", "--root", "/a", "--upgrade-os", "true"])
+            s(&[
+                "bootstrap",
+                "--dry-run",
+                "--root",
+                "/a",
+                "--upgrade-os",
+                "true"
+            ])
         );
     }
 

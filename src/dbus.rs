@@ -122,7 +122,8 @@ pub fn update_status() -> Result<Update> {
 /// `GetStatus` is polled every `poll` in case a signal is lost.
 pub fn attempt_update(deadline: Duration, poll: Duration) -> Result<Update> {
     let r = zbus::block_on(async {
-        let rt = zruntime::SharedRuntime::current().map_err(|e| zbus::Error::InputOutput(e.into()))?;
+        let rt =
+            zruntime::SharedRuntime::current().map_err(|e| zbus::Error::InputOutput(e.into()))?;
         let conn = Connection::system().await?;
         let ue = UpdateEngineProxy::new(&conn).await?;
         let mut signals = ue.receive_status_update().await?;
@@ -175,7 +176,9 @@ pub fn attempt_update(deadline: Duration, poll: Duration) -> Result<Update> {
 }
 
 /// The next item of a stream (futures-util's `StreamExt::next`, which is not in our tree).
-fn next<S: futures_core::Stream + Unpin>(s: &mut S) -> impl std::future::Future<Output = Option<S::Item>> + '_ {
+fn next<S: futures_core::Stream + Unpin>(
+    s: &mut S,
+) -> impl std::future::Future<Output = Option<S::Item>> + '_ {
     std::future::poll_fn(move |cx| std::pin::Pin::new(&mut *s).poll_next(cx))
 }
 

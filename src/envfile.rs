@@ -22,7 +22,9 @@ impl EnvFile {
             }
             let err = |why: &str| Error::failed(format!("{name}:{}: {why}: {raw:?}", i + 1));
             let line = line.strip_prefix("export ").unwrap_or(line);
-            let (k, v) = line.split_once('=').ok_or_else(|| err("expected KEY=VALUE"))?;
+            let (k, v) = line
+                .split_once('=')
+                .ok_or_else(|| err("expected KEY=VALUE"))?;
             if !valid_key(k) {
                 return Err(err("invalid variable name"));
             }
@@ -34,7 +36,10 @@ impl EnvFile {
 
     /// First value of `key`, as os-release readers do.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.vars.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.vars
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 
     /// Replace every `key` entry in place, or append it.
@@ -129,7 +134,11 @@ mod tests {
     #[test]
     fn malformed_lines_name_the_file_and_line() {
         let e = EnvFile::parse("A=1\nthis is junk\n", "/x/kubelet.env").unwrap_err();
-        assert!(e.to_string().starts_with("/x/kubelet.env:2: expected KEY=VALUE"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("/x/kubelet.env:2: expected KEY=VALUE"),
+            "{e}"
+        );
         assert!(EnvFile::parse("A=\"open\n", "f").is_err());
         assert!(EnvFile::parse("#K=V\n1A=2\n", "f").is_err());
     }

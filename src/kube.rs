@@ -44,8 +44,12 @@ impl Kube {
             } else {
                 format!("{base}/{p}")
             };
-            root.read(&np, crate::root::CONFIG_CAP)?
-                .ok_or_else(|| Error::failed(format!("{name}: names {}, which does not exist", root.show(&np))))
+            root.read(&np, crate::root::CONFIG_CAP)?.ok_or_else(|| {
+                Error::failed(format!(
+                    "{name}: names {}, which does not exist",
+                    root.show(&np)
+                ))
+            })
         };
         let kc = Kubeconfig::parse(&text, &name)?;
         let mut tls = Tls::default();
@@ -54,7 +58,9 @@ impl Kube {
                 &b64(d, &name, "certificate-authority-data")?,
                 &format!("{name} certificate-authority-data"),
             )?,
-            (None, Some(f)) => tls.add_pem(&read(f)?, &format!("{name} certificate-authority {f}"))?,
+            (None, Some(f)) => {
+                tls.add_pem(&read(f)?, &format!("{name} certificate-authority {f}"))?
+            }
             // kubectl trusts the system roots when the kubeconfig names no CA.
             (None, None) => tls = Tls::system_plus(None)?,
         }
@@ -88,12 +94,19 @@ impl Kube {
     /// Client from the pod's service account, as client-go's in-cluster config does.
     pub fn in_cluster(retry: ApiRetry) -> Result<Kube> {
         let host = std::env::var("KUBERNETES_SERVICE_HOST").map_err(|_| {
-            Error::config("no --kubeconfig given and KUBERNETES_SERVICE_HOST is not set (not in a pod?)")
+            Error::config(
+                "no --kubeconfig given and KUBERNETES_SERVICE_HOST is not set (not in a pod?)",
+            )
         })?;
         let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
-        let host = if host.contains(':') { format!("[{host}]") } else { host };
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host
+        };
         let token_path = format!("{SA_DIR}/token");
-        let token = std::fs::read_to_string(&token_path).map_err(|e| Error::failed(format!("{token_path}: {e}")))?;
+        let token = std::fs::read_to_string(&token_path)
+            .map_err(|e| Error::failed(format!("{token_path}: {e}")))?;
         let ca_path = format!("{SA_DIR}/ca.crt");
         let ca = std::fs::read(&ca_path).map_err(|e| Error::failed(format!("{ca_path}: {e}")))?;
         let mut tls = Tls::default();
@@ -107,7 +120,13 @@ impl Kube {
         )
     }
 
-    fn new(server: &str, tls: Tls, token: Option<String>, source: String, retry: ApiRetry) -> Result<Kube> {
+    fn new(
+        server: &str,
+        tls: Tls,
+        token: Option<String>,
+        source: String,
+        retry: ApiRetry,
+    ) -> Result<Kube> {
         if !(server.starts_with("https://") || server.starts_with("http://")) {
             return Err(Error::failed(format!(
                 "{source}: server {server:?} is not an http(s) URL"
@@ -129,7 +148,12 @@ impl Kube {
         })
     }
 
-    fn request<'a>(&'a self, method: &'a str, url: &'a str, body: Option<(&'a str, Vec<u8>)>) -> Request<'a> {
+    fn request<'a>(
+        &'a self,
+        method: &'a str,
+        url: &'a str,
+        body: Option<(&'a str, Vec<u8>)>,
+    ) -> Request<'a> {
         let mut headers = vec![("Accept", "application/json".to_string())];
         if let Some(t) = &self.token {
             headers.push(("Authorization", format!("Bearer {t}")));
@@ -145,7 +169,8 @@ impl Kube {
     fn get_json(&self, path: &str) -> Result<serde_json::Value> {
         let url = format!("{}{path}", self.server);
         let body = self.http.fetch(&self.request("GET", &url, None), 8 << 20)?;
-        serde_json::from_slice(&body).map_err(|e| Error::failed(format!("GET {url}: invalid JSON: {e}")))
+        serde_json::from_slice(&body)
+            .map_err(|e| Error::failed(format!("GET {url}: invalid JSON: {e}")))
     }
 
     /// `GET /version` → `gitVersion`.
@@ -155,14 +180,23 @@ impl Kube {
             .and_then(|g| g.as_str())
             .filter(|g| !g.is_empty())
             .map(str::to_string)
-            .ok_or_else(|| Error::failed(format!("GET {}/version: no gitVersion in the answer", self.server)))
+            .ok_or_else(|| {
+                Error::failed(format!(
+                    "GET {}/version: no gitVersion in the answer",
+                    self.server
+                ))
+            })
     }
 
     /// One key of a ConfigMap; a missing or empty key is an error.
     pub fn configmap_key(&self, ns: &str, name: &str, key: &str) -> Result<String> {
         let path = format!("/api/v1/namespaces/{ns}/configmaps/{name}");
         let cm = self.get_json(&path)?;
-        match cm.get("data").and_then(|d| d.get(key)).and_then(|v| v.as_str()) {
+        match cm
+            .get("data")
+            .and_then(|d| d.get(key))
+            .and_then(|v| v.as_str())
+        {
             Some(v) if !v.trim().is_empty() => Ok(v.to_string()),
             _ => Err(Error::failed(format!(
                 "ConfigMap {ns}/{name}: key {key:?} is missing or empty"
@@ -180,10 +214,14 @@ impl Kube {
         let req = self.request(
             "PATCH",
             &url,
-            Some(("application/merge-patch+json", patch.to_string().into_bytes())),
+            Some((
+                "application/merge-patch+json",
+                patch.to_string().into_bytes(),
+            )),
         );
         let body = self.http.fetch_retrying_on(&req, 8 << 20, &[409])?;
-        serde_json::from_slice(&body).map_err(|e| Error::failed(format!("PATCH {url}: invalid JSON: {e}")))
+        serde_json::from_slice(&body)
+            .map_err(|e| Error::failed(format!("PATCH {url}: invalid JSON: {e}")))
     }
 }
 
@@ -245,10 +283,11 @@ impl Kubeconfig {
         // Tectonic's kubeconfig has one unnamed context and no current-context: take the only one.
         let (cluster_name, user_name) = match (&current, contexts.len()) {
             (Some(c), _) => {
-                let ctx = contexts
-                    .iter()
-                    .find(|(n, _)| n == c)
-                    .ok_or_else(|| Error::failed(format!("{name}: current-context {c:?} is not among the contexts")))?;
+                let ctx = contexts.iter().find(|(n, _)| n == c).ok_or_else(|| {
+                    Error::failed(format!(
+                        "{name}: current-context {c:?} is not among the contexts"
+                    ))
+                })?;
                 context_refs(ctx.1, name)?
             }
             (None, 1) => context_refs(contexts[0].1, name)?,
@@ -270,7 +309,9 @@ impl Kubeconfig {
         let c = &cluster["cluster"];
         let server = yaml::opt_str(c, "server", name)?
             .filter(|s| !s.is_empty())
-            .ok_or_else(|| Error::failed(format!("{name}: cluster {cluster_name:?} has no server")))?;
+            .ok_or_else(|| {
+                Error::failed(format!("{name}: cluster {cluster_name:?} has no server"))
+            })?;
         if matches!(
             yaml::opt_str(c, "insecure-skip-tls-verify", name)?.as_deref(),
             Some("true")

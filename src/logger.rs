@@ -27,7 +27,11 @@ impl log::Log for Logger {
             };
             format!("<{prio}>{}\n", r.args())
         } else {
-            format!("{}: {}\n", r.level().as_str().to_ascii_lowercase(), r.args())
+            format!(
+                "{}: {}\n",
+                r.level().as_str().to_ascii_lowercase(),
+                r.args()
+            )
         };
         let _ = std::io::stderr().lock().write_all(line.as_bytes());
     }

@@ -46,7 +46,10 @@ fn run() -> i32 {
     };
     let cli::Cmd::Bootstrap(b) = &cli.cmd;
     let Some(level) = logger::parse_level(&b.verbose) else {
-        eprintln!("error: --verbose {:?}: expected error, warn, info or debug", b.verbose);
+        eprintln!(
+            "error: --verbose {:?}: expected error, warn, info or debug",
+            b.verbose
+        );
         return 2;
     };
     logger::init(level);

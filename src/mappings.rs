@@ -32,13 +32,16 @@ impl Mappings {
             let mut ms = Vec::new();
             for (minor, wants) in yaml::entries(minors, source, &format!("versions.{have}"))? {
                 let mut ws = Vec::new();
-                for (want, list) in yaml::entries(wants, source, &format!("versions.{have}.{minor}"))? {
+                for (want, list) in
+                    yaml::entries(wants, source, &format!("versions.{have}.{minor}"))?
+                {
                     let field = format!("versions.{have}.{minor}.{want}");
                     let vs = yaml::items(list, source, &field)?
                         .iter()
                         .map(|v| {
-                            yaml::scalar(v)
-                                .ok_or_else(|| Error::failed(format!("{source}: {field}: entries must be strings")))
+                            yaml::scalar(v).ok_or_else(|| {
+                                Error::failed(format!("{source}: {field}: entries must be strings"))
+                            })
                         })
                         .collect::<Result<Vec<_>>>()?;
                     ws.push((want, vs));
@@ -55,18 +58,22 @@ impl Mappings {
 
     /// Preferred `want` versions for Kubernetes `k8s_version` (`v1.10.2+coreos.0` → key `1.10`).
     pub fn runtime_for(&self, k8s_version: &str, want: &str) -> Result<Vec<String>> {
-        let minor = major_minor(k8s_version)
-            .ok_or_else(|| Error::failed(format!("Kubernetes version {k8s_version:?} is not a semantic version")))?;
+        let minor = major_minor(k8s_version).ok_or_else(|| {
+            Error::failed(format!(
+                "Kubernetes version {k8s_version:?} is not a semantic version"
+            ))
+        })?;
         let src = &self.source;
         let (_, minors) = self
             .versions
             .iter()
             .find(|(h, _)| h == "k8s")
             .ok_or_else(|| Error::failed(format!("{src}: no versions.k8s table")))?;
-        let (_, wants) = minors
-            .iter()
-            .find(|(m, _)| *m == minor)
-            .ok_or_else(|| Error::failed(format!("{src}: no entry for Kubernetes {minor} (from {k8s_version})")))?;
+        let (_, wants) = minors.iter().find(|(m, _)| *m == minor).ok_or_else(|| {
+            Error::failed(format!(
+                "{src}: no entry for Kubernetes {minor} (from {k8s_version})"
+            ))
+        })?;
         match wants.iter().find(|(w, _)| w == want) {
             Some((_, list)) if !list.is_empty() => Ok(list.clone()),
             _ => Err(Error::failed(format!(
@@ -102,7 +109,10 @@ mod tests {
     #[test]
     fn one_ten_is_not_one_one() {
         let m = Mappings::parse(INSTALLER, "t").unwrap();
-        assert_eq!(m.runtime_for("v1.10.2+coreos.0", "docker").unwrap(), vec!["17.06"]);
+        assert_eq!(
+            m.runtime_for("v1.10.2+coreos.0", "docker").unwrap(),
+            vec!["17.06"]
+        );
         assert_eq!(m.runtime_for("v1.1.0", "docker").unwrap(), vec!["1.11"]);
         assert_eq!(
             m.runtime_for("v1.9.6+coreos.0", "docker").unwrap(),

@@ -53,7 +53,9 @@ pub fn for_run(root: &Root, allow: bool, dry_run: bool) -> Box<dyn Rebooter> {
     } else if !allow {
         Box::new(Decline("--reboot=never".into()))
     } else if !root.is_host() {
-        Box::new(Decline("--root is not /, the node reboots on its own terms".into()))
+        Box::new(Decline(
+            "--root is not /, the node reboots on its own terms".into(),
+        ))
     } else {
         Box::new(Systemd)
     }

@@ -36,8 +36,12 @@ pub struct Dir {
 
 impl Root {
     pub fn open(path: &Path) -> Result<Root> {
-        let fd = rustix::fs::open(path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-            .map_err(|e| Error::config(format!("--root {}: {}", path.display(), io::Error::from(e))))?;
+        let fd = rustix::fs::open(
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| Error::config(format!("--root {}: {}", path.display(), io::Error::from(e))))?;
         let canon = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
         Ok(Root {
             fd,
@@ -101,7 +105,9 @@ impl Root {
         let Some(f) = self.open_file(node_path)? else {
             return Ok(None);
         };
-        read_capped(f, cap).map(Some).with_ctx(|| self.show(node_path))
+        read_capped(f, cap)
+            .map(Some)
+            .with_ctx(|| self.show(node_path))
     }
 
     /// Like `read` but the file must be UTF-8 text.
@@ -142,7 +148,11 @@ impl Root {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     match rustix::fs::mkdirat(&parent, comp, Mode::from_raw_mode(0o755)) {
                         Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-                        Err(e) => return Err(Error::from(e).context(format!("creating {}", self.show(&prefix)))),
+                        Err(e) => {
+                            return Err(
+                                Error::from(e).context(format!("creating {}", self.show(&prefix)))
+                            )
+                        }
                     }
                     parent = self
                         .resolve(&prefix, dir_flags, Mode::empty())
@@ -165,8 +175,8 @@ impl Root {
 
     /// Split a node path into its directory (created if needed) and file name, for writing.
     pub fn parent_of(&self, node_path: &str) -> Result<(Dir, String)> {
-        let (dir, name) =
-            split_node_path(node_path).ok_or_else(|| Error::config(format!("{node_path}: not a file path")))?;
+        let (dir, name) = split_node_path(node_path)
+            .ok_or_else(|| Error::config(format!("{node_path}: not a file path")))?;
         let d = self.dir(dir, true)?.expect("created");
         Ok((d, name.to_string()))
     }
@@ -191,7 +201,9 @@ pub fn read_capped(f: impl Read, cap: u64) -> io::Result<Vec<u8>> {
     let mut buf = Vec::new();
     f.take(cap + 1).read_to_end(&mut buf)?;
     if buf.len() as u64 > cap {
-        return Err(io::Error::other(format!("larger than the {cap}-byte limit")));
+        return Err(io::Error::other(format!(
+            "larger than the {cap}-byte limit"
+        )));
     }
     Ok(buf)
 }
@@ -258,7 +270,10 @@ impl Dir {
     /// Remove leftovers of runs that were killed between create_temp and persist.
     pub fn sweep_temps(&self) {
         if let Ok(names) = self.entries() {
-            for n in names.iter().filter(|n| n.starts_with('.') && n.contains(".nodestrap-")) {
+            for n in names
+                .iter()
+                .filter(|n| n.starts_with('.') && n.contains(".nodestrap-"))
+            {
                 if rustix::fs::unlinkat(&self.fd, n.as_str(), AtFlags::empty()).is_ok() {
                     log::info!("removed stale temp file {}", self.show(n));
                 }
@@ -335,8 +350,13 @@ impl TempFile<'_> {
         let f = self.file.take().expect("open until persisted");
         f.sync_all().with_ctx(|| self.dir.show(&self.tmp))?;
         drop(f);
-        rustix::fs::renameat(&self.dir.fd, self.tmp.as_str(), &self.dir.fd, self.name.as_str())
-            .with_ctx(|| format!("renaming into {}", self.dir.show(&self.name)))?;
+        rustix::fs::renameat(
+            &self.dir.fd,
+            self.tmp.as_str(),
+            &self.dir.fd,
+            self.name.as_str(),
+        )
+        .with_ctx(|| format!("renaming into {}", self.dir.show(&self.name)))?;
         self.tmp.clear();
         self.dir.fsync()
     }
@@ -372,7 +392,8 @@ pub fn hex(bytes: &[u8]) -> String {
 pub fn read_host_file(path: &Path, cap: u64, what: &str) -> Result<Vec<u8>> {
     let f = rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
         .map_err(|e| Error::config(format!("{what} {}: {}", path.display(), io::Error::from(e))))?;
-    read_capped(File::from(f), cap).map_err(|e| Error::config(format!("{what} {}: {e}", path.display())))
+    read_capped(File::from(f), cap)
+        .map_err(|e| Error::config(format!("{what} {}: {e}", path.display())))
 }
 
 #[cfg(test)]
@@ -430,7 +451,11 @@ mod tests {
         assert_eq!(d.entries().unwrap(), vec!["f".to_string()]);
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(
-            std::fs::metadata(p.join("a/b/f")).unwrap().permissions().mode() & 0o777,
+            std::fs::metadata(p.join("a/b/f"))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
             0o640
         );
         std::fs::remove_dir_all(&p).unwrap();

@@ -5,9 +5,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Context, Error, Result};
-use crate::fetch::Http;
+use crate::fetch::{copy_hashing, CopyError, Http};
 use crate::root::Root;
-use crate::verify::{Digest, HashingReader};
+use crate::verify::Digest;
 
 pub const PACKAGE_LIST_KIND: &str = "torcx-package-list-v0";
 pub const PROFILE_KIND: &str = "profile-manifest-v0";
@@ -72,7 +72,8 @@ pub fn plain_name(s: &str) -> bool {
         && s.len() <= 128
         && s != "."
         && s != ".."
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._+-".contains(&b))
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._+-".contains(&b))
         && !s.starts_with(['.', '-'])
 }
 
@@ -109,7 +110,9 @@ impl PackageList {
                 for l in &v.locations {
                     if let Some(u) = &l.url {
                         if !(u.starts_with("https://") || u.starts_with("http://")) {
-                            return Err(Error::failed(format!("{field}: location {u:?} is not an http(s) URL")));
+                            return Err(Error::failed(format!(
+                                "{field}: location {u:?} is not an http(s) URL"
+                            )));
                         }
                     }
                 }
@@ -141,7 +144,11 @@ impl PackageList {
 
 /// Compare dotted numeric OS versions; `None` when either is not one (treated as new enough).
 pub fn os_version_cmp(a: &str, b: &str) -> Option<std::cmp::Ordering> {
-    let parse = |s: &str| s.split('.').map(|p| p.parse::<u64>().ok()).collect::<Option<Vec<_>>>();
+    let parse = |s: &str| {
+        s.split('.')
+            .map(|p| p.parse::<u64>().ok())
+            .collect::<Option<Vec<_>>>()
+    };
     Some(parse(a)?.cmp(&parse(b)?))
 }
 
@@ -189,12 +196,19 @@ pub fn stage_image(
     }
     // The same image staged for another OS version (the hook stages current and next).
     for other in local_copies(root, &file, &store)? {
-        if let Some(f) = root.open_file(&other)? {
+        if let Some(mut f) = root.open_file(&other)? {
             let mut t = dir.create_temp(&file, 0o644)?;
-            let mut r = HashingReader::new(f, digest.hasher());
-            std::io::copy(&mut r, t.file())
-                .with_ctx(|| format!("copying {} to {}", root.show(&other), dir.show(&file)))?;
-            if r.hasher.finish_hex() == digest.hex {
+            let mut h = digest.hasher();
+            if let Err(CopyError::Read(e) | CopyError::Write(e)) =
+                copy_hashing(&mut f, &mut h, t.file())
+            {
+                return Err(Error::from(e).context(format!(
+                    "copying {} to {}",
+                    root.show(&other),
+                    dir.show(&file)
+                )));
+            }
+            if h.finish_hex() == digest.hex {
                 t.persist()?;
                 return Ok(Staged::Copied(root.show(&other)));
             }
@@ -239,8 +253,8 @@ pub struct ProfileImage {
 
 impl Profile {
     pub fn parse(data: &[u8], name: &str) -> Result<Profile> {
-        let p: Profile =
-            serde_json::from_slice(data).map_err(|e| Error::failed(format!("{name}: invalid profile JSON: {e}")))?;
+        let p: Profile = serde_json::from_slice(data)
+            .map_err(|e| Error::failed(format!("{name}: invalid profile JSON: {e}")))?;
         if p.kind != PROFILE_KIND && p.kind != "profile-manifest-v1" {
             return Err(Error::failed(format!(
                 "{name}: kind is {:?}, expected {PROFILE_KIND:?}",
@@ -265,7 +279,11 @@ pub fn choose_profile(root: &Root, default: &str) -> Result<(String, String)> {
     if let Some(t) = root.read_text(NEXT_PROFILE)? {
         let n = t.trim();
         let n = n.strip_suffix(".json").unwrap_or(n);
-        if !n.is_empty() && n != "vendor" && plain_name(n) && root.exists(&format!("{PROFILES_DIR}/{n}.json")) {
+        if !n.is_empty()
+            && n != "vendor"
+            && plain_name(n)
+            && root.exists(&format!("{PROFILES_DIR}/{n}.json"))
+        {
             return Ok((
                 n.to_string(),
                 format!("existing next-profile in {}", root.show(NEXT_PROFILE)),
@@ -274,7 +292,10 @@ pub fn choose_profile(root: &Root, default: &str) -> Result<(String, String)> {
         if !n.is_empty() {
             return Ok((
                 default.to_string(),
-                format!("{} names {n:?}, which is not a user profile", root.show(NEXT_PROFILE)),
+                format!(
+                    "{} names {n:?}, which is not a user profile",
+                    root.show(NEXT_PROFILE)
+                ),
             ));
         }
     }
@@ -285,7 +306,9 @@ pub fn choose_profile(root: &Root, default: &str) -> Result<(String, String)> {
 /// and select it for the next boot. Both files are replaced atomically.
 pub fn set_profile_image(root: &Root, profile: &str, image: &str, reference: &str) -> Result<()> {
     if !plain_name(profile) {
-        return Err(Error::config(format!("profile name {profile:?} is not a plain name")));
+        return Err(Error::config(format!(
+            "profile name {profile:?} is not a plain name"
+        )));
     }
     let path = format!("{PROFILES_DIR}/{profile}.json");
     let mut p = match root.read(&path, crate::root::CONFIG_CAP)? {
@@ -374,10 +397,16 @@ mod tests {
     #[test]
     fn names_and_versions() {
         assert!(plain_name("17.03") && plain_name("docker") && plain_name("1.12.6-r1"));
-        for bad in ["", "..", "../x", "a/b", "a:b", ".hidden", "-rf", "a b", "x\n"] {
+        for bad in [
+            "", "..", "../x", "a/b", "a:b", ".hidden", "-rf", "a b", "x\n",
+        ] {
             assert!(!plain_name(bad), "{bad:?}");
         }
-        assert!(supports_remote("1520.3.0") && supports_remote("1632.3.0") && supports_remote("nightly"));
+        assert!(
+            supports_remote("1520.3.0")
+                && supports_remote("1632.3.0")
+                && supports_remote("nightly")
+        );
         assert!(!supports_remote("1520.2.9") && !supports_remote("1298.7.0"));
     }
 
@@ -391,7 +420,9 @@ mod tests {
         let l = PackageList::parse(j, "m").unwrap();
         assert_eq!(
             l.source_for("docker", "1.12"),
-            Some(Source::Vendored("/usr/share/torcx/store/docker:1.12.torcx.tgz".into()))
+            Some(Source::Vendored(
+                "/usr/share/torcx/store/docker:1.12.torcx.tgz".into()
+            ))
         );
         assert!(
             matches!(l.source_for("docker", "17.06"), Some(Source::Remote { url, .. }) if url == "https://e/b.tgz")

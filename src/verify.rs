@@ -4,7 +4,9 @@
 use std::io::{self, Read};
 
 use openpgp::cert::prelude::*;
-use openpgp::parse::stream::{DetachedVerifierBuilder, MessageLayer, MessageStructure, VerificationHelper};
+use openpgp::parse::stream::{
+    DetachedVerifierBuilder, MessageLayer, MessageStructure, VerificationHelper,
+};
 use openpgp::parse::Parse;
 use openpgp::policy::StandardPolicy;
 use openpgp::{Cert, KeyHandle};
@@ -23,12 +25,15 @@ impl Keyring {
     /// `name` is how messages name the keyring (its path).
     pub fn parse(data: &[u8], name: &str) -> Result<Keyring> {
         let mut certs = Vec::new();
-        let parser = CertParser::from_bytes(data).map_err(|e| Error::config(format!("keyring {name}: {e}")))?;
+        let parser = CertParser::from_bytes(data)
+            .map_err(|e| Error::config(format!("keyring {name}: {e}")))?;
         for c in parser {
             certs.push(c.map_err(|e| Error::config(format!("keyring {name}: {e}")))?);
         }
         if certs.is_empty() {
-            return Err(Error::config(format!("keyring {name}: holds no OpenPGP certificate")));
+            return Err(Error::config(format!(
+                "keyring {name}: holds no OpenPGP certificate"
+            )));
         }
         Ok(Keyring {
             certs,
@@ -37,7 +42,10 @@ impl Keyring {
     }
 
     pub fn fingerprints(&self) -> Vec<String> {
-        self.certs.iter().map(|c| c.fingerprint().to_hex()).collect()
+        self.certs
+            .iter()
+            .map(|c| c.fingerprint().to_hex())
+            .collect()
     }
 
     /// Check a detached signature (`sig`, armored or binary) over `data`. Returns the
@@ -52,7 +60,10 @@ impl Keyring {
             .and_then(|b| b.with_policy(&policy, None, helper))
             .map_err(|e| self.fail(what, e))?;
         v.verify_bytes(data).map_err(|e| self.fail(what, e))?;
-        Ok(v.helper_ref().good.clone().expect("check() accepted a good signature"))
+        Ok(v.helper_ref()
+            .good
+            .clone()
+            .expect("check() accepted a good signature"))
     }
 
     fn fail(&self, what: &str, e: openpgp::anyhow::Error) -> Error {
@@ -146,9 +157,11 @@ impl Digest {
 
     /// Hash a whole reader.
     pub fn matches(&self, mut r: impl Read) -> io::Result<bool> {
-        let mut h = HashingReader::new(&mut r, self.hasher());
-        io::copy(&mut h, &mut io::sink())?;
-        Ok(h.hasher.finish_hex() == self.hex)
+        let mut h = self.hasher();
+        match crate::fetch::copy_hashing(&mut r, &mut h, &mut io::sink()) {
+            Ok(_) => Ok(h.finish_hex() == self.hex),
+            Err(crate::fetch::CopyError::Read(e) | crate::fetch::CopyError::Write(e)) => Err(e),
+        }
     }
 }
 
@@ -170,7 +183,7 @@ pub enum Hasher {
 }
 
 impl Hasher {
-    fn update(&mut self, b: &[u8]) {
+    pub fn update(&mut self, b: &[u8]) {
         match self {
             Hasher::Sha256(h) => h.update(b),
             Hasher::Sha384(h) => h.update(b),
@@ -183,26 +196,6 @@ impl Hasher {
             Hasher::Sha384(h) => crate::root::hex(&h.finalize()),
             Hasher::Sha512(h) => crate::root::hex(&h.finalize()),
         }
-    }
-}
-
-/// Hashes every byte that is read through it.
-pub struct HashingReader<R> {
-    inner: R,
-    pub hasher: Hasher,
-}
-
-impl<R: Read> HashingReader<R> {
-    pub fn new(inner: R, hasher: Hasher) -> Self {
-        HashingReader { inner, hasher }
-    }
-}
-
-impl<R: Read> Read for HashingReader<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hasher.update(&buf[..n]);
-        Ok(n)
     }
 }
 
@@ -246,12 +239,17 @@ mod gnupg_interop {
         let k = Keyring::parse(KEYRING, "fixture").unwrap();
         let mut bad = MANIFEST.to_vec();
         bad[10] ^= 1;
-        let e = k.verify_detached(&bad, SIG, "manifest.json").unwrap_err().to_string();
+        let e = k
+            .verify_detached(&bad, SIG, "manifest.json")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("manifest.json: signature check against keyring fixture failed"),
             "{e}"
         );
-        assert!(k.verify_detached(MANIFEST, SIG_SHA1, "manifest.json").is_err());
+        assert!(k
+            .verify_detached(MANIFEST, SIG_SHA1, "manifest.json")
+            .is_err());
         assert!(k
             .verify_detached(MANIFEST, b"not a signature", "manifest.json")
             .is_err());

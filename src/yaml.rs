@@ -7,11 +7,14 @@ use crate::error::{Error, Result};
 
 /// Parse a single-document YAML text; `name` names the input in errors.
 pub fn parse(text: &str, name: &str) -> Result<Yaml> {
-    let mut docs = YamlLoader::load_from_str(text).map_err(|e| Error::failed(format!("{name}: invalid YAML: {e}")))?;
+    let mut docs = YamlLoader::load_from_str(text)
+        .map_err(|e| Error::failed(format!("{name}: invalid YAML: {e}")))?;
     match docs.len() {
         0 => Err(Error::failed(format!("{name}: empty YAML document"))),
         1 => Ok(docs.remove(0)),
-        n => Err(Error::failed(format!("{name}: expected one YAML document, found {n}"))),
+        n => Err(Error::failed(format!(
+            "{name}: expected one YAML document, found {n}"
+        ))),
     }
 }
 

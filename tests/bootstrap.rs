@@ -9,7 +9,8 @@ use support::*;
 
 const CUR: &str = "1520.5.0";
 const NEXT: &str = "1632.3.0";
-const INSTALLER_ENV: &str = "KUBELET_IMAGE_URL=\"quay.io/coreos/hyperkube\"\nKUBELET_IMAGE_TAG=\"v1.9.6_coreos.0\"\n";
+const INSTALLER_ENV: &str =
+    "KUBELET_IMAGE_URL=\"quay.io/coreos/hyperkube\"\nKUBELET_IMAGE_TAG=\"v1.9.6_coreos.0\"\n";
 const MAPPINGS: &str = "kind: VersionManifestV1\nversions:\n  k8s:\n    1.1:\n        docker: [ \"1.11\" ]\n    1.9:\n        docker: [ \"17.03\", \"1.12\"]\n    1.10:\n        docker: [ \"17.06\", \"17.03\" ]\n";
 
 fn image(version: &str) -> Vec<u8> {
@@ -70,7 +71,8 @@ impl World {
             w.publish(os, &w.manifest(os, &["17.03", "17.06"]));
         }
         for v in ["17.03", "17.06"] {
-            w.files.set(&format!("/pkgs/docker-{v}.tgz"), Reply::ok(image(v)));
+            w.files
+                .set(&format!("/pkgs/docker-{v}.tgz"), Reply::ok(image(v)));
         }
         w
     }
@@ -94,8 +96,10 @@ impl World {
     fn publish(&self, os: &str, manifest: &str) {
         let p = Self::manifest_path(os);
         self.files.set(&p, Reply::ok(manifest.as_bytes().to_vec()));
-        self.files
-            .set(&format!("{p}.asc"), Reply::ok(self.signer.sign(manifest.as_bytes())));
+        self.files.set(
+            &format!("{p}.asc"),
+            Reply::ok(self.signer.sign(manifest.as_bytes())),
+        );
     }
 
     fn path(&self, node_path: &str) -> PathBuf {
@@ -149,7 +153,9 @@ impl World {
     fn store_listing(&self) -> Vec<String> {
         let mut out = Vec::new();
         fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) {
-            let Ok(rd) = std::fs::read_dir(dir) else { return };
+            let Ok(rd) = std::fs::read_dir(dir) else {
+                return;
+            };
             for e in rd.flatten() {
                 let p = e.path();
                 if p.is_dir() {
@@ -167,7 +173,11 @@ impl World {
 
     /// The failure contract: no file at any final path, no temp file left behind.
     fn assert_nothing_written(&self) {
-        assert_eq!(self.store_listing(), Vec::<String>::new(), "store must stay empty");
+        assert_eq!(
+            self.store_listing(),
+            Vec::<String>::new(),
+            "store must stay empty"
+        );
         for p in [
             "/etc/kubernetes/kubelet.env",
             "/etc/torcx/next-profile",
@@ -215,8 +225,14 @@ fn happy_path_without_api_server() {
         "{}",
         r.stdout
     );
-    assert_eq!(std::fs::read(w.store_file(CUR, "17.03")).unwrap(), image("17.03"));
-    assert_eq!(w.store_listing(), vec![format!("{CUR}/docker:17.03.torcx.tgz")]);
+    assert_eq!(
+        std::fs::read(w.store_file(CUR, "17.03")).unwrap(),
+        image("17.03")
+    );
+    assert_eq!(
+        w.store_listing(),
+        vec![format!("{CUR}/docker:17.03.torcx.tgz")]
+    );
     let profile: serde_json::Value =
         serde_json::from_str(&w.read("/etc/torcx/profiles/tectonic.json").unwrap()).unwrap();
     assert_eq!(
@@ -236,7 +252,11 @@ fn happy_path_without_api_server() {
         "good signature by",
         "hash verified",
     ] {
-        assert!(r.stderr.contains(needle), "missing {needle:?} in\n{}", r.stderr);
+        assert!(
+            r.stderr.contains(needle),
+            "missing {needle:?} in\n{}",
+            r.stderr
+        );
     }
     // A second run keeps the verified image instead of downloading it again.
     std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
@@ -252,13 +272,21 @@ fn happy_path_with_api_server_and_the_1_10_trap() {
     let (api, _ca) = w.with_api("v1.10.2+coreos.0", Some(cm));
     let r = w.run();
     r.assert_ok();
-    assert!(r.stdout.contains("k8s=v1.10.2+coreos.0 docker=17.06"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("k8s=v1.10.2+coreos.0 docker=17.06"),
+        "{}",
+        r.stdout
+    );
     assert!(w.store_file(CUR, "17.06").exists());
     assert_eq!(
         w.read("/etc/kubernetes/kubelet.env").unwrap(),
         "KUBELET_IMAGE_URL=quay.io/coreos/hyperkube\nKUBELET_IMAGE_TAG=v1.10.2_coreos.0\n"
     );
-    assert!(r.stderr.contains("(from the API server, GET /version"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("(from the API server, GET /version"),
+        "{}",
+        r.stderr
+    );
     assert!(
         r.stderr
             .contains("(from ConfigMap tectonic-system/tectonic-torcx-runtime-mappings key runtime-mappings.yaml)"),
@@ -309,8 +337,16 @@ fn api_server_down_falls_back_to_installer_env() {
     w.write("/etc/kubernetes/kubeconfig", &kc);
     let r = w.run();
     r.assert_ok();
-    assert!(r.stdout.contains("k8s=v1.9.6+coreos.0 docker=17.03"), "{}", r.stdout);
-    assert!(r.stderr.contains("API server version unavailable"), "{}", r.stderr);
+    assert!(
+        r.stdout.contains("k8s=v1.9.6+coreos.0 docker=17.03"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stderr.contains("API server version unavailable"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]
@@ -346,17 +382,30 @@ fn update_pending_stages_both_stores_and_asks_for_a_reboot() {
     );
     // The image is fetched once and copied into the second store.
     assert_eq!(w.files.hits("/pkgs/docker-17.03.tgz"), 1);
-    assert!(r.stderr.contains("not rebooting: --root is not /"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("not rebooting: --root is not /"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]
 fn pending_update_read_with_get_status_only() {
     let w = World::new();
     let mut bus = Bus::start();
-    bus.update_engine(&["--status", "UPDATE_STATUS_UPDATED_NEED_REBOOT", "--new-version", NEXT]);
+    bus.update_engine(&[
+        "--status",
+        "UPDATE_STATUS_UPDATED_NEED_REBOOT",
+        "--new-version",
+        NEXT,
+    ]);
     let r = w.run_on(&bus);
     r.assert_ok();
-    assert!(r.stdout.contains(&format!("next-os={NEXT}")), "{}", r.stdout);
+    assert!(
+        r.stdout.contains(&format!("next-os={NEXT}")),
+        "{}",
+        r.stdout
+    );
     assert!(w.store_file(NEXT, "17.03").exists() && w.store_file(CUR, "17.03").exists());
 }
 
@@ -369,7 +418,10 @@ fn no_update_available_ends_at_idle() {
     let r = w.run_on(&bus);
     r.assert_ok();
     assert!(r.stdout.contains("next-os=none reboot=no"), "{}", r.stdout);
-    assert_eq!(w.store_listing(), vec![format!("{CUR}/docker:17.03.torcx.tgz")]);
+    assert_eq!(
+        w.store_listing(),
+        vec![format!("{CUR}/docker:17.03.torcx.tgz")]
+    );
 }
 
 #[test]
@@ -379,7 +431,8 @@ fn update_wait_has_a_deadline() {
     bus.update_engine(&["--on-attempt", "CHECKING_FOR_UPDATE,DOWNLOADING"]);
     w.extra
         .extend(["--upgrade-os=true".into(), "--update-timeout=1".into()]);
-    w.run_on(&bus).assert_fails(1, "update_engine did not settle within 1s");
+    w.run_on(&bus)
+        .assert_fails(1, "update_engine did not settle within 1s");
     w.assert_nothing_written();
 }
 
@@ -393,15 +446,23 @@ fn first_boot_after_torcx_applied_the_vendor_runtime_reboots() {
     let r = w.run();
     r.assert_ok();
     assert!(
-        r.stdout
-            .contains("reboot=needed (torcx applied docker com.coreos.cl in this boot, 17.03 is staged)"),
+        r.stdout.contains(
+            "reboot=needed (torcx applied docker com.coreos.cl in this boot, 17.03 is staged)"
+        ),
         "{}",
         r.stdout
     );
-    let unit = w.read("/run/systemd/system/torcx-docker-cleanup.service").unwrap();
-    assert!(unit.contains("ExecStart=/usr/bin/rm -rf /var/lib/docker") && unit.contains("RequiredBy=umount.target"));
-    let link =
-        std::fs::read_link(w.path("/run/systemd/system/umount.target.requires/torcx-docker-cleanup.service")).unwrap();
+    let unit = w
+        .read("/run/systemd/system/torcx-docker-cleanup.service")
+        .unwrap();
+    assert!(
+        unit.contains("ExecStart=/usr/bin/rm -rf /var/lib/docker")
+            && unit.contains("RequiredBy=umount.target")
+    );
+    let link = std::fs::read_link(
+        w.path("/run/systemd/system/umount.target.requires/torcx-docker-cleanup.service"),
+    )
+    .unwrap();
     assert_eq!(link, Path::new("../torcx-docker-cleanup.service"));
     // Same runtime already applied: no reboot, no wipe.
     let w2 = World::new();
@@ -412,7 +473,9 @@ fn first_boot_after_torcx_applied_the_vendor_runtime_reboots() {
     let r2 = w2.run();
     r2.assert_ok();
     assert!(r2.stdout.contains("reboot=no"), "{}", r2.stdout);
-    assert!(!w2.path("/run/systemd/system/torcx-docker-cleanup.service").exists());
+    assert!(!w2
+        .path("/run/systemd/system/torcx-docker-cleanup.service")
+        .exists());
 }
 
 #[test]
@@ -421,7 +484,8 @@ fn existing_user_next_profile_is_reused() {
     w.write("/etc/torcx/profiles/mine.json", r#"{"kind":"profile-manifest-v0","value":{"images":[{"name":"rkt","reference":"1.0"},{"name":"docker","reference":"1.12"}]}}"#);
     w.write("/etc/torcx/next-profile", "mine.json\n");
     w.run().assert_ok();
-    let p: serde_json::Value = serde_json::from_str(&w.read("/etc/torcx/profiles/mine.json").unwrap()).unwrap();
+    let p: serde_json::Value =
+        serde_json::from_str(&w.read("/etc/torcx/profiles/mine.json").unwrap()).unwrap();
     assert_eq!(
         p["value"]["images"],
         serde_json::json!([{"name":"rkt","reference":"1.0"},{"name":"docker","reference":"17.03"}])
@@ -452,8 +516,10 @@ fn gnupg_signed_manifest_interoperates() {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gnupg");
     let mut w = World::new();
     let p = World::manifest_path(CUR);
-    w.files
-        .set(&p, Reply::ok(std::fs::read(fixtures.join("manifest.json")).unwrap()));
+    w.files.set(
+        &p,
+        Reply::ok(std::fs::read(fixtures.join("manifest.json")).unwrap()),
+    );
     w.files.set(
         &format!("{p}.asc"),
         Reply::ok(std::fs::read(fixtures.join("manifest.json.asc")).unwrap()),
@@ -476,10 +542,14 @@ fn bad_signature_is_refused() {
     let w = World::new();
     let p = World::manifest_path(CUR);
     // Signed by the right key, but over other bytes.
-    w.files
-        .set(&format!("{p}.asc"), Reply::ok(w.signer.sign(b"something else")));
-    w.run()
-        .assert_fails(1, &format!("{}: signature check against keyring", w.files.url(&p)));
+    w.files.set(
+        &format!("{p}.asc"),
+        Reply::ok(w.signer.sign(b"something else")),
+    );
+    w.run().assert_fails(
+        1,
+        &format!("{}: signature check against keyring", w.files.url(&p)),
+    );
     w.assert_nothing_written();
 }
 
@@ -490,7 +560,8 @@ fn unknown_key_is_refused() {
     let stranger = Signer_::new("stranger <x@nodestrap.invalid>");
     let m = w.manifest(CUR, &["17.03"]);
     w.files.set(&p, Reply::ok(m.clone()));
-    w.files.set(&format!("{p}.asc"), Reply::ok(stranger.sign(m.as_bytes())));
+    w.files
+        .set(&format!("{p}.asc"), Reply::ok(stranger.sign(m.as_bytes())));
     w.run().assert_fails(1, "Missing key");
     w.assert_nothing_written();
 }
@@ -513,13 +584,17 @@ fn no_verify_signatures_skips_the_asc() {
     let r = w.run();
     r.assert_ok();
     assert!(r.stderr.contains("NOT be authenticated"), "{}", r.stderr);
-    assert_eq!(w.files.hits(&format!("{}.asc", World::manifest_path(CUR))), 0);
+    assert_eq!(
+        w.files.hits(&format!("{}.asc", World::manifest_path(CUR))),
+        0
+    );
 }
 
 #[test]
 fn hash_mismatch_leaves_no_file() {
     let w = World::new();
-    w.files.set("/pkgs/docker-17.03.tgz", Reply::ok(image("evil")));
+    w.files
+        .set("/pkgs/docker-17.03.tgz", Reply::ok(image("evil")));
     w.run().assert_fails(1, "hash mismatch");
     w.assert_nothing_written();
     // A wrong hash is not a transport error: no retry.
@@ -529,17 +604,25 @@ fn hash_mismatch_leaves_no_file() {
 #[test]
 fn truncated_body_is_retried_then_fails_cleanly() {
     let w = World::new();
-    w.files
-        .set("/pkgs/docker-17.03.tgz", Reply::truncated(image("17.03"), 100_000));
+    w.files.set(
+        "/pkgs/docker-17.03.tgz",
+        Reply::truncated(image("17.03"), 100_000),
+    );
     w.run().assert_fails(1, "/pkgs/docker-17.03.tgz");
     assert_eq!(w.files.hits("/pkgs/docker-17.03.tgz"), 3);
     w.assert_nothing_written();
     // One broken transfer, then a good one: it converges.
+    w.files.queue(
+        "/pkgs/docker-17.03.tgz",
+        Reply::truncated(image("17.03"), 1000),
+    );
     w.files
-        .queue("/pkgs/docker-17.03.tgz", Reply::truncated(image("17.03"), 1000));
-    w.files.set("/pkgs/docker-17.03.tgz", Reply::ok(image("17.03")));
+        .set("/pkgs/docker-17.03.tgz", Reply::ok(image("17.03")));
     w.run().assert_ok();
-    assert_eq!(w.store_listing(), vec![format!("{CUR}/docker:17.03.torcx.tgz")]);
+    assert_eq!(
+        w.store_listing(),
+        vec![format!("{CUR}/docker:17.03.torcx.tgz")]
+    );
 }
 
 #[test]
@@ -562,8 +645,10 @@ fn server_errors_are_retried_until_success() {
 fn not_found_is_final() {
     let w = World::new();
     w.files.set("/pkgs/docker-17.03.tgz", Reply::status(404));
-    w.run()
-        .assert_fails(1, &format!("GET {}: HTTP 404", w.files.url("/pkgs/docker-17.03.tgz")));
+    w.run().assert_fails(
+        1,
+        &format!("GET {}: HTTP 404", w.files.url("/pkgs/docker-17.03.tgz")),
+    );
     assert_eq!(w.files.hits("/pkgs/docker-17.03.tgz"), 1);
     w.assert_nothing_written();
 }
@@ -582,12 +667,15 @@ fn untrusted_server_certificate_is_refused() {
 fn hostile_names_are_refused() {
     // In the signed manifest.
     let w = World::new();
-    let m = w
-        .manifest(CUR, &["17.03"])
-        .replace("\"version\":\"17.03\"", "\"version\":\"../../../../etc/cron.d/x\"");
+    let m = w.manifest(CUR, &["17.03"]).replace(
+        "\"version\":\"17.03\"",
+        "\"version\":\"../../../../etc/cron.d/x\"",
+    );
     w.publish(CUR, &m);
-    w.run()
-        .assert_fails(1, "version \"../../../../etc/cron.d/x\": not a plain version");
+    w.run().assert_fails(
+        1,
+        "version \"../../../../etc/cron.d/x\": not a plain version",
+    );
     w.assert_nothing_written();
     // In the runtime mappings.
     let w = World::new();
@@ -611,7 +699,11 @@ fn hostile_names_are_refused() {
 fn symlinks_pointing_outside_the_root_stay_inside() {
     let w = World::new();
     let outside = unique_dir("outside");
-    std::fs::write(outside.join("kubelet.env"), "KUBELET_IMAGE_TAG=v9.9.9_outside\n").unwrap();
+    std::fs::write(
+        outside.join("kubelet.env"),
+        "KUBELET_IMAGE_TAG=v9.9.9_outside\n",
+    )
+    .unwrap();
     // The store is an absolute symlink out of the root; the installer env a relative one.
     std::fs::create_dir_all(w.path("/var/lib")).unwrap();
     std::os::unix::fs::symlink(&outside, w.path("/var/lib/torcx")).unwrap();
@@ -646,11 +738,13 @@ fn malformed_os_release() {
         "/usr/lib/os-release",
         "ID=flatcar\nthis is not a key value line\nVERSION_ID=1520.5.0\n",
     );
-    w.run().assert_fails(1, "/usr/lib/os-release:2: expected KEY=VALUE");
+    w.run()
+        .assert_fails(1, "/usr/lib/os-release:2: expected KEY=VALUE");
     w.assert_nothing_written();
     let w = World::new();
     w.write("/usr/lib/os-release", "ID=flatcar\n");
-    w.run().assert_fails(1, "/usr/lib/os-release: no VERSION_ID");
+    w.run()
+        .assert_fails(1, "/usr/lib/os-release: no VERSION_ID");
     w.assert_nothing_written();
 }
 
@@ -661,8 +755,10 @@ fn malformed_env() {
         "/etc/kubernetes/installer/kubelet.env",
         "KUBELET_IMAGE_TAG=\"v1.9.6_coreos.0\n",
     );
-    w.run()
-        .assert_fails(1, "/etc/kubernetes/installer/kubelet.env:1: unbalanced quotes");
+    w.run().assert_fails(
+        1,
+        "/etc/kubernetes/installer/kubelet.env:1: unbalanced quotes",
+    );
     w.assert_nothing_written();
 }
 
@@ -673,7 +769,8 @@ fn malformed_yaml() {
         "/etc/kubernetes/installer/runtime-mappings.yaml",
         "kind: VersionManifestV1\nversions: [\n",
     );
-    w.run().assert_fails(1, "runtime-mappings.yaml: invalid YAML");
+    w.run()
+        .assert_fails(1, "runtime-mappings.yaml: invalid YAML");
     w.assert_nothing_written();
     let w = World::new();
     w.write(
@@ -690,7 +787,10 @@ fn malformed_json_manifest() {
     w.publish(CUR, "{\"kind\":\"torcx-package-list-v0\",\"value\":");
     w.run().assert_fails(
         1,
-        &format!("{}: invalid package list JSON", w.files.url(&World::manifest_path(CUR))),
+        &format!(
+            "{}: invalid package list JSON",
+            w.files.url(&World::manifest_path(CUR))
+        ),
     );
     w.assert_nothing_written();
 }
@@ -699,11 +799,13 @@ fn malformed_json_manifest() {
 fn malformed_kubeconfig() {
     let w = World::new();
     w.write("/etc/kubernetes/kubeconfig", "clusters: [\n");
-    w.run().assert_fails(1, "/etc/kubernetes/kubeconfig: invalid YAML");
+    w.run()
+        .assert_fails(1, "/etc/kubernetes/kubeconfig: invalid YAML");
     w.assert_nothing_written();
     let w = World::new();
     w.write("/etc/kubernetes/kubeconfig", "clusters:\n- name: a\n  cluster: {server: 'https://127.0.0.1:1'}\ncontexts:\n- name: x\n  context: {cluster: a}\n- name: y\n  context: {cluster: a}\n");
-    w.run().assert_fails(1, "kubeconfig: no current-context and 2 contexts");
+    w.run()
+        .assert_fails(1, "kubeconfig: no current-context and 2 contexts");
     w.assert_nothing_written();
 }
 
@@ -718,7 +820,8 @@ fn usage_errors_exit_2() {
     assert_eq!(nodestrap(&a, None, &[]).code, 2);
     let mut w = w;
     w.keyring = PathBuf::from("/nonexistent/keyring.asc");
-    w.run().assert_fails(2, "--keyring /nonexistent/keyring.asc");
+    w.run()
+        .assert_fails(2, "--keyring /nonexistent/keyring.asc");
     w.keyring = w.ca_file.clone();
     w.run().assert_fails(2, "keyring");
     let mut w = World::new();
@@ -756,7 +859,7 @@ fn journald_priority_prefixes_under_systemd() {
     let f = std::fs::File::create(&errf).unwrap();
     use std::os::unix::fs::MetadataExt;
     let m = f.metadata().unwrap();
-    let status = std::process::Command::new(BIN)
+    let status = std::process::Command::new(bin())
         .args(w.args())
         .env_clear()
         .env("SSL_CERT_FILE", "/nonexistent")
@@ -772,5 +875,8 @@ fn journald_priority_prefixes_under_systemd() {
             .all(|l| l.starts_with("<6>") || l.starts_with("<4>") || l.starts_with("<7>")),
         "{text}"
     );
-    assert!(text.contains("<6>OS version 1520.5.0 board amd64-usr"), "{text}");
+    assert!(
+        text.contains("<6>OS version 1520.5.0 board amd64-usr"),
+        "{text}"
+    );
 }

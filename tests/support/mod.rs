@@ -15,12 +15,18 @@ use openpgp::cert::prelude::*;
 use openpgp::policy::StandardPolicy;
 use openpgp::serialize::stream::{Armorer, Message, Signer};
 use openpgp::serialize::SerializeInto;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa, KeyPair};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use sequoia_openpgp as openpgp;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_nodestrap");
+/// The binary under test: `NODESTRAP_BIN` (CI points it at the static release build, or at
+/// another architecture's build run through qemu-user) or cargo's own build.
+pub fn bin() -> String {
+    std::env::var("NODESTRAP_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_nodestrap").to_string())
+}
 
 pub fn unique_dir(tag: &str) -> PathBuf {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -49,14 +55,18 @@ impl Ca {
         let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
         p.distinguished_name.push(rcgen::DnType::CommonName, name);
         p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
+        p.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
         let issuer = CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap();
         let pem = issuer.pem();
         Ca { issuer, pem }
     }
 
     pub fn server(&self) -> Leaf {
-        let mut p = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+        let mut p =
+            CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
         p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         self.leaf(p)
     }
@@ -100,7 +110,10 @@ impl Reply {
     pub fn status(status: u16) -> Reply {
         Reply {
             status,
-            body: format!("{{\"kind\":\"Status\",\"message\":\"status {status} from the test server\"}}").into_bytes(),
+            body: format!(
+                "{{\"kind\":\"Status\",\"message\":\"status {status} from the test server\"}}"
+            )
+            .into_bytes(),
             truncate: None,
         }
     }
@@ -149,9 +162,10 @@ impl Server {
     /// is required.
     pub fn start(leaf: &Leaf, client_ca: Option<&Ca>) -> Server {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(leaf.cert_pem.as_bytes())
-            .collect::<Result<_, _>>()
-            .unwrap();
+        let certs: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_slice_iter(leaf.cert_pem.as_bytes())
+                .collect::<Result<_, _>>()
+                .unwrap();
         let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap();
         let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
@@ -162,15 +176,21 @@ impl Server {
                 for c in CertificateDer::pem_slice_iter(ca.pem.as_bytes()) {
                     roots.add(c.unwrap()).unwrap();
                 }
-                let v = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                    .build()
-                    .unwrap();
+                let v = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .build()
+                .unwrap();
                 builder
                     .with_client_cert_verifier(v)
                     .with_single_cert(certs, key)
                     .unwrap()
             }
-            None => builder.with_no_client_auth().with_single_cert(certs, key).unwrap(),
+            None => builder
+                .with_no_client_auth()
+                .with_single_cert(certs, key)
+                .unwrap(),
         };
         let config = Arc::new(config);
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -195,7 +215,11 @@ impl Server {
     }
 
     pub fn set(&self, path: &str, reply: Reply) {
-        self.routes.lock().unwrap().standing.insert(path.to_string(), reply);
+        self.routes
+            .lock()
+            .unwrap()
+            .standing
+            .insert(path.to_string(), reply);
     }
 
     pub fn queue(&self, path: &str, reply: Reply) {
@@ -332,7 +356,10 @@ impl Signer_ {
         let mut sink = Vec::new();
         {
             let m = Message::new(&mut sink);
-            let m = Armorer::new(m).kind(openpgp::armor::Kind::Signature).build().unwrap();
+            let m = Armorer::new(m)
+                .kind(openpgp::armor::Kind::Signature)
+                .build()
+                .unwrap();
             let mut s = Signer::new(m, keypair).unwrap().detached().build().unwrap();
             s.write_all(data).unwrap();
             s.finalize().unwrap();
@@ -389,7 +416,8 @@ impl Bus {
 
     /// Start the test update_engine; `args` configure its states (see the script).
     pub fn update_engine(&mut self, args: &[&str]) {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/fake_update_engine.py");
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/fake_update_engine.py");
         let mut child = Command::new("/usr/bin/python3")
             .arg(script)
             .args(args)
@@ -461,7 +489,7 @@ impl Run {
 /// Run nodestrap with a clean environment: the given bus address (or none that exists), no
 /// proxies, no system trust store.
 pub fn nodestrap(args: &[String], bus: Option<&str>, env: &[(&str, &str)]) -> Run {
-    let out: Output = Command::new(BIN)
+    let out: Output = Command::new(bin())
         .args(args)
         .env_clear()
         .env("PATH", "/usr/bin:/bin")

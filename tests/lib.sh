@@ -1,0 +1,75 @@
+# Shared by tests/demo.sh and tests/bench-fetch.sh: a local "release server" for torcx images.
+# Source it, then: ns_setup WORK; ns_publish OS FILE VERSION; ns_node ROOT OS TAG MINOR VERSION.
+# Everything (CA, server certificate, OpenPGP key) is made for the run; nginx serves WORK/www
+# over TLS on a free 127.0.0.1 port.
+
+ns_setup() {
+  ns_work=$1
+  mkdir -p "$ns_work/www"
+  command -v nginx >/dev/null || apt-get install -y -qq nginx-light >/dev/null
+  ( cd "$ns_work"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=nodestrap-demo-ca \
+      -keyout ca.key -out ca.pem 2>/dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=127.0.0.1 \
+      -keyout srv.key -out srv.csr 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1\n' > san.ext
+    openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile san.ext -out srv.pem 2>/dev/null )
+  export GNUPGHOME=$ns_work/gnupg
+  mkdir -m 700 "$GNUPGHOME"
+  gpg --batch --quiet --pinentry-mode loopback --passphrase '' --quick-gen-key 'release <release@nodestrap.invalid>' ed25519 sign never
+  gpg --batch --armor --export > "$ns_work/keyring.asc"
+  ns_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  cat > "$ns_work/nginx.conf" <<NGINX
+daemon off;
+worker_processes 1;
+pid $ns_work/nginx.pid;
+error_log $ns_work/nginx.err;
+events { worker_connections 64; }
+http {
+  access_log off;
+  client_body_temp_path $ns_work; proxy_temp_path $ns_work; fastcgi_temp_path $ns_work; uwsgi_temp_path $ns_work; scgi_temp_path $ns_work;
+  server { listen 127.0.0.1:$ns_port ssl; ssl_certificate $ns_work/srv.pem; ssl_certificate_key $ns_work/srv.key; root $ns_work/www; }
+}
+NGINX
+  nginx -c "$ns_work/nginx.conf" &
+  ns_server=$!
+  ns_url=https://127.0.0.1:$ns_port
+  for _ in $(seq 50); do curl -s --cacert "$ns_work/ca.pem" -o /dev/null "$ns_url/" && break; sleep 0.1; done
+}
+
+ns_cleanup() {
+  [ -n "${ns_server:-}" ] && kill "$ns_server" 2>/dev/null
+  return 0
+}
+
+# ns_publish OS FILE VERSION: offer FILE as docker:VERSION in OS's manifest, signed.
+ns_publish() {
+  local os=$1 file=$2 version=$3 hash dir
+  dir=$ns_work/www/manifests/amd64-usr/$os
+  mkdir -p "$dir" "$ns_work/www/pkgs"
+  cp "$file" "$ns_work/www/pkgs/docker-$version.torcx.tgz"
+  hash=$(sha512sum "$file" | cut -d' ' -f1)
+  cat > "$dir/torcx_manifest.json" <<JSON
+{"kind":"torcx-package-list-v0","value":{"packages":[{"name":"docker","defaultVersion":"$version","versions":[
+ {"version":"$version","hash":"sha512-$hash","locations":[{"url":"$ns_url/pkgs/docker-$version.torcx.tgz"}]}]}]}}
+JSON
+  rm -f "$dir/torcx_manifest.json.asc"
+  gpg --batch --armor --detach-sign "$dir/torcx_manifest.json"
+}
+
+# ns_node ROOT OS TAG MINOR VERSION: a Container Linux-like root whose installer files map
+# Kubernetes MINOR to docker VERSION and name kubelet image tag TAG.
+ns_node() {
+  local root=$1 os=$2 tag=$3 minor=$4 version=$5
+  rm -rf "$root"
+  mkdir -p "$root/usr/lib" "$root/etc/kubernetes/installer"
+  printf 'NAME="Flatcar Container Linux by Kinvolk"\nID=flatcar\nVERSION_ID=%s\nCOREOS_BOARD="amd64-usr"\n' "$os" > "$root/usr/lib/os-release"
+  printf 'KUBELET_IMAGE_URL="quay.io/coreos/hyperkube"\nKUBELET_IMAGE_TAG="%s"\n' "$tag" > "$root/etc/kubernetes/installer/kubelet.env"
+  printf 'kind: VersionManifestV1\nversions:\n  k8s:\n    %s:\n      docker: ["%s"]\n' "$minor" "$version" > "$root/etc/kubernetes/installer/runtime-mappings.yaml"
+}
+
+# Arguments for `nodestrap bootstrap` against ROOT and this server.
+ns_args() {
+  printf '%s\n' bootstrap --root "$1" --torcx-manifest-url "$ns_url/manifests/{{.Board}}/{{.OSVersion}}/torcx_manifest.json" \
+    --keyring "$ns_work/keyring.asc" --ca-file "$ns_work/ca.pem" --upgrade-os=false
+}
