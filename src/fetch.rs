@@ -411,7 +411,15 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 impl<R> Progress<R> {
     pub fn new(inner: R, label: &str, total: Option<u64>) -> Self {
         let now = Instant::now();
-        Progress { inner, label: label.to_string(), total, done: 0, start: now, last: now, shown: Some(0) }
+        Progress {
+            inner,
+            label: label.to_string(),
+            total,
+            done: 0,
+            start: now,
+            last: now,
+            shown: Some(0),
+        }
     }
 
     fn line(&self, verb: &str) {
@@ -421,7 +429,12 @@ impl<R> Progress<R> {
             Some(t) if t > 0 => format!(" of {:.1} MiB ({}%)", mib(t), self.done * 100 / t),
             _ => String::new(),
         };
-        log::info!("{verb} {}: {:.1} MiB{pct} at {:.1} MiB/s", self.label, mib(self.done), mib(self.done) / secs);
+        log::info!(
+            "{verb} {}: {:.1} MiB{pct} at {:.1} MiB/s",
+            self.label,
+            mib(self.done),
+            mib(self.done) / secs
+        );
     }
 }
 

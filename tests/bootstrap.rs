@@ -302,6 +302,79 @@ fn happy_path_with_api_server_and_the_1_10_trap() {
 }
 
 #[test]
+fn bearer_token_kubeconfig_and_secrets_stay_out_of_logs() {
+    let w = World::new();
+    let api = Server::start(&w.ca.server(), None);
+    let token = "s3cr3t-token-value";
+    api.require_bearer(token);
+    api.set("/version", Reply::ok(r#"{"gitVersion":"v1.10.3"}"#));
+    let ca = w.path("/etc/kubernetes/ca.pem");
+    std::fs::create_dir_all(ca.parent().unwrap()).unwrap();
+    std::fs::write(&ca, &w.ca.pem).unwrap();
+    // A named context, a CA file relative to the kubeconfig, a token file.
+    w.write("/etc/kubernetes/token", &format!("{token}\n"));
+    w.write("/etc/kubernetes/kubeconfig", &format!(
+        "clusters:\n- name: c\n  cluster: {{server: '{}', certificate-authority: ca.pem}}\nusers:\n- name: u\n  user: {{tokenFile: /etc/kubernetes/token}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n",
+        api.url("")));
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stdout.contains("k8s=v1.10.3 docker=17.06"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(
+        api.seen()[0].header("authorization"),
+        Some(&*format!("Bearer {token}"))
+    );
+    // A wrong token: 401 is final, the installer file decides, and no token is ever logged.
+    let w2 = World::new();
+    let kc = w.read("/etc/kubernetes/kubeconfig").unwrap();
+    w2.write("/etc/kubernetes/kubeconfig", &kc);
+    w2.write("/etc/kubernetes/ca.pem", &w.ca.pem);
+    w2.write("/etc/kubernetes/token", "wrong-token\n");
+    let before = api.seen().len();
+    let r2 = w2.run();
+    r2.assert_ok();
+    assert!(r2.stderr.contains("HTTP 401"), "{}", r2.stderr);
+    assert_eq!(
+        api.seen().len() - before,
+        2,
+        "401 is final: one /version and one ConfigMap request"
+    );
+    for out in [&r.stderr, &r.stdout, &r2.stderr, &r2.stdout] {
+        assert!(
+            !out.contains(token) && !out.contains("wrong-token"),
+            "a token reached the output:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn proxy_variables_are_honoured() {
+    let w = World::new();
+    let proxy = Proxy::start();
+    let proxy_url = format!("http://127.0.0.1:{}", proxy.port);
+    nodestrap(&w.args(), None, &[("HTTPS_PROXY", &proxy_url)]).assert_ok();
+    let t = proxy.targets.lock().unwrap().clone();
+    assert!(
+        t.iter()
+            .any(|x| *x == format!("127.0.0.1:{}", w.files.port)),
+        "{t:?}"
+    );
+    // NO_PROXY sends the same requests direct.
+    let w2 = World::new();
+    let before = proxy.targets.lock().unwrap().len();
+    nodestrap(
+        &w2.args(),
+        None,
+        &[("HTTPS_PROXY", &proxy_url), ("NO_PROXY", "127.0.0.1")],
+    )
+    .assert_ok();
+    assert_eq!(proxy.targets.lock().unwrap().len(), before);
+}
+
+#[test]
 fn api_server_without_the_configmap_falls_back_to_the_file() {
     let w = World::new();
     let (_api, _ca) = w.with_api("v1.10.2+coreos.0", None);

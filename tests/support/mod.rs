@@ -149,6 +149,7 @@ struct Routes {
     /// Replies used once each, in order, before the standing one.
     queued: HashMap<String, VecDeque<Reply>>,
     standing: HashMap<String, Reply>,
+    bearer: Option<String>,
 }
 
 pub struct Server {
@@ -236,6 +237,11 @@ impl Server {
         self.seen.lock().unwrap().clone()
     }
 
+    /// Answer 401 to any request without `Authorization: Bearer <token>`.
+    pub fn require_bearer(&self, token: &str) {
+        self.routes.lock().unwrap().bearer = Some(token.to_string());
+    }
+
     pub fn hits(&self, path: &str) -> usize {
         self.seen().iter().filter(|s| s.path == path).count()
     }
@@ -287,10 +293,18 @@ fn handle(
             body,
             client_cert,
         };
-        seen.lock().unwrap().push(s);
+        seen.lock().unwrap().push(s.clone());
         let reply = {
             let mut r = routes.lock().unwrap();
-            let q = r.queued.get_mut(&path).and_then(|q| q.pop_front());
+            let authorized = match &r.bearer {
+                None => true,
+                Some(t) => s.header("authorization") == Some(format!("Bearer {t}").as_str()),
+            };
+            let q = if authorized {
+                r.queued.get_mut(&path).and_then(|q| q.pop_front())
+            } else {
+                Some(Reply::status(401))
+            };
             q.or_else(|| r.standing.get(&path).cloned())
                 .unwrap_or_else(|| Reply::status(404))
         };
@@ -313,6 +327,58 @@ fn handle(
                 tls.flush()?;
             }
         }
+    }
+}
+
+/// An HTTP CONNECT proxy on 127.0.0.1 that records the targets it tunnels to.
+pub struct Proxy {
+    pub port: u16,
+    pub targets: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proxy {
+    pub fn start() -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let targets: Arc<Mutex<Vec<String>>> = Default::default();
+        let t2 = targets.clone();
+        std::thread::spawn(move || {
+            for c in listener.incoming() {
+                let Ok(mut c) = c else { continue };
+                let targets = t2.clone();
+                std::thread::spawn(move || {
+                    let mut r = BufReader::new(c.try_clone().unwrap());
+                    let mut line = String::new();
+                    r.read_line(&mut line).unwrap();
+                    loop {
+                        let mut h = String::new();
+                        if r.read_line(&mut h).unwrap() == 0 || h.trim().is_empty() {
+                            break;
+                        }
+                    }
+                    let target = line
+                        .split_whitespace()
+                        .nth(1)
+                        .unwrap_or_default()
+                        .to_string();
+                    targets.lock().unwrap().push(target.clone());
+                    let Ok(up) = TcpStream::connect(&target) else {
+                        return;
+                    };
+                    c.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                        .unwrap();
+                    let (mut up_r, mut c_w) = (up.try_clone().unwrap(), c.try_clone().unwrap());
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut up_r, &mut c_w);
+                        let _ = c_w.shutdown(std::net::Shutdown::Write);
+                    });
+                    let mut up_w = up;
+                    let _ = std::io::copy(&mut r, &mut up_w);
+                    let _ = up_w.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        });
+        Proxy { port, targets }
     }
 }
 
