@@ -11,7 +11,6 @@ use crate::error::{Error, Result};
 use crate::fetch::{Backoff, Http, Request, Retry, Tls};
 use crate::kube::{ApiRetry, Kube};
 use crate::mappings::Mappings;
-use crate::reboot::Rebooter;
 use crate::root::Root;
 use crate::torcx::{self, PackageList, Source, Staged};
 use crate::verify::Keyring;
@@ -24,21 +23,12 @@ const MAPPINGS_KEY: &str = "runtime-mappings.yaml";
 const MANIFEST_CAP: u64 = 1 << 20;
 const SIGNATURE_CAP: u64 = 64 << 10;
 
+/// `--dry-run` prints its plan on stdout, one `plan:` line per change it would make; the log on
+/// stderr still carries the decisions.
 pub fn run(a: &Bootstrap) -> Result<()> {
     // 0. Everything that can be checked without the node or the network: exit 2 if wrong.
     let root = Root::open(&a.root)?;
-    if !torcx::plain_name(&a.torcx_profile) {
-        return Err(Error::config(format!(
-            "--torcx-profile {:?} is not a plain name",
-            a.torcx_profile
-        )));
-    }
-    let template = if a.torcx_manifest_url.is_empty() {
-        DEFAULT_MANIFEST_URL
-    } else {
-        &a.torcx_manifest_url
-    };
-    render_url(template, "amd64-usr", "1.0.0")?;
+    let template = check_options(a)?;
     let torcx_on = !a.torcx_skip_setup;
     let keyring = if torcx_on && !a.no_verify_signatures {
         let data = crate::root::read_host_file(&a.keyring, 16 << 20, "--keyring")?;
@@ -55,6 +45,11 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         }
         None
     };
+    let http = if torcx_on {
+        Some(manifest_client(a)?)
+    } else {
+        None
+    };
     let api_retry = ApiRetry {
         tries: a.api_tries,
         delay: Duration::from_secs(a.api_retry_delay),
@@ -63,16 +58,16 @@ pub fn run(a: &Bootstrap) -> Result<()> {
 
     // 1. OS version and board.
     let os = OsInfo::read(&root)?;
+    let by_arch = if os.board_from_arch {
+        ", board by architecture"
+    } else {
+        ""
+    };
     log::info!(
-        "OS version {} board {} (from {}{})",
+        "OS version {} board {} (from {}{by_arch})",
         os.version,
         os.board,
-        root.show(OS_RELEASE),
-        if os.board_from_arch {
-            ", board by architecture"
-        } else {
-            ""
-        }
+        root.show(OS_RELEASE)
     );
 
     // 2. Kubernetes version: forced, API server, or the installer's kubelet.env.
@@ -90,74 +85,137 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         Vec::new()
     };
 
-    // 4. update_engine.
-    let update = os_update(a)?;
+    // 4. update_engine, which only speaks for the system we run on.
+    let update = os_update(a, &root)?;
     let next = match &update {
         Update::Pending(v) => Some(v.clone()),
         _ => None,
     };
 
     // 5-8. torcx: choose, fetch and verify, stage, profile.
-    let chosen = if torcx_on {
-        let http = Http::new(
-            &Tls::system_plus(a.ca_file.as_deref())?,
-            Retry {
-                attempts: a.fetch_attempts.max(1),
-                backoff: Backoff::Exponential {
-                    initial: Duration::from_millis(a.fetch_backoff_ms),
-                    cap: Duration::from_secs(60),
-                },
-                budget: Duration::from_secs(600),
-            },
-        )?;
-        let m = Manifests {
-            http: &http,
-            template,
-            board: &os.board,
-            keyring: keyring.as_ref(),
-        };
-        stage_runtime(
-            &root,
-            &m,
-            &os.version,
-            next.as_deref(),
-            &wanted,
-            &a.torcx_profile,
-            a.dry_run,
-        )?
-    } else {
-        log::info!("torcx setup skipped (--torcx-skip-setup)");
-        None
+    let chosen = match &http {
+        Some(http) => {
+            let m = Manifests {
+                http,
+                template: &template,
+                board: &os.board,
+                keyring: keyring.as_ref(),
+            };
+            stage_runtime(
+                &root,
+                &m,
+                &os.version,
+                next.as_deref(),
+                &wanted,
+                &a.torcx_profile,
+                a.dry_run,
+            )?
+        }
+        None => {
+            log::info!("torcx setup skipped (--torcx-skip-setup)");
+            None
+        }
     };
 
-    // 9. kubelet.env, last: it is the done marker.
-    write_kubelet_env(&root, a, &k8s)?;
-
-    // 10. Reboot only when needed.
+    // 9. Decide the reboot and prepare for it before the done marker exists: once kubelet.env
+    //    is written this unit never runs again, so nothing that can fail may come after it.
     let applied = torcx::applied_reference(&root, RUNTIME)?;
     let reasons = reboot_reasons(&update, applied.as_ref(), chosen.as_deref());
+    if !reasons.is_empty() && runtime_changes(applied.as_ref(), chosen.as_deref()) {
+        install_cleanup(&root, a.dry_run)?;
+    }
+
+    // 10. kubelet.env: the done marker.
+    write_kubelet_env(&root, a, &k8s)?;
+
+    // 11. Reboot only when needed.
+    let reboot = if reasons.is_empty() {
+        "no".to_string()
+    } else {
+        format!("needed ({})", reasons.join("; "))
+    };
     println!(
-        "nodestrap: bootstrap {} k8s={k8s} {RUNTIME}={} next-os={} reboot={}",
+        "nodestrap: bootstrap {} k8s={k8s} {RUNTIME}={} next-os={} reboot={reboot}",
         if a.dry_run { "planned" } else { "done" },
         chosen.as_deref().unwrap_or("unchanged"),
         next.as_deref().unwrap_or("none"),
-        if reasons.is_empty() {
-            "no".to_string()
-        } else {
-            format!("needed ({})", reasons.join("; "))
-        }
     );
     if reasons.is_empty() {
         log::info!("no reboot needed");
         return Ok(());
     }
-    let runtime_changes = applied.is_some() && chosen.is_some();
-    reboot(
-        &root,
-        rebooter.as_ref(),
-        &reasons.join("; "),
-        runtime_changes,
-        a.dry_run,
+    rebooter.reboot(&reasons.join("; "))
+}
+
+/// Step 0 for everything given on the command line; returns the manifest URL template.
+fn check_options(a: &Bootstrap) -> Result<String> {
+    if !torcx::plain_name(&a.torcx_profile) {
+        return Err(Error::config(format!(
+            "--torcx-profile {:?} is not a plain name",
+            a.torcx_profile
+        )));
+    }
+    let template = if a.torcx_manifest_url.is_empty() {
+        DEFAULT_MANIFEST_URL
+    } else {
+        &a.torcx_manifest_url
+    };
+    render_url(template, "amd64-usr", "1.0.0")?;
+    let mut node_paths = vec![
+        ("--kubeconfig", &a.kubeconfig),
+        ("--version-manifest", &a.version_manifest),
+        ("--installer-kubelet-env", &a.installer_kubelet_env),
+    ];
+    if !a.kubelet_env_path.is_empty() {
+        node_paths.push(("--kubelet-env-path", &a.kubelet_env_path));
+    }
+    for (flag, p) in node_paths {
+        if !p.starts_with('/') || p.ends_with('/') {
+            return Err(Error::config(format!(
+                "{flag} {p:?}: expected an absolute file path on the node"
+            )));
+        }
+    }
+    if let Some(v) = &a.force_kube_version {
+        if crate::mappings::major_minor(v).is_none() {
+            return Err(Error::config(format!(
+                "--force-kube-version {v:?}: expected a version like v1.10.2"
+            )));
+        }
+    }
+    for (flag, value, max) in [
+        ("--api-tries", a.api_tries as u64, 100),
+        ("--api-retry-delay", a.api_retry_delay, 3600),
+        ("--fetch-attempts", a.fetch_attempts as u64, 100),
+        ("--fetch-backoff-ms", a.fetch_backoff_ms, 60_000),
+        ("--update-timeout", a.update_timeout, 7 * 24 * 3600),
+    ] {
+        if value > max {
+            return Err(Error::config(format!("{flag} {value}: at most {max}")));
+        }
+    }
+    Ok(template.to_string())
+}
+
+/// The HTTPS client for manifests and images: system roots plus `--ca-file`.
+fn manifest_client(a: &Bootstrap) -> Result<Http> {
+    let tls = Tls::system_plus(a.ca_file.as_deref())?;
+    if tls.sources.is_empty() {
+        log::warn!("no trust anchors: no system CA bundle found and no --ca-file; HTTPS will fail");
+    } else {
+        log::debug!("trust anchors: {}", tls.sources.join(", "));
+    }
+    let backoff = Backoff::Exponential {
+        initial: Duration::from_millis(a.fetch_backoff_ms),
+        cap: Duration::from_secs(60),
+    };
+    Http::new(
+        &tls,
+        Retry {
+            attempts: a.fetch_attempts.max(1),
+            backoff,
+            budget: Duration::from_secs(600),
+        },
     )
 }
 
@@ -165,7 +223,6 @@ pub struct OsInfo {
     pub version: String,
     pub board: String,
     pub board_from_arch: bool,
-    pub id: Option<String>,
 }
 
 impl OsInfo {
@@ -198,7 +255,6 @@ impl OsInfo {
             version,
             board,
             board_from_arch,
-            id: env.get("ID").map(str::to_string),
         })
     }
 }
@@ -245,11 +301,12 @@ fn kube_version(root: &Root, a: &Bootstrap, kube: Option<&Kube>) -> Result<Strin
     match kube {
         Some(k) => match k.server_version() {
             Ok(v) => {
-                log::info!(
-                    "Kubernetes version {v} (from the API server, GET /version, credentials from {})",
+                let from = format!(
+                    "the API server, GET /version, credentials from {}",
                     k.source
                 );
-                return Ok(v);
+                log::info!("Kubernetes version {v} (from {from})");
+                return checked_version(v, &from);
             }
             Err(e) => log::warn!("API server version unavailable: {e}"),
         },
@@ -276,7 +333,17 @@ fn kube_version(root: &Root, a: &Bootstrap, kube: Option<&Kube>) -> Result<Strin
     // Docker tags cannot hold '+', so the installer wrote '_'.
     let v = tag.replace('_', "+");
     log::info!("Kubernetes version {v} (from KUBELET_IMAGE_TAG in {name})");
-    Ok(v)
+    checked_version(v, &format!("KUBELET_IMAGE_TAG in {name}"))
+}
+
+/// A version the mappings can be looked up by (`v1.10.2+coreos.0`), or an error naming its source.
+fn checked_version(v: String, from: &str) -> Result<String> {
+    match crate::mappings::major_minor(&v) {
+        Some(_) => Ok(v),
+        None => Err(Error::failed(format!(
+            "Kubernetes version {v:?} from {from} is not a version like v1.10.2"
+        ))),
+    }
 }
 
 fn runtime_versions(
@@ -322,8 +389,13 @@ fn runtime_versions(
     Ok(wanted)
 }
 
-fn os_update(a: &Bootstrap) -> Result<Update> {
+/// update_engine is asked whatever `--root` is: the hook runs with the host root mounted
+/// elsewhere and its bus is the node's; in the initramfs there is no update_engine at all.
+fn os_update(a: &Bootstrap, root: &Root) -> Result<Update> {
     let u = if a.upgrade_os && !a.dry_run {
+        if !root.is_host() {
+            log::warn!("--upgrade-os with --root {}: the update_engine asked is the one on this system bus", root.show("/"));
+        }
         log::info!(
             "asking update_engine for an OS update (AttemptUpdate), waiting up to {}s",
             a.update_timeout
@@ -418,7 +490,7 @@ fn stage_runtime(
             Source::Vendored(p) => {
                 log::info!("{file} for OS {os}: shipped in its /usr ({p}), nothing to download")
             }
-            Source::Remote { url, digest } if dry_run => log::info!(
+            Source::Remote { url, digest } if dry_run => println!(
                 "plan: fetch {url} ({digest}) into {}",
                 root.show(&format!("{}/{os}/{file}", torcx::USER_STORE))
             ),
@@ -443,7 +515,7 @@ fn stage_runtime(
     // 8. Profile and next-profile.
     let (profile, why) = torcx::choose_profile(root, profile_default)?;
     if dry_run {
-        log::info!(
+        println!(
             "plan: profile {profile} ({why}) gets {RUNTIME}:{version}, selected as next-profile"
         );
     } else {
@@ -468,7 +540,7 @@ fn write_kubelet_env(root: &Root, a: &Bootstrap, k8s: &str) -> Result<()> {
     env.set("KUBELET_IMAGE_TAG", &k8s.replace('+', "_"));
     let out = root.show(&a.kubelet_env_path);
     if a.dry_run {
-        log::info!("plan: write {out}:\n{}", env.render().trim_end());
+        println!("plan: write {out}:\n{}", env.render().trim_end());
         return Ok(());
     }
     root.write_atomic(&a.kubelet_env_path, env.render().as_bytes(), 0o644)?;
@@ -499,32 +571,33 @@ pub fn reboot_reasons(
     r
 }
 
-fn reboot(
-    root: &Root,
-    rebooter: &dyn Rebooter,
-    reason: &str,
-    runtime_changes: bool,
-    dry_run: bool,
-) -> Result<()> {
-    if runtime_changes {
-        if dry_run {
-            log::info!(
-                "plan: install {} to wipe /var/lib/docker at shutdown",
-                torcx::CLEANUP_UNIT
-            );
-        } else {
-            torcx::install_cleanup_unit(root)?;
-            log::info!(
-                "installed {} in {}: /var/lib/docker is wiped at shutdown (docker cannot downgrade its data)",
-                torcx::CLEANUP_UNIT,
-                root.show("/run/systemd/system")
-            );
-            if rebooter.is_real() {
-                dbus::systemd_reload()?;
-            }
-        }
+/// Whether the runtime torcx applied in this boot is not the one now staged, so docker's data
+/// dir (which cannot be downgraded) must be wiped at the shutdown before the reboot. In the
+/// initramfs torcx has not run (`applied` is `None`): nothing to wipe.
+pub fn runtime_changes(applied: Option<&Option<String>>, chosen: Option<&str>) -> bool {
+    matches!((applied, chosen), (Some(a), Some(c)) if a.as_deref() != Some(c))
+}
+
+/// Install the docker cleanup unit in /run and make systemd load it (only on the system we run
+/// on: another root's systemd is not ours to reload).
+fn install_cleanup(root: &Root, dry_run: bool) -> Result<()> {
+    if dry_run {
+        println!(
+            "plan: install {} to wipe /var/lib/docker at shutdown",
+            torcx::CLEANUP_UNIT
+        );
+        return Ok(());
     }
-    rebooter.reboot(reason)
+    torcx::install_cleanup_unit(root)?;
+    log::info!(
+        "installed {} in {}: /var/lib/docker is wiped at shutdown (docker cannot downgrade its data)",
+        torcx::CLEANUP_UNIT,
+        root.show("/run/systemd/system")
+    );
+    if root.is_host() {
+        dbus::systemd_reload()?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -570,11 +643,31 @@ mod tests {
     }
 
     #[test]
-    fn the_rebooter_is_injected() {
-        let rec = crate::reboot::testing::Recorder::default();
-        let p = std::env::temp_dir();
-        let root = Root::open(&p).unwrap();
-        reboot(&root, &rec, "OS update", false, false).unwrap();
-        assert_eq!(*rec.0.borrow(), vec!["OS update".to_string()]);
+    fn wipe_only_when_the_applied_runtime_differs() {
+        let cl = Some("com.coreos.cl".to_string());
+        let same = Some("17.03".to_string());
+        assert!(runtime_changes(Some(&cl), Some("17.03")));
+        assert!(runtime_changes(Some(&None), Some("17.03")));
+        // An OS update with the same runtime: reboot, but keep /var/lib/docker.
+        assert!(!runtime_changes(Some(&same), Some("17.03")));
+        assert!(!runtime_changes(None, Some("17.03")));
+        assert!(!runtime_changes(Some(&cl), None));
+    }
+
+    #[test]
+    fn only_the_host_root_gets_the_real_rebooter() {
+        let tmp = Root::open(&std::env::temp_dir()).unwrap();
+        let host = Root::open(std::path::Path::new("/")).unwrap();
+        // Constructing is harmless; none of these is ever asked to reboot here.
+        assert!(!crate::reboot::for_run(&tmp, true, false).is_real());
+        assert!(
+            !crate::reboot::for_run(&host, true, true).is_real(),
+            "--dry-run"
+        );
+        assert!(
+            !crate::reboot::for_run(&host, false, false).is_real(),
+            "--reboot=never"
+        );
+        assert!(crate::reboot::for_run(&host, true, false).is_real());
     }
 }

@@ -86,35 +86,41 @@ fn unavailable(e: &zbus::Error) -> bool {
     }
 }
 
-fn classify(r: zbus::Result<Update>) -> Result<Update> {
-    match r {
-        Ok(u) => Ok(u),
-        Err(e) if unavailable(&e) => Ok(Update::Unavailable(e.to_string())),
-        Err(e) => Err(Error::failed(format!(
+fn classify(e: zbus::Error) -> Result<Update> {
+    if unavailable(&e) {
+        Ok(Update::Unavailable(e.to_string()))
+    } else {
+        Err(Error::failed(format!(
             "update_engine (com.coreos.update1 on the system bus): {e}"
-        ))),
+        )))
     }
 }
 
-fn settled(s: &Status) -> Option<Update> {
+/// What a status says: `Ok(None)` while update_engine is still busy. A reboot-needed status
+/// must name the version it installed: stores are staged for it.
+fn verdict(s: &Status) -> Result<Option<Update>> {
     match s.operation.as_str() {
-        NEED_REBOOT if !s.new_version.is_empty() => Some(Update::Pending(s.new_version.clone())),
-        IDLE => Some(Update::None(s.operation.clone())),
-        _ => None,
+        NEED_REBOOT if crate::torcx::plain_name(&s.new_version) => Ok(Some(Update::Pending(s.new_version.clone()))),
+        NEED_REBOOT => Err(Error::failed(format!(
+            "update_engine reports {NEED_REBOOT} with new_version {:?}, which is not a plain version",
+            s.new_version
+        ))),
+        IDLE => Ok(Some(Update::None(s.operation.clone()))),
+        _ => Ok(None),
     }
 }
 
 /// One `GetStatus`: the next version if an update waits for a reboot.
 pub fn update_status() -> Result<Update> {
-    classify(zbus::block_on(async {
+    let s = zbus::block_on(async {
         let conn = Connection::system().await?;
         let ue = UpdateEngineProxy::new(&conn).await?;
-        let s = Status::from(ue.get_status().await?);
-        Ok(match s.operation.as_str() {
-            NEED_REBOOT if !s.new_version.is_empty() => Update::Pending(s.new_version),
-            _ => Update::None(s.operation),
-        })
-    }))
+        Ok(Status::from(ue.get_status().await?))
+    });
+    match s {
+        Ok(s) => Ok(verdict(&s)?.unwrap_or(Update::None(s.operation))),
+        Err(e) => classify(e),
+    }
 }
 
 /// `AttemptUpdate` and wait until update_engine settles (reboot needed, or idle), at most
@@ -136,20 +142,17 @@ pub fn attempt_update(deadline: Duration, poll: Duration) -> Result<Update> {
         let mut last_logged = String::new();
         loop {
             if status.operation != last_logged {
+                let pct = status.progress * 100.0;
                 log::info!(
-                    "update_engine: {} {} ({:.0}%)",
+                    "update_engine: {} {} ({pct:.0}%)",
                     status.operation,
-                    status.new_version,
-                    status.progress * 100.0
+                    status.new_version
                 );
                 last_logged = status.operation.clone();
             }
-            if let Some(u) = settled(&status) {
-                return Ok(Ok(u));
-            }
             let now = Instant::now();
-            if now >= end {
-                return Ok(Err(status));
+            if status.operation == NEED_REBOOT || status.operation == IDLE || now >= end {
+                return Ok(status);
             }
             match rt.timeout(poll.min(end - now), next(&mut signals)).await {
                 Ok(Some(sig)) => {
@@ -164,15 +167,17 @@ pub fn attempt_update(deadline: Duration, poll: Duration) -> Result<Update> {
             }
         }
     });
-    match r {
-        Ok(Err(last)) => Err(Error::failed(format!(
+    let last = match r {
+        Ok(s) => s,
+        Err(e) => return classify(e),
+    };
+    verdict(&last)?.ok_or_else(|| {
+        Error::failed(format!(
             "update_engine did not settle within {}s (last status {})",
             deadline.as_secs(),
             last.operation
-        ))),
-        Ok(Ok(u)) => Ok(u),
-        Err(e) => classify(Err(e)),
-    }
+        ))
+    })
 }
 
 /// The next item of a stream (futures-util's `StreamExt::next`, which is not in our tree).

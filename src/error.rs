@@ -34,9 +34,6 @@ impl Error {
             msg: msg.into(),
         }
     }
-    pub fn kind(&self) -> Kind {
-        self.kind
-    }
     pub fn exit_code(&self) -> i32 {
         match self.kind {
             Kind::Failed => 1,
@@ -63,16 +60,12 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-/// `.ctx("reading <file>")` on any error that displays: the message names the input first.
+/// `.with_ctx(|| path)` on any fallible call: the message names the input first.
 pub trait Context<T> {
-    fn ctx(self, what: impl fmt::Display) -> Result<T>;
     fn with_ctx<D: fmt::Display>(self, what: impl FnOnce() -> D) -> Result<T>;
 }
 
 impl<T, E: Into<Error>> Context<T> for std::result::Result<T, E> {
-    fn ctx(self, what: impl fmt::Display) -> Result<T> {
-        self.map_err(|e| e.into().context(what))
-    }
     fn with_ctx<D: fmt::Display>(self, what: impl FnOnce() -> D) -> Result<T> {
         self.map_err(|e| e.into().context(what()))
     }

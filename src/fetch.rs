@@ -123,21 +123,18 @@ pub struct Http {
     pub retry: Retry,
 }
 
+/// A GET request (all nodestrap needs so far).
 pub struct Request<'a> {
-    pub method: &'a str,
     pub url: &'a str,
     /// Header values may be secrets: they are never logged.
-    pub headers: Vec<(&'a str, String)>,
-    pub body: Option<(&'a str, Vec<u8>)>,
+    pub headers: Vec<(&'static str, String)>,
 }
 
 impl<'a> Request<'a> {
     pub fn get(url: &'a str) -> Self {
         Request {
-            method: "GET",
             url,
             headers: Vec::new(),
-            body: None,
         }
     }
 }
@@ -194,41 +191,22 @@ impl Http {
         &self,
         req: &Request,
     ) -> std::result::Result<ureq::http::Response<ureq::Body>, ureq::Error> {
-        let mut b = ureq::http::Request::builder()
-            .method(req.method)
-            .uri(req.url);
+        let mut r = self.agent.get(req.url);
         for (k, v) in &req.headers {
-            b = b.header(*k, v.as_str());
+            r = r.header(*k, v.as_str());
         }
-        match &req.body {
-            Some((ctype, body)) => {
-                let r = b
-                    .header("Content-Type", *ctype)
-                    .body(body.clone())
-                    .map_err(ureq::Error::Http)?;
-                self.agent.run(r)
-            }
-            None => {
-                let r = b.body(()).map_err(ureq::Error::Http)?;
-                self.agent.run(r)
-            }
-        }
+        r.call()
     }
 
     /// A request whose body is read whole (at most `cap` bytes), retried as a unit.
     pub fn fetch(&self, req: &Request, cap: u64) -> Result<Vec<u8>> {
-        self.fetch_retrying_on(req, cap, &[])
-    }
-
-    /// `fetch`, also retrying the given statuses (409 for a Kubernetes update conflict).
-    pub fn fetch_retrying_on(&self, req: &Request, cap: u64, also: &[u16]) -> Result<Vec<u8>> {
-        let what = format!("{} {}", req.method, req.url);
+        let what = format!("GET {}", req.url);
         self.retrying(&what, || {
             let mut resp = match self.call(req) {
                 Ok(r) => r,
                 Err(e) => return classify_transport(&what, e),
             };
-            if let Some(a) = status_attempt(&what, &mut resp, also) {
+            if let Some(a) = status_attempt(&what, &mut resp) {
                 return a;
             }
             match resp.body_mut().with_config().limit(cap).read_to_vec() {
@@ -258,38 +236,30 @@ impl Http {
                 Ok(r) => r,
                 Err(e) => return classify_transport(&what, e),
             };
-            if let Some(a) = status_attempt(&what, &mut resp, &[]) {
+            if let Some(a) = status_attempt(&what, &mut resp) {
                 return a;
             }
             let total = resp.body().content_length();
             if let Some(t) = total.filter(|t| *t > cap) {
-                return Attempt::Final(Error::failed(format!("{what}: {t} bytes is over the {cap}-byte limit")));
-            }
-            let mut tmp = match dir.create_temp(name, 0o644) {
-                Ok(t) => t,
-                Err(e) => return Attempt::Final(e),
-            };
-            let body = resp.body_mut().with_config().limit(cap).reader();
-            let mut progress = Progress::new(body, url, total);
-            let mut hasher = digest.hasher();
-            let n = match copy_hashing(&mut progress, &mut hasher, tmp.file()) {
-                Ok(n) => n,
-                Err(CopyError::Read(e)) => return Attempt::Retry(Error::failed(format!("{what}: reading body: {e}"))),
-                Err(CopyError::Write(e)) => {
-                    return Attempt::Final(Error::failed(format!("writing {}: {e}", dir.show(name))))
-                }
-            };
-            let got = hasher.finish_hex();
-            if got != digest.hex {
-                // The bytes arrived intact over TLS, so trying again would fetch the same ones.
                 return Attempt::Final(Error::failed(format!(
-                    "{what}: hash mismatch: computed {}-{got} but the signed manifest says {digest}",
-                    digest.to_string().split('-').next().unwrap_or("sha512")
+                    "{what}: {t} bytes is over the {cap}-byte limit"
                 )));
             }
-            match tmp.persist() {
-                Ok(()) => Attempt::Done(n),
-                Err(e) => Attempt::Final(e),
+            let body = resp.body_mut().with_config().limit(cap).reader();
+            let mut progress = Progress::new(body, url, total);
+            match write_verified(dir, name, digest, &mut progress) {
+                Ok(n) => Attempt::Done(n),
+                Err(Staging::Read(e)) if over_limit(&e) => Attempt::Final(Error::failed(format!(
+                    "{what}: body over the {cap}-byte limit"
+                ))),
+                Err(Staging::Read(e)) => {
+                    Attempt::Retry(Error::failed(format!("{what}: reading body: {e}")))
+                }
+                Err(Staging::Write(e)) => Attempt::Final(e),
+                // The bytes arrived intact over TLS, so trying again would fetch the same ones.
+                Err(Staging::Mismatch(got)) => Attempt::Final(Error::failed(format!(
+                    "{what}: hash mismatch: computed {got} but the signed manifest says {digest}"
+                ))),
             }
         })
     }
@@ -320,7 +290,6 @@ fn classify_transport<T>(what: &str, e: ureq::Error) -> Attempt<T> {
 fn status_attempt<T>(
     what: &str,
     resp: &mut ureq::http::Response<ureq::Body>,
-    also: &[u16],
 ) -> Option<Attempt<T>> {
     let status = resp.status();
     if status.is_success() {
@@ -339,13 +308,11 @@ fn status_attempt<T>(
         detail.map(|d| format!(": {d}")).unwrap_or_default()
     );
     let code = status.as_u16();
-    Some(
-        if code == 408 || code == 429 || status.is_server_error() || also.contains(&code) {
-            Attempt::Retry(Error::failed(msg))
-        } else {
-            Attempt::Final(Error::failed(msg))
-        },
-    )
+    Some(if code == 408 || code == 429 || status.is_server_error() {
+        Attempt::Retry(Error::failed(msg))
+    } else {
+        Attempt::Final(Error::failed(msg))
+    })
 }
 
 /// The Kubernetes `Status.message` of an error body, or its first line of text.
@@ -392,6 +359,46 @@ pub fn copy_hashing(
         w.write_all(&buf[..filled]).map_err(CopyError::Write)?;
         total += filled as u64;
     }
+}
+
+pub enum Staging {
+    /// Reading the source failed (for a download: worth another attempt).
+    Read(io::Error),
+    /// Creating, writing or persisting the file failed.
+    Write(Error),
+    /// The content is not what the digest says; carries the computed digest.
+    Mismatch(String),
+}
+
+/// Stream `r` into a temp file in `dir` while hashing; only content that matches `digest` is
+/// fsynced and renamed to `name`. Otherwise the temp file is removed and `name` is untouched.
+pub fn write_verified(
+    dir: &Dir,
+    name: &str,
+    digest: &Digest,
+    r: &mut impl Read,
+) -> std::result::Result<u64, Staging> {
+    let mut tmp = dir.create_temp(name, 0o644).map_err(Staging::Write)?;
+    let mut hasher = digest.hasher();
+    let n = match copy_hashing(r, &mut hasher, tmp.file()) {
+        Ok(n) => n,
+        Err(CopyError::Read(e)) => return Err(Staging::Read(e)),
+        Err(CopyError::Write(e)) => {
+            return Err(Staging::Write(Error::from(e).context(dir.show(name))))
+        }
+    };
+    let got = hasher.finish_hex();
+    if got != digest.hex {
+        return Err(Staging::Mismatch(format!("{}-{got}", digest.algo_name())));
+    }
+    tmp.persist().map_err(Staging::Write)?;
+    Ok(n)
+}
+
+fn over_limit(e: &io::Error) -> bool {
+    e.get_ref()
+        .and_then(|i| i.downcast_ref::<ureq::Error>())
+        .is_some_and(|u| matches!(u, ureq::Error::BodyExceedsLimit(_)))
 }
 
 /// Logs a progress line every few seconds on long downloads, and a summary when one was shown.

@@ -1,5 +1,5 @@
-//! A small Kubernetes API client: kubeconfig (or the in-cluster service account), `GET
-//! /version`, ConfigMaps, and Nodes (get, merge-patch). Credentials never reach a log line.
+//! A small Kubernetes API client: a kubeconfig on the node, `GET /version` and ConfigMaps.
+//! Credentials never reach a log line.
 
 use std::time::Duration;
 
@@ -25,8 +25,6 @@ pub struct ApiRetry {
     pub tries: u32,
     pub delay: Duration,
 }
-
-const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 impl Kube {
     /// Client from a kubeconfig that lives on the node (`node_path` under `root`); files it
@@ -91,35 +89,6 @@ impl Kube {
         Ok(Some(Kube::new(&kc.server, tls, token, name, retry)?))
     }
 
-    /// Client from the pod's service account, as client-go's in-cluster config does.
-    pub fn in_cluster(retry: ApiRetry) -> Result<Kube> {
-        let host = std::env::var("KUBERNETES_SERVICE_HOST").map_err(|_| {
-            Error::config(
-                "no --kubeconfig given and KUBERNETES_SERVICE_HOST is not set (not in a pod?)",
-            )
-        })?;
-        let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
-        let host = if host.contains(':') {
-            format!("[{host}]")
-        } else {
-            host
-        };
-        let token_path = format!("{SA_DIR}/token");
-        let token = std::fs::read_to_string(&token_path)
-            .map_err(|e| Error::failed(format!("{token_path}: {e}")))?;
-        let ca_path = format!("{SA_DIR}/ca.crt");
-        let ca = std::fs::read(&ca_path).map_err(|e| Error::failed(format!("{ca_path}: {e}")))?;
-        let mut tls = Tls::default();
-        tls.add_pem(&ca, &ca_path)?;
-        Kube::new(
-            &format!("https://{host}:{port}"),
-            tls,
-            Some(token.trim().to_string()),
-            "in-cluster service account".into(),
-            retry,
-        )
-    }
-
     fn new(
         server: &str,
         tls: Tls,
@@ -148,27 +117,17 @@ impl Kube {
         })
     }
 
-    fn request<'a>(
-        &'a self,
-        method: &'a str,
-        url: &'a str,
-        body: Option<(&'a str, Vec<u8>)>,
-    ) -> Request<'a> {
+    fn request<'a>(&self, url: &'a str) -> Request<'a> {
         let mut headers = vec![("Accept", "application/json".to_string())];
         if let Some(t) = &self.token {
             headers.push(("Authorization", format!("Bearer {t}")));
         }
-        Request {
-            method,
-            url,
-            headers,
-            body,
-        }
+        Request { url, headers }
     }
 
     fn get_json(&self, path: &str) -> Result<serde_json::Value> {
         let url = format!("{}{path}", self.server);
-        let body = self.http.fetch(&self.request("GET", &url, None), 8 << 20)?;
+        let body = self.http.fetch(&self.request(&url), 8 << 20)?;
         serde_json::from_slice(&body)
             .map_err(|e| Error::failed(format!("GET {url}: invalid JSON: {e}")))
     }
@@ -203,26 +162,6 @@ impl Kube {
             ))),
         }
     }
-
-    pub fn get_node(&self, name: &str) -> Result<serde_json::Value> {
-        self.get_json(&format!("/api/v1/nodes/{name}"))
-    }
-
-    /// JSON merge patch of a Node. A 409 conflict is retried, as the API asks.
-    pub fn patch_node(&self, name: &str, patch: &serde_json::Value) -> Result<serde_json::Value> {
-        let url = format!("{}/api/v1/nodes/{name}", self.server);
-        let req = self.request(
-            "PATCH",
-            &url,
-            Some((
-                "application/merge-patch+json",
-                patch.to_string().into_bytes(),
-            )),
-        );
-        let body = self.http.fetch_retrying_on(&req, 8 << 20, &[409])?;
-        serde_json::from_slice(&body)
-            .map_err(|e| Error::failed(format!("PATCH {url}: invalid JSON: {e}")))
-    }
 }
 
 fn b64(s: &str, name: &str, field: &str) -> Result<Vec<u8>> {
@@ -253,8 +192,8 @@ fn client_cert(cert_pem: &[u8], key_pem: &[u8], name: &str) -> Result<ClientCert
     Ok(ClientCert::new_with_certs(&certs, key))
 }
 
-/// The fields of a kubeconfig that matter for one connection.
-#[derive(Debug, Default, PartialEq)]
+/// The fields of a kubeconfig that matter for one connection. Not `Debug`: it holds secrets.
+#[derive(Default, PartialEq)]
 pub struct Kubeconfig {
     pub server: String,
     pub ca_data: Option<String>,
@@ -265,6 +204,19 @@ pub struct Kubeconfig {
     pub key_file: Option<String>,
     pub token: Option<String>,
     pub token_file: Option<String>,
+}
+
+impl std::fmt::Debug for Kubeconfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redacted = |o: &Option<String>| o.as_ref().map(|_| "<redacted>");
+        f.debug_struct("Kubeconfig")
+            .field("server", &self.server)
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_data", &redacted(&self.key_data))
+            .field("token", &redacted(&self.token))
+            .finish_non_exhaustive()
+    }
 }
 
 impl Kubeconfig {

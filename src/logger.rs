@@ -10,8 +10,10 @@ struct Logger {
 }
 
 impl log::Log for Logger {
+    /// Only our own records: ureq, rustls and zbus log wire details (request headers with
+    /// credentials among them) at debug and trace.
     fn enabled(&self, m: &log::Metadata) -> bool {
-        m.level() <= log::max_level()
+        m.level() <= log::max_level() && m.target().starts_with("nodestrap")
     }
 
     fn log(&self, r: &log::Record) {
@@ -66,7 +68,6 @@ pub fn parse_level(s: &str) -> Option<log::LevelFilter> {
         "warn" | "warning" => log::LevelFilter::Warn,
         "info" => log::LevelFilter::Info,
         "debug" => log::LevelFilter::Debug,
-        "trace" => log::LevelFilter::Trace,
         _ => return None,
     })
 }

@@ -53,10 +53,7 @@ fn run() -> i32 {
         return 2;
     };
     logger::init(level);
-    let result = match &cli.cmd {
-        cli::Cmd::Bootstrap(b) => bootstrap::run(b),
-    };
-    match result {
+    match bootstrap::run(b) {
         Ok(()) => 0,
         Err(e) => {
             log::error!("{e}");

@@ -10,7 +10,8 @@ use crate::root::Root;
 pub trait Rebooter {
     /// Reboot for `reason`. The real executor does not return on success.
     fn reboot(&self, reason: &str) -> Result<()>;
-    /// Whether this executor really reboots (and so whether a daemon-reload makes sense).
+    /// Whether this executor really reboots (tests check the gate with it).
+    #[cfg(test)]
     fn is_real(&self) -> bool;
 }
 
@@ -29,6 +30,7 @@ impl Rebooter for Systemd {
             "reboot was queued but the node is still up after 10 minutes",
         ))
     }
+    #[cfg(test)]
     fn is_real(&self) -> bool {
         true
     }
@@ -42,6 +44,7 @@ impl Rebooter for Decline {
         log::warn!("reboot needed ({reason}); not rebooting: {}", self.0);
         Ok(())
     }
+    #[cfg(test)]
     fn is_real(&self) -> bool {
         false
     }
@@ -58,25 +61,5 @@ pub fn for_run(root: &Root, allow: bool, dry_run: bool) -> Box<dyn Rebooter> {
         ))
     } else {
         Box::new(Systemd)
-    }
-}
-
-#[cfg(test)]
-pub mod testing {
-    use super::*;
-    use std::cell::RefCell;
-
-    /// Records reboot requests instead of acting on them.
-    #[derive(Default)]
-    pub struct Recorder(pub RefCell<Vec<String>>);
-
-    impl Rebooter for Recorder {
-        fn reboot(&self, reason: &str) -> Result<()> {
-            self.0.borrow_mut().push(reason.to_string());
-            Ok(())
-        }
-        fn is_real(&self) -> bool {
-            false
-        }
     }
 }

@@ -6,11 +6,9 @@
 //! follow a name: they create a fresh temp file with `O_EXCL` in the already-resolved target
 //! directory and `renameat` it over the final name.
 
-use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
@@ -135,19 +133,23 @@ impl Root {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Error::from(e).context(shown)),
         }
-        // mkdir -p, one component at a time, each parent resolved inside the root.
+        // mkdir -p, one component at a time, each parent resolved inside the root. A new entry
+        // is fsynced into its parent: it must survive a crash as much as the files put in it.
+        let ro = OFlags::RDONLY | OFlags::DIRECTORY;
         let mut prefix = String::new();
         let mut parent = self
-            .resolve("/", dir_flags, Mode::empty())
+            .resolve("/", ro, Mode::empty())
             .with_ctx(|| self.show("/"))?;
         for comp in node_path.split('/').filter(|c| !c.is_empty() && *c != ".") {
             prefix.push('/');
             prefix.push_str(comp);
-            match self.resolve(&prefix, dir_flags, Mode::empty()) {
+            match self.resolve(&prefix, ro, Mode::empty()) {
                 Ok(fd) => parent = fd,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     match rustix::fs::mkdirat(&parent, comp, Mode::from_raw_mode(0o755)) {
-                        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                        Ok(()) => rustix::fs::fsync(&parent)
+                            .with_ctx(|| format!("fsync parent of {}", self.show(&prefix)))?,
+                        Err(rustix::io::Errno::EXIST) => {}
                         Err(e) => {
                             return Err(
                                 Error::from(e).context(format!("creating {}", self.show(&prefix)))
@@ -155,7 +157,7 @@ impl Root {
                         }
                     }
                     parent = self
-                        .resolve(&prefix, dir_flags, Mode::empty())
+                        .resolve(&prefix, ro, Mode::empty())
                         .with_ctx(|| self.show(&prefix))?;
                 }
                 Err(e) => return Err(Error::from(e).context(self.show(&prefix))),
@@ -241,6 +243,7 @@ impl Dir {
     /// A new temp file in this directory that becomes `name` on `persist`, and vanishes if
     /// dropped first: the final name only ever holds complete, verified content.
     pub fn create_temp(&self, name: &str, mode: u32) -> Result<TempFile<'_>> {
+        self.sweep_temps(name);
         let mut rnd = [0u8; 6];
         rustix::rand::getrandom(&mut rnd, rustix::rand::GetRandomFlags::empty()).ok();
         let tmp = format!(".{name}.nodestrap-{}", hex(&rnd));
@@ -267,13 +270,12 @@ impl Dir {
         t.persist()
     }
 
-    /// Remove leftovers of runs that were killed between create_temp and persist.
-    pub fn sweep_temps(&self) {
+    /// Remove temp files for `name` left by a run killed between create_temp and persist
+    /// (a 4 GiB image must not linger because a unit was restarted mid-download).
+    fn sweep_temps(&self, name: &str) {
+        let prefix = format!(".{name}.nodestrap-");
         if let Ok(names) = self.entries() {
-            for n in names
-                .iter()
-                .filter(|n| n.starts_with('.') && n.contains(".nodestrap-"))
-            {
+            for n in names.iter().filter(|n| n.starts_with(&prefix)) {
                 if rustix::fs::unlinkat(&self.fd, n.as_str(), AtFlags::empty()).is_ok() {
                     log::info!("removed stale temp file {}", self.show(n));
                 }
@@ -292,45 +294,12 @@ impl Dir {
         rustix::fs::fsync(&fd).with_ctx(|| format!("fsync {}", self.shown))
     }
 
-    /// Remove a directory tree directly below this directory, never following symlinks.
-    pub fn remove_tree(&self, name: &str) -> Result<()> {
-        remove_tree_at(&self.fd, name.as_ref()).with_ctx(|| self.show(name))?;
-        self.fsync()
-    }
-
     pub fn symlink(&self, target: &str, name: &str) -> Result<()> {
         match rustix::fs::symlinkat(target, &self.fd, name) {
             Ok(()) | Err(rustix::io::Errno::EXIST) => Ok(()),
             Err(e) => Err(Error::from(e).context(self.show(name))),
         }
     }
-}
-
-fn remove_tree_at(parent: &impl AsFd, name: &OsStr) -> io::Result<()> {
-    let st = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)?;
-    if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
-        let fd = rustix::fs::openat(
-            parent,
-            name,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
-        let mut names = Vec::new();
-        for ent in rustix::fs::Dir::read_from(&fd)? {
-            let ent = ent?;
-            let n = ent.file_name().to_bytes();
-            if n != b"." && n != b".." {
-                names.push(OsStr::from_bytes(n).to_owned());
-            }
-        }
-        for n in names {
-            remove_tree_at(&fd, &n)?;
-        }
-        rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)?;
-    } else {
-        rustix::fs::unlinkat(parent, name, AtFlags::empty())?;
-    }
-    Ok(())
 }
 
 pub struct TempFile<'a> {
@@ -445,10 +414,16 @@ mod tests {
             t.write_all(b"partial").unwrap();
         }
         assert!(d.entries().unwrap().is_empty());
+        // A temp left by a killed run is removed when the same file is written again.
+        std::fs::write(p.join("a/b/.f.nodestrap-0123456789ab"), "stale").unwrap();
+        std::fs::write(p.join("a/b/.g.nodestrap-0123456789ab"), "other file's").unwrap();
         let mut t = d.create_temp("f", 0o640).unwrap();
         t.write_all(b"done").unwrap();
         t.persist().unwrap();
-        assert_eq!(d.entries().unwrap(), vec!["f".to_string()]);
+        assert_eq!(
+            d.entries().unwrap(),
+            vec![".g.nodestrap-0123456789ab".to_string(), "f".to_string()]
+        );
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(
             std::fs::metadata(p.join("a/b/f"))

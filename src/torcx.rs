@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Context, Error, Result};
-use crate::fetch::{copy_hashing, CopyError, Http};
+use crate::fetch::{write_verified, Http, Staging};
 use crate::root::Root;
 use crate::verify::Digest;
 
@@ -35,8 +35,6 @@ pub struct PackageListValue {
 #[derive(Debug, Deserialize)]
 pub struct Package {
     pub name: String,
-    #[serde(rename = "defaultVersion", default)]
-    pub default_version: Option<String>,
     #[serde(default)]
     pub versions: Vec<PackageVersion>,
 }
@@ -187,7 +185,6 @@ pub fn stage_image(
     let file = image_file(name, version);
     let store = format!("{USER_STORE}/{os_version}");
     let dir = root.dir(&store, true)?.expect("created");
-    dir.sweep_temps();
     if let Some(f) = root.open_file(&dir.node_path(&file))? {
         if digest.matches(f).with_ctx(|| dir.show(&file))? {
             return Ok(Staged::Kept);
@@ -196,22 +193,16 @@ pub fn stage_image(
     }
     // The same image staged for another OS version (the hook stages current and next).
     for other in local_copies(root, &file, &store)? {
-        if let Some(mut f) = root.open_file(&other)? {
-            let mut t = dir.create_temp(&file, 0o644)?;
-            let mut h = digest.hasher();
-            if let Err(CopyError::Read(e) | CopyError::Write(e)) =
-                copy_hashing(&mut f, &mut h, t.file())
-            {
-                return Err(Error::from(e).context(format!(
-                    "copying {} to {}",
-                    root.show(&other),
-                    dir.show(&file)
-                )));
+        let Some(mut f) = root.open_file(&other)? else {
+            continue;
+        };
+        match write_verified(&dir, &file, digest, &mut f) {
+            Ok(_) => return Ok(Staged::Copied(root.show(&other))),
+            Err(Staging::Mismatch(_)) => {
+                log::debug!("{} does not match {digest}", root.show(&other))
             }
-            if h.finish_hex() == digest.hex {
-                t.persist()?;
-                return Ok(Staged::Copied(root.show(&other)));
-            }
+            Err(Staging::Read(e)) => return Err(Error::from(e).context(root.show(&other))),
+            Err(Staging::Write(e)) => return Err(e),
         }
     }
     http.download(url, &dir, &file, digest, IMAGE_CAP)
@@ -342,24 +333,6 @@ pub fn applied_reference(root: &Root, image: &str) -> Result<Option<Option<Strin
                 .map(str::to_string),
         )),
     }
-}
-
-/// Remove versioned stores for OS versions older than `current` (the hook's GC).
-pub fn gc_stores(root: &Root, current: &str) -> Result<Vec<String>> {
-    let Some(d) = root.dir(USER_STORE, false)? else {
-        return Ok(Vec::new());
-    };
-    let mut removed = Vec::new();
-    for e in d.entries()? {
-        let is_version = e.split('.').count() == 3
-            && e.split('.')
-                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
-        if is_version && os_version_cmp(&e, current) == Some(std::cmp::Ordering::Less) {
-            d.remove_tree(&e)?;
-            removed.push(d.show(&e));
-        }
-    }
-    Ok(removed)
 }
 
 /// The runtime unit that wipes docker's data dir at shutdown when the runtime version changes

@@ -165,14 +165,19 @@ impl Digest {
     }
 }
 
-impl std::fmt::Display for Digest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let a = match self.algo {
+impl Digest {
+    pub fn algo_name(&self) -> &'static str {
+        match self.algo {
             Algo::Sha256 => "sha256",
             Algo::Sha384 => "sha384",
             Algo::Sha512 => "sha512",
-        };
-        write!(f, "{a}-{}", self.hex)
+        }
+    }
+}
+
+impl std::fmt::Display for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.algo_name(), self.hex)
     }
 }
 

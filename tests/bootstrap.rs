@@ -334,7 +334,9 @@ fn bearer_token_kubeconfig_and_secrets_stay_out_of_logs() {
     w2.write("/etc/kubernetes/ca.pem", &w.ca.pem);
     w2.write("/etc/kubernetes/token", "wrong-token\n");
     let before = api.seen().len();
-    let r2 = w2.run();
+    let mut args = w2.args();
+    args.push("--verbose=debug".into());
+    let r2 = nodestrap(&args, None, &[]);
     r2.assert_ok();
     assert!(r2.stderr.contains("HTTP 401"), "{}", r2.stderr);
     assert_eq!(
@@ -381,7 +383,22 @@ fn api_server_without_the_configmap_falls_back_to_the_file() {
     let r = w.run();
     r.assert_ok();
     assert!(r.stdout.contains("docker=17.06"), "{}", r.stdout);
-    assert!(r.stderr.contains("runtime-mappings.yaml)"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("runtime mappings from the API unavailable")
+            && r.stderr.contains("HTTP 404"),
+        "{}",
+        r.stderr
+    );
+    let file = w.path("/etc/kubernetes/installer/runtime-mappings.yaml");
+    assert!(
+        r.stderr.contains(&format!(
+            "docker versions for Kubernetes v1.10.2+coreos.0: 17.06, 17.03 (from {})",
+            file.display()
+        )),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]
@@ -570,15 +587,40 @@ fn existing_user_next_profile_is_reused() {
 #[test]
 fn dry_run_writes_nothing() {
     let mut w = World::new();
-    w.extra.push("--dry-run".into());
+    let mut bus = Bus::start();
+    let calls = w.root.with_extension("calls");
+    bus.update_engine(&[
+        "--on-attempt",
+        "CHECKING_FOR_UPDATE,UPDATED_NEED_REBOOT",
+        "--new-version",
+        NEXT,
+        "--record",
+        calls.to_str().unwrap(),
+    ]);
+    w.extra
+        .extend(["--dry-run".into(), "--upgrade-os=true".into()]);
     w.write(
         "/run/torcx/profile.json",
         r#"{"kind":"profile-manifest-v0","value":{"images":[{"name":"docker","reference":"com.coreos.cl"}]}}"#,
     );
-    let r = w.run();
+    let r = w.run_on(&bus);
     r.assert_ok();
     assert!(r.stdout.contains("bootstrap planned"), "{}", r.stdout);
-    assert!(r.stderr.contains("plan: fetch"), "{}", r.stderr);
+    // A dry run reads update_engine's status but never asks it to update.
+    assert_eq!(std::fs::read_to_string(&calls).unwrap(), "GetStatus\n");
+    for plan in [
+        "plan: fetch",
+        "plan: profile tectonic",
+        "plan: write",
+        "KUBELET_IMAGE_TAG=v1.9.6_coreos.0",
+        "plan: install torcx-docker-cleanup.service",
+    ] {
+        assert!(
+            r.stdout.contains(plan),
+            "{plan:?} missing from\n{}",
+            r.stdout
+        );
+    }
     w.assert_nothing_written();
     assert!(!w.path("/run/systemd/system").exists());
     assert_eq!(w.files.hits("/pkgs/docker-17.03.tgz"), 0);
@@ -884,26 +926,60 @@ fn malformed_kubeconfig() {
 
 #[test]
 fn usage_errors_exit_2() {
-    let w = World::new();
-    let mut a = w.args();
-    a.push("--no-such-flag".into());
-    assert_eq!(nodestrap(&a, None, &[]).code, 2);
-    let mut a = w.args();
-    a.push("--reboot=sometimes".into());
-    assert_eq!(nodestrap(&a, None, &[]).code, 2);
-    let mut w = w;
-    w.keyring = PathBuf::from("/nonexistent/keyring.asc");
-    w.run()
-        .assert_fails(2, "--keyring /nonexistent/keyring.asc");
+    let cases: &[(&[&str], &str)] = &[
+        (&["--no-such-flag"], "Unrecognized argument: --no-such-flag"),
+        (&["--reboot=sometimes"], "expected auto or never"),
+        (&["--verbose=loud"], "--verbose \"loud\""),
+        (
+            &["--torcx-manifest-url=https://x/{{.Channel}}/m.json"],
+            "unknown placeholder",
+        ),
+        (
+            &["--kubelet-env-path=kubelet.env"],
+            "--kubelet-env-path \"kubelet.env\": expected an absolute file path",
+        ),
+        (
+            &["--force-kube-version=garbage"],
+            "--force-kube-version \"garbage\"",
+        ),
+        (
+            &["--update-timeout=18446744073709551615"],
+            "--update-timeout 18446744073709551615: at most",
+        ),
+        (
+            &["--api-retry-delay=99999999"],
+            "--api-retry-delay 99999999: at most",
+        ),
+        (
+            &["--keyring=/nonexistent/keyring.asc"],
+            "--keyring /nonexistent/keyring.asc",
+        ),
+        (
+            &["--ca-file=/nonexistent/ca.pem"],
+            "--ca-file /nonexistent/ca.pem",
+        ),
+    ];
+    for (extra, needle) in cases {
+        let mut w = World::new();
+        w.extra.extend(extra.iter().map(|x| x.to_string()));
+        let r = w.run();
+        assert_eq!(r.code, 2, "{extra:?}: expected exit 2\n{}", r.stderr);
+        assert!(
+            r.stderr.contains(needle),
+            "{extra:?}: {needle:?} not in\n{}",
+            r.stderr
+        );
+        w.assert_nothing_written();
+        assert_eq!(
+            w.files.seen().len(),
+            0,
+            "{extra:?}: no request before the options are checked"
+        );
+    }
+    // A keyring that holds no OpenPGP certificate.
+    let mut w = World::new();
     w.keyring = w.ca_file.clone();
     w.run().assert_fails(2, "keyring");
-    let mut w = World::new();
-    w.extra
-        .push("--torcx-manifest-url=https://x/{{.Channel}}/m.json".into());
-    w.run().assert_fails(2, "unknown placeholder");
-    let mut a = w.args();
-    a.push("--verbose=loud".into());
-    assert_eq!(nodestrap(&a, None, &[]).code, 2);
     w.assert_nothing_written();
 }
 
@@ -938,6 +1014,7 @@ fn journald_priority_prefixes_under_systemd() {
         .env("SSL_CERT_FILE", "/nonexistent")
         .env("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent")
         .env("JOURNAL_STREAM", format!("{}:{}", m.dev(), m.ino()))
+        .stdout(std::process::Stdio::null())
         .stderr(f)
         .status()
         .unwrap();
@@ -952,4 +1029,87 @@ fn journald_priority_prefixes_under_systemd() {
         text.contains("<6>OS version 1520.5.0 board amd64-usr"),
         "{text}"
     );
+}
+
+#[test]
+fn os_update_with_the_same_runtime_reboots_without_wiping_docker() {
+    let w = World::new();
+    let mut bus = Bus::start();
+    bus.update_engine(&[
+        "--status",
+        "UPDATE_STATUS_UPDATED_NEED_REBOOT",
+        "--new-version",
+        NEXT,
+    ]);
+    w.write("/run/torcx/profile.json", r#"{"kind":"profile-manifest-v0","value":{"images":[{"name":"docker","reference":"17.03"}]}}"#);
+    let r = w.run_on(&bus);
+    r.assert_ok();
+    assert!(
+        r.stdout
+            .contains(&format!("reboot=needed (OS update to {NEXT} is pending)")),
+        "{}",
+        r.stdout
+    );
+    assert!(!w
+        .path("/run/systemd/system/torcx-docker-cleanup.service")
+        .exists());
+}
+
+#[test]
+fn a_failing_reboot_step_leaves_no_done_marker() {
+    let w = World::new();
+    w.write("/run/torcx/profile.json", "{not json");
+    w.run()
+        .assert_fails(1, "/run/torcx/profile.json: invalid profile JSON");
+    // The unit must run again: kubelet.env is the done marker.
+    assert!(!w.path("/etc/kubernetes/kubelet.env").exists());
+}
+
+#[test]
+fn hostile_values_from_every_source_are_refused() {
+    // A package name in the signed manifest.
+    let w = World::new();
+    let m = w
+        .manifest(CUR, &["17.03"])
+        .replace("\"name\":\"docker\"", "\"name\":\"../docker\"");
+    w.publish(CUR, &m);
+    w.run()
+        .assert_fails(1, "package name \"../docker\" is not a plain name");
+    w.assert_nothing_written();
+    // VERSION_ID, which names a store directory.
+    let w = World::new();
+    w.write(
+        "/usr/lib/os-release",
+        "ID=flatcar\nVERSION_ID=../../../etc\nCOREOS_BOARD=amd64-usr\n",
+    );
+    w.run().assert_fails(
+        1,
+        "/usr/lib/os-release: VERSION_ID \"../../../etc\" is not a plain version",
+    );
+    w.assert_nothing_written();
+    // update_engine's new_version, which names another one.
+    let w = World::new();
+    let mut bus = Bus::start();
+    bus.update_engine(&[
+        "--status",
+        "UPDATE_STATUS_UPDATED_NEED_REBOOT",
+        "--new-version",
+        "../../boot",
+    ]);
+    w.run_on(&bus).assert_fails(
+        1,
+        "new_version \"../../boot\", which is not a plain version",
+    );
+    w.assert_nothing_written();
+}
+
+#[test]
+fn reboot_needed_without_a_version_is_an_error() {
+    let mut w = World::new();
+    let mut bus = Bus::start();
+    bus.update_engine(&["--on-attempt", "CHECKING_FOR_UPDATE,UPDATED_NEED_REBOOT"]);
+    w.extra.push("--upgrade-os=true".into());
+    w.run_on(&bus)
+        .assert_fails(1, "UPDATE_STATUS_UPDATED_NEED_REBOOT with new_version \"\"");
+    w.assert_nothing_written();
 }

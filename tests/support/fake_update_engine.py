@@ -9,6 +9,7 @@ as coreos/update_engine exposes them.
   --step S              seconds between steps (default 0.1)
   --stale OP            emit this status as a signal just before answering AttemptUpdate
   --silent              do not emit StatusUpdate signals (clients must poll GetStatus)
+  --record FILE         append the name of every method called to FILE
 Prints "ready" once it owns its name."""
 import argparse
 import sys
@@ -29,6 +30,13 @@ ap.add_argument("--on-attempt", default="")
 ap.add_argument("--step", type=float, default=0.1)
 ap.add_argument("--stale", default="")
 ap.add_argument("--silent", action="store_true")
+ap.add_argument("--record", default="")
+
+
+def record(method):
+    if args.record:
+        with open(args.record, "a") as f:
+            f.write(method + "\n")
 args = ap.parse_args()
 
 
@@ -45,6 +53,7 @@ class Manager(dbus.service.Object):
 
     @dbus.service.method(IFACE, in_signature="", out_signature="")
     def AttemptUpdate(self):
+        record("AttemptUpdate")
         if args.stale:
             self.StatusUpdate(dbus.Int64(0), dbus.Double(0), args.stale, "", dbus.Int64(0))
         self.pending = [s for s in args.on_attempt.split(",") if s]
@@ -68,6 +77,7 @@ class Manager(dbus.service.Object):
 
     @dbus.service.method(IFACE, in_signature="", out_signature="xdssx")
     def GetStatus(self):
+        record("GetStatus")
         return self.tuple()
 
     @dbus.service.signal(IFACE, signature="xdssx")
