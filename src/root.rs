@@ -118,6 +118,16 @@ impl Root {
         }
     }
 
+    /// The target of a symlink, or `None` when `node_path` is missing or not a symlink.
+    pub fn read_link(&self, node_path: &str) -> Option<String> {
+        let (dir, name) = split_node_path(node_path)?;
+        let d = self
+            .resolve(dir, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())
+            .ok()?;
+        let t = rustix::fs::readlinkat(&d, name, Vec::new()).ok()?;
+        Some(t.to_string_lossy().into_owned())
+    }
+
     pub fn exists(&self, node_path: &str) -> bool {
         self.resolve(node_path, OFlags::PATH, Mode::empty()).is_ok()
     }
@@ -126,7 +136,8 @@ impl Root {
     /// `None` when it does not exist and `create` is not set.
     pub fn dir(&self, node_path: &str, create: bool) -> Result<Option<Dir>> {
         let shown = self.show(node_path);
-        let dir_flags = OFlags::PATH | OFlags::DIRECTORY;
+        // Readable, not O_PATH: the handle is listed and fsynced.
+        let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY;
         match self.resolve(node_path, dir_flags, Mode::empty()) {
             Ok(fd) => return Ok(Some(self.wrap_dir(fd, node_path))),
             Err(e) if e.kind() == io::ErrorKind::NotFound && create => {}
@@ -135,7 +146,7 @@ impl Root {
         }
         // mkdir -p, one component at a time, each parent resolved inside the root. A new entry
         // is fsynced into its parent: it must survive a crash as much as the files put in it.
-        let ro = OFlags::RDONLY | OFlags::DIRECTORY;
+        let ro = dir_flags;
         let mut prefix = String::new();
         let mut parent = self
             .resolve("/", ro, Mode::empty())
@@ -284,14 +295,7 @@ impl Dir {
     }
 
     pub fn fsync(&self) -> Result<()> {
-        let fd = rustix::fs::openat(
-            &self.fd,
-            ".",
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .with_ctx(|| self.shown.clone())?;
-        rustix::fs::fsync(&fd).with_ctx(|| format!("fsync {}", self.shown))
+        rustix::fs::fsync(&self.fd).with_ctx(|| format!("fsync {}", self.shown))
     }
 
     pub fn symlink(&self, target: &str, name: &str) -> Result<()> {

@@ -324,15 +324,33 @@ pub fn set_profile_image(root: &Root, profile: &str, image: &str, reference: &st
 }
 
 /// What torcx applied in this boot (`/run/torcx/profile.json`), if it ran.
+/// The vendor reference `com.coreos.cl` is resolved through the vendor store's symlink
+/// (`docker:com.coreos.cl.torcx.tgz -> docker:17.06.torcx.tgz`), so a vendor runtime that is the
+/// chosen version does not count as a change.
 pub fn applied_reference(root: &Root, image: &str) -> Result<Option<Option<String>>> {
-    match root.read(APPLIED_PROFILE, crate::root::CONFIG_CAP)? {
-        None => Ok(None),
-        Some(b) => Ok(Some(
-            Profile::parse(&b, &root.show(APPLIED_PROFILE))?
-                .reference(image)
-                .map(str::to_string),
-        )),
+    let Some(b) = root.read(APPLIED_PROFILE, crate::root::CONFIG_CAP)? else {
+        return Ok(None);
+    };
+    let reference = Profile::parse(&b, &root.show(APPLIED_PROFILE))?
+        .reference(image)
+        .map(str::to_string);
+    Ok(Some(
+        reference.map(|r| vendor_version(root, image, &r).unwrap_or(r)),
+    ))
+}
+
+const DEFAULT_REFERENCE: &str = "com.coreos.cl";
+
+fn vendor_version(root: &Root, image: &str, reference: &str) -> Option<String> {
+    if reference != DEFAULT_REFERENCE {
+        return None;
     }
+    let target = root.read_link(&format!("{VENDOR_STORE}{}", image_file(image, reference)))?;
+    let file = target.rsplit('/').next()?;
+    let version = file
+        .strip_prefix(&format!("{image}:"))?
+        .strip_suffix(".torcx.tgz")?;
+    plain_name(version).then(|| version.to_string())
 }
 
 /// The runtime unit that wipes docker's data dir at shutdown when the runtime version changes

@@ -8,14 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 size_mib=${1:-512}
 rounds=${2:-5}
-bin=${NODESTRAP_BIN:-target/x86_64-unknown-linux-musl/release/nodestrap}
-[ -x "$bin" ] || cargo build --release --target x86_64-unknown-linux-musl
-bin=$(realpath "$bin")
 . tests/lib.sh
-
-work=$(mktemp -d /var/tmp/nodestrap-bench.XXXXXX)
-trap 'ns_cleanup; rm -rf "$work"' EXIT
-ns_setup "$work"
+ns_begin bench
 cd "$work"
 os=3033.2.0
 head -c "$((size_mib << 20))" /dev/urandom > payload

@@ -1113,3 +1113,25 @@ fn reboot_needed_without_a_version_is_an_error() {
         .assert_fails(1, "UPDATE_STATUS_UPDATED_NEED_REBOOT with new_version \"\"");
     w.assert_nothing_written();
 }
+
+#[test]
+fn vendor_runtime_of_the_chosen_version_needs_no_reboot() {
+    let w = World::new();
+    w.write("/run/torcx/profile.json", r#"{"kind":"profile-manifest-v0","value":{"images":[{"name":"docker","reference":"com.coreos.cl"}]}}"#);
+    std::fs::create_dir_all(w.path("/usr/share/torcx/store")).unwrap();
+    std::os::unix::fs::symlink(
+        "docker:17.03.torcx.tgz",
+        w.path("/usr/share/torcx/store/docker:com.coreos.cl.torcx.tgz"),
+    )
+    .unwrap();
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stdout.contains("docker=17.03") && r.stdout.contains("reboot=no"),
+        "{}",
+        r.stdout
+    );
+    assert!(!w
+        .path("/run/systemd/system/torcx-docker-cleanup.service")
+        .exists());
+}

@@ -6,14 +6,8 @@
 # timeline of each run and the files it left.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=${NODESTRAP_BIN:-target/x86_64-unknown-linux-musl/release/nodestrap}
-[ -x "$bin" ] || cargo build --release --target x86_64-unknown-linux-musl
-bin=$(realpath "$bin")
 . tests/lib.sh
-
-work=$(mktemp -d /var/tmp/nodestrap-demo.XXXXXX)
-trap 'ns_cleanup; rm -rf "$work"' EXIT
-ns_setup "$work"
+ns_begin demo
 os=3033.2.0
 
 # A torcx image shaped like the real ones: the runtime's binaries plus /.torcx/manifest.json.

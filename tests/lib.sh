@@ -1,7 +1,22 @@
 # Shared by tests/demo.sh and tests/bench-fetch.sh: a local "release server" for torcx images.
-# Source it, then: ns_setup WORK; ns_publish OS FILE VERSION; ns_node ROOT OS TAG MINOR VERSION.
+# Source it from the repository's top, then: ns_begin TAG; ns_publish OS FILE VERSION;
+# ns_node ROOT OS TAG MINOR VERSION; ns_args ROOT.
 # Everything (CA, server certificate, OpenPGP key) is made for the run; nginx serves WORK/www
 # over TLS on a free 127.0.0.1 port.
+
+# ns_begin TAG: $bin (the release build, brought up to date, or $NODESTRAP_BIN), $work (removed
+# on exit) and the server.
+ns_begin() {
+  if [ -n "${NODESTRAP_BIN:-}" ]; then
+    bin=$(realpath "$NODESTRAP_BIN")
+  else
+    cargo build -q --release --target x86_64-unknown-linux-musl
+    bin=$(realpath target/x86_64-unknown-linux-musl/release/nodestrap)
+  fi
+  work=$(mktemp -d "/var/tmp/nodestrap-$1.XXXXXX")
+  trap 'ns_cleanup; rm -rf "$work"' EXIT
+  ns_setup "$work"
+}
 
 ns_setup() {
   ns_work=$1
