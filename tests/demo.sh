@@ -29,7 +29,7 @@ timeline() {
 show() {
   local root=$1
   echo "--- files under the node root"
-  (cd "$root" && find var etc run -type f -o -type l 2>/dev/null | sort | sed 's/^/    /')
+  (cd "$root" && find . \( -type f -o -type l \) | sort | sed 's/^\.\//    /')
   echo "--- $root/etc/kubernetes/kubelet.env"
   sed 's/^/    /' "$root/etc/kubernetes/kubelet.env"
   echo "--- $root/etc/torcx/profiles/tectonic.json"
