@@ -1135,3 +1135,60 @@ fn vendor_runtime_of_the_chosen_version_needs_no_reboot() {
         .path("/run/systemd/system/torcx-docker-cleanup.service")
         .exists());
 }
+
+#[test]
+fn killed_mid_download_leaves_no_file_and_the_next_run_converges() {
+    let w = World::new();
+    w.files.set(
+        "/pkgs/docker-17.03.tgz",
+        Reply::stalled(image("17.03"), 290_000),
+    );
+    let mut child = std::process::Command::new(bin())
+        .args(w.args())
+        .env_clear()
+        .env("SSL_CERT_FILE", "/nonexistent")
+        .env("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the first 256 KiB chunk sits in the temp file, then kill -9 mid-transfer.
+    let store = w.path(&format!("/var/lib/torcx/store/{CUR}"));
+    let temp = (0..200).find_map(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::fs::read_dir(&store)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with(".docker:17.03.torcx.tgz.nodestrap-")
+                    && std::fs::metadata(p).is_ok_and(|m| m.len() > 0)
+            })
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let temp = temp.expect("a temp file appeared during the download");
+    assert!(temp.exists(), "the killed run leaves only its temp file");
+    assert!(
+        !w.store_file(CUR, "17.03").exists(),
+        "nothing at the final path"
+    );
+    assert!(!w.path("/etc/kubernetes/kubelet.env").exists());
+    // The unit runs again: the stale temp is swept and the image lands whole.
+    w.files
+        .set("/pkgs/docker-17.03.tgz", Reply::ok(image("17.03")));
+    let r = w.run();
+    r.assert_ok();
+    assert!(r.stderr.contains("removed stale temp file"), "{}", r.stderr);
+    assert_eq!(
+        w.store_listing(),
+        vec![format!("{CUR}/docker:17.03.torcx.tgz")]
+    );
+    assert_eq!(
+        std::fs::read(w.store_file(CUR, "17.03")).unwrap(),
+        image("17.03")
+    );
+}

@@ -97,6 +97,8 @@ pub struct Reply {
     pub body: Vec<u8>,
     /// Send only this many body bytes, then drop the connection (Content-Length stays full).
     pub truncate: Option<usize>,
+    /// Send only this many body bytes, then go silent for a while (a stalled transfer).
+    pub stall: Option<usize>,
 }
 
 impl Reply {
@@ -105,6 +107,13 @@ impl Reply {
             status: 200,
             body: body.into(),
             truncate: None,
+            stall: None,
+        }
+    }
+    pub fn stalled(body: impl Into<Vec<u8>>, at: usize) -> Reply {
+        Reply {
+            stall: Some(at),
+            ..Reply::ok(body)
         }
     }
     pub fn status(status: u16) -> Reply {
@@ -115,6 +124,7 @@ impl Reply {
             )
             .into_bytes(),
             truncate: None,
+            stall: None,
         }
     }
     pub fn truncated(body: impl Into<Vec<u8>>, at: usize) -> Reply {
@@ -122,6 +132,7 @@ impl Reply {
             status: 200,
             body: body.into(),
             truncate: Some(at),
+            stall: None,
         }
     }
 }
@@ -314,6 +325,12 @@ fn handle(
             reply.body.len()
         );
         tls.write_all(head.as_bytes())?;
+        if let Some(n) = reply.stall {
+            tls.write_all(&reply.body[..n])?;
+            tls.flush()?;
+            std::thread::sleep(std::time::Duration::from_secs(30));
+            return Ok(());
+        }
         match reply.truncate {
             Some(n) => {
                 tls.write_all(&reply.body[..n])?;
