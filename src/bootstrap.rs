@@ -46,7 +46,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         None
     };
     let http = if torcx_on {
-        Some(manifest_client(a)?)
+        Some(manifest_client(a, &root)?)
     } else {
         None
     };
@@ -71,7 +71,9 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     );
 
     // 2. Kubernetes version: forced, API server, or the installer's kubelet.env.
-    let kube = if a.force_kube_version.is_none() || torcx_on {
+    let kube = if a.kubeconfig.is_empty() {
+        None
+    } else if a.force_kube_version.is_none() || torcx_on {
         Kube::from_kubeconfig(&root, &a.kubeconfig, api_retry)?
     } else {
         None
@@ -85,12 +87,19 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         Vec::new()
     };
 
-    // 4. update_engine, which only speaks for the system we run on.
+    // 4. update_engine.
     let update = os_update(a, &root)?;
     let next = match &update {
         Update::Pending(v) => Some(v.clone()),
         _ => None,
     };
+    if update == Update::PendingUnknown {
+        // Nothing can be staged for an OS whose version is unknown: boot into it first and
+        // bootstrap there. kubelet.env is not written, so the unit runs again after the reboot.
+        let why = "an OS update of unknown version is pending; bootstrapping after the reboot";
+        println!("nodestrap: bootstrap deferred k8s={k8s} reboot=needed ({why})");
+        return rebooter.reboot(why);
+    }
 
     // 5-8. torcx: choose, fetch and verify, stage, profile.
     let chosen = match &http {
@@ -119,7 +128,10 @@ pub fn run(a: &Bootstrap) -> Result<()> {
 
     // 9. Decide the reboot and prepare for it before the done marker exists: once kubelet.env
     //    is written this unit never runs again, so nothing that can fail may come after it.
-    let applied = torcx::applied_reference(&root, RUNTIME)?;
+    let applied = match chosen {
+        Some(_) => torcx::applied_reference(&root, RUNTIME)?,
+        None => None,
+    };
     let reasons = reboot_reasons(&update, applied.as_ref(), chosen.as_deref());
     if !reasons.is_empty() && runtime_changes(applied.as_ref(), chosen.as_deref()) {
         install_cleanup(&root, a.dry_run)?;
@@ -144,7 +156,22 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         log::info!("no reboot needed");
         return Ok(());
     }
-    rebooter.reboot(&reasons.join("; "))
+    rebooter.reboot(&reasons.join("; ")).map_err(|e| {
+        // Without the reboot the staged runtime never applies: take the done marker back so
+        // the unit runs again rather than starting the kubelet on the old runtime.
+        if !a.dry_run && !a.kubelet_env_path.is_empty() {
+            match root.remove(&a.kubelet_env_path) {
+                Ok(()) => {
+                    return e.context(format!(
+                        "reboot failed, removed {} so bootstrap runs again",
+                        root.show(&a.kubelet_env_path)
+                    ))
+                }
+                Err(r) => log::error!("{r}"),
+            }
+        }
+        e
+    })
 }
 
 /// Step 0 for everything given on the command line; returns the manifest URL template.
@@ -161,13 +188,19 @@ fn check_options(a: &Bootstrap) -> Result<String> {
         &a.torcx_manifest_url
     };
     render_url(template, "amd64-usr", "1.0.0")?;
+    // Empty --kubeconfig means none (the API server is not asked); empty --kubelet-env-path
+    // means kubelet.env is not written.
     let mut node_paths = vec![
-        ("--kubeconfig", &a.kubeconfig),
         ("--version-manifest", &a.version_manifest),
         ("--installer-kubelet-env", &a.installer_kubelet_env),
     ];
-    if !a.kubelet_env_path.is_empty() {
-        node_paths.push(("--kubelet-env-path", &a.kubelet_env_path));
+    for (flag, p) in [
+        ("--kubeconfig", &a.kubeconfig),
+        ("--kubelet-env-path", &a.kubelet_env_path),
+    ] {
+        if !p.is_empty() {
+            node_paths.push((flag, p));
+        }
     }
     for (flag, p) in node_paths {
         if !p.starts_with('/') || p.ends_with('/') {
@@ -198,8 +231,11 @@ fn check_options(a: &Bootstrap) -> Result<String> {
 }
 
 /// The HTTPS client for manifests and images: system roots plus `--ca-file`.
-fn manifest_client(a: &Bootstrap) -> Result<Http> {
-    let tls = Tls::system_plus(a.ca_file.as_deref())?;
+fn manifest_client(a: &Bootstrap, root: &Root) -> Result<Http> {
+    let mut tls = Tls::system(root)?;
+    if let Some(p) = &a.ca_file {
+        tls.add_file(p, "--ca-file")?;
+    }
     if tls.sources.is_empty() {
         log::warn!("no trust anchors: no system CA bundle found and no --ca-file; HTTPS will fail");
     } else {
@@ -412,6 +448,9 @@ fn os_update(a: &Bootstrap, root: &Root) -> Result<Update> {
             log::info!("no pending OS update: update_engine is not on the system bus ({why})")
         }
         Update::Pending(v) => log::info!("OS update to {v} pending a reboot (from update_engine)"),
+        Update::PendingUnknown => log::warn!(
+            "OS update pending a reboot, but update_engine does not say to which version"
+        ),
         Update::None(op) => log::info!("no pending OS update (update_engine status {op})"),
     }
     Ok(u)

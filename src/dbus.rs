@@ -63,6 +63,9 @@ pub enum Update {
     Unavailable(String),
     /// An update is installed and waits for a reboot.
     Pending(String),
+    /// An update waits for a reboot, but update_engine does not know its version (it reports
+    /// "0.0.0" after a restart).
+    PendingUnknown,
     /// No update pending; the status it was in.
     None(String),
 }
@@ -100,6 +103,7 @@ fn classify(e: zbus::Error) -> Result<Update> {
 /// must name the version it installed: stores are staged for it.
 fn verdict(s: &Status) -> Result<Option<Update>> {
     match s.operation.as_str() {
+        NEED_REBOOT if s.new_version.is_empty() || s.new_version == "0.0.0" => Ok(Some(Update::PendingUnknown)),
         NEED_REBOOT if crate::torcx::plain_name(&s.new_version) => Ok(Some(Update::Pending(s.new_version.clone()))),
         NEED_REBOOT => Err(Error::failed(format!(
             "update_engine reports {NEED_REBOOT} with new_version {:?}, which is not a plain version",

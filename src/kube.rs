@@ -60,7 +60,7 @@ impl Kube {
                 tls.add_pem(&read(f)?, &format!("{name} certificate-authority {f}"))?
             }
             // kubectl trusts the system roots when the kubeconfig names no CA.
-            (None, None) => tls = Tls::system_plus(None)?,
+            (None, None) => tls = Tls::system(root)?,
         }
         let cert = match (&kc.cert_data, &kc.cert_file) {
             (Some(d), _) => Some(b64(d, &name, "client-certificate-data")?),

@@ -11,7 +11,7 @@ use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags, ResolveFlags};
 
 use crate::error::{Context, Error, Result};
 
@@ -115,6 +115,19 @@ impl Root {
             Some(b) => String::from_utf8(b)
                 .map(Some)
                 .map_err(|_| Error::failed("not UTF-8 text").context(self.show(node_path))),
+        }
+    }
+
+    /// Remove a file (not a directory); a missing file is fine.
+    pub fn remove(&self, node_path: &str) -> Result<()> {
+        let (dir, name) = split_node_path(node_path)
+            .ok_or_else(|| Error::config(format!("{node_path}: not a file path")))?;
+        let Some(d) = self.dir(dir, false)? else {
+            return Ok(());
+        };
+        match rustix::fs::unlinkat(&d.fd, name, AtFlags::empty()) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => d.fsync(),
+            Err(e) => Err(Error::from(e).context(format!("removing {}", self.show(node_path)))),
         }
     }
 
@@ -267,6 +280,9 @@ impl Dir {
         .with_ctx(|| format!("creating a temp file in {}", self.shown))?;
         // The umask must not weaken or strengthen what the node expects.
         rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode)).with_ctx(|| self.show(&tmp))?;
+        // Held until the file is closed: tells sweep_temps in another run that we are alive.
+        rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive)
+            .with_ctx(|| self.show(&tmp))?;
         Ok(TempFile {
             dir: self,
             tmp,
@@ -287,6 +303,14 @@ impl Dir {
         let prefix = format!(".{name}.nodestrap-");
         if let Ok(names) = self.entries() {
             for n in names.iter().filter(|n| n.starts_with(&prefix)) {
+                // A live writer holds the lock on its temp file: only the dead ones go.
+                let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+                let Ok(fd) = rustix::fs::openat(&self.fd, n.as_str(), flags, Mode::empty()) else {
+                    continue;
+                };
+                if rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_err() {
+                    continue;
+                }
                 if rustix::fs::unlinkat(&self.fd, n.as_str(), AtFlags::empty()).is_ok() {
                     log::info!("removed stale temp file {}", self.show(n));
                 }
@@ -418,7 +442,12 @@ mod tests {
             t.write_all(b"partial").unwrap();
         }
         assert!(d.entries().unwrap().is_empty());
-        // A temp left by a killed run is removed when the same file is written again.
+        // A temp of a live writer (it holds the lock) is left alone...
+        let live = d.create_temp("f", 0o600).unwrap();
+        let other = d.create_temp("f", 0o600).unwrap();
+        assert_eq!(d.entries().unwrap().len(), 2);
+        drop((live, other));
+        // ...while one left by a killed run is removed when the same file is written again.
         std::fs::write(p.join("a/b/.f.nodestrap-0123456789ab"), "stale").unwrap();
         std::fs::write(p.join("a/b/.g.nodestrap-0123456789ab"), "other file's").unwrap();
         let mut t = d.create_temp("f", 0o640).unwrap();

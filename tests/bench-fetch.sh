@@ -17,28 +17,32 @@ hash=$(sha512sum payload | cut -d' ' -f1)
 ns_publish "$os" payload 20.10
 mapfile -t args < <(ns_args "$work/root")
 
+# Each run writes "seconds peak-RSS-KiB" to result.txt; a failure shows its log and stops.
 run_nodestrap() {
   ns_node root "$os" v1.20.4_coreos.0 1.20 20.10
-  DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent /usr/bin/time -f '%e %M' -o t.txt \
-    "$bin" "${args[@]}" --reboot=never --verbose=info > /dev/null 2> log.txt
+  if ! DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent /usr/bin/time -f '%e %M' -o result.txt \
+    "$bin" "${args[@]}" --reboot=never --verbose=info > /dev/null 2> log.txt; then
+    echo "nodestrap failed:" >&2; cat log.txt >&2; exit 1
+  fi
   cmp -s "root/var/lib/torcx/store/$os/docker:20.10.torcx.tgz" payload || { echo "staged file differs" >&2; exit 1; }
-  cat t.txt
 }
 
+# The pipeline's peak RSS is the largest of its three processes' (curl's, in practice).
 run_curl() {
   rm -f out.tgz
   local start end got
   start=$(date +%s.%N)
-  got=$(/usr/bin/time -f '%M' -o t.txt curl -sS --cacert ca.pem "$ns_url/pkgs/docker-20.10.torcx.tgz" | tee out.tgz | sha512sum | cut -d' ' -f1)
+  got=$(/usr/bin/time -f '%M' -o rss.curl curl -sS --cacert ca.pem "$ns_url/pkgs/docker-20.10.torcx.tgz" \
+    | /usr/bin/time -f '%M' -o rss.tee tee out.tgz | /usr/bin/time -f '%M' -o rss.sha sha512sum | cut -d' ' -f1)
   end=$(date +%s.%N)
   [ "$got" = "$hash" ] || { echo "curl: hash differs" >&2; exit 1; }
-  echo "$(awk -v a="$start" -v b="$end" 'BEGIN{printf "%.3f", b-a}') $(cat t.txt)"
+  echo "$(awk -v a="$start" -v b="$end" 'BEGIN{printf "%.3f", b-a}') $(cat rss.curl rss.tee rss.sha | sort -n | tail -1)" > result.txt
 }
 
 ns=(); cs=(); nrss=0; crss=0
 for _ in $(seq "$rounds"); do
-  read -r t m < <(run_nodestrap); ns+=("$t"); [ "$m" -gt "$nrss" ] && nrss=$m
-  read -r t m < <(run_curl); cs+=("$t"); [ "$m" -gt "$crss" ] && crss=$m
+  run_nodestrap; read -r t m < result.txt; ns+=("$t"); [ "$m" -gt "$nrss" ] && nrss=$m
+  run_curl; read -r t m < result.txt; cs+=("$t"); [ "$m" -gt "$crss" ] && crss=$m
 done
 
 stats() { printf '%s\n' "$@" | sort -n | awk -v mib="$size_mib" '{a[NR]=$1} END {printf "%.0f %.0f\n", mib/a[1], mib/a[int((NR+1)/2)]}'; }

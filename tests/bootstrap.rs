@@ -407,7 +407,7 @@ fn mapping_file_keeps_1_10_apart_from_1_1() {
     let mut w = w;
     w.extra.push("--force-kube-version=v1.1.0".into());
     w.write("/etc/kubernetes/installer/runtime-mappings.yaml",
-        "kind: VersionManifestV1\nversions:\n  k8s:\n    1.10:\n        docker: [ \"17.06\" ]\n    1.1:\n        docker: [ \"17.03\" ]\n");
+        "kind: VersionManifestV1\nversions:\n  k8s:\n    1.1:\n        docker: [ \"17.03\" ]\n    1.10:\n        docker: [ \"17.06\" ]\n");
     let r = w.run();
     r.assert_ok();
     assert!(r.stdout.contains("k8s=v1.1.0 docker=17.03"), "{}", r.stdout);
@@ -677,6 +677,10 @@ fn unknown_key_is_refused() {
     w.files.set(&p, Reply::ok(m.clone()));
     w.files
         .set(&format!("{p}.asc"), Reply::ok(stranger.sign(m.as_bytes())));
+    w.run().assert_fails(
+        1,
+        &format!("{}: signature check against keyring", w.files.url(&p)),
+    );
     w.run().assert_fails(1, "Missing key");
     w.assert_nothing_written();
 }
@@ -710,7 +714,13 @@ fn hash_mismatch_leaves_no_file() {
     let w = World::new();
     w.files
         .set("/pkgs/docker-17.03.tgz", Reply::ok(image("evil")));
-    w.run().assert_fails(1, "hash mismatch");
+    w.run().assert_fails(
+        1,
+        &format!(
+            "GET {}: hash mismatch",
+            w.files.url("/pkgs/docker-17.03.tgz")
+        ),
+    );
     w.assert_nothing_written();
     // A wrong hash is not a transport error: no retry.
     assert_eq!(w.files.hits("/pkgs/docker-17.03.tgz"), 1);
@@ -776,6 +786,13 @@ fn untrusted_server_certificate_is_refused() {
     std::fs::write(&w.ca_file, &other.pem).unwrap();
     w.run().assert_fails(1, "invalid peer certificate");
     w.assert_nothing_written();
+    // Not retried: a certificate the anchors reject stays rejected.
+    assert_eq!(
+        w.files
+            .connections
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
 }
 
 #[test]
@@ -1104,14 +1121,25 @@ fn hostile_values_from_every_source_are_refused() {
 }
 
 #[test]
-fn reboot_needed_without_a_version_is_an_error() {
-    let mut w = World::new();
-    let mut bus = Bus::start();
-    bus.update_engine(&["--on-attempt", "CHECKING_FOR_UPDATE,UPDATED_NEED_REBOOT"]);
-    w.extra.push("--upgrade-os=true".into());
-    w.run_on(&bus)
-        .assert_fails(1, "UPDATE_STATUS_UPDATED_NEED_REBOOT with new_version \"\"");
-    w.assert_nothing_written();
+fn reboot_needed_into_an_unknown_version_defers_the_bootstrap() {
+    // update_engine reports "0.0.0" after a restart, "" from some versions: nothing can be
+    // staged for that OS, so the node reboots into it and bootstraps there.
+    for version in ["0.0.0", ""] {
+        let mut w = World::new();
+        let mut bus = Bus::start();
+        bus.update_engine(&[
+            "--on-attempt",
+            "CHECKING_FOR_UPDATE,UPDATED_NEED_REBOOT",
+            "--new-version",
+            version,
+        ]);
+        w.extra.push("--upgrade-os=true".into());
+        let r = w.run_on(&bus);
+        r.assert_ok();
+        assert!(r.stdout.contains("bootstrap deferred k8s=v1.9.6+coreos.0 reboot=needed (an OS update of unknown version is pending"), "{version:?}: {}", r.stdout);
+        w.assert_nothing_written();
+        assert_eq!(w.files.seen().len(), 0, "nothing fetched for an unknown OS");
+    }
 }
 
 #[test]
@@ -1191,4 +1219,81 @@ fn killed_mid_download_leaves_no_file_and_the_next_run_converges() {
         std::fs::read(w.store_file(CUR, "17.03")).unwrap(),
         image("17.03")
     );
+}
+
+#[test]
+fn update_engine_signals_are_followed() {
+    // GetStatus lags behind; only the StatusUpdate signals say the update finished, well
+    // within the deadline and before the first GetStatus poll (5 s) would be made.
+    let mut w = World::new();
+    let mut bus = Bus::start();
+    bus.update_engine(&[
+        "--on-attempt",
+        "CHECKING_FOR_UPDATE,DOWNLOADING,UPDATED_NEED_REBOOT",
+        "--new-version",
+        NEXT,
+        "--lagging-status",
+    ]);
+    w.extra
+        .extend(["--upgrade-os=true".into(), "--update-timeout=3".into()]);
+    let r = w.run_on(&bus);
+    r.assert_ok();
+    assert!(
+        r.stdout.contains(&format!("next-os={NEXT}")),
+        "{}",
+        r.stdout
+    );
+}
+
+#[test]
+fn oversized_manifest_is_refused_without_retry() {
+    let w = World::new();
+    let p = World::manifest_path(CUR);
+    w.files.set(&p, Reply::ok(vec![b' '; (1 << 20) + 1]));
+    w.run().assert_fails(
+        1,
+        &format!(
+            "GET {}: response larger than the 1048576-byte limit",
+            w.files.url(&p)
+        ),
+    );
+    assert_eq!(w.files.hits(&p), 1);
+    w.assert_nothing_written();
+}
+
+#[test]
+fn empty_kubeconfig_with_a_forced_version() {
+    let mut w = World::new();
+    w.extra.extend([
+        "--kubeconfig=".into(),
+        "--force-kube-version=v1.10.1".into(),
+    ]);
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stdout.contains("k8s=v1.10.1 docker=17.06"),
+        "{}",
+        r.stdout
+    );
+}
+
+#[test]
+fn the_nodes_own_ca_bundle_is_the_system_trust_store() {
+    // No SSL_CERT_FILE and no --ca-file: the bundle in the node root is what is trusted.
+    let w = World::new();
+    w.write("/etc/ssl/certs/ca-certificates.crt", &w.ca.pem);
+    let args: Vec<String> = w
+        .args()
+        .into_iter()
+        .filter(|a| !a.starts_with("--ca-file"))
+        .collect();
+    let out = std::process::Command::new(bin())
+        .args(&args)
+        .env_clear()
+        .env("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(w.store_file(CUR, "17.03").exists());
 }

@@ -21,14 +21,16 @@ ns_begin() {
 ns_setup() {
   ns_work=$1
   mkdir -p "$ns_work/www"
-  command -v nginx >/dev/null || apt-get install -y -qq nginx-light >/dev/null
+  command -v nginx >/dev/null || { echo "nginx is missing: run .ci/setup first" >&2; return 1; }
   ( cd "$ns_work"
+    exec 2> openssl.log
     openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=nodestrap-demo-ca \
-      -keyout ca.key -out ca.pem 2>/dev/null
+      -keyout ca.key -out ca.pem
     openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=127.0.0.1 \
-      -keyout srv.key -out srv.csr 2>/dev/null
+      -keyout srv.key -out srv.csr
     printf 'subjectAltName=IP:127.0.0.1\n' > san.ext
-    openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile san.ext -out srv.pem 2>/dev/null )
+    openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile san.ext -out srv.pem
+  ) || { cat "$ns_work/openssl.log" >&2; return 1; }
   export GNUPGHOME=$ns_work/gnupg
   mkdir -m 700 "$GNUPGHOME"
   gpg --batch --quiet --pinentry-mode loopback --passphrase '' --quick-gen-key 'release <release@nodestrap.invalid>' ed25519 sign never
@@ -49,11 +51,22 @@ NGINX
   nginx -c "$ns_work/nginx.conf" &
   ns_server=$!
   ns_url=https://127.0.0.1:$ns_port
-  for _ in $(seq 50); do curl -s --cacert "$ns_work/ca.pem" -o /dev/null "$ns_url/" && break; sleep 0.1; done
+  local _
+  for _ in $(seq 50); do
+    curl -s --cacert "$ns_work/ca.pem" -o /dev/null "$ns_url/" && return 0
+    sleep 0.1
+  done
+  echo "nginx did not answer on $ns_url:" >&2
+  cat "$ns_work/nginx.err" >&2 2>/dev/null
+  return 1
 }
 
 ns_cleanup() {
-  [ -n "${ns_server:-}" ] && kill "$ns_server" 2>/dev/null
+  if [ -n "${ns_server:-}" ]; then
+    kill "$ns_server" 2>/dev/null
+    wait "$ns_server" 2>/dev/null
+  fi
+  gpgconf --kill gpg-agent 2>/dev/null
   return 0
 }
 

@@ -10,6 +10,8 @@ as coreos/update_engine exposes them.
   --stale OP            emit this status as a signal just before answering AttemptUpdate
   --silent              do not emit StatusUpdate signals (clients must poll GetStatus)
   --record FILE         append the name of every method called to FILE
+  --lagging-status      GetStatus keeps answering CHECKING_FOR_UPDATE once an update started
+                        (only the signals tell the rest)
 Prints "ready" once it owns its name."""
 import argparse
 import sys
@@ -31,6 +33,7 @@ ap.add_argument("--step", type=float, default=0.1)
 ap.add_argument("--stale", default="")
 ap.add_argument("--silent", action="store_true")
 ap.add_argument("--record", default="")
+ap.add_argument("--lagging-status", action="store_true")
 
 
 def record(method):
@@ -46,6 +49,7 @@ class Manager(dbus.service.Object):
         self.op = args.status
         self.progress = 1.0 if self.op == P + "UPDATED_NEED_REBOOT" else 0.0
         self.pending = []
+        self.started = False
 
     def tuple(self):
         version = args.new_version if self.op in (P + "UPDATED_NEED_REBOOT", P + "DOWNLOADING", P + "FINALIZING", P + "VERIFYING", P + "UPDATE_AVAILABLE") else ""
@@ -57,6 +61,7 @@ class Manager(dbus.service.Object):
         if args.stale:
             self.StatusUpdate(dbus.Int64(0), dbus.Double(0), args.stale, "", dbus.Int64(0))
         self.pending = [s for s in args.on_attempt.split(",") if s]
+        self.started = True
         if self.pending:
             # Like the real one: CHECKING_FOR_UPDATE is set before the call returns.
             self.advance()
@@ -78,6 +83,8 @@ class Manager(dbus.service.Object):
     @dbus.service.method(IFACE, in_signature="", out_signature="xdssx")
     def GetStatus(self):
         record("GetStatus")
+        if args.lagging_status and self.started:
+            return (dbus.Int64(0), dbus.Double(0.0), P + "CHECKING_FOR_UPDATE", "", dbus.Int64(0))
         return self.tuple()
 
     @dbus.service.signal(IFACE, signature="xdssx")

@@ -165,6 +165,8 @@ struct Routes {
 
 pub struct Server {
     pub port: u16,
+    /// TCP connections accepted (a refused TLS handshake counts, unlike `seen`).
+    pub connections: Arc<std::sync::atomic::AtomicUsize>,
     routes: Arc<Mutex<Routes>>,
     seen: Arc<Mutex<Vec<Seen>>>,
 }
@@ -210,16 +212,24 @@ impl Server {
         let routes: Arc<Mutex<Routes>> = Default::default();
         let seen: Arc<Mutex<Vec<Seen>>> = Default::default();
         let (r2, s2) = (routes.clone(), seen.clone());
+        let connections: Arc<std::sync::atomic::AtomicUsize> = Default::default();
+        let c2 = connections.clone();
         std::thread::spawn(move || {
             for tcp in listener.incoming() {
                 let Ok(tcp) = tcp else { continue };
+                c2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let (config, routes, seen) = (config.clone(), r2.clone(), s2.clone());
                 std::thread::spawn(move || {
                     let _ = handle(tcp, config, routes, seen);
                 });
             }
         });
-        Server { port, routes, seen }
+        Server {
+            port,
+            connections,
+            routes,
+            seen,
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
