@@ -1025,11 +1025,7 @@ fn journald_priority_prefixes_under_systemd() {
     let f = std::fs::File::create(&errf).unwrap();
     use std::os::unix::fs::MetadataExt;
     let m = f.metadata().unwrap();
-    let status = std::process::Command::new(bin())
-        .args(w.args())
-        .env_clear()
-        .env("SSL_CERT_FILE", "/nonexistent")
-        .env("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent")
+    let status = command(&w.args(), None)
         .env("JOURNAL_STREAM", format!("{}:{}", m.dev(), m.ino()))
         .stdout(std::process::Stdio::null())
         .stderr(f)
@@ -1171,11 +1167,7 @@ fn killed_mid_download_leaves_no_file_and_the_next_run_converges() {
         "/pkgs/docker-17.03.tgz",
         Reply::stalled(image("17.03"), 290_000),
     );
-    let mut child = std::process::Command::new(bin())
-        .args(w.args())
-        .env_clear()
-        .env("SSL_CERT_FILE", "/nonexistent")
-        .env("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent")
+    let mut child = command(&w.args(), None)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -1287,10 +1279,8 @@ fn the_nodes_own_ca_bundle_is_the_system_trust_store() {
         .into_iter()
         .filter(|a| !a.starts_with("--ca-file"))
         .collect();
-    let out = std::process::Command::new(bin())
-        .args(&args)
-        .env_clear()
-        .env("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent")
+    let out = command(&args, None)
+        .env_remove("SSL_CERT_FILE")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

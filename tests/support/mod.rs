@@ -579,18 +579,23 @@ impl Run {
     }
 }
 
-/// Run nodestrap with a clean environment: the given bus address (or none that exists), no
+/// nodestrap with a clean environment: the given bus address (or none that exists), no
 /// proxies, no system trust store.
-pub fn nodestrap(args: &[String], bus: Option<&str>, env: &[(&str, &str)]) -> Run {
-    let out: Output = Command::new(bin())
-        .args(args)
+pub fn command(args: &[String], bus: Option<&str>) -> Command {
+    let mut c = Command::new(bin());
+    c.args(args)
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("SSL_CERT_FILE", "/nonexistent/ca-bundle")
         .env(
             "DBUS_SYSTEM_BUS_ADDRESS",
             bus.unwrap_or("unix:path=/nonexistent/system_bus_socket"),
-        )
+        );
+    c
+}
+
+pub fn nodestrap(args: &[String], bus: Option<&str>, env: &[(&str, &str)]) -> Run {
+    let out: Output = command(args, bus)
         .envs(env.iter().copied())
         .output()
         .unwrap();
