@@ -245,14 +245,14 @@ fn manifest_client(a: &Bootstrap, root: &Root) -> Result<Http> {
         initial: Duration::from_millis(a.fetch_backoff_ms),
         cap: Duration::from_secs(60),
     };
-    Http::new(
+    Ok(Http::new(
         &tls,
         Retry {
             attempts: a.fetch_attempts.max(1),
             backoff,
             budget: Duration::from_secs(600),
         },
-    )
+    ))
 }
 
 pub struct OsInfo {

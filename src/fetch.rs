@@ -23,7 +23,7 @@ const SYSTEM_BUNDLES: &[&str] = &[
 ];
 
 /// Trust anchors and an optional client identity for one endpoint family.
-#[derive(Default, Clone)]
+#[derive(Default)]
 pub struct Tls {
     pub roots: Vec<Certificate<'static>>,
     pub client: Option<ClientCert>,
@@ -122,7 +122,7 @@ impl Retry {
 }
 
 /// What one attempt says about trying again.
-pub enum Attempt<T> {
+enum Attempt<T> {
     Done(T),
     Retry(Error),
     Final(Error),
@@ -130,7 +130,7 @@ pub enum Attempt<T> {
 
 pub struct Http {
     agent: Agent,
-    pub retry: Retry,
+    retry: Retry,
 }
 
 /// A GET request (all nodestrap needs so far).
@@ -150,7 +150,7 @@ impl<'a> Request<'a> {
 }
 
 impl Http {
-    pub fn new(tls: &Tls, retry: Retry) -> Result<Http> {
+    pub fn new(tls: &Tls, retry: Retry) -> Http {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let tls_config = TlsConfig::builder()
             .root_certs(RootCerts::new_with_certs(&tls.roots))
@@ -169,11 +169,11 @@ impl Http {
             .max_redirects(5)
             .build()
             .new_agent();
-        Ok(Http { agent, retry })
+        Http { agent, retry }
     }
 
     /// Run `op` until it is done, fails for good, or attempts or time run out.
-    pub fn retrying<T>(&self, what: &str, mut op: impl FnMut() -> Attempt<T>) -> Result<T> {
+    fn retrying<T>(&self, what: &str, mut op: impl FnMut() -> Attempt<T>) -> Result<T> {
         let start = Instant::now();
         let mut n = 0;
         loop {
@@ -197,7 +197,7 @@ impl Http {
     }
 
     /// One request; a response of any status is `Ok`.
-    pub fn call(
+    fn call(
         &self,
         req: &Request,
     ) -> std::result::Result<ureq::http::Response<ureq::Body>, ureq::Error> {

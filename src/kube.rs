@@ -108,7 +108,7 @@ impl Kube {
                 backoff: Backoff::Fixed(retry.delay),
                 budget: Duration::MAX,
             },
-        )?;
+        );
         Ok(Kube {
             http,
             server: server.trim_end_matches('/').to_string(),
