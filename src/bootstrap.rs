@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::cli::{Bootstrap, RebootMode, DEFAULT_MANIFEST_URL};
+use crate::config::Input;
 use crate::dbus::{self, Update};
 use crate::envfile::EnvFile;
 use crate::error::{Error, Result};
@@ -31,13 +32,10 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     let template = check_options(a)?;
     let torcx_on = !a.torcx_skip_setup;
     let keyring = if torcx_on && !a.no_verify_signatures {
-        let data = crate::root::read_host_file(&a.keyring, 16 << 20, "--keyring")?;
-        let k = Keyring::parse(&data, &a.keyring.display().to_string())?;
-        log::debug!(
-            "keyring {}: {}",
-            a.keyring.display(),
-            k.fingerprints().join(", ")
-        );
+        let data = a.keyring.read(&root, 16 << 20, "keyring")?;
+        let name = a.keyring.label(&root);
+        let k = Keyring::parse(&data, &name).map_err(|e| e.with_kind(a.keyring.kind()))?;
+        log::debug!("keyring {name}: {}", k.fingerprints().join(", "));
         Some(k)
     } else {
         if torcx_on {
@@ -175,7 +173,8 @@ pub fn run(a: &Bootstrap) -> Result<()> {
 }
 
 /// Step 0 for everything given on the command line; returns the manifest URL template.
-fn check_options(a: &Bootstrap) -> Result<String> {
+/// Also checks each config file and kernel command line value (`config::check_value`).
+pub fn check_options(a: &Bootstrap) -> Result<String> {
     if !torcx::plain_name(&a.torcx_profile) {
         return Err(Error::config(format!(
             "--torcx-profile {:?} is not a plain name",
@@ -233,8 +232,13 @@ fn check_options(a: &Bootstrap) -> Result<String> {
 /// The HTTPS client for manifests and images: system roots plus `--ca-file`.
 fn manifest_client(a: &Bootstrap, root: &Root) -> Result<Http> {
     let mut tls = Tls::system(root)?;
-    if let Some(p) = &a.ca_file {
-        tls.add_file(p, "--ca-file")?;
+    match &a.ca_file {
+        Some(Input::Host(p)) => tls.add_file(p, "--ca-file")?,
+        Some(ca) => {
+            let pem = ca.read(root, 16 << 20, "ca-file")?;
+            tls.add_pem(&pem, &ca.name(root, "ca-file"))?;
+        }
+        None => {}
     }
     if tls.sources.is_empty() {
         log::warn!("no trust anchors: no system CA bundle found and no --ca-file; HTTPS will fail");

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use argh::FromArgs;
 
+use crate::config::Input;
+
 pub const DEFAULT_MANIFEST_URL: &str =
     "https://tectonic-torcx.release.core-os.net/manifests/{{.Board}}/{{.OSVersion}}/torcx_manifest.json";
 
@@ -29,6 +31,12 @@ pub struct Bootstrap {
     /// the node's root; every node path resolves under it (default /)
     #[argh(option, default = "PathBuf::from(\"/\")")]
     pub root: PathBuf,
+    /// key=value settings file (node path, default /etc/nodestrap/bootstrap.conf; empty: none)
+    #[argh(option)]
+    pub config: Option<String>,
+    /// also take nodestrap.<key>=<value> settings from the kernel command line (/proc/cmdline)
+    #[argh(switch)]
+    pub cmdline: bool,
     /// kubeconfig for the API server (node path, default /etc/kubernetes/kubeconfig)
     #[argh(option, default = "\"/etc/kubernetes/kubeconfig\".into()")]
     pub kubeconfig: String,
@@ -47,15 +55,15 @@ pub struct Bootstrap {
     /// torcx manifest URL template: {{.Board}} {{.OSVersion}} ${COREOS_BOARD} ${VERSION_ID}
     #[argh(option, default = "DEFAULT_MANIFEST_URL.into()")]
     pub torcx_manifest_url: String,
-    /// armored OpenPGP keyring that signs manifests (read as given, not under --root)
+    /// armored OpenPGP keyring that signs manifests (host path; a node path when set on the node)
     #[argh(
         option,
-        default = "PathBuf::from(\"/usr/share/nodestrap/keyring.asc\")"
+        default = "Input::Host(PathBuf::from(\"/usr/share/nodestrap/keyring.asc\"))"
     )]
-    pub keyring: PathBuf,
-    /// extra PEM trust anchors added to the system roots (read as given)
+    pub keyring: Input,
+    /// extra PEM trust anchors for the system roots (host path; a node path when set on the node)
     #[argh(option)]
-    pub ca_file: Option<PathBuf>,
+    pub ca_file: Option<Input>,
     /// skip the manifest signature check (and do not fetch .asc): dangerous
     #[argh(option, default = "false")]
     pub no_verify_signatures: bool,
@@ -120,7 +128,7 @@ const BOOL_OPTIONS: &[&str] = &[
     "--torcx-skip-setup",
 ];
 /// Switches that may be written `--dry-run=true` / `--dry-run=false`.
-const SWITCHES: &[&str] = &["--dry-run"];
+const SWITCHES: &[&str] = &["--dry-run", "--cmdline"];
 
 /// Rewrite Go-style arguments into what argh parses.
 pub fn normalize(args: &[String]) -> Vec<String> {
@@ -161,7 +169,8 @@ pub fn normalize(args: &[String]) -> Vec<String> {
 }
 
 /// Go's flag package lets a later `--flag v` override an earlier one; argh refuses duplicates.
-fn last_wins(args: Vec<String>) -> Vec<String> {
+/// Also how settings from the config file and the kernel command line, put first, give way.
+pub fn last_wins(args: Vec<String>) -> Vec<String> {
     let takes_value =
         |a: &str| a.starts_with("--") && a != "--" && a != "--help" && !SWITCHES.contains(&a);
     let mut items: Vec<Vec<String>> = Vec::new();

@@ -2,6 +2,7 @@
 
 mod bootstrap;
 mod cli;
+mod config;
 mod dbus;
 mod envfile;
 mod error;
@@ -31,18 +32,25 @@ fn run() -> i32 {
     if prog == "tectonic-torcx-bootstrap" {
         argv.insert(1, "bootstrap".into());
     }
-    let args = cli::normalize(&argv[1..]);
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let cli = match cli::Cli::from_args(&["nodestrap"], &refs) {
+    let user = cli::normalize(&argv[1..]);
+    // The command line alone first: it says where the other settings are (--root, --config,
+    // --cmdline), and usage errors and --help come before any file is read.
+    let cli = match parse(&user) {
         Ok(c) => c,
-        Err(e) if e.status.is_ok() => {
-            print!("{}", e.output);
-            return 0;
-        }
+        Err(code) => return code,
+    };
+    let cli::Cmd::Bootstrap(b) = &cli.cmd;
+    let merged = match config::merge(b, &user) {
+        Ok(m) => m,
         Err(e) => {
-            eprint!("{}", e.output);
-            return 2;
+            logger::init(log::LevelFilter::Info);
+            log::error!("{e}");
+            return e.exit_code();
         }
+    };
+    let cli = match parse(&merged.args) {
+        Ok(c) => c,
+        Err(code) => return code,
     };
     let cli::Cmd::Bootstrap(b) = &cli.cmd;
     let Some(level) = logger::parse_level(&b.verbose) else {
@@ -53,6 +61,9 @@ fn run() -> i32 {
         return 2;
     };
     logger::init(level);
+    for n in &merged.notes {
+        log::info!("{n}");
+    }
     match bootstrap::run(b) {
         Ok(()) => 0,
         Err(e) => {
@@ -60,4 +71,18 @@ fn run() -> i32 {
             e.exit_code()
         }
     }
+}
+
+/// argh over normalised arguments; `Err` is the exit code once its output is printed.
+fn parse(args: &[String]) -> Result<cli::Cli, i32> {
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    cli::Cli::from_args(&["nodestrap"], &refs).map_err(|e| {
+        if e.status.is_ok() {
+            print!("{}", e.output);
+            0
+        } else {
+            eprint!("{}", e.output);
+            2
+        }
+    })
 }

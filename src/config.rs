@@ -1,0 +1,528 @@
+//! Settings for `nodestrap bootstrap` from the node's config file (`--config`) and the kernel
+//! command line (`--cmdline`), under the options given on the command line.
+//!
+//! Each setting becomes a synthetic `--key=value` placed before the user's arguments, so
+//! `cli::last_wins` gives: command line > kernel arguments > config file > defaults.
+
+use std::path::PathBuf;
+
+use argh::FromArgs;
+
+use crate::cli::{self, Bootstrap, Cli, Cmd};
+use crate::error::{Error, Kind, Result};
+use crate::root::{read_host_file, Root};
+
+pub const DEFAULT_CONFIG: &str = "/etc/nodestrap/bootstrap.conf";
+const CONFIG_CAP: u64 = 64 << 10;
+const PROC_CMDLINE: &str = "/proc/cmdline";
+/// Test hook: the integration tests point this at a file standing in for /proc/cmdline.
+const PROC_CMDLINE_ENV: &str = "NODESTRAP_PROC_CMDLINE";
+const KARG_PREFIX: &str = "nodestrap.";
+const KERNEL: &str = "the kernel command line";
+
+/// Bootstrap options a config file or kernel argument may set.
+pub const KEYS: &[&str] = &[
+    "kubeconfig",
+    "force-kube-version",
+    "version-manifest",
+    "installer-kubelet-env",
+    "torcx-manifest-url",
+    "keyring",
+    "ca-file",
+    "no-verify-signatures",
+    "upgrade-os",
+    "torcx-skip-setup",
+    "torcx-profile",
+    "kubelet-env-path",
+    "reboot",
+    "verbose",
+    "api-tries",
+    "api-retry-delay",
+    "fetch-attempts",
+    "fetch-backoff-ms",
+    "update-timeout",
+];
+/// Options that say where settings come from, or ask for a one-off plan: command line only.
+const COMMAND_LINE_ONLY: &[&str] = &["root", "config", "cmdline", "dry-run", "help"];
+const ALIASES: &[(&str, &str)] = &[("manifest-url", "torcx-manifest-url")];
+/// Files nodestrap reads: node paths when set on the node (Ignition writes them to its disk).
+const NODE_FILE_KEYS: &[&str] = &["keyring", "ca-file"];
+
+/// A file named by `--keyring` or `--ca-file`, and where that name came from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// Given on the command line: read as given.
+    Host(PathBuf),
+    /// Set in the config file or on the kernel command line (`from`): read under `--root`.
+    Node { path: String, from: String },
+}
+
+/// A node setting reaches argh as `\0<from>\0<path>`: no argument from argv can hold a NUL
+/// byte, so only ours are read as node paths, and whichever one `last_wins` keeps says so.
+impl argh::FromArgValue for Input {
+    fn from_arg_value(v: &str) -> std::result::Result<Self, String> {
+        match v.strip_prefix('\0').and_then(|r| r.split_once('\0')) {
+            Some((from, path)) => Ok(Input::Node {
+                path: path.to_string(),
+                from: from.to_string(),
+            }),
+            None => Ok(Input::Host(PathBuf::from(v))),
+        }
+    }
+}
+
+impl Input {
+    fn marker(path: &str, from: &str) -> String {
+        format!("\0{from}\0{path}")
+    }
+
+    /// How messages name it: `/etc/k.asc`, or `/sysroot/etc/k.asc (from /sysroot/etc/...conf)`.
+    pub fn label(&self, root: &Root) -> String {
+        match self {
+            Input::Host(p) => p.display().to_string(),
+            Input::Node { path, from } => format!("{} (from {from})", root.show(path)),
+        }
+    }
+
+    /// `--keyring /etc/k.asc` or `keyring /sysroot/etc/k.asc (from ...)`.
+    pub fn name(&self, root: &Root, key: &str) -> String {
+        match self {
+            Input::Host(_) => format!("--{key} {}", self.label(root)),
+            Input::Node { .. } => format!("{key} {}", self.label(root)),
+        }
+    }
+
+    /// A bad file given on the command line is a usage error; one on the node is the node's
+    /// failure, as for every other node file.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Input::Host(_) => Kind::Config,
+            Input::Node { .. } => Kind::Failed,
+        }
+    }
+
+    /// The whole file, at most `cap` bytes; a node path never resolves outside `root`.
+    pub fn read(&self, root: &Root, cap: u64, key: &str) -> Result<Vec<u8>> {
+        match self {
+            Input::Host(p) => read_host_file(p, cap, &format!("--{key}")),
+            Input::Node { path, from } => match root.read(path, cap) {
+                Ok(Some(b)) => Ok(b),
+                Ok(None) => Err(Error::failed(format!(
+                    "{}: does not exist",
+                    self.name(root, key)
+                ))),
+                Err(e) => Err(e.context(format!("{key} (from {from})"))),
+            },
+        }
+    }
+}
+
+/// One `key=value` from a source, the key in its canonical spelling.
+#[derive(Debug, PartialEq)]
+struct Setting {
+    key: &'static str,
+    value: String,
+}
+
+pub struct Merged {
+    /// Normalised arguments for argh, the user's last.
+    pub args: Vec<String>,
+    /// One line per source read, keys only (values may be secret-ish), logged once the logger
+    /// is set up with the merged `--verbose`.
+    pub notes: Vec<String>,
+}
+
+/// Put the settings of the config file and (with `--cmdline`) the kernel command line before
+/// `user`, the already parsed and normalised arguments that gave `b`.
+pub fn merge(b: &Bootstrap, user: &[String]) -> Result<Merged> {
+    let mut synthetic = Vec::new();
+    let mut notes = Vec::new();
+    let root = Root::open(&b.root)?;
+    let (path, explicit) = match &b.config {
+        Some(p) => (p.as_str(), true),
+        None => (DEFAULT_CONFIG, false),
+    };
+    if !path.is_empty() {
+        if !is_node_file(path) {
+            return Err(Error::config(format!(
+                "--config {path:?}: expected an absolute file path on the node"
+            )));
+        }
+        let name = root.show(path);
+        match root
+            .read(path, CONFIG_CAP)
+            .map_err(|e| e.with_kind(Kind::Config))?
+        {
+            None if explicit => {
+                return Err(Error::config(format!("--config {name}: does not exist")))
+            }
+            None => {}
+            Some(bytes) => {
+                let text = String::from_utf8(bytes)
+                    .map_err(|_| Error::config(format!("{name}: not UTF-8 text")))?;
+                let settings = parse_file(&text, &name)?;
+                add(&settings, &name, &mut synthetic, &mut notes);
+            }
+        }
+    }
+    if b.cmdline {
+        let p = std::env::var_os(PROC_CMDLINE_ENV).unwrap_or_else(|| PROC_CMDLINE.into());
+        let bytes = read_host_file(p.as_ref(), CONFIG_CAP, "kernel command line")?;
+        let settings = parse_cmdline(&String::from_utf8_lossy(&bytes))?;
+        add(&settings, KERNEL, &mut synthetic, &mut notes);
+    }
+    if synthetic.is_empty() {
+        return Ok(Merged {
+            args: user.to_vec(),
+            notes,
+        });
+    }
+    let (sub, rest) = user.split_first().expect("argh parsed a subcommand");
+    let mut args = vec![sub.clone()];
+    args.extend(cli::normalize(&synthetic));
+    args.extend(rest.iter().cloned());
+    Ok(Merged {
+        args: cli::last_wins(args),
+        notes,
+    })
+}
+
+fn add(settings: &[Setting], from: &str, synthetic: &mut Vec<String>, notes: &mut Vec<String>) {
+    let keys: Vec<&str> = settings.iter().map(|s| s.key).collect();
+    let keys = if keys.is_empty() {
+        "none".to_string()
+    } else {
+        keys.join(", ")
+    };
+    notes.push(format!("settings from {from}: {keys}"));
+    for s in settings {
+        let value = if NODE_FILE_KEYS.contains(&s.key) {
+            Input::marker(&s.value, from)
+        } else {
+            s.value.clone()
+        };
+        // `--k=v`, never `--k v`: normalize splits at the first `=`, so any value survives.
+        synthetic.push(format!("--{}={value}", s.key));
+    }
+}
+
+/// `key=value` lines; blank lines and `#` comments skipped; `name` is how errors name the file.
+fn parse_file(text: &str, name: &str) -> Result<Vec<Setting>> {
+    let mut out: Vec<(Setting, usize)> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let err = |why: String| Error::config(format!("{name}:{n}: {why}"));
+        let (k, v) = line
+            .split_once('=')
+            .ok_or_else(|| err(format!("expected key=value: {line:?}")))?;
+        let key = canonical(k.trim()).map_err(err)?;
+        let value = unquote(v.trim())
+            .ok_or_else(|| err(format!("{key}: unbalanced quotes")))?
+            .to_string();
+        if let Some((_, first)) = out.iter().find(|(s, _)| s.key == key) {
+            return Err(err(format!(
+                "duplicate key {key:?} (first on line {first})"
+            )));
+        }
+        check_value(key, &value).map_err(|e| err(format!("{key}: {e}")))?;
+        out.push((Setting { key, value }, n));
+    }
+    Ok(out.into_iter().map(|(s, _)| s).collect())
+}
+
+/// `nodestrap.<key>=<value>` arguments; every other argument belongs to someone else.
+fn parse_cmdline(text: &str) -> Result<Vec<Setting>> {
+    let mut out: Vec<Setting> = Vec::new();
+    for (raw, param, value) in kernel_args(text) {
+        let Some(k) = param.strip_prefix(KARG_PREFIX) else {
+            continue;
+        };
+        let err = |why: String| Error::config(format!("kernel command line: {raw}: {why}"));
+        let key = canonical(k).map_err(err)?;
+        let value = value.ok_or_else(|| err(format!("expected {KARG_PREFIX}{key}=<value>")))?;
+        if out.iter().any(|s| s.key == key) {
+            return Err(err(format!("duplicate key {key:?}")));
+        }
+        check_value(key, &value).map_err(|e| err(format!("{key}: {e}")))?;
+        out.push(Setting { key, value });
+    }
+    Ok(out)
+}
+
+/// Split the way the kernel's `next_arg` does: whitespace outside double quotes ends an
+/// argument; a quote opening the argument or its value is dropped with the closing one.
+/// Returns (as written, parameter, value).
+fn kernel_args(text: &str) -> Vec<(String, String, Option<String>)> {
+    let mut out = Vec::new();
+    let mut rest = text.trim_start();
+    while !rest.is_empty() {
+        let mut in_quote = false;
+        let end = rest
+            .char_indices()
+            .find(|&(_, c)| {
+                if c == '"' {
+                    in_quote = !in_quote;
+                }
+                c.is_whitespace() && !in_quote
+            })
+            .map_or(rest.len(), |(i, _)| i);
+        let raw = &rest[..end];
+        rest = rest[end..].trim_start();
+        let (quoted, body) = match raw.strip_prefix('"') {
+            Some(b) => (true, b),
+            None => (false, raw),
+        };
+        let (mut param, mut value) = match body.split_once('=') {
+            Some((p, v)) => (p, Some(v)),
+            None => (body, None),
+        };
+        let mut closed = false;
+        if let Some(v) = value.and_then(|v| v.strip_prefix('"')) {
+            closed = v.ends_with('"');
+            value = Some(v.strip_suffix('"').unwrap_or(v));
+        }
+        if quoted && !closed {
+            match &mut value {
+                Some(v) => *v = v.strip_suffix('"').unwrap_or(v),
+                None => param = param.strip_suffix('"').unwrap_or(param),
+            }
+        }
+        out.push((
+            raw.to_string(),
+            param.to_string(),
+            value.map(str::to_string),
+        ));
+    }
+    out
+}
+
+fn canonical(k: &str) -> std::result::Result<&'static str, String> {
+    if let Some((_, to)) = ALIASES.iter().find(|(a, _)| *a == k) {
+        return Ok(to);
+    }
+    if let Some(key) = KEYS.iter().find(|key| **key == k) {
+        return Ok(key);
+    }
+    if COMMAND_LINE_ONLY.contains(&k) {
+        return Err(format!("{k:?} can only be given on the command line"));
+    }
+    Err(format!("unknown key {k:?}"))
+}
+
+/// A value in matching double quotes loses them; a lone quote at one end is an error.
+fn unquote(v: &str) -> Option<&str> {
+    match (v.starts_with('"'), v.ends_with('"')) {
+        (true, true) if v.len() >= 2 => Some(&v[1..v.len() - 1]),
+        (false, false) => Some(v),
+        _ => None,
+    }
+}
+
+fn is_node_file(p: &str) -> bool {
+    p.starts_with('/') && !p.ends_with('/')
+}
+
+/// Check one value the way it would be checked on the command line (argh's parse, then
+/// `check_options` with every other option at its default), so a bad one is reported with
+/// the file line or kernel argument it came from.
+fn check_value(key: &str, value: &str) -> std::result::Result<(), String> {
+    if value.contains('\0') {
+        return Err("contains a NUL character".into());
+    }
+    if NODE_FILE_KEYS.contains(&key) {
+        if !is_node_file(value) {
+            return Err(format!(
+                "{value:?}: expected an absolute file path on the node"
+            ));
+        }
+        return Ok(());
+    }
+    if key == "verbose" {
+        return crate::logger::parse_level(value)
+            .map(|_| ())
+            .ok_or_else(|| format!("{value:?}: expected error, warn, info or debug"));
+    }
+    let args = cli::normalize(&["bootstrap".to_string(), format!("--{key}={value}")]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let parsed = Cli::from_args(&["nodestrap"], &refs).map_err(|e| e.output.trim().to_string())?;
+    let Cmd::Bootstrap(b) = parsed.cmd;
+    crate::bootstrap::check_options(&b)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(v: &[(&'static str, &str)]) -> Vec<Setting> {
+        v.iter()
+            .map(|(key, value)| Setting {
+                key,
+                value: value.to_string(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn file_lines_comments_quotes_and_alias() {
+        let text = "# node settings\n\n  torcx-manifest-url = \"https://h/${VERSION_ID}/m.json\"  \n\t# indented comment\nupgrade-os=false\r\nkeyring=/etc/nodestrap/keyring.asc\nforce-kube-version = \"v1.10.2\"\nkubeconfig=\n";
+        assert_eq!(
+            parse_file(text, "f").unwrap(),
+            kv(&[
+                ("torcx-manifest-url", "https://h/${VERSION_ID}/m.json"),
+                ("upgrade-os", "false"),
+                ("keyring", "/etc/nodestrap/keyring.asc"),
+                ("force-kube-version", "v1.10.2"),
+                ("kubeconfig", ""),
+            ])
+        );
+        assert_eq!(
+            parse_file("manifest-url=https://a/m.json\n", "f").unwrap(),
+            kv(&[("torcx-manifest-url", "https://a/m.json")])
+        );
+        // A value may hold '=' and '#'.
+        assert_eq!(
+            parse_file("torcx-manifest-url=https://a/m.json?x=1#y\n", "f").unwrap(),
+            kv(&[("torcx-manifest-url", "https://a/m.json?x=1#y")])
+        );
+    }
+
+    #[test]
+    fn file_errors_name_the_file_line_and_key() {
+        let e = |text: &str| {
+            let e = parse_file(text, "/r/etc/nodestrap/bootstrap.conf").unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{e}");
+            e.to_string()
+        };
+        assert_eq!(
+            e("# c\nfoo=1\n"),
+            "/r/etc/nodestrap/bootstrap.conf:2: unknown key \"foo\""
+        );
+        assert!(
+            e("upgrade-os\n").starts_with("/r/etc/nodestrap/bootstrap.conf:1: expected key=value")
+        );
+        assert_eq!(
+            e("api-tries=1\n\napi-tries=2\n"),
+            "/r/etc/nodestrap/bootstrap.conf:3: duplicate key \"api-tries\" (first on line 1)"
+        );
+        // The alias and its target are one key.
+        assert!(e("manifest-url=https://a\ntorcx-manifest-url=https://b\n")
+            .contains(":2: duplicate key \"torcx-manifest-url\""));
+        assert!(e("root=/sysroot\n").contains(":1: \"root\" can only be given on the command line"));
+        assert!(e("dry-run=true\n").contains("can only be given on the command line"));
+        assert!(e("torcx-profile=\"x\n").contains(":1: torcx-profile: unbalanced quotes"));
+        // Invalid values, checked as the command line checks them.
+        for (text, needle) in [
+            ("api-tries=many\n", ":1: api-tries: "),
+            (
+                "api-tries=1000\n",
+                "api-tries: --api-tries 1000: at most 100",
+            ),
+            ("upgrade-os=yes\n", ":1: upgrade-os: "),
+            ("reboot=sometimes\n", "reboot: "),
+            ("verbose=loud\n", "verbose: \"loud\""),
+            ("torcx-profile=../x\n", "torcx-profile: --torcx-profile"),
+            ("kubelet-env-path=rel\n", "expected an absolute file path"),
+            (
+                "keyring=keyring.asc\n",
+                "keyring: \"keyring.asc\": expected an absolute file path on the node",
+            ),
+            (
+                "ca-file=\n",
+                "ca-file: \"\": expected an absolute file path",
+            ),
+            (
+                "torcx-manifest-url=https://x/{{.Channel}}\n",
+                "unknown placeholder",
+            ),
+        ] {
+            let m = e(text);
+            assert!(m.contains(needle), "{text:?}: {m}");
+            assert!(m.starts_with("/r/etc/nodestrap/bootstrap.conf:1: "), "{m}");
+        }
+    }
+
+    #[test]
+    fn kernel_arguments_split_like_the_kernel() {
+        let a = kernel_args(
+            " BOOT_IMAGE=/vmlinuz  ro nodestrap.torcx-profile=\"a b\"\tquiet \"nodestrap.verbose=debug\" x=\"y\" rd.nodestrap=0\n",
+        );
+        let pv: Vec<(&str, Option<&str>)> = a
+            .iter()
+            .map(|(_, p, v)| (p.as_str(), v.as_deref()))
+            .collect();
+        assert_eq!(
+            pv,
+            vec![
+                ("BOOT_IMAGE", Some("/vmlinuz")),
+                ("ro", None),
+                ("nodestrap.torcx-profile", Some("a b")),
+                ("quiet", None),
+                ("nodestrap.verbose", Some("debug")),
+                ("x", Some("y")),
+                ("rd.nodestrap", Some("0")),
+            ]
+        );
+        assert_eq!(a[2].0, "nodestrap.torcx-profile=\"a b\"");
+        // An unterminated quote runs to the end, as in the kernel.
+        assert_eq!(kernel_args("a=\"b c")[0].2.as_deref(), Some("b c"));
+    }
+
+    #[test]
+    fn kernel_settings() {
+        assert_eq!(
+            parse_cmdline("ro rd.nodestrap=0 nodestrap=1 nodestrap.manifest-url=\"https://a/m.json\" nodestrap.upgrade-os=false console=ttyS0\n").unwrap(),
+            kv(&[("torcx-manifest-url", "https://a/m.json"), ("upgrade-os", "false")])
+        );
+        let e = |t: &str| parse_cmdline(t).unwrap_err().to_string();
+        assert_eq!(
+            e("ro nodestrap.bogus=1"),
+            "kernel command line: nodestrap.bogus=1: unknown key \"bogus\""
+        );
+        assert!(e("nodestrap.upgrade-os").contains("expected nodestrap.upgrade-os=<value>"));
+        assert!(e("nodestrap.api-tries=1 nodestrap.api-tries=2")
+            .contains("nodestrap.api-tries=2: duplicate key"));
+        assert!(e("nodestrap.api-tries=x")
+            .starts_with("kernel command line: nodestrap.api-tries=x: api-tries: "));
+    }
+
+    #[test]
+    fn node_inputs_travel_through_last_wins() {
+        use argh::FromArgValue;
+        let node =
+            Input::from_arg_value(&Input::marker("/etc/k.asc", "the kernel command line")).unwrap();
+        assert_eq!(
+            node,
+            Input::Node {
+                path: "/etc/k.asc".into(),
+                from: "the kernel command line".into()
+            }
+        );
+        assert_eq!(
+            Input::from_arg_value("/etc/k.asc").unwrap(),
+            Input::Host("/etc/k.asc".into())
+        );
+    }
+
+    #[test]
+    fn keys_are_the_bootstrap_options() {
+        let help = match Cli::from_args(&["nodestrap"], &["bootstrap", "--help"]) {
+            Err(e) => e.output,
+            Ok(_) => unreachable!(),
+        };
+        let mut options: Vec<&str> = help
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix("--"))
+            .map(|l| l.split([' ', ',']).next().unwrap())
+            .collect();
+        options.sort();
+        let mut expected: Vec<&str> = KEYS.iter().chain(COMMAND_LINE_ONLY).copied().collect();
+        expected.sort();
+        assert_eq!(options, expected);
+    }
+}
