@@ -1,4 +1,4 @@
-# Shared by tests/demo.sh and tests/bench-fetch.sh: a local "release server" for torcx images.
+# Used by tests/bench-fetch.sh: a local "release server" for torcx images.
 # Source it from the repository's top, then: ns_begin TAG; ns_publish OS FILE VERSION;
 # ns_node ROOT OS TAG MINOR VERSION; ns_args ROOT.
 # Everything (CA, server certificate, OpenPGP key) is made for the run; nginx serves WORK/www
@@ -24,7 +24,7 @@ ns_setup() {
   command -v nginx >/dev/null || { echo "nginx is missing: run .ci/setup first" >&2; return 1; }
   ( cd "$ns_work"
     exec 2> openssl.log
-    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=nodestrap-demo-ca \
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=nodestrap-bench-ca \
       -keyout ca.key -out ca.pem
     openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=127.0.0.1 \
       -keyout srv.key -out srv.csr

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README, CI): format check, the static release binary (static, size-capped),
-# unit tests, and the integration tests run against that release binary.
+# unit tests, integration tests against that release binary, the Ignition configs, and the QEMU
+# scenarios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 limit=$((4 * 1024 * 1024))
@@ -22,3 +23,10 @@ if [ "$size" -gt "$limit" ]; then
   echo "FAIL: binary is larger than 4 MiB" >&2; exit 1
 fi
 NODESTRAP_BIN="$PWD/$bin" cargo test --locked
+# The Ignition configs through real ignition-validate, then every QEMU scenario against this
+# binary (qemu/build runs systemd-analyze verify on every unit).
+ignition/check
+# CI boots under TCG (as a fresh machine without usable KVM would), within a bound that leaves
+# room in its 90 minutes.
+NODESTRAP_BIN="$PWD/$bin" NODESTRAP_QEMU_ACCEL=${NODESTRAP_QEMU_ACCEL:-tcg} \
+  NODESTRAP_QEMU_DEADLINE=${NODESTRAP_QEMU_DEADLINE:-2700} qemu/run

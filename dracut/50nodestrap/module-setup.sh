@@ -28,14 +28,11 @@ install() {
             break
         fi
     done
-    # A static musl binary resolves names only from /etc/hosts and /etc/resolv.conf; the
-    # network stack in the initramfs provides the latter if it does DNS at all (IP addresses
-    # always work).
-    inst_multiple -o /etc/hosts
-    # DHCP on every wired link unless ip= or a host configuration says otherwise (those sort
-    # first): the bootstrap needs the network even when Ignition did not.
-    inst_simple "$moddir/99-nodestrap-dhcp.network" /usr/lib/systemd/network/99-nodestrap-dhcp.network
-    inst_simple "$moddir/nodestrap-initrd.service" "$systemdsystemunitdir/nodestrap-initrd.service"
-    # `|| exit 1`: a missing unit fails the build instead of an initramfs that silently skips it.
-    $SYSTEMCTL -q --root="$initdir" add-wants initrd.target nodestrap-initrd.service || exit 1
+    inst_multiple cat sed tr awk mv cp ln mkdir
+    inst_script "$moddir/nodestrap-resolv" /usr/lib/nodestrap/nodestrap-resolv || exit 1
+    inst_simple "$moddir/99-nodestrap-dhcp.network" /usr/lib/nodestrap/99-nodestrap-dhcp.network || exit 1
+    inst_simple "$moddir/nodestrap-initrd.service" "$systemdsystemunitdir/nodestrap-initrd.service" || exit 1
+    # The generator hooks the unit into initrd.target on the boots that need it; `|| exit 1`
+    # so that a missing file fails the build instead of an initramfs that silently skips it.
+    inst_script "$moddir/nodestrap-generator" "$systemdutildir/system-generators/nodestrap-generator" || exit 1
 }

@@ -1,0 +1,122 @@
+#!/usr/bin/python3
+"""Host-side servers for the QEMU scenarios, on 127.0.0.1 only (the guest reaches them at
+10.0.2.2 through QEMU's user network), both over TLS with a certificate from the run's CA:
+
+* the release server: static files under --www (torcx manifests, their .asc signatures,
+  images), GET and HEAD, no listings;
+* a fake Kubernetes API server that speaks the real paths, auth and JSON for what nodestrap
+  asks: GET /version and GET /api/v1/namespaces/NS/configmaps/NAME, bearer token required,
+  errors as metav1.Status objects.
+
+Every request is logged to --log as one line. Prints "ready RELEASE_PORT API_PORT" when both
+listen."""
+import argparse
+import http.server
+import json
+import os
+import ssl
+import sys
+import threading
+import time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--www", required=True)
+ap.add_argument("--cert", required=True)
+ap.add_argument("--key", required=True)
+ap.add_argument("--token", required=True, help="file holding the API server's bearer token")
+ap.add_argument("--git-version", required=True)
+ap.add_argument("--configmaps", required=True, help="JSON file: {\"ns/name\": {key: value}}")
+ap.add_argument("--log", required=True)
+a = ap.parse_args()
+token = open(a.token).read().strip()
+configmaps = json.load(open(a.configmaps))
+log_lock = threading.Lock()
+t0 = time.time()
+
+
+def log(line):
+    with log_lock, open(a.log, "a") as f:
+        f.write("%.3f %s\n" % (time.time(), line))
+
+
+class Base(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    kind = ""
+
+    def log_message(self, fmt, *args):
+        pass
+
+    def send(self, code, body, ctype):
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        log("%s %s %s %d %d" % (self.kind, self.command, self.path, code, len(body)))
+
+
+class Release(Base):
+    kind = "release"
+
+    def do_GET(self):
+        rel = self.path.split("?", 1)[0].lstrip("/")
+        full = os.path.realpath(os.path.join(a.www, rel))
+        if not full.startswith(os.path.realpath(a.www) + os.sep) or not os.path.isfile(full):
+            return self.send(404, b"not found\n", "text/plain")
+        self.send(200, open(full, "rb").read(), "application/octet-stream")
+
+    do_HEAD = do_GET
+
+
+class Api(Base):
+    kind = "api"
+
+    def status(self, code, reason, message):
+        body = json.dumps({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                           "message": message, "reason": reason, "code": code}).encode()
+        self.send(code, body, "application/json")
+
+    def do_GET(self):
+        if self.headers.get("Authorization", "") != "Bearer " + token:
+            return self.status(401, "Unauthorized", "Unauthorized")
+        path = self.path.split("?", 1)[0]
+        if path == "/version":
+            v = a.git_version
+            major, minor = v.lstrip("v").split(".")[:2]
+            body = {"major": major, "minor": minor, "gitVersion": v, "gitCommit": "0" * 40,
+                    "gitTreeState": "clean", "buildDate": "2018-03-21T15:13:31Z",
+                    "goVersion": "go1.9.3", "compiler": "gc", "platform": "linux/amd64"}
+            return self.send(200, json.dumps(body).encode(), "application/json")
+        parts = path.strip("/").split("/")
+        if len(parts) == 6 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "configmaps":
+            ns, name = parts[3], parts[5]
+            data = configmaps.get(ns + "/" + name)
+            if data is None:
+                return self.status(404, "NotFound", 'configmaps "%s" not found' % name)
+            body = {"kind": "ConfigMap", "apiVersion": "v1",
+                    "metadata": {"name": name, "namespace": ns, "uid": "00000000-0000-0000-0000-000000000001",
+                                 "resourceVersion": "1", "creationTimestamp": "2018-03-21T15:13:31Z"},
+                    "data": data}
+            return self.send(200, json.dumps(body).encode(), "application/json")
+        self.status(404, "NotFound", "the server could not find the requested resource")
+
+
+def serve(handler):
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(a.cert, a.key)
+    # The handshake happens in each connection's thread: a silent client stalls only itself.
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True, do_handshake_on_connect=False)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv.server_address[1]
+
+
+rp, apip = serve(Release), serve(Api)
+print("ready %d %d" % (rp, apip), flush=True)
+try:
+    while True:
+        time.sleep(3600)
+except KeyboardInterrupt:
+    sys.exit(0)
