@@ -23,9 +23,11 @@ if [ "$size" -gt "$limit" ]; then
   echo "FAIL: binary is larger than 4 MiB" >&2; exit 1
 fi
 NODESTRAP_BIN="$PWD/$bin" cargo test --locked
-# The Ignition configs through real ignition-validate, then every QEMU scenario against this
+# The Ignition configs through real ignition-validate, the in-cluster manifests' consistency,
+# then every QEMU scenario against this
 # binary (qemu/build runs systemd-analyze verify on every unit).
 ignition/check
+deploy/check
 # CI boots under TCG (as a fresh machine without usable KVM would), within a bound that leaves
 # room in its 90 minutes.
 NODESTRAP_BIN="$PWD/$bin" NODESTRAP_QEMU_ACCEL=${NODESTRAP_QEMU_ACCEL:-tcg} \
