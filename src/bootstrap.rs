@@ -1,10 +1,11 @@
 //! `nodestrap bootstrap`: tectonic-torcx's node bootstrap, step by step (torcx.md 2.2), with
 //! the fixes its reference lists: atomic writes, stable kubelet.env, a deadline on the update
 //! wait, retries on 5xx, and a reboot only when one is really needed.
+//! The steps the pre-reboot hook shares (options, manifests, staging) are `pub(crate)` here.
 
 use std::time::Duration;
 
-use crate::cli::{Bootstrap, RebootMode, DEFAULT_MANIFEST_URL};
+use crate::cli::{Bootstrap, Common, RebootMode, DEFAULT_MANIFEST_URL};
 use crate::config::Input;
 use crate::dbus::{self, Update};
 use crate::envfile::EnvFile;
@@ -17,7 +18,7 @@ use crate::torcx::{self, PackageList, Source, Staged};
 use crate::verify::Keyring;
 
 pub const OS_RELEASE: &str = "/usr/lib/os-release";
-const RUNTIME: &str = "docker";
+pub const RUNTIME: &str = "docker";
 const MAPPINGS_NS: &str = "tectonic-system";
 const MAPPINGS_CM: &str = "tectonic-torcx-runtime-mappings";
 const MAPPINGS_KEY: &str = "runtime-mappings.yaml";
@@ -31,27 +32,17 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     let root = Root::open(&a.root)?;
     let template = check_options(a)?;
     let torcx_on = !a.torcx_skip_setup;
-    let keyring = if torcx_on && !a.no_verify_signatures {
-        let data = a.keyring.read(&root, 16 << 20, "keyring")?;
-        let name = a.keyring.label(&root);
-        let k = Keyring::parse(&data, &name).map_err(|e| e.with_kind(a.keyring.kind()))?;
-        log::debug!("keyring {name}: {}", k.fingerprints().join(", "));
-        Some(k)
+    let keyring = if torcx_on {
+        read_keyring(&a.common(), &root)?
     } else {
-        if torcx_on {
-            log::warn!("--no-verify-signatures: torcx manifests will NOT be authenticated; anyone on the path can choose what runs on this node");
-        }
         None
     };
     let http = if torcx_on {
-        Some(manifest_client(a, &root)?)
+        Some(manifest_client(&a.common(), &root)?)
     } else {
         None
     };
-    let api_retry = ApiRetry {
-        tries: a.api_tries,
-        delay: Duration::from_secs(a.api_retry_delay),
-    };
+    let api_retry = api_retry(&a.common());
     let rebooter = crate::reboot::for_run(&root, a.reboot == RebootMode::Auto, a.dry_run);
 
     // 1. OS version and board.
@@ -175,18 +166,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
 /// Step 0 for everything given on the command line; returns the manifest URL template.
 /// Also checks each config file and kernel command line value (`config::check_value`).
 pub fn check_options(a: &Bootstrap) -> Result<String> {
-    if !torcx::plain_name(&a.torcx_profile) {
-        return Err(Error::config(format!(
-            "--torcx-profile {:?} is not a plain name",
-            a.torcx_profile
-        )));
-    }
-    let template = if a.torcx_manifest_url.is_empty() {
-        DEFAULT_MANIFEST_URL
-    } else {
-        &a.torcx_manifest_url
-    };
-    render_url(template, "amd64-usr", "1.0.0")?;
+    let template = check_common(&a.common())?;
     // Empty --kubeconfig means none (the API server is not asked); empty --kubelet-env-path
     // means kubelet.env is not written.
     let mut node_paths = vec![
@@ -215,24 +195,62 @@ pub fn check_options(a: &Bootstrap) -> Result<String> {
             )));
         }
     }
-    for (flag, value, max) in [
-        ("--api-tries", a.api_tries as u64, 100),
-        ("--api-retry-delay", a.api_retry_delay, 3600),
-        ("--fetch-attempts", a.fetch_attempts as u64, 100),
-        ("--fetch-backoff-ms", a.fetch_backoff_ms, 60_000),
-        ("--update-timeout", a.update_timeout, 7 * 24 * 3600),
-    ] {
-        if value > max {
-            return Err(Error::config(format!("{flag} {value}: at most {max}")));
-        }
+    at_most("--update-timeout", a.update_timeout, 7 * 24 * 3600)?;
+    Ok(template)
+}
+
+/// Checks of the options the hook shares; returns the manifest URL template.
+pub(crate) fn check_common(a: &Common) -> Result<String> {
+    if !torcx::plain_name(a.torcx_profile) {
+        return Err(Error::config(format!(
+            "--torcx-profile {:?} is not a plain name",
+            a.torcx_profile
+        )));
     }
+    let template = if a.torcx_manifest_url.is_empty() {
+        DEFAULT_MANIFEST_URL
+    } else {
+        a.torcx_manifest_url
+    };
+    render_url(template, "amd64-usr", "1.0.0")?;
+    at_most("--api-tries", a.api_tries as u64, 100)?;
+    at_most("--api-retry-delay", a.api_retry_delay, 3600)?;
+    at_most("--fetch-attempts", a.fetch_attempts as u64, 100)?;
+    at_most("--fetch-backoff-ms", a.fetch_backoff_ms, 60_000)?;
     Ok(template.to_string())
 }
 
+pub(crate) fn at_most(flag: &str, value: u64, max: u64) -> Result<()> {
+    if value > max {
+        return Err(Error::config(format!("{flag} {value}: at most {max}")));
+    }
+    Ok(())
+}
+
+/// The keyring that signs manifests, or `None` (with a warning) under --no-verify-signatures.
+pub(crate) fn read_keyring(a: &Common, root: &Root) -> Result<Option<Keyring>> {
+    if a.no_verify_signatures {
+        log::warn!("--no-verify-signatures: torcx manifests will NOT be authenticated; anyone on the path can choose what runs on this node");
+        return Ok(None);
+    }
+    let data = a.keyring.read(root, 16 << 20, "keyring")?;
+    let name = a.keyring.label(root);
+    let k = Keyring::parse(&data, &name).map_err(|e| e.with_kind(a.keyring.kind()))?;
+    log::debug!("keyring {name}: {}", k.fingerprints().join(", "));
+    Ok(Some(k))
+}
+
+pub(crate) fn api_retry(a: &Common) -> ApiRetry {
+    ApiRetry {
+        tries: a.api_tries,
+        delay: Duration::from_secs(a.api_retry_delay),
+    }
+}
+
 /// The HTTPS client for manifests and images: system roots plus `--ca-file`.
-fn manifest_client(a: &Bootstrap, root: &Root) -> Result<Http> {
+pub(crate) fn manifest_client(a: &Common, root: &Root) -> Result<Http> {
     let mut tls = Tls::system(root)?;
-    match &a.ca_file {
+    match a.ca_file {
         Some(Input::Host(p)) => tls.add_file(p, "--ca-file")?,
         Some(ca) => {
             let pem = ca.read(root, 16 << 20, "ca-file")?;
@@ -355,12 +373,20 @@ fn kube_version(root: &Root, a: &Bootstrap, kube: Option<&Kube>) -> Result<Strin
             root.show(&a.kubeconfig)
         ),
     }
-    let name = root.show(&a.installer_kubelet_env);
-    let text = root.read_text(&a.installer_kubelet_env)?.ok_or_else(|| {
+    kubelet_env_version(root, &a.installer_kubelet_env)?.ok_or_else(|| {
         Error::failed(format!(
-            "unable to determine the cluster version: API server unavailable and {name} does not exist"
+            "unable to determine the cluster version: API server unavailable and {} does not exist",
+            root.show(&a.installer_kubelet_env)
         ))
-    })?;
+    })
+}
+
+/// The Kubernetes version a kubelet.env names (`KUBELET_IMAGE_TAG`); `None` if it does not exist.
+pub(crate) fn kubelet_env_version(root: &Root, node_path: &str) -> Result<Option<String>> {
+    let name = root.show(node_path);
+    let Some(text) = root.read_text(node_path)? else {
+        return Ok(None);
+    };
     let env = EnvFile::parse(&text, &name)?;
     let tag = env
         .get("KUBELET_IMAGE_TAG")
@@ -373,7 +399,7 @@ fn kube_version(root: &Root, a: &Bootstrap, kube: Option<&Kube>) -> Result<Strin
     // Docker tags cannot hold '+', so the installer wrote '_'.
     let v = tag.replace('_', "+");
     log::info!("Kubernetes version {v} (from KUBELET_IMAGE_TAG in {name})");
-    checked_version(v, &format!("KUBELET_IMAGE_TAG in {name}"))
+    checked_version(v, &format!("KUBELET_IMAGE_TAG in {name}")).map(Some)
 }
 
 /// A version the mappings can be looked up by (`v1.10.2+coreos.0`), or an error naming its source.
@@ -412,6 +438,11 @@ fn runtime_versions(
             Mappings::parse(&text, &name)?
         }
     };
+    pick_versions(&mappings, k8s)
+}
+
+/// The runtime versions the mappings give for `k8s`, most preferred first.
+pub(crate) fn pick_versions(mappings: &Mappings, k8s: &str) -> Result<Vec<String>> {
     let wanted = mappings.runtime_for(k8s, RUNTIME)?;
     for v in &wanted {
         if !torcx::plain_name(v) {
@@ -461,11 +492,11 @@ fn os_update(a: &Bootstrap, root: &Root) -> Result<Update> {
 }
 
 /// Fetches and authenticates package lists.
-struct Manifests<'a> {
-    http: &'a Http,
-    template: &'a str,
-    board: &'a str,
-    keyring: Option<&'a Keyring>,
+pub(crate) struct Manifests<'a> {
+    pub http: &'a Http,
+    pub template: &'a str,
+    pub board: &'a str,
+    pub keyring: Option<&'a Keyring>,
 }
 
 impl Manifests<'_> {
@@ -485,8 +516,9 @@ impl Manifests<'_> {
     }
 }
 
-/// Steps 5-8. Returns the runtime version the profile now names, if torcx was set up.
-fn stage_runtime(
+/// Steps 5-8 (the hook's too). Returns the runtime version the profile now names, if torcx
+/// was set up.
+pub(crate) fn stage_runtime(
     root: &Root,
     m: &Manifests,
     current: &str,

@@ -21,6 +21,7 @@ pub struct Cli {
 #[argh(subcommand)]
 pub enum Cmd {
     Bootstrap(Bootstrap),
+    Hook(Hook),
 }
 
 #[derive(FromArgs, Debug)]
@@ -104,6 +105,102 @@ pub struct Bootstrap {
     #[argh(option, default = "1800")]
     pub update_timeout: u64,
 }
+
+pub const DEFAULT_HOOK_ANNOTATION: &str =
+    "container-linux-update.v1.coreos.com/tectonic-torcx-pre-hook-ok";
+
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "hook")]
+/// Pre-reboot hook of the update operator: stage the runtime for the pending OS version, drop
+/// stores of older versions, and annotate the Node. Never updates, reboots or writes kubelet.env.
+pub struct Hook {
+    /// the host's root as mounted in this pod; node paths resolve under it (default /)
+    #[argh(option, default = "PathBuf::from(\"/\")")]
+    pub root: PathBuf,
+    /// kubeconfig (pod path); default: the pod's service account
+    #[argh(option)]
+    pub kubeconfig: Option<PathBuf>,
+    /// this Node's name (default: env NODE)
+    #[argh(option)]
+    pub node_name: Option<String>,
+    /// annotation set to "true" on the Node once done
+    #[argh(option, default = "DEFAULT_HOOK_ANNOTATION.into()")]
+    pub node_annotation: String,
+    /// runtime mappings file (pod path, default /etc/runtime-mappings.yaml)
+    #[argh(option, default = "PathBuf::from(\"/etc/runtime-mappings.yaml\")")]
+    pub version_manifest: PathBuf,
+    /// once done, stay up idle (sleeping this many seconds at a time) until SIGTERM; 0: exit
+    #[argh(option, default = "0")]
+    pub sleep: u64,
+    /// torcx manifest URL template: {{.Board}} {{.OSVersion}} ${COREOS_BOARD} ${VERSION_ID}
+    #[argh(option, default = "DEFAULT_MANIFEST_URL.into()")]
+    pub torcx_manifest_url: String,
+    /// armored OpenPGP keyring that signs manifests (pod path)
+    #[argh(
+        option,
+        default = "Input::Host(PathBuf::from(\"/usr/share/nodestrap/keyring.asc\"))"
+    )]
+    pub keyring: Input,
+    /// extra PEM trust anchors for the system roots (pod path)
+    #[argh(option)]
+    pub ca_file: Option<Input>,
+    /// skip the manifest signature check (and do not fetch .asc): dangerous
+    #[argh(option, default = "false")]
+    pub no_verify_signatures: bool,
+    /// profile to create when no user next-profile exists (default tectonic)
+    #[argh(option, default = "\"tectonic\".into()")]
+    pub torcx_profile: String,
+    /// log level: error, warn, info, debug (default info)
+    #[argh(option, default = "\"info\".into()")]
+    pub verbose: String,
+    /// API server tries per request (default 3)
+    #[argh(option, default = "3")]
+    pub api_tries: u32,
+    /// seconds between API server tries (default 10)
+    #[argh(option, default = "10")]
+    pub api_retry_delay: u64,
+    /// attempts per manifest, signature or image download (default 6)
+    #[argh(option, default = "6")]
+    pub fetch_attempts: u32,
+    /// first retry delay in milliseconds; doubles per retry with full jitter, capped at 60 s
+    #[argh(option, default = "1000")]
+    pub fetch_backoff_ms: u64,
+}
+
+/// The options bootstrap and hook share, checked and used by the same code.
+pub struct Common<'a> {
+    pub torcx_manifest_url: &'a str,
+    pub keyring: &'a Input,
+    pub ca_file: Option<&'a Input>,
+    pub no_verify_signatures: bool,
+    pub torcx_profile: &'a str,
+    pub api_tries: u32,
+    pub api_retry_delay: u64,
+    pub fetch_attempts: u32,
+    pub fetch_backoff_ms: u64,
+}
+
+macro_rules! common {
+    ($t:ty) => {
+        impl $t {
+            pub fn common(&self) -> Common<'_> {
+                Common {
+                    torcx_manifest_url: &self.torcx_manifest_url,
+                    keyring: &self.keyring,
+                    ca_file: self.ca_file.as_ref(),
+                    no_verify_signatures: self.no_verify_signatures,
+                    torcx_profile: &self.torcx_profile,
+                    api_tries: self.api_tries,
+                    api_retry_delay: self.api_retry_delay,
+                    fetch_attempts: self.fetch_attempts,
+                    fetch_backoff_ms: self.fetch_backoff_ms,
+                }
+            }
+        }
+    };
+}
+common!(Bootstrap);
+common!(Hook);
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RebootMode {
@@ -265,9 +362,33 @@ mod tests {
         ]));
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let cli = Cli::from_args(&["nodestrap"], &refs).unwrap();
-        let Cmd::Bootstrap(b) = cli.cmd;
+        let Cmd::Bootstrap(b) = cli.cmd else {
+            panic!("not bootstrap")
+        };
         assert_eq!(b.root, PathBuf::from("/sysroot"));
         assert!(!b.upgrade_os && b.reboot == RebootMode::Never && !b.dry_run);
         assert_eq!(b.kubelet_env_path, "/etc/kubernetes/kubelet.env");
+    }
+
+    #[test]
+    fn parses_hook_as_the_daemonset_runs_it() {
+        let args = normalize(&s(&[
+            "hook",
+            "--verbose=debug",
+            "--node-annotation=example.com/ok",
+            "--sleep=604800",
+            "--no-verify-signatures",
+        ]));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let Cmd::Hook(h) = Cli::from_args(&["nodestrap"], &refs).unwrap().cmd else {
+            panic!("not hook")
+        };
+        assert_eq!(h.sleep, 604800);
+        assert!(h.no_verify_signatures && h.node_name.is_none() && h.kubeconfig.is_none());
+        assert_eq!(h.node_annotation, "example.com/ok");
+        assert_eq!(
+            h.version_manifest,
+            PathBuf::from("/etc/runtime-mappings.yaml")
+        );
     }
 }

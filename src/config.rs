@@ -349,7 +349,9 @@ fn check_value(key: &str, value: &str) -> std::result::Result<(), String> {
     let args = cli::normalize(&["bootstrap".to_string(), format!("--{key}={value}")]);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let parsed = Cli::from_args(&["nodestrap"], &refs).map_err(|e| e.output.trim().to_string())?;
-    let Cmd::Bootstrap(b) = parsed.cmd;
+    let Cmd::Bootstrap(b) = parsed.cmd else {
+        unreachable!("parsed as bootstrap")
+    };
     crate::bootstrap::check_options(&b)
         .map(|_| ())
         .map_err(|e| e.to_string())

@@ -133,18 +133,22 @@ pub struct Http {
     retry: Retry,
 }
 
-/// A GET request (all nodestrap needs so far).
 pub struct Request<'a> {
+    pub method: &'static str,
     pub url: &'a str,
     /// Header values may be secrets: they are never logged.
     pub headers: Vec<(&'static str, String)>,
+    /// Content type and body.
+    pub body: Option<(&'static str, Vec<u8>)>,
 }
 
 impl<'a> Request<'a> {
     pub fn get(url: &'a str) -> Self {
         Request {
+            method: "GET",
             url,
             headers: Vec::new(),
+            body: None,
         }
     }
 }
@@ -201,26 +205,45 @@ impl Http {
         &self,
         req: &Request,
     ) -> std::result::Result<ureq::http::Response<ureq::Body>, ureq::Error> {
-        let mut r = self.agent.get(req.url);
+        let mut b = ureq::http::Request::builder()
+            .method(req.method)
+            .uri(req.url);
         for (k, v) in &req.headers {
-            r = r.header(*k, v.as_str());
+            b = b.header(*k, v.as_str());
         }
-        r.call()
+        match &req.body {
+            Some((ctype, body)) => {
+                let r = b
+                    .header("Content-Type", *ctype)
+                    .body(body.clone())
+                    .map_err(ureq::Error::Http)?;
+                self.agent.run(r)
+            }
+            None => self.agent.run(b.body(()).map_err(ureq::Error::Http)?),
+        }
     }
 
     /// A request whose body is read whole (at most `cap` bytes), retried as a unit.
     pub fn fetch(&self, req: &Request, cap: u64) -> Result<Vec<u8>> {
-        let what = format!("GET {}", req.url);
+        self.fetch_passing(req, cap, &[])?
+    }
+
+    /// `fetch`, but an answer with a status in `pass` is handed back as the inner `Err`
+    /// at once, for the caller's own retry rule (409 Conflict on a patch).
+    pub fn fetch_passing(&self, req: &Request, cap: u64, pass: &[u16]) -> Result<Result<Vec<u8>>> {
+        let what = format!("{} {}", req.method, req.url);
         self.retrying(&what, || {
             let mut resp = match self.call(req) {
                 Ok(r) => r,
                 Err(e) => return classify_transport(&what, e),
             };
-            if let Some(a) = status_attempt(&what, &mut resp) {
-                return a;
+            match status_failure(&what, &mut resp) {
+                None => {}
+                Some((status, e)) if pass.contains(&status) => return Attempt::Done(Err(e)),
+                Some((status, e)) => return verdict(status, e),
             }
             match resp.body_mut().with_config().limit(cap).read_to_vec() {
-                Ok(v) => Attempt::Done(v),
+                Ok(v) => Attempt::Done(Ok(v)),
                 Err(ureq::Error::BodyExceedsLimit(_)) => Attempt::Final(Error::failed(format!(
                     "{what}: response larger than the {cap}-byte limit"
                 ))),
@@ -246,8 +269,8 @@ impl Http {
                 Ok(r) => r,
                 Err(e) => return classify_transport(&what, e),
             };
-            if let Some(a) = status_attempt(&what, &mut resp) {
-                return a;
+            if let Some((status, e)) = status_failure(&what, &mut resp) {
+                return verdict(status, e);
             }
             let total = resp.body().content_length();
             if let Some(t) = total.filter(|t| *t > cap) {
@@ -296,11 +319,8 @@ fn classify_transport<T>(what: &str, e: ureq::Error) -> Attempt<T> {
     }
 }
 
-/// `None` for 2xx; otherwise the attempt's verdict with the server's own message.
-fn status_attempt<T>(
-    what: &str,
-    resp: &mut ureq::http::Response<ureq::Body>,
-) -> Option<Attempt<T>> {
+/// `None` for 2xx; otherwise the status and an error with the server's own message.
+fn status_failure(what: &str, resp: &mut ureq::http::Response<ureq::Body>) -> Option<(u16, Error)> {
     let status = resp.status();
     if status.is_success() {
         return None;
@@ -317,12 +337,16 @@ fn status_attempt<T>(
         status,
         detail.map(|d| format!(": {d}")).unwrap_or_default()
     );
-    let code = status.as_u16();
-    Some(if code == 408 || code == 429 || status.is_server_error() {
-        Attempt::Retry(Error::failed(msg))
+    Some((status.as_u16(), Error::failed(msg)))
+}
+
+/// `curl --retry`: 408, 429 and 5xx may pass; other statuses are final.
+fn verdict<T>(status: u16, e: Error) -> Attempt<T> {
+    if status == 408 || status == 429 || status >= 500 {
+        Attempt::Retry(e)
     } else {
-        Attempt::Final(Error::failed(msg))
-    })
+        Attempt::Final(e)
+    }
 }
 
 /// The Kubernetes `Status.message` of an error body, or its first line of text.

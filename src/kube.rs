@@ -1,5 +1,5 @@
-//! A small Kubernetes API client: a kubeconfig on the node, `GET /version` and ConfigMaps.
-//! Credentials never reach a log line.
+//! A small Kubernetes API client: a kubeconfig or the pod's service account, `GET /version`,
+//! ConfigMaps and merge-`PATCH` of a Node. Credentials never reach a log line.
 
 use std::time::Duration;
 
@@ -10,6 +10,13 @@ use crate::error::{Error, Result};
 use crate::fetch::{Backoff, Http, Request, Retry, Tls};
 use crate::root::Root;
 use crate::yaml;
+
+const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// Test hook: the integration tests put a service account directory elsewhere.
+const SA_DIR_ENV: &str = "NODESTRAP_SA_DIR";
+/// Conflict retries of a patch: CLUO's 4 steps from 10 ms, factor 5.
+const CONFLICT_TRIES: u32 = 4;
+const CONFLICT_FIRST_DELAY: Duration = Duration::from_millis(10);
 
 pub struct Kube {
     http: Http,
@@ -89,6 +96,52 @@ impl Kube {
         Ok(Some(Kube::new(&kc.server, tls, token, name, retry)?))
     }
 
+    /// Client from the pod's service account, as client-go's in-cluster config does.
+    pub fn in_cluster(retry: ApiRetry) -> Result<Kube> {
+        let host = std::env::var("KUBERNETES_SERVICE_HOST")
+            .ok()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| {
+                Error::config(
+                    "no --kubeconfig and KUBERNETES_SERVICE_HOST is not set (not in a pod?)",
+                )
+            })?;
+        let port = std::env::var("KUBERNETES_SERVICE_PORT")
+            .ok()
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| "443".into());
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host
+        };
+        let dir = std::env::var(SA_DIR_ENV).unwrap_or_else(|_| SA_DIR.into());
+        let read = |name: &str| -> Result<Vec<u8>> {
+            let p = format!("{dir}/{name}");
+            crate::root::read_host_file(
+                std::path::Path::new(&p),
+                crate::root::CONFIG_CAP,
+                "service account",
+            )
+            .map_err(|e| e.with_kind(crate::error::Kind::Failed))
+        };
+        let token = String::from_utf8_lossy(&read("token")?).trim().to_string();
+        if token.is_empty() {
+            return Err(Error::failed(format!(
+                "service account {dir}/token is empty"
+            )));
+        }
+        let mut tls = Tls::default();
+        tls.add_pem(&read("ca.crt")?, &format!("{dir}/ca.crt"))?;
+        Kube::new(
+            &format!("https://{host}:{port}"),
+            tls,
+            Some(token),
+            format!("the service account in {dir}"),
+            retry,
+        )
+    }
+
     fn new(
         server: &str,
         tls: Tls,
@@ -117,17 +170,27 @@ impl Kube {
         })
     }
 
-    fn request<'a>(&self, url: &'a str) -> Request<'a> {
+    fn request<'a>(
+        &self,
+        method: &'static str,
+        url: &'a str,
+        body: Option<(&'static str, Vec<u8>)>,
+    ) -> Request<'a> {
         let mut headers = vec![("Accept", "application/json".to_string())];
         if let Some(t) = &self.token {
             headers.push(("Authorization", format!("Bearer {t}")));
         }
-        Request { url, headers }
+        Request {
+            method,
+            url,
+            headers,
+            body,
+        }
     }
 
     fn get_json(&self, path: &str) -> Result<serde_json::Value> {
         let url = format!("{}{path}", self.server);
-        let body = self.http.fetch(&self.request(&url), 8 << 20)?;
+        let body = self.http.fetch(&self.request("GET", &url, None), 8 << 20)?;
         serde_json::from_slice(&body)
             .map_err(|e| Error::failed(format!("GET {url}: invalid JSON: {e}")))
     }
@@ -160,6 +223,33 @@ impl Kube {
             _ => Err(Error::failed(format!(
                 "ConfigMap {ns}/{name}: key {key:?} is missing or empty"
             ))),
+        }
+    }
+
+    /// JSON merge patch of a Node. A 409 Conflict is tried again a few times at short
+    /// intervals; transport errors and 5xx follow the `ApiRetry` rule.
+    pub fn patch_node(&self, name: &str, patch: &serde_json::Value) -> Result<serde_json::Value> {
+        let url = format!("{}/api/v1/nodes/{name}", self.server);
+        let body = patch.to_string().into_bytes();
+        let req = self.request("PATCH", &url, Some(("application/merge-patch+json", body)));
+        let mut delay = CONFLICT_FIRST_DELAY;
+        let mut n = 0;
+        loop {
+            n += 1;
+            match self.http.fetch_passing(&req, 8 << 20, &[409])? {
+                Ok(b) => {
+                    return serde_json::from_slice(&b)
+                        .map_err(|e| Error::failed(format!("PATCH {url}: invalid JSON: {e}")))
+                }
+                Err(e) if n < CONFLICT_TRIES => {
+                    log::warn!("{e}; trying again in {}ms", delay.as_millis());
+                    std::thread::sleep(delay);
+                    delay *= 5;
+                }
+                Err(e) => {
+                    return Err(e.context(format!("still a conflict after {CONFLICT_TRIES} tries")))
+                }
+            }
         }
     }
 }

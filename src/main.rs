@@ -7,6 +7,7 @@ mod dbus;
 mod envfile;
 mod error;
 mod fetch;
+mod hook;
 mod kube;
 mod logger;
 mod mappings;
@@ -29,8 +30,10 @@ fn run() -> i32 {
         .first()
         .map(|a| a.rsplit('/').next().unwrap_or(a).to_string())
         .unwrap_or_default();
-    if prog == "tectonic-torcx-bootstrap" {
-        argv.insert(1, "bootstrap".into());
+    match prog.as_str() {
+        "tectonic-torcx-bootstrap" => argv.insert(1, "bootstrap".into()),
+        "tectonic-torcx-hook-pre" => argv.insert(1, "hook".into()),
+        _ => {}
     }
     let user = cli::normalize(&argv[1..]);
     // The command line alone first: it says where the other settings are (--root, --config,
@@ -39,7 +42,17 @@ fn run() -> i32 {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let cli::Cmd::Bootstrap(b) = &cli.cmd;
+    let b = match &cli.cmd {
+        cli::Cmd::Bootstrap(b) => b,
+        // The hook takes the command line only: no config file, no kernel arguments.
+        cli::Cmd::Hook(h) => {
+            let Some(level) = log_level(&h.verbose) else {
+                return 2;
+            };
+            logger::init(level);
+            return exit_code(hook::run(h));
+        }
+    };
     let merged = match config::merge(b, &user) {
         Ok(m) => m,
         Err(e) => {
@@ -52,19 +65,29 @@ fn run() -> i32 {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let cli::Cmd::Bootstrap(b) = &cli.cmd;
-    let Some(level) = logger::parse_level(&b.verbose) else {
-        eprintln!(
-            "error: --verbose {:?}: expected error, warn, info or debug",
-            b.verbose
-        );
+    let cli::Cmd::Bootstrap(b) = &cli.cmd else {
+        unreachable!("merged arguments keep the subcommand")
+    };
+    let Some(level) = log_level(&b.verbose) else {
         return 2;
     };
     logger::init(level);
     for n in &merged.notes {
         log::info!("{n}");
     }
-    match bootstrap::run(b) {
+    exit_code(bootstrap::run(b))
+}
+
+fn log_level(verbose: &str) -> Option<log::LevelFilter> {
+    let l = logger::parse_level(verbose);
+    if l.is_none() {
+        eprintln!("error: --verbose {verbose:?}: expected error, warn, info or debug");
+    }
+    l
+}
+
+fn exit_code(r: error::Result<()>) -> i32 {
+    match r {
         Ok(()) => 0,
         Err(e) => {
             log::error!("{e}");

@@ -6,12 +6,14 @@
 //! follow a name: they create a fresh temp file with `O_EXCL` in the already-resolved target
 //! directory and `renameat` it over the final name.
 
+use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, FileType, FlockOperation, Mode, OFlags, ResolveFlags};
 
 use crate::error::{Context, Error, Result};
 
@@ -322,12 +324,58 @@ impl Dir {
         rustix::fs::fsync(&self.fd).with_ctx(|| format!("fsync {}", self.shown))
     }
 
+    /// Remove the directory `name` directly below this one and everything in it, relative to
+    /// directory handles, never following a symlink nor crossing into another mount.
+    /// `Ok(false)` when `name` is not a directory (left alone) or is gone already.
+    pub fn remove_dir_tree(&self, name: &str) -> Result<bool> {
+        let st = match rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(rustix::io::Errno::NOENT) => return Ok(false),
+            Err(e) => return Err(Error::from(e).context(self.show(name))),
+        };
+        if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+            return Ok(false);
+        }
+        remove_tree_at(&self.fd, name.as_ref(), st.st_dev).with_ctx(|| self.show(name))?;
+        self.fsync()?;
+        Ok(true)
+    }
+
     pub fn symlink(&self, target: &str, name: &str) -> Result<()> {
         match rustix::fs::symlinkat(target, &self.fd, name) {
             Ok(()) | Err(rustix::io::Errno::EXIST) => Ok(()),
             Err(e) => Err(Error::from(e).context(self.show(name))),
         }
     }
+}
+
+/// `rm -rf` of `name` under `parent` without following symlinks (`O_NOFOLLOW`, each level
+/// opened relative to its parent); a directory on another device than `dev` is refused.
+fn remove_tree_at(parent: &impl AsFd, name: &OsStr, dev: u64) -> io::Result<()> {
+    let st = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+        return Ok(rustix::fs::unlinkat(parent, name, AtFlags::empty())?);
+    }
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = rustix::fs::openat(parent, name, flags, Mode::empty())?;
+    if rustix::fs::fstat(&fd)?.st_dev != dev {
+        return Err(io::Error::other(format!(
+            "{}: a mount point, not removed",
+            name.to_string_lossy()
+        )));
+    }
+    let mut names = Vec::new();
+    for ent in rustix::fs::Dir::read_from(&fd)? {
+        let ent = ent?;
+        let n = ent.file_name().to_bytes();
+        if n != b"." && n != b".." {
+            names.push(OsStr::from_bytes(n).to_owned());
+        }
+    }
+    for n in names {
+        remove_tree_at(&fd, &n, dev)?;
+    }
+    Ok(rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)?)
 }
 
 pub struct TempFile<'a> {

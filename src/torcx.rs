@@ -193,8 +193,15 @@ pub fn stage_image(
     }
     // The same image staged for another OS version (the hook stages current and next).
     for other in local_copies(root, &file, &store)? {
-        let Some(mut f) = root.open_file(&other)? else {
-            continue;
+        // Other stores are only a shortcut: one that cannot be read (a loose file named like
+        // a version, a broken entry) just means downloading.
+        let mut f = match root.open_file(&other) {
+            Ok(Some(f)) => f,
+            Ok(None) => continue,
+            Err(e) => {
+                log::debug!("not copying from it: {e}");
+                continue;
+            }
         };
         match write_verified(&dir, &file, digest, &mut f) {
             Ok(_) => return Ok(Staged::Copied(root.show(&other))),
@@ -353,6 +360,36 @@ fn vendor_version(root: &Root, image: &str, reference: &str) -> Option<String> {
     plain_name(version).then(|| version.to_string())
 }
 
+/// Whether the hook's GC removes store `name`: a dotted version (`^\d+\.\d+\.\d+$`, as
+/// tectonic-torcx) older than `current`, and neither `current` nor `next` (an update may go
+/// back to an older version).
+pub fn gc_candidate(name: &str, current: &str, next: &str) -> bool {
+    let parts: Vec<&str> = name.split('.').collect();
+    let dotted = parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    dotted
+        && name != current
+        && name != next
+        && os_version_cmp(name, current) == Some(std::cmp::Ordering::Less)
+}
+
+/// Remove the versioned stores `gc_candidate` picks (directories only; files and symlinks
+/// stay). Returns the stores removed, as shown in messages.
+pub fn gc_stores(root: &Root, current: &str, next: &str) -> Result<Vec<String>> {
+    let Some(d) = root.dir(USER_STORE, false)? else {
+        return Ok(Vec::new());
+    };
+    let mut removed = Vec::new();
+    for e in d.entries()? {
+        if gc_candidate(&e, current, next) && d.remove_dir_tree(&e)? {
+            removed.push(d.show(&e));
+        }
+    }
+    Ok(removed)
+}
+
 /// The runtime unit that wipes docker's data dir at shutdown when the runtime version changes
 /// (docker cannot downgrade its data dir). It lives in /run, so it is gone after the reboot.
 pub const CLEANUP_UNIT: &str = "torcx-docker-cleanup.service";
@@ -399,6 +436,36 @@ mod tests {
                 && supports_remote("nightly")
         );
         assert!(!supports_remote("1520.2.9") && !supports_remote("1298.7.0"));
+    }
+
+    #[test]
+    fn gc_picks_only_older_dotted_versions() {
+        let (cur, next) = ("2345.3.0", "2400.0.0");
+        for old in ["1000.0.0", "1500.0.0", "2345.2.9", "999.99.99"] {
+            assert!(gc_candidate(old, cur, next), "{old}");
+        }
+        for keep in [
+            cur,
+            next,
+            "2345.03.0",
+            "2345.3.1",
+            "3000.0.0",
+            "custom",
+            "1000.0",
+            "1000.0.0.1",
+            "1000.0.0-r1",
+            "v1000.0.0",
+            "1000..0",
+            ".1000.0.0",
+            "docker:17.03.torcx.tgz",
+            "",
+        ] {
+            assert!(!gc_candidate(keep, cur, next), "{keep}");
+        }
+        // An update back to an older release keeps that release's store.
+        assert!(!gc_candidate("2300.0.0", cur, "2300.0.0"));
+        // A current version that is not dotted numbers removes nothing.
+        assert!(!gc_candidate("1000.0.0", "nightly", next));
     }
 
     #[test]

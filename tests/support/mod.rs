@@ -157,6 +157,7 @@ impl Seen {
 
 #[derive(Default)]
 struct Routes {
+    /// Keyed by path, or by `METHOD path` (which wins) for a reply to one method only.
     /// Replies used once each, in order, before the standing one.
     queued: HashMap<String, VecDeque<Reply>>,
     standing: HashMap<String, Reply>,
@@ -263,6 +264,14 @@ impl Server {
         self.routes.lock().unwrap().bearer = Some(token.to_string());
     }
 
+    /// Requests with this method and path, in order.
+    pub fn requests(&self, method: &str, path: &str) -> Vec<Seen> {
+        self.seen()
+            .into_iter()
+            .filter(|s| s.method == method && s.path == path)
+            .collect()
+    }
+
     pub fn hits(&self, path: &str) -> usize {
         self.seen().iter().filter(|s| s.path == path).count()
     }
@@ -321,12 +330,16 @@ fn handle(
                 None => true,
                 Some(t) => s.header("authorization") == Some(format!("Bearer {t}").as_str()),
             };
+            let by_method = format!("{} {path}", s.method);
             let q = if authorized {
-                r.queued.get_mut(&path).and_then(|q| q.pop_front())
+                [&by_method, &path]
+                    .into_iter()
+                    .find_map(|k| r.queued.get_mut(k).and_then(|q| q.pop_front()))
             } else {
                 Some(Reply::status(401))
             };
-            q.or_else(|| r.standing.get(&path).cloned())
+            q.or_else(|| r.standing.get(&by_method).cloned())
+                .or_else(|| r.standing.get(&path).cloned())
                 .unwrap_or_else(|| Reply::status(404))
         };
         let head = format!(
@@ -407,6 +420,12 @@ impl Proxy {
         });
         Proxy { port, targets }
     }
+}
+
+/// A port on 127.0.0.1 where nothing listens (connections are refused).
+pub fn dead_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
 }
 
 // ---------------------------------------------------------------------------------------------

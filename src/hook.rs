@@ -1,0 +1,296 @@
+//! `nodestrap hook`: tectonic-torcx's pre-reboot hook for the update operator (torcx.md 7),
+//! run in the cluster as a DaemonSet on nodes about to reboot into a new OS version. It
+//! stages the runtime for that version with bootstrap's own code, drops stores of older OS
+//! versions, and annotates the Node. It never updates the OS, writes kubelet.env, reboots,
+//! or wipes the runtime's data; any failure means exit 1 and no annotation, which stalls the
+//! operator at this node (the intended way to halt a rollout).
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::bootstrap::{self, Manifests, OsInfo, OS_RELEASE, RUNTIME};
+use crate::cli::Hook;
+use crate::dbus::{self, Update};
+use crate::error::{Error, Result};
+use crate::kube::Kube;
+use crate::mappings::Mappings;
+use crate::root::Root;
+use crate::torcx;
+
+/// The node's own kubelet.env: the only source of the Kubernetes version here (asking the API
+/// server raced the version operator, tectonic-torcx commit 8530cae).
+const KUBELET_ENV: &str = "/etc/kubernetes/kubelet.env";
+
+pub fn run(a: &Hook) -> Result<()> {
+    // 0. Options (exit 2), then keyring, HTTP client and API client.
+    let node = node_name(
+        a.node_name.as_deref(),
+        std::env::var("NODE").ok().as_deref(),
+    )?;
+    check_annotation_key(&a.node_annotation)?;
+    let template = bootstrap::check_common(&a.common())?;
+    for (flag, p) in [
+        ("--kubeconfig", a.kubeconfig.as_deref()),
+        ("--version-manifest", Some(a.version_manifest.as_path())),
+    ] {
+        if let Some(p) = p.filter(|p| !p.is_absolute()) {
+            return Err(Error::config(format!(
+                "{flag} {}: expected an absolute path",
+                p.display()
+            )));
+        }
+    }
+    // Pod paths (kubeconfig, mappings) are read through the pod's own root, with the same
+    // no-escape resolution as node paths.
+    let pod = Root::open(Path::new("/"))?;
+    let root = Root::open(&a.root)?;
+    let keyring = bootstrap::read_keyring(&a.common(), &pod)?;
+    let http = bootstrap::manifest_client(&a.common(), &root)?;
+    let kube = api_client(a, &pod)?;
+
+    // 1. OS version and board.
+    let os = OsInfo::read(&root)?;
+    log::info!(
+        "OS version {} board {} (from {})",
+        os.version,
+        os.board,
+        root.show(OS_RELEASE)
+    );
+
+    // 2. Kubernetes version: the node's kubelet.env only.
+    let k8s = bootstrap::kubelet_env_version(&root, KUBELET_ENV)?.ok_or_else(|| {
+        Error::failed(format!(
+            "unable to determine the cluster version: {} does not exist (the hook reads it only from there)",
+            root.show(KUBELET_ENV)
+        ))
+    })?;
+
+    // 3. Runtime mappings: the mounted ConfigMap only.
+    let path = a.version_manifest.to_string_lossy();
+    let text = pod
+        .read_text(&path)?
+        .ok_or_else(|| Error::failed(format!("runtime mappings {path} do not exist")))?;
+    let wanted = bootstrap::pick_versions(&Mappings::parse(&text, &path)?, &k8s)?;
+
+    // 4. Next OS version: GetStatus only, never AttemptUpdate.
+    let next = match dbus::update_status()? {
+        Update::Pending(v) => {
+            log::info!("OS update to {v} pending a reboot (from update_engine)");
+            Some(v)
+        }
+        // Staging for "some version" is impossible, and annotating would let the node reboot
+        // into an OS whose runtime is missing.
+        Update::PendingUnknown => {
+            return Err(Error::failed(
+                "an OS update is pending a reboot but update_engine does not say to which version; nothing can be staged for it",
+            ))
+        }
+        Update::None(op) => {
+            log::info!("no pending OS update (update_engine status {op})");
+            None
+        }
+        Update::Unavailable(why) => {
+            log::info!("no pending OS update: update_engine is not on the system bus ({why})");
+            None
+        }
+    };
+
+    // 5. Stage into the next version's store (and the current one's), point the profile at it.
+    let m = Manifests {
+        http: &http,
+        template: &template,
+        board: &os.board,
+        keyring: keyring.as_ref(),
+    };
+    let chosen = bootstrap::stage_runtime(
+        &root,
+        &m,
+        &os.version,
+        next.as_deref(),
+        &wanted,
+        &a.torcx_profile,
+        false,
+    )?;
+
+    // 6. GC, only once the next version is known: stores older than the current OS.
+    match &next {
+        Some(next) => match torcx::gc_stores(&root, &os.version, next) {
+            Ok(removed) if removed.is_empty() => {
+                log::info!("no torcx store older than OS {} to remove", os.version)
+            }
+            Ok(removed) => log::info!(
+                "removed torcx stores older than OS {}: {}",
+                os.version,
+                removed.join(", ")
+            ),
+            Err(e) => log::warn!("removing old torcx stores: {e}"),
+        },
+        None => log::info!("next OS version unknown: old torcx stores kept"),
+    }
+
+    // 7. Annotate the Node.
+    let patch = serde_json::json!({"metadata": {"annotations": {&a.node_annotation: "true"}}});
+    let got = kube.patch_node(&node, &patch)?;
+    if got["metadata"]["annotations"][&a.node_annotation] != "true" {
+        log::warn!("the API server's answer does not show the annotation");
+    }
+    log::info!(
+        "Node {node}: annotation {}=true set (credentials from {})",
+        a.node_annotation,
+        kube.source
+    );
+
+    // 8. Summary.
+    println!(
+        "nodestrap: hook done k8s={k8s} {RUNTIME}={} next-os={} annotated={}",
+        chosen.as_deref().unwrap_or("unchanged"),
+        next.as_deref().unwrap_or("none"),
+        a.node_annotation
+    );
+
+    // 9. Stay up so the DaemonSet does not restart us; the operator removes its label (and
+    //    so this pod) once the node may reboot.
+    if a.sleep > 0 {
+        exit_on_sigterm();
+        log::info!("done; idle until SIGTERM");
+        loop {
+            std::thread::sleep(Duration::from_secs(a.sleep));
+        }
+    }
+    Ok(())
+}
+
+fn api_client(a: &Hook, pod: &Root) -> Result<Kube> {
+    let retry = bootstrap::api_retry(&a.common());
+    match &a.kubeconfig {
+        Some(p) => {
+            let p = p.to_string_lossy();
+            Kube::from_kubeconfig(pod, &p, retry)?
+                .ok_or_else(|| Error::config(format!("--kubeconfig {p}: does not exist")))
+        }
+        None => Kube::in_cluster(retry),
+    }
+}
+
+/// `--node-name`, else `NODE` (the downward API's spec.nodeName); a DNS subdomain, since it
+/// goes into the request path.
+fn node_name(flag: Option<&str>, env: Option<&str>) -> Result<String> {
+    let (n, from) = match (
+        flag.filter(|n| !n.is_empty()),
+        env.filter(|n| !n.is_empty()),
+    ) {
+        (Some(n), _) => (n, "--node-name"),
+        (None, Some(n)) => (n, "NODE"),
+        (None, None) => {
+            return Err(Error::config(
+                "no node name: give --node-name or set NODE (the downward API's spec.nodeName)",
+            ))
+        }
+    };
+    if !dns_subdomain(n) {
+        return Err(Error::config(format!(
+            "{from} {n:?}: not a valid node name (a DNS subdomain)"
+        )));
+    }
+    Ok(n.to_string())
+}
+
+fn dns_subdomain(s: &str) -> bool {
+    s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}
+
+/// A Kubernetes annotation key: `[prefix/]name`, prefix a DNS subdomain, name at most 63
+/// alphanumerics, `-`, `_`, `.`, beginning and ending alphanumeric.
+fn check_annotation_key(key: &str) -> Result<()> {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if name_ok && prefix.is_none_or(dns_subdomain) {
+        Ok(())
+    } else {
+        Err(Error::config(format!(
+            "--node-annotation {key:?}: not a valid annotation key ([prefix/]name)"
+        )))
+    }
+}
+
+/// As PID 1 of a container the default action of SIGTERM is to ignore it: exit 0 on it (and
+/// SIGINT) instead. Only installed once the work is done, so a signal never ends a half-done
+/// run as a success.
+fn exit_on_sigterm() {
+    extern "C" fn on_signal(_: libc::c_int) {
+        // Async-signal-safe; stdout is line-buffered and the summary line is already out.
+        unsafe { libc::_exit(0) }
+    }
+    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: the handler only calls _exit, which is async-signal-safe.
+        if unsafe { libc::signal(sig, handler) } == libc::SIG_ERR {
+            log::warn!("cannot install a handler for signal {sig}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_name_from_flag_else_env() {
+        assert_eq!(node_name(Some("n1"), Some("n2")).unwrap(), "n1");
+        assert_eq!(node_name(Some(""), Some("n2")).unwrap(), "n2");
+        assert_eq!(
+            node_name(None, Some("ip-10-0-0-1.ec2.internal")).unwrap(),
+            "ip-10-0-0-1.ec2.internal"
+        );
+        for (flag, env) in [(None, None), (Some(""), Some(""))] {
+            assert_eq!(node_name(flag, env).unwrap_err().exit_code(), 2);
+        }
+        for bad in ["a/b", "../x", "N1", "a?b", "-a", "a..b"] {
+            assert_eq!(
+                node_name(Some(bad), None).unwrap_err().exit_code(),
+                2,
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn annotation_keys() {
+        for ok in [
+            crate::cli::DEFAULT_HOOK_ANNOTATION,
+            "ok",
+            "example.com/pre-hook_ok.v1",
+        ] {
+            check_annotation_key(ok).unwrap();
+        }
+        for bad in [
+            "",
+            "/x",
+            "a/",
+            "Example.com/x",
+            "a b",
+            "x/-y",
+            "a/b/c",
+            &"x".repeat(64),
+        ] {
+            assert!(check_annotation_key(bad).is_err(), "{bad:?}");
+        }
+    }
+}

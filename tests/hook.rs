@@ -1,0 +1,647 @@
+//! `nodestrap hook` end to end: the built binary against a temp host root, a file server, a
+//! fake API server that checks credentials and records patches, and a private D-Bus with the
+//! test update_engine.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use sha2::Digest as _;
+use support::*;
+
+const CUR: &str = "2345.3.0";
+const NEXT: &str = "2411.1.0";
+const NODE: &str = "worker-1.example.internal";
+const KEY: &str = "container-linux-update.v1.coreos.com/tectonic-torcx-pre-hook-ok";
+const TOKEN: &str = "hook-sa-token-0123456789";
+const MAPPINGS: &str = "kind: VersionManifestV1\nversions:\n  k8s:\n    1.9:\n        docker: [ \"17.03\", \"1.12\"]\n    1.10:\n        docker: [ \"17.06\", \"17.03\" ]\n";
+
+fn image(version: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(200 << 10);
+    let mut h = sha2::Sha512::digest(version.as_bytes()).to_vec();
+    while out.len() < 200 << 10 {
+        h = sha2::Sha512::digest(&h).to_vec();
+        out.extend_from_slice(&h);
+    }
+    out
+}
+
+fn sha512(b: &[u8]) -> String {
+    let hex: String = sha2::Sha512::digest(b)
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect();
+    format!("sha512-{hex}")
+}
+
+fn node_path() -> String {
+    format!("/api/v1/nodes/{NODE}")
+}
+
+struct World {
+    root: PathBuf,
+    /// Pod-side files: keyring, CA, mappings, service account.
+    pod: PathBuf,
+    ca: Ca,
+    files: Server,
+    api: Server,
+    signer: Signer_,
+    extra: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+impl World {
+    fn new() -> World {
+        let root = unique_dir("hook-root");
+        let pod = unique_dir("hook-pod");
+        let ca = Ca::new("nodestrap hook test CA");
+        let files = Server::start(&ca.server(), None);
+        let api = Server::start(&ca.server(), None);
+        api.require_bearer(TOKEN);
+        let node = serde_json::json!({"apiVersion":"v1","kind":"Node","metadata":{"name":NODE,"annotations":{KEY:"true"}}});
+        api.set(
+            &format!("PATCH {}", node_path()),
+            Reply::ok(node.to_string()),
+        );
+        let signer = Signer_::new("torcx signer <torcx@nodestrap.invalid>");
+        std::fs::write(pod.join("keyring.asc"), signer.keyring()).unwrap();
+        std::fs::write(pod.join("ca.pem"), &ca.pem).unwrap();
+        std::fs::write(pod.join("runtime-mappings.yaml"), MAPPINGS).unwrap();
+        let sa = pod.join("serviceaccount");
+        std::fs::create_dir_all(&sa).unwrap();
+        std::fs::write(sa.join("token"), format!("{TOKEN}\n")).unwrap();
+        std::fs::write(sa.join("ca.crt"), &ca.pem).unwrap();
+        let env = vec![
+            ("KUBERNETES_SERVICE_HOST".into(), "127.0.0.1".into()),
+            ("KUBERNETES_SERVICE_PORT".into(), api.port.to_string()),
+            ("NODESTRAP_SA_DIR".into(), sa.display().to_string()),
+            ("NODE".into(), NODE.into()),
+        ];
+        let w = World {
+            root,
+            pod,
+            ca,
+            files,
+            api,
+            signer,
+            extra: Vec::new(),
+            env,
+        };
+        w.write(
+            "/usr/lib/os-release",
+            &format!("ID=flatcar\nVERSION_ID={CUR}\nCOREOS_BOARD=\"amd64-usr\"\n"),
+        );
+        w.write(
+            "/etc/kubernetes/kubelet.env",
+            "KUBELET_IMAGE_URL=quay.io/coreos/hyperkube\nKUBELET_IMAGE_TAG=v1.10.2_coreos.0\n",
+        );
+        for os in [CUR, NEXT] {
+            w.publish(os);
+        }
+        for v in ["17.03", "17.06"] {
+            w.files
+                .set(&format!("/pkgs/docker-{v}.tgz"), Reply::ok(image(v)));
+        }
+        w
+    }
+
+    fn publish(&self, os: &str) {
+        let vs: Vec<String> = ["17.03", "17.06"]
+            .iter()
+            .map(|v| {
+                format!(
+                    r#"{{"version":"{v}","hash":"{}","locations":[{{"url":"{}"}}]}}"#,
+                    sha512(&image(v)),
+                    self.files.url(&format!("/pkgs/docker-{v}.tgz"))
+                )
+            })
+            .collect();
+        let m = format!(
+            r#"{{"kind":"torcx-package-list-v0","value":{{"packages":[{{"name":"docker","versions":[{}]}}]}}}}"#,
+            vs.join(",")
+        );
+        let p = format!("/manifests/amd64-usr/{os}/torcx_manifest.json");
+        self.files.set(&p, Reply::ok(m.as_bytes().to_vec()));
+        self.files.set(
+            &format!("{p}.asc"),
+            Reply::ok(self.signer.sign(m.as_bytes())),
+        );
+    }
+
+    fn path(&self, node_path: &str) -> PathBuf {
+        self.root.join(node_path.trim_start_matches('/'))
+    }
+
+    fn write(&self, node_path: &str, content: &str) {
+        let p = self.path(node_path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+
+    fn args(&self) -> Vec<String> {
+        let mut a: Vec<String> = vec![
+            "hook".into(),
+            format!("--root={}", self.root.display()),
+            format!(
+                "--torcx-manifest-url={}",
+                self.files
+                    .url("/manifests/{{.Board}}/{{.OSVersion}}/torcx_manifest.json")
+            ),
+            format!("--keyring={}", self.pod.join("keyring.asc").display()),
+            format!("--ca-file={}", self.pod.join("ca.pem").display()),
+            format!(
+                "--version-manifest={}",
+                self.pod.join("runtime-mappings.yaml").display()
+            ),
+            "--verbose=debug".into(),
+            "--api-tries=2".into(),
+            "--api-retry-delay=0".into(),
+            "--fetch-attempts=2".into(),
+            "--fetch-backoff-ms=10".into(),
+        ];
+        a.extend(self.extra.iter().cloned());
+        a
+    }
+
+    fn run_on(&self, bus: Option<&Bus>) -> Run {
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        nodestrap(&self.args(), bus.map(|b| b.address.as_str()), &env)
+    }
+
+    fn unset_env(&mut self, key: &str) {
+        self.env.retain(|(k, _)| k != key);
+    }
+
+    fn set_env(&mut self, key: &str, value: &str) {
+        self.unset_env(key);
+        self.env.push((key.into(), value.into()));
+    }
+
+    fn store(&self) -> PathBuf {
+        self.path("/var/lib/torcx/store")
+    }
+
+    /// Old stores with content, a non-version dir and a loose file: what GC must tell apart.
+    fn seed_store(&self) {
+        for (dir, file) in [
+            ("1000.0.0", "docker:1.12.torcx.tgz"),
+            ("1500.0.0/sub", "x"),
+            (CUR, "keep-me"),
+            ("custom", "docker:17.03.torcx.tgz"),
+            ("3000.0.0", "newer"),
+        ] {
+            self.write(&format!("/var/lib/torcx/store/{dir}/{file}"), "old");
+        }
+        self.write("/var/lib/torcx/store/loose.txt", "loose");
+        self.write(
+            "/var/lib/torcx/store/999.0.0",
+            "a loose file named like a version",
+        );
+        // A symlinked old store must not lead the removal outside.
+        let outside = self.root.with_extension("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("precious"), "x").unwrap();
+        std::os::unix::fs::symlink(&outside, self.store().join("1200.0.0")).unwrap();
+    }
+
+    fn store_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.store())
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    fn patches(&self) -> Vec<Seen> {
+        self.api.requests("PATCH", &node_path())
+    }
+
+    /// Nothing a bootstrap would do on its own: no kubelet.env rewrite, no cleanup unit.
+    fn assert_no_bootstrap_side_effects(&self) {
+        assert_eq!(
+            std::fs::read_to_string(self.path("/etc/kubernetes/kubelet.env")).unwrap(),
+            "KUBELET_IMAGE_URL=quay.io/coreos/hyperkube\nKUBELET_IMAGE_TAG=v1.10.2_coreos.0\n",
+            "kubelet.env is the node's, untouched"
+        );
+        assert!(
+            !self.path("/run/systemd/system").exists(),
+            "no cleanup unit"
+        );
+        assert!(!self.path("/etc/kubernetes/installer").exists());
+    }
+}
+
+fn temp_files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.contains(".nodestrap-") {
+            out.push(e.path().display().to_string());
+        }
+        if e.file_type().unwrap().is_dir() {
+            out.extend(temp_files(&e.path()));
+        }
+    }
+    out
+}
+
+fn pending_bus(record: Option<&Path>) -> Bus {
+    let mut bus = Bus::start();
+    let mut args = vec![
+        "--status".to_string(),
+        "UPDATE_STATUS_UPDATED_NEED_REBOOT".into(),
+        "--new-version".into(),
+        NEXT.into(),
+    ];
+    if let Some(r) = record {
+        args.extend(["--record".into(), r.display().to_string()]);
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    bus.update_engine(&refs);
+    bus
+}
+
+fn assert_annotation_patch(p: &Seen) {
+    assert_eq!(
+        p.header("content-type"),
+        Some("application/merge-patch+json")
+    );
+    assert_eq!(
+        p.header("authorization"),
+        Some(format!("Bearer {TOKEN}").as_str())
+    );
+    let body: serde_json::Value = serde_json::from_slice(&p.body).unwrap();
+    assert_eq!(
+        body,
+        serde_json::json!({"metadata":{"annotations":{KEY:"true"}}})
+    );
+}
+
+#[test]
+fn update_pending_stages_next_collects_old_stores_and_annotates() {
+    let w = World::new();
+    w.seed_store();
+    let calls = w.pod.join("update_engine.calls");
+    let bus = pending_bus(Some(&calls));
+    let r = w.run_on(Some(&bus));
+    r.assert_ok();
+    assert!(
+        r.stdout.contains(&format!(
+            "nodestrap: hook done k8s=v1.10.2+coreos.0 docker=17.06 next-os={NEXT} annotated={KEY}"
+        )),
+        "{}\n{}",
+        r.stdout,
+        r.stderr
+    );
+    // The verified image in the next version's store (and the current one's).
+    for os in [NEXT, CUR] {
+        assert_eq!(
+            std::fs::read(w.store().join(os).join("docker:17.06.torcx.tgz")).unwrap(),
+            image("17.06"),
+            "{os}"
+        );
+    }
+    assert_eq!(w.files.hits("/pkgs/docker-17.06.tgz"), 1);
+    let profile: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(w.path("/etc/torcx/profiles/tectonic.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        profile["value"]["images"],
+        serde_json::json!([{"name":"docker","reference":"17.06"}])
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.path("/etc/torcx/next-profile")).unwrap(),
+        "tectonic\n"
+    );
+    // Older versioned dirs gone; current, next, newer, non-version dirs and files kept; the
+    // symlink named like an old version is not a store dir and its target is untouched.
+    assert_eq!(
+        w.store_names(),
+        vec![
+            "1200.0.0",
+            CUR,
+            NEXT,
+            "3000.0.0",
+            "999.0.0",
+            "custom",
+            "loose.txt"
+        ]
+    );
+    assert!(w.store().join(CUR).join("keep-me").exists());
+    assert!(w.store().join("custom/docker:17.03.torcx.tgz").exists());
+    assert!(w.root.with_extension("outside").join("precious").exists());
+    // Annotated once, with a merge patch.
+    let patches = w.patches();
+    assert_eq!(patches.len(), 1);
+    assert_annotation_patch(&patches[0]);
+    // update_engine was only asked, never told to update; no reboot, no kubelet.env write.
+    assert_eq!(std::fs::read_to_string(&calls).unwrap().trim(), "GetStatus");
+    w.assert_no_bootstrap_side_effects();
+    assert!(!r.stderr.contains(TOKEN), "token in the log:\n{}", r.stderr);
+    assert!(
+        !r.stderr.contains("rebooting") && !r.stderr.contains("reboot needed"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn no_update_pending_removes_nothing_and_still_annotates() {
+    let w = World::new();
+    w.seed_store();
+    let before = w.store_names();
+    let mut bus = Bus::start();
+    bus.update_engine(&[]);
+    let r = w.run_on(Some(&bus));
+    r.assert_ok();
+    assert!(
+        r.stdout.contains("docker=17.06 next-os=none annotated="),
+        "{}",
+        r.stdout
+    );
+    let mut expected = before;
+    expected.sort();
+    assert_eq!(w.store_names(), expected, "nothing removed");
+    assert!(w.store().join("1000.0.0/docker:1.12.torcx.tgz").exists());
+    assert!(w.store().join(CUR).join("docker:17.06.torcx.tgz").exists());
+    assert_eq!(w.patches().len(), 1);
+    assert_annotation_patch(&w.patches()[0]);
+    w.assert_no_bootstrap_side_effects();
+}
+
+#[test]
+fn no_update_engine_counts_as_no_pending_update() {
+    let w = World::new();
+    w.seed_store();
+    let r = w.run_on(None);
+    r.assert_ok();
+    assert!(r.stdout.contains("next-os=none"), "{}", r.stdout);
+    assert!(
+        r.stderr
+            .contains("no pending OS update: update_engine is not on the system bus"),
+        "{}",
+        r.stderr
+    );
+    assert!(w.store().join("1000.0.0").exists());
+    assert_eq!(w.patches().len(), 1);
+}
+
+#[test]
+fn conflict_on_the_first_patch_is_retried() {
+    let w = World::new();
+    w.api.queue(
+        &format!("PATCH {}", node_path()),
+        Reply {
+            status: 409,
+            body: br#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"Operation cannot be fulfilled on nodes \"worker-1\": the object has been modified","reason":"Conflict","code":409}"#.to_vec(),
+            truncate: None,
+            stall: None,
+        },
+    );
+    let bus = pending_bus(None);
+    let r = w.run_on(Some(&bus));
+    r.assert_ok();
+    let patches = w.patches();
+    assert_eq!(patches.len(), 2, "{}", r.stderr);
+    for p in &patches {
+        assert_annotation_patch(p);
+    }
+    assert!(
+        r.stderr.contains("the object has been modified"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn persistent_conflict_fails_naming_the_request() {
+    let w = World::new();
+    w.api
+        .set(&format!("PATCH {}", node_path()), Reply::status(409));
+    let r = w.run_on(None);
+    r.assert_fails(
+        1,
+        &format!(
+            "PATCH https://127.0.0.1:{}/api/v1/nodes/{NODE}: HTTP 409",
+            w.api.port
+        ),
+    );
+    assert!(
+        r.stderr.contains("status 409 from the test server"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(w.patches().len(), 4);
+    assert!(!r.stdout.contains("hook done"));
+}
+
+#[test]
+fn api_server_down_fails_without_partial_files() {
+    let mut w = World::new();
+    w.seed_store();
+    w.set_env("KUBERNETES_SERVICE_PORT", &dead_port().to_string());
+    let bus = pending_bus(None);
+    let r = w.run_on(Some(&bus));
+    r.assert_fails(1, "PATCH https://127.0.0.1:");
+    assert!(
+        r.stderr.contains("giving up after 2 attempts"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stdout.contains("hook done"), "{}", r.stdout);
+    assert_eq!(temp_files(&w.store()), Vec::<String>::new());
+    // Whatever was staged is complete and verified.
+    let staged = w.store().join(NEXT).join("docker:17.06.torcx.tgz");
+    if staged.exists() {
+        assert_eq!(std::fs::read(staged).unwrap(), image("17.06"));
+    }
+    assert!(
+        w.api.seen().is_empty(),
+        "the live API server was never asked"
+    );
+    w.assert_no_bootstrap_side_effects();
+}
+
+#[test]
+fn wrong_token_is_refused_and_nothing_is_annotated() {
+    let mut w = World::new();
+    let sa = w.pod.join("serviceaccount");
+    std::fs::write(sa.join("token"), "not-the-token\n").unwrap();
+    w.set_env("NODESTRAP_SA_DIR", &sa.display().to_string());
+    let r = w.run_on(None);
+    r.assert_fails(1, "HTTP 401");
+    // The 401 is final: one try, not retried.
+    assert_eq!(w.patches().len(), 1);
+}
+
+#[test]
+fn missing_node_name_exits_2_before_touching_anything() {
+    let mut w = World::new();
+    w.unset_env("NODE");
+    // Even the node's files may be missing: nothing is read before the name is checked.
+    std::fs::remove_dir_all(&w.root).unwrap();
+    let r = w.run_on(None);
+    r.assert_fails(2, "no node name");
+    assert!(!w.root.exists());
+    assert!(w.api.seen().is_empty() && w.files.seen().is_empty());
+    // An empty --node-name with no NODE is the same.
+    w.extra.push("--node-name=".into());
+    w.run_on(None).assert_fails(2, "no node name");
+}
+
+#[test]
+fn node_name_flag_wins_over_env_and_is_checked() {
+    let mut w = World::new();
+    w.set_env("NODE", "other-node");
+    w.extra.push(format!("--node-name={NODE}"));
+    w.run_on(None).assert_ok();
+    assert_eq!(w.patches().len(), 1);
+    let mut w = World::new();
+    w.extra.push("--node-name=../../namespaces".into());
+    w.run_on(None).assert_fails(2, "not a valid node name");
+    let mut w = World::new();
+    w.extra.push("--node-annotation=bad key".into());
+    w.run_on(None).assert_fails(2, "not a valid annotation key");
+}
+
+#[test]
+fn in_cluster_service_account_is_used_without_kubeconfig() {
+    let w = World::new();
+    let r = w.run_on(None);
+    r.assert_ok();
+    let seen = w.api.seen();
+    assert_eq!(
+        seen.len(),
+        1,
+        "only the patch: no GET /version, no ConfigMap"
+    );
+    assert_annotation_patch(&seen[0]);
+    assert!(r.stderr.contains("the service account in"), "{}", r.stderr);
+}
+
+#[test]
+fn kubeconfig_with_client_certificate() {
+    let mut w = World::new();
+    let client_ca = Ca::new("kube client CA");
+    let api = Server::start(&w.ca.server(), Some(&client_ca));
+    let node =
+        serde_json::json!({"kind":"Node","metadata":{"name":NODE,"annotations":{KEY:"true"}}});
+    api.set(
+        &format!("PATCH {}", node_path()),
+        Reply::ok(node.to_string()),
+    );
+    let leaf = client_ca.client("system:serviceaccount:hook");
+    std::fs::write(w.pod.join("client.pem"), &leaf.cert_pem).unwrap();
+    std::fs::write(w.pod.join("client-key.pem"), &leaf.key_pem).unwrap();
+    let kc = w.pod.join("kubeconfig");
+    std::fs::write(&kc, format!(
+        "clusters:\n- name: c\n  cluster: {{server: '{}', certificate-authority: ca.pem}}\nusers:\n- name: u\n  user: {{client-certificate: client.pem, client-key: client-key.pem}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n",
+        api.url(""))).unwrap();
+    // No service account env: the kubeconfig alone must do.
+    w.unset_env("KUBERNETES_SERVICE_HOST");
+    w.extra.push(format!("--kubeconfig={}", kc.display()));
+    w.run_on(None).assert_ok();
+    let patches = api.requests("PATCH", &node_path());
+    assert_eq!(patches.len(), 1);
+    assert!(patches[0].client_cert);
+    assert!(w.api.seen().is_empty());
+}
+
+#[test]
+fn missing_kubelet_env_fails_without_annotation() {
+    let w = World::new();
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    let r = w.run_on(None);
+    r.assert_fails(1, "kubelet.env does not exist");
+    assert!(w.api.seen().is_empty());
+    assert!(
+        !w.path("/etc/kubernetes/kubelet.env").exists(),
+        "never written"
+    );
+}
+
+#[test]
+fn bad_signature_fails_without_annotation() {
+    let w = World::new();
+    let p = format!("/manifests/amd64-usr/{NEXT}/torcx_manifest.json.asc");
+    let other = Signer_::new("mallory <m@nodestrap.invalid>");
+    w.files.set(&p, Reply::ok(other.sign(b"something else")));
+    let bus = pending_bus(None);
+    let r = w.run_on(Some(&bus));
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(w.api.seen().is_empty());
+    assert!(!w.store().join(NEXT).join("docker:17.06.torcx.tgz").exists());
+}
+
+#[test]
+fn sleep_stays_up_and_exits_0_on_sigterm() {
+    let mut w = World::new();
+    w.extra.push("--sleep=3600".into());
+    let env: Vec<(&str, &str)> = w
+        .env
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let mut child = command(&w.args(), None)
+        .envs(env)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("nodestrap: hook done"), "{line:?}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(child.try_wait().unwrap().is_none(), "must stay up");
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > Duration::from_secs(5) {
+            let _ = child.kill();
+            panic!("still running 5 s after SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert_eq!(w.patches().len(), 1);
+}
+
+#[test]
+fn multicall_name_runs_the_hook() {
+    let w = World::new();
+    let env: Vec<(&str, &str)> = w
+        .env
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let out = command(&w.args()[1..], None)
+        .envs(env)
+        .arg0("/tectonic-torcx-hook-pre")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("hook done"));
+}
