@@ -89,9 +89,13 @@ pub fn run(a: &Hook) -> Result<()> {
             log::info!("no pending OS update (update_engine status {op})");
             None
         }
+        // The operator labels a node only once its agent saw an update ready: an update_engine
+        // that cannot be asked is not "no update", and annotating would let the node reboot
+        // into an OS whose runtime was never staged.
         Update::Unavailable(why) => {
-            log::info!("no pending OS update: update_engine is not on the system bus ({why})");
-            None
+            return Err(Error::failed(format!(
+                "update_engine cannot be asked for the pending OS version ({why}); not annotating"
+            )))
         }
     };
 

@@ -328,6 +328,12 @@ impl Dir {
     /// directory handles, never following a symlink nor crossing into another mount.
     /// `Ok(false)` when `name` is not a directory (left alone) or is gone already.
     pub fn remove_dir_tree(&self, name: &str) -> Result<bool> {
+        if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+            return Err(Error::failed(format!(
+                "{}: not a plain name to remove",
+                self.show(name)
+            )));
+        }
         let st = match rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) => st,
             Err(rustix::io::Errno::NOENT) => return Ok(false),
@@ -336,7 +342,11 @@ impl Dir {
         if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
             return Ok(false);
         }
-        remove_tree_at(&self.fd, name.as_ref(), st.st_dev).with_ctx(|| self.show(name))?;
+        // The parent's device: a store that is itself a mount point is refused too.
+        let dev = rustix::fs::fstat(&self.fd)
+            .map_err(|e| Error::from(e).context(self.show(".")))?
+            .st_dev;
+        remove_tree_at(&self.fd, name.as_ref(), dev).with_ctx(|| self.show(name))?;
         self.fsync()?;
         Ok(true)
     }
@@ -357,7 +367,14 @@ fn remove_tree_at(parent: &impl AsFd, name: &OsStr, dev: u64) -> io::Result<()> 
         return Ok(rustix::fs::unlinkat(parent, name, AtFlags::empty())?);
     }
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let fd = rustix::fs::openat(parent, name, flags, Mode::empty())?;
+    // RESOLVE_NO_XDEV also refuses bind mounts of the same filesystem, which st_dev cannot see.
+    let fd = rustix::fs::openat2(
+        parent,
+        name,
+        flags,
+        Mode::empty(),
+        ResolveFlags::NO_XDEV | ResolveFlags::NO_SYMLINKS,
+    )?;
     if rustix::fs::fstat(&fd)?.st_dev != dev {
         return Err(io::Error::other(format!(
             "{}: a mount point, not removed",

@@ -208,7 +208,8 @@ pub fn stage_image(
             Err(Staging::Mismatch(_)) => {
                 log::debug!("{} does not match {digest}", root.show(&other))
             }
-            Err(Staging::Read(e)) => return Err(Error::from(e).context(root.show(&other))),
+            // Another store is only a shortcut: a copy that cannot be read is downloaded.
+            Err(Staging::Read(e)) => log::warn!("not copying from {}: {e}", root.show(&other)),
             Err(Staging::Write(e)) => return Err(e),
         }
     }

@@ -176,6 +176,13 @@ impl World {
         nodestrap(&self.args(), bus.map(|b| b.address.as_str()), &env)
     }
 
+    /// With update_engine on the bus and idle: no update pending.
+    fn run_idle(&self) -> Run {
+        let mut bus = Bus::start();
+        bus.update_engine(&[]);
+        self.run_on(Some(&bus))
+    }
+
     fn unset_env(&mut self, key: &str) {
         self.env.retain(|(k, _)| k != key);
     }
@@ -383,20 +390,16 @@ fn no_update_pending_removes_nothing_and_still_annotates() {
 }
 
 #[test]
-fn no_update_engine_counts_as_no_pending_update() {
+fn no_update_engine_fails_without_annotation() {
     let w = World::new();
     w.seed_store();
     let r = w.run_on(None);
-    r.assert_ok();
-    assert!(r.stdout.contains("next-os=none"), "{}", r.stdout);
-    assert!(
-        r.stderr
-            .contains("no pending OS update: update_engine is not on the system bus"),
-        "{}",
-        r.stderr
+    r.assert_fails(
+        1,
+        "update_engine cannot be asked for the pending OS version",
     );
-    assert!(w.store().join("1000.0.0").exists());
-    assert_eq!(w.patches().len(), 1);
+    assert!(w.store().join("1000.0.0").exists(), "nothing collected");
+    assert!(w.patches().is_empty(), "no annotation");
 }
 
 #[test]
@@ -431,7 +434,7 @@ fn persistent_conflict_fails_naming_the_request() {
     let w = World::new();
     w.api
         .set(&format!("PATCH {}", node_path()), Reply::status(409));
-    let r = w.run_on(None);
+    let r = w.run_idle();
     r.assert_fails(
         1,
         &format!(
@@ -481,7 +484,7 @@ fn wrong_token_is_refused_and_nothing_is_annotated() {
     let sa = w.pod.join("serviceaccount");
     std::fs::write(sa.join("token"), "not-the-token\n").unwrap();
     w.set_env("NODESTRAP_SA_DIR", &sa.display().to_string());
-    let r = w.run_on(None);
+    let r = w.run_idle();
     r.assert_fails(1, "HTTP 401");
     // The 401 is final: one try, not retried.
     assert_eq!(w.patches().len(), 1);
@@ -493,7 +496,7 @@ fn missing_node_name_exits_2_before_touching_anything() {
     w.unset_env("NODE");
     // Even the node's files may be missing: nothing is read before the name is checked.
     std::fs::remove_dir_all(&w.root).unwrap();
-    let r = w.run_on(None);
+    let r = w.run_idle();
     r.assert_fails(2, "no node name");
     assert!(!w.root.exists());
     assert!(w.api.seen().is_empty() && w.files.seen().is_empty());
@@ -507,7 +510,7 @@ fn node_name_flag_wins_over_env_and_is_checked() {
     let mut w = World::new();
     w.set_env("NODE", "other-node");
     w.extra.push(format!("--node-name={NODE}"));
-    w.run_on(None).assert_ok();
+    w.run_idle().assert_ok();
     assert_eq!(w.patches().len(), 1);
     let mut w = World::new();
     w.extra.push("--node-name=../../namespaces".into());
@@ -520,7 +523,7 @@ fn node_name_flag_wins_over_env_and_is_checked() {
 #[test]
 fn in_cluster_service_account_is_used_without_kubeconfig() {
     let w = World::new();
-    let r = w.run_on(None);
+    let r = w.run_idle();
     r.assert_ok();
     let seen = w.api.seen();
     assert_eq!(
@@ -553,7 +556,7 @@ fn kubeconfig_with_client_certificate() {
     // No service account env: the kubeconfig alone must do.
     w.unset_env("KUBERNETES_SERVICE_HOST");
     w.extra.push(format!("--kubeconfig={}", kc.display()));
-    w.run_on(None).assert_ok();
+    w.run_idle().assert_ok();
     let patches = api.requests("PATCH", &node_path());
     assert_eq!(patches.len(), 1);
     assert!(patches[0].client_cert);
@@ -595,7 +598,9 @@ fn sleep_stays_up_and_exits_0_on_sigterm() {
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    let mut child = command(&w.args(), None)
+    let mut bus = Bus::start();
+    bus.update_engine(&[]);
+    let mut child = command(&w.args(), Some(&bus.address))
         .envs(env)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -633,7 +638,9 @@ fn multicall_name_runs_the_hook() {
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    let out = command(&w.args()[1..], None)
+    let mut bus = Bus::start();
+    bus.update_engine(&[]);
+    let out = command(&w.args()[1..], Some(&bus.address))
         .envs(env)
         .arg0("/tectonic-torcx-hook-pre")
         .output()
