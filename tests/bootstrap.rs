@@ -273,6 +273,37 @@ fn happy_path_without_api_server() {
 }
 
 #[test]
+fn board_falls_back_by_the_binarys_architecture() {
+    let w = World::new();
+    let board = bin_board();
+    w.write(
+        "/usr/lib/os-release",
+        &format!("ID=flatcar\nVERSION_ID={CUR}\n"),
+    );
+    // Offered only under this architecture's board: any other board would get a 404.
+    let p = format!("/manifests/{board}/{CUR}/torcx_manifest.json");
+    let m = w.manifest(CUR, &["17.03"]);
+    w.files.set(&p, Reply::ok(m.as_bytes().to_vec()));
+    w.files
+        .set(&format!("{p}.asc"), Reply::ok(w.signer.sign(m.as_bytes())));
+    if board != "amd64-usr" {
+        let amd = World::manifest_path(CUR);
+        w.files.set(&amd, Reply::status(404));
+    }
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stderr.contains(&format!(
+            "board {board} (from {}/usr/lib/os-release, board by architecture)",
+            w.root.display()
+        )),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains(&p), "{}", r.stderr);
+}
+
+#[test]
 fn happy_path_with_api_server_and_the_1_10_trap() {
     let w = World::new();
     // The ConfigMap has both 1.1 and 1.10: parsed as floats they would collide.

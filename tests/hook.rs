@@ -5,7 +5,6 @@
 mod support;
 
 use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -640,11 +639,14 @@ fn multicall_name_runs_the_hook() {
         .collect();
     let mut bus = Bus::start();
     bus.update_engine(&[]);
-    let out = command(&w.args()[1..], Some(&bus.address))
-        .envs(env)
-        .arg0("/tectonic-torcx-hook-pre")
-        .output()
-        .unwrap();
+    let out = command_as(
+        Some("/tectonic-torcx-hook-pre"),
+        &w.args()[1..],
+        Some(&bus.address),
+    )
+    .envs(env)
+    .output()
+    .unwrap();
     assert!(
         out.status.success(),
         "{}",

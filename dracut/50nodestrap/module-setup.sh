@@ -12,14 +12,32 @@ depends() {
     echo systemd network
 }
 
+# Whether the ELF file $1 is built for architecture $2 (its e_machine).
+nodestrap_for_arch() {
+    local machine
+    machine=$(od -An -tu2 -j18 -N2 "$1" 2>/dev/null | tr -d ' ')
+    case "$2:$machine" in
+        x86_64:62 | aarch64:183) return 0 ;;
+    esac
+    return 1
+}
+
 install() {
-    # Packaging puts the static binary into the module folder, as Ignition's packaging does;
-    # a host-installed one is the fallback.
-    if [[ -x "$moddir/nodestrap" ]]; then
-        inst_simple "$moddir/nodestrap" /usr/bin/nodestrap || exit 1
-    else
-        inst_binary nodestrap /usr/bin/nodestrap || exit 1
+    # The binary for the initramfs' architecture: packaging puts nodestrap.<arch> (or one
+    # nodestrap) into the module folder, as Ignition's packaging does; a host-installed one is
+    # the fallback. A binary for another architecture is never taken.
+    local arch=${DRACUT_ARCH:-$(uname -m)} bin found=
+    for bin in "$moddir/nodestrap.$arch" "$moddir/nodestrap" "$(command -v nodestrap)"; do
+        if [[ -f $bin ]] && nodestrap_for_arch "$bin" "$arch"; then
+            found=$bin
+            break
+        fi
+    done
+    if [[ -z $found ]]; then
+        derror "nodestrap: no nodestrap binary for $arch in $moddir or on PATH"
+        exit 1
     fi
+    inst_simple "$found" /usr/bin/nodestrap || exit 1
     # The release keyring that signs torcx manifests (the default --keyring).
     local keyring
     for keyring in "$moddir/keyring.asc" /usr/share/nodestrap/keyring.asc; do

@@ -28,6 +28,19 @@ pub fn bin() -> String {
     std::env::var("NODESTRAP_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_nodestrap").to_string())
 }
 
+/// The Container Linux board of the binary under test, from its ELF header's e_machine: what
+/// nodestrap falls back to when os-release has no COREOS_BOARD.
+pub fn bin_board() -> &'static str {
+    let mut head = [0u8; 20];
+    std::io::Read::read_exact(&mut std::fs::File::open(bin()).unwrap(), &mut head).unwrap();
+    assert_eq!(&head[..4], b"\x7fELF", "{} is not an ELF file", bin());
+    match u16::from_le_bytes([head[18], head[19]]) {
+        62 => "amd64-usr",
+        183 => "arm64-usr",
+        m => panic!("{}: unexpected ELF machine {m}", bin()),
+    }
+}
+
 pub fn unique_dir(tag: &str) -> PathBuf {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -601,7 +614,32 @@ impl Run {
 /// nodestrap with a clean environment: the given bus address (or none that exists), no
 /// proxies, no system trust store.
 pub fn command(args: &[String], bus: Option<&str>) -> Command {
-    let mut c = Command::new(bin());
+    command_as(None, args, bus)
+}
+
+/// `command` with argv[0] set (the multicall names). With `NODESTRAP_RUNNER` (CI's qemu-user
+/// for another architecture's build) the binary runs under it, argv[0] passed with `-0`.
+pub fn command_as(argv0: Option<&str>, args: &[String], bus: Option<&str>) -> Command {
+    let mut c = match std::env::var("NODESTRAP_RUNNER")
+        .ok()
+        .filter(|r| !r.is_empty())
+    {
+        Some(runner) => {
+            let mut c = Command::new(runner);
+            if let Some(a) = argv0 {
+                c.args(["-0", a]);
+            }
+            c.arg(bin());
+            c
+        }
+        None => {
+            let mut c = Command::new(bin());
+            if let Some(a) = argv0 {
+                std::os::unix::process::CommandExt::arg0(&mut c, a);
+            }
+            c
+        }
+    };
     c.args(args)
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
