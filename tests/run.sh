@@ -20,6 +20,7 @@ NODESTRAP_BIN=$arm NODESTRAP_RUNNER=${NODESTRAP_RUNNER_ARM64:-/usr/local/lib/nod
 # binary (qemu/build runs systemd-analyze verify on every unit).
 ignition/check
 deploy/check
+dracut/check-arch "$x86" "$arm"
 # CI boots under TCG (as a fresh machine without usable KVM would), within a bound that leaves
 # room in its 90 minutes.
 NODESTRAP_BIN=$x86 NODESTRAP_QEMU_ACCEL=${NODESTRAP_QEMU_ACCEL:-tcg} \
