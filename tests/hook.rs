@@ -6,7 +6,7 @@ mod support;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sha2::Digest as _;
@@ -167,12 +167,18 @@ impl World {
     }
 
     fn run_on(&self, bus: Option<&Bus>) -> Run {
-        let env: Vec<(&str, &str)> = self
-            .env
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        nodestrap(&self.args(), bus.map(|b| b.address.as_str()), &env)
+        Run::from(
+            self.command(None, &self.args(), bus.map(|b| b.address.as_str()))
+                .output()
+                .unwrap(),
+        )
+    }
+
+    /// The binary with this world's environment (argv0 for the multicall name).
+    fn command(&self, argv0: Option<&str>, args: &[String], bus: Option<&str>) -> Command {
+        let mut c = command_as(argv0, args, bus);
+        c.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        c
     }
 
     /// With update_engine on the bus and idle: no update pending.
@@ -592,15 +598,10 @@ fn bad_signature_fails_without_annotation() {
 fn sleep_stays_up_and_exits_0_on_sigterm() {
     let mut w = World::new();
     w.extra.push("--sleep=3600".into());
-    let env: Vec<(&str, &str)> = w
-        .env
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
     let mut bus = Bus::start();
     bus.update_engine(&[]);
-    let mut child = command(&w.args(), Some(&bus.address))
-        .envs(env)
+    let mut child = w
+        .command(None, &w.args(), Some(&bus.address))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -632,21 +633,16 @@ fn sleep_stays_up_and_exits_0_on_sigterm() {
 #[test]
 fn multicall_name_runs_the_hook() {
     let w = World::new();
-    let env: Vec<(&str, &str)> = w
-        .env
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
     let mut bus = Bus::start();
     bus.update_engine(&[]);
-    let out = command_as(
-        Some("/tectonic-torcx-hook-pre"),
-        &w.args()[1..],
-        Some(&bus.address),
-    )
-    .envs(env)
-    .output()
-    .unwrap();
+    let out = w
+        .command(
+            Some("/tectonic-torcx-hook-pre"),
+            &w.args()[1..],
+            Some(&bus.address),
+        )
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{}",

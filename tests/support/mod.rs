@@ -652,13 +652,20 @@ pub fn command_as(argv0: Option<&str>, args: &[String], bus: Option<&str>) -> Co
 }
 
 pub fn nodestrap(args: &[String], bus: Option<&str>, env: &[(&str, &str)]) -> Run {
-    let out: Output = command(args, bus)
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    Run::from(
+        command(args, bus)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap(),
+    )
+}
+
+impl From<Output> for Run {
+    fn from(out: Output) -> Run {
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
     }
 }
