@@ -351,6 +351,30 @@ impl Dir {
         Ok(true)
     }
 
+    /// Create the directory `name` (mode 0700, it must not exist) directly below this one and
+    /// open it, for scratch work only we may see (a payload unpacked there). Remove it with
+    /// `remove_dir_tree`.
+    #[allow(dead_code)] // for `nodestrap reprovision`; the payload tests use it meanwhile
+    pub fn create_private_dir(&self, name: &str) -> Result<File> {
+        if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+            return Err(Error::failed(format!(
+                "{}: not a plain name",
+                self.show(name)
+            )));
+        }
+        rustix::fs::mkdirat(&self.fd, name, Mode::from_raw_mode(0o700))
+            .with_ctx(|| format!("creating {}", self.show(name)))?;
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .with_ctx(|| self.show(name))?;
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o700)).with_ctx(|| self.show(name))?;
+        Ok(File::from(fd))
+    }
+
     pub fn symlink(&self, target: &str, name: &str) -> Result<()> {
         match rustix::fs::symlinkat(target, &self.fd, name) {
             Ok(()) | Err(rustix::io::Errno::EXIST) => Ok(()),
