@@ -5,8 +5,11 @@
 * the release server: static files under --www (torcx manifests, their .asc signatures,
   images), GET and HEAD, no listings;
 * a fake Kubernetes API server that speaks the real paths, auth and JSON for what nodestrap
-  asks: GET /version and GET /api/v1/namespaces/NS/configmaps/NAME, bearer token required,
-  errors as metav1.Status objects.
+  asks: GET /version, GET /api/v1/namespaces/NS/configmaps/NAME, GET and merge-PATCH
+  /api/v1/nodes/NAME (labels only), bearer token required, errors as metav1.Status objects;
+* on the release server, for the in-place bootstrapper: a machine-config-server's /ignition
+  behind its own bearer token, a registry's /v2/ (401: wants credentials), and a progress
+  endpoint (POST /progress/events, its own token) that appends each event to --progress-log.
 
 Every request is logged to --log as one line. Prints "ready RELEASE_PORT API_PORT" when both
 listen."""
@@ -27,7 +30,15 @@ ap.add_argument("--token", required=True, help="file holding the API server's be
 ap.add_argument("--git-version", required=True)
 ap.add_argument("--configmaps", required=True, help="JSON file: {\"ns/name\": {key: value}}")
 ap.add_argument("--log", required=True)
+ap.add_argument("--ignition", help="file served at /ignition")
+ap.add_argument("--ign-token", help="file holding /ignition's bearer token")
+ap.add_argument("--progress-token", help="file holding the progress endpoint's bearer token")
+ap.add_argument("--progress-log", help="file the progress events are appended to (JSON lines)")
+ap.add_argument("--nodes", help="JSON file: {\"name\": {label: value}}")
 a = ap.parse_args()
+ign_token = open(a.ign_token).read().strip() if a.ign_token else None
+progress_token = open(a.progress_token).read().strip() if a.progress_token else None
+nodes = json.load(open(a.nodes)) if a.nodes else {}
 token = open(a.token).read().strip()
 configmaps = json.load(open(a.configmaps))
 log_lock = threading.Lock()
@@ -59,14 +70,36 @@ class Base(http.server.BaseHTTPRequestHandler):
 class Release(Base):
     kind = "release"
 
+    def bearer(self, token):
+        return token is not None and self.headers.get("Authorization", "") == "Bearer " + token
+
     def do_GET(self):
-        rel = self.path.split("?", 1)[0].lstrip("/")
+        path = self.path.split("?", 1)[0]
+        if path == "/ignition" and a.ignition:
+            if not self.bearer(ign_token):
+                return self.send(401, b"missing or wrong token\n", "text/plain")
+            return self.send(200, open(a.ignition, "rb").read(), "application/vnd.coreos.ignition+json")
+        if path == "/v2/":
+            return self.send(401, b'{"errors":[{"code":"UNAUTHORIZED"}]}', "application/json")
+        if path == "/progress/events":
+            return self.send(405, b"POST only\n", "text/plain")
+        rel = path.lstrip("/")
         full = os.path.realpath(os.path.join(a.www, rel))
         if not full.startswith(os.path.realpath(a.www) + os.sep) or not os.path.isfile(full):
             return self.send(404, b"not found\n", "text/plain")
         self.send(200, open(full, "rb").read(), "application/octet-stream")
 
     do_HEAD = do_GET
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.path != "/progress/events" or not a.progress_log:
+            return self.send(404, b"not found\n", "text/plain")
+        if not self.bearer(progress_token):
+            return self.send(401, b"missing or wrong token\n", "text/plain")
+        with log_lock, open(a.progress_log, "a") as f:
+            f.write(json.dumps(json.loads(body)) + "\n")
+        self.send(200, b"{}", "application/json")
 
 
 class Api(Base):
@@ -77,10 +110,37 @@ class Api(Base):
                            "message": message, "reason": reason, "code": code}).encode()
         self.send(code, body, "application/json")
 
+    def node(self, name):
+        body = {"kind": "Node", "apiVersion": "v1",
+                "metadata": {"name": name, "uid": "00000000-0000-0000-0000-000000000002",
+                             "resourceVersion": "1", "labels": nodes[name]}}
+        return self.send(200, json.dumps(body).encode(), "application/json")
+
+    def do_PATCH(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.headers.get("Authorization", "") != "Bearer " + token:
+            return self.status(401, "Unauthorized", "Unauthorized")
+        parts = self.path.split("?", 1)[0].strip("/").split("/")
+        if len(parts) != 4 or parts[:3] != ["api", "v1", "nodes"] or parts[3] not in nodes:
+            return self.status(404, "NotFound", "the server could not find the requested resource")
+        if self.headers.get("Content-Type") != "application/merge-patch+json":
+            return self.status(415, "UnsupportedMediaType", "expected a merge patch")
+        patch = json.loads(body)
+        log("api PATCH-BODY %s %s" % (self.path, json.dumps(patch, sort_keys=True)))
+        for k, v in patch.get("metadata", {}).get("labels", {}).items():
+            if v is None:
+                nodes[parts[3]].pop(k, None)
+            else:
+                nodes[parts[3]][k] = v
+        self.node(parts[3])
+
     def do_GET(self):
         if self.headers.get("Authorization", "") != "Bearer " + token:
             return self.status(401, "Unauthorized", "Unauthorized")
         path = self.path.split("?", 1)[0]
+        parts = path.strip("/").split("/")
+        if len(parts) == 4 and parts[:3] == ["api", "v1", "nodes"] and parts[3] in nodes:
+            return self.node(parts[3])
         if path == "/version":
             v = a.git_version
             major, minor = v.lstrip("v").split(".")[:2]

@@ -22,6 +22,8 @@ pub struct Cli {
 pub enum Cmd {
     Bootstrap(Bootstrap),
     Hook(Hook),
+    Preflight(Preflight),
+    Reprovision(Reprovision),
 }
 
 #[derive(FromArgs, Debug)]
@@ -166,6 +168,94 @@ pub struct Hook {
     #[argh(option, default = "1000")]
     pub fetch_backoff_ms: u64,
 }
+
+pub const DEFAULT_IPB_LABEL: &str = "ibm-cloud.kubernetes.io/ipb-schedule";
+/// `oc image extract` as IBM's in-place bootstrapper outline does it; `{image}`, `{dir}` and
+/// `{root}` are replaced in each argument (no shell).
+pub const DEFAULT_MCD_EXTRACT: &str = "oc image extract --registry-config={root}/var/lib/kubelet/config.json --confirm --path /usr/bin/machine-config-daemon:{dir} {image}";
+
+/// `preflight` and `reprovision` take the same options (argh cannot share one struct between
+/// two subcommands): one field list makes both, and a preflight converts into a reprovision.
+macro_rules! reprovision_args {
+    ({ $($body:tt)* } [$($f:ident),*]) => {
+        #[derive(FromArgs, Debug)]
+        #[argh(subcommand, name = "preflight")]
+        /// Check every dependency of an in-place re-bootstrap (Ignition or payload endpoint,
+        /// registry, mirrors, progress endpoint) and print a table; exit 0 only if all pass.
+        pub struct Preflight { $($body)* }
+
+        #[derive(FromArgs, Debug)]
+        #[argh(subcommand, name = "reprovision")]
+        /// Re-bootstrap this RHCOS or RHEL node in place from a mounted Secret and reboot it
+        /// into its new configuration (IBM's in-place bootstrapper flow).
+        pub struct Reprovision { $($body)* }
+
+        impl From<Preflight> for Reprovision {
+            fn from(p: Preflight) -> Reprovision {
+                Reprovision { $($f: p.$f,)* }
+            }
+        }
+    };
+}
+// Tokens pass through unchanged (argh reads the field types as written); the name list makes
+// the conversion, and the compiler checks it names every field.
+reprovision_args! {{
+        /// the host's root as mounted in this pod; node paths resolve under it (default /)
+        #[argh(option, default = "PathBuf::from(\"/\")")]
+        pub root: PathBuf,
+        /// the mounted Secret: one file per key (ignition-url, payload-url, ca.crt, ...)
+        #[argh(option)]
+        pub secret_dir: PathBuf,
+        /// auto (from the node's os-release ID), rhcos or rhel (default auto)
+        #[argh(option, default = "\"auto\".into()")]
+        pub flow: String,
+        /// this Node's name (default: env NODE)
+        #[argh(option)]
+        pub node_name: Option<String>,
+        /// kubeconfig (pod path); default: the pod's service account
+        #[argh(option)]
+        pub kubeconfig: Option<PathBuf>,
+        /// label removed from the Node before it reboots
+        #[argh(option, default = "DEFAULT_IPB_LABEL.into()")]
+        pub label: String,
+        /// RHCOS: machine-config-daemon binary (pod path); default: extract it from the
+        /// machine-config-operator image the Ignition config names
+        #[argh(option)]
+        pub mcd_binary: Option<PathBuf>,
+        /// RHCOS: command that extracts machine-config-daemon into {dir} from {image}
+        #[argh(option, default = "DEFAULT_MCD_EXTRACT.into()")]
+        pub mcd_extract_command: String,
+        /// RHEL: the payload's entry script, relative to its top (default bootstrap.sh)
+        #[argh(option, default = "\"bootstrap.sh\".into()")]
+        pub payload_entry: String,
+        /// RHEL: seconds the entry script may run (default 3600)
+        #[argh(option, default = "3600")]
+        pub entry_timeout: u64,
+        /// RHEL: auto (reboot only if --root is /), host (--root is the host's root
+        /// mounted in this pod: reboot the host through the system bus) or never
+        #[argh(option, default = "\"auto\".into()")]
+        pub reboot: String,
+        /// check and fetch, change nothing on the node or the Node, reboot nothing
+        #[argh(switch)]
+        pub dry_run: bool,
+        /// log level: error, warn, info, debug (default info)
+        #[argh(option, default = "\"info\".into()")]
+        pub verbose: String,
+        /// API server tries per request (default 3)
+        #[argh(option, default = "3")]
+        pub api_tries: u32,
+        /// seconds between API server tries (default 10)
+        #[argh(option, default = "10")]
+        pub api_retry_delay: u64,
+        /// attempts per download or check (default 6)
+        #[argh(option, default = "6")]
+        pub fetch_attempts: u32,
+        /// first retry delay in milliseconds; doubles per retry with full jitter, capped at 60 s
+        #[argh(option, default = "1000")]
+        pub fetch_backoff_ms: u64,
+} [root, secret_dir, flow, node_name, kubeconfig, label, mcd_binary, mcd_extract_command,
+    payload_entry, entry_timeout, reboot, dry_run, verbose, api_tries, api_retry_delay,
+    fetch_attempts, fetch_backoff_ms]}
 
 /// The options bootstrap and hook share, checked and used by the same code.
 pub struct Common<'a> {

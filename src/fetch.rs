@@ -262,10 +262,23 @@ impl Http {
         digest: &Digest,
         cap: u64,
     ) -> Result<u64> {
-        let what = format!("GET {url}");
-        let req = Request::get(url);
+        self.stream(&Request::get(url), cap, |body| {
+            write_verified(dir, name, digest, &mut &mut *body)
+        })
+    }
+
+    /// A request whose body is handed to `consume` as it arrives (with progress lines):
+    /// transport errors and reading failures are tried again from scratch, a digest mismatch
+    /// or a write failure is final.
+    pub fn stream<T>(
+        &self,
+        req: &Request,
+        cap: u64,
+        mut consume: impl FnMut(&mut dyn Read) -> std::result::Result<T, Staging>,
+    ) -> Result<T> {
+        let what = format!("{} {}", req.method, req.url);
         self.retrying(&what, || {
-            let mut resp = match self.call(&req) {
+            let mut resp = match self.call(req) {
                 Ok(r) => r,
                 Err(e) => return classify_transport(&what, e),
             };
@@ -279,8 +292,8 @@ impl Http {
                 )));
             }
             let body = resp.body_mut().with_config().limit(cap).reader();
-            let mut progress = Progress::new(body, url, total);
-            match write_verified(dir, name, digest, &mut progress) {
+            let mut progress = Progress::new(body, req.url, total);
+            match consume(&mut progress) {
                 Ok(n) => Attempt::Done(n),
                 Err(Staging::Read(e)) if over_limit(&e) => Attempt::Final(Error::failed(format!(
                     "{what}: body over the {cap}-byte limit"
@@ -290,8 +303,8 @@ impl Http {
                 }
                 Err(Staging::Write(e)) => Attempt::Final(e),
                 // The bytes arrived intact over TLS, so trying again would fetch the same ones.
-                Err(Staging::Mismatch(got)) => Attempt::Final(Error::failed(format!(
-                    "{what}: hash mismatch: computed {got} but the signed manifest says {digest}"
+                Err(Staging::Mismatch(got, want)) => Attempt::Final(Error::failed(format!(
+                    "{what}: hash mismatch: computed {got} but {want}"
                 ))),
             }
         })
@@ -400,8 +413,9 @@ pub enum Staging {
     Read(io::Error),
     /// Creating, writing or persisting the file failed.
     Write(Error),
-    /// The content is not what the digest says; carries the computed digest.
-    Mismatch(String),
+    /// The content is not what the digest says: the computed digest, and what was expected
+    /// from where (`the signed manifest says sha512-…`).
+    Mismatch(String, String),
 }
 
 /// Stream `r` into a temp file in `dir` while hashing; only content that matches `digest` is
@@ -423,7 +437,10 @@ pub fn write_verified(
     };
     let got = hasher.finish_hex();
     if got != digest.hex {
-        return Err(Staging::Mismatch(format!("{}-{got}", digest.algo_name())));
+        return Err(Staging::Mismatch(
+            format!("{}-{got}", digest.algo_name()),
+            format!("the signed manifest says {digest}"),
+        ));
     }
     tmp.persist().map_err(Staging::Write)?;
     Ok(n)

@@ -12,7 +12,7 @@ use crate::bootstrap::{self, Manifests, OsInfo, OS_RELEASE, RUNTIME};
 use crate::cli::Hook;
 use crate::dbus::{self, Update};
 use crate::error::{Error, Result};
-use crate::kube::Kube;
+use crate::kube::{ApiRetry, Kube};
 use crate::mappings::Mappings;
 use crate::root::Root;
 use crate::torcx;
@@ -27,7 +27,7 @@ pub fn run(a: &Hook) -> Result<()> {
         a.node_name.as_deref(),
         std::env::var("NODE").ok().as_deref(),
     )?;
-    check_annotation_key(&a.node_annotation)?;
+    check_key("--node-annotation", &a.node_annotation)?;
     let template = bootstrap::check_common(&a.common())?;
     for (flag, p) in [
         ("--kubeconfig", a.kubeconfig.as_deref()),
@@ -46,7 +46,11 @@ pub fn run(a: &Hook) -> Result<()> {
     let root = Root::open(&a.root)?;
     let keyring = bootstrap::read_keyring(&a.common(), &pod)?;
     let http = bootstrap::manifest_client(&a.common(), &root)?;
-    let kube = api_client(a, &pod)?;
+    let kube = api_client(
+        a.kubeconfig.as_deref(),
+        &pod,
+        bootstrap::api_retry(&a.common()),
+    )?;
 
     // 1. OS version and board.
     let os = OsInfo::read(&root)?;
@@ -164,9 +168,9 @@ pub fn run(a: &Hook) -> Result<()> {
     Ok(())
 }
 
-fn api_client(a: &Hook, pod: &Root) -> Result<Kube> {
-    let retry = bootstrap::api_retry(&a.common());
-    match &a.kubeconfig {
+/// The API client: `--kubeconfig` (a pod path), else the pod's service account.
+pub(crate) fn api_client(kubeconfig: Option<&Path>, pod: &Root, retry: ApiRetry) -> Result<Kube> {
+    match kubeconfig {
         Some(p) => {
             let p = p.to_string_lossy();
             Kube::from_kubeconfig(pod, &p, retry)?
@@ -178,7 +182,7 @@ fn api_client(a: &Hook, pod: &Root) -> Result<Kube> {
 
 /// `--node-name`, else `NODE` (the downward API's spec.nodeName); a DNS subdomain, since it
 /// goes into the request path.
-fn node_name(flag: Option<&str>, env: Option<&str>) -> Result<String> {
+pub(crate) fn node_name(flag: Option<&str>, env: Option<&str>) -> Result<String> {
     let (n, from) = match (
         flag.filter(|n| !n.is_empty()),
         env.filter(|n| !n.is_empty()),
@@ -211,9 +215,9 @@ fn dns_subdomain(s: &str) -> bool {
         })
 }
 
-/// A Kubernetes annotation key: `[prefix/]name`, prefix a DNS subdomain, name at most 63
+/// A Kubernetes annotation or label key: `[prefix/]name`, prefix a DNS subdomain, name at most 63
 /// alphanumerics, `-`, `_`, `.`, beginning and ending alphanumeric.
-fn check_annotation_key(key: &str) -> Result<()> {
+pub(crate) fn check_key(flag: &str, key: &str) -> Result<()> {
     let (prefix, name) = match key.rsplit_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
@@ -229,7 +233,7 @@ fn check_annotation_key(key: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::config(format!(
-            "--node-annotation {key:?}: not a valid annotation key ([prefix/]name)"
+            "{flag} {key:?}: not a valid key ([prefix/]name)"
         )))
     }
 }
@@ -282,7 +286,7 @@ mod tests {
             "ok",
             "example.com/pre-hook_ok.v1",
         ] {
-            check_annotation_key(ok).unwrap();
+            check_key("--node-annotation", ok).unwrap();
         }
         for bad in [
             "",
@@ -294,7 +298,7 @@ mod tests {
             "a/b/c",
             &"x".repeat(64),
         ] {
-            assert!(check_annotation_key(bad).is_err(), "{bad:?}");
+            assert!(check_key("--node-annotation", bad).is_err(), "{bad:?}");
         }
     }
 }

@@ -210,6 +210,11 @@ impl Kube {
             })
     }
 
+    /// A Node object.
+    pub fn get_node(&self, name: &str) -> Result<serde_json::Value> {
+        self.get_json(&format!("/api/v1/nodes/{name}"))
+    }
+
     /// One key of a ConfigMap; a missing or empty key is an error.
     pub fn configmap_key(&self, ns: &str, name: &str, key: &str) -> Result<String> {
         let path = format!("/api/v1/namespaces/{ns}/configmaps/{name}");

@@ -11,8 +11,11 @@ mod hook;
 mod kube;
 mod logger;
 mod mappings;
+mod mco;
 mod payload;
+mod progress;
 mod reboot;
+mod reprovision;
 mod root;
 mod runscript;
 mod torcx;
@@ -44,6 +47,12 @@ fn run() -> i32 {
         Ok(c) => c,
         Err(code) => return code,
     };
+    // preflight and reprovision, like the hook, take a pod's command line only.
+    let cli = match cli.cmd {
+        cli::Cmd::Preflight(p) => return reprovision_cmd(p.into(), true),
+        cli::Cmd::Reprovision(r) => return reprovision_cmd(r, false),
+        cmd => cli::Cli { cmd },
+    };
     let b = match &cli.cmd {
         cli::Cmd::Bootstrap(b) => b,
         // The hook takes the command line only: no config file, no kernel arguments.
@@ -54,6 +63,7 @@ fn run() -> i32 {
             logger::init(level);
             return exit_code(hook::run(h));
         }
+        cli::Cmd::Preflight(_) | cli::Cmd::Reprovision(_) => unreachable!("handled above"),
     };
     let merged = match config::merge(b, &user) {
         Ok(m) => m,
@@ -78,6 +88,18 @@ fn run() -> i32 {
         log::info!("{n}");
     }
     exit_code(bootstrap::run(b))
+}
+
+fn reprovision_cmd(r: cli::Reprovision, only_check: bool) -> i32 {
+    let Some(level) = log_level(&r.verbose) else {
+        return 2;
+    };
+    logger::init(level);
+    exit_code(if only_check {
+        reprovision::preflight(&r)
+    } else {
+        reprovision::run(&r)
+    })
 }
 
 fn log_level(verbose: &str) -> Option<log::LevelFilter> {

@@ -7,9 +7,6 @@
 //! symlink the archive planted. Symlinks are kept only when they stay inside the folder. The
 //! first refusal stops the extraction; the caller removes the folder (`Dir::remove_dir_tree`).
 
-// `nodestrap reprovision` uses this; until it lands nothing else calls it.
-#![allow(dead_code)]
-
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::fs::File;

@@ -63,3 +63,13 @@ pub fn for_run(root: &Root, allow: bool, dry_run: bool) -> Box<dyn Rebooter> {
         Box::new(Systemd)
     }
 }
+
+/// For a pod that has the host's root mounted and the host's system bus reachable
+/// (`DBUS_SYSTEM_BUS_ADDRESS`): the caller says explicitly that rebooting means the host.
+pub fn for_host_mount(dry_run: bool) -> Box<dyn Rebooter> {
+    if dry_run {
+        Box::new(Decline("--dry-run".into()))
+    } else {
+        Box::new(Systemd)
+    }
+}

@@ -351,10 +351,34 @@ impl Dir {
         Ok(true)
     }
 
+    /// Set this directory's permission bits.
+    pub fn chmod(&self, mode: u32) -> Result<()> {
+        rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(mode)).with_ctx(|| self.shown.clone())
+    }
+
+    /// Open the regular file `name` in this directory for reading, never through a symlink.
+    pub fn open(&self, name: &str) -> Result<File> {
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .with_ctx(|| self.show(name))?;
+        Ok(File::from(fd))
+    }
+
+    /// Remove the file `name`; gone already is fine.
+    pub fn remove(&self, name: &str) -> Result<()> {
+        match rustix::fs::unlinkat(&self.fd, name, AtFlags::empty()) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => self.fsync(),
+            Err(e) => Err(Error::from(e).context(self.show(name))),
+        }
+    }
+
     /// Create the directory `name` (mode 0700, it must not exist) directly below this one and
     /// open it, for scratch work only we may see (a payload unpacked there). Remove it with
     /// `remove_dir_tree`.
-    #[allow(dead_code)] // for `nodestrap reprovision`; the payload tests use it meanwhile
     pub fn create_private_dir(&self, name: &str) -> Result<File> {
         if name.is_empty() || name == "." || name == ".." || name.contains('/') {
             return Err(Error::failed(format!(

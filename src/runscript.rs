@@ -6,9 +6,6 @@
 //! its own process group and is reaped only after the last signal to that group, so the group
 //! id can't have been reused by then.
 
-// `nodestrap reprovision` uses this; until it lands nothing else calls it.
-#![allow(dead_code)]
-
 use std::os::fd::OwnedFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;

@@ -205,7 +205,7 @@ pub fn stage_image(
         };
         match write_verified(&dir, &file, digest, &mut f) {
             Ok(_) => return Ok(Staged::Copied(root.show(&other))),
-            Err(Staging::Mismatch(_)) => {
+            Err(Staging::Mismatch(..)) => {
                 log::debug!("{} does not match {digest}", root.show(&other))
             }
             // Another store is only a shortcut: a copy that cannot be read is downloaded.

@@ -522,7 +522,8 @@ fn node_name_flag_wins_over_env_and_is_checked() {
     w.run_on(None).assert_fails(2, "not a valid node name");
     let mut w = World::new();
     w.extra.push("--node-annotation=bad key".into());
-    w.run_on(None).assert_fails(2, "not a valid annotation key");
+    w.run_on(None)
+        .assert_fails(2, "--node-annotation \"bad key\": not a valid key");
 }
 
 #[test]
