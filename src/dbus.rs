@@ -212,3 +212,16 @@ pub fn systemd_reboot() -> Result<String> {
     })
     .map_err(|e| Error::failed(format!("systemd StartUnit(reboot.target) over D-Bus: {e}")))
 }
+
+/// Start (or keep running) `unit` through systemd on the system bus.
+pub fn systemd_start(unit: &str) -> Result<String> {
+    zbus::block_on(async {
+        let conn = Connection::system().await?;
+        let job = SystemdProxy::new(&conn)
+            .await?
+            .start_unit(unit, "replace")
+            .await?;
+        Ok::<_, zbus::Error>(job.to_string())
+    })
+    .map_err(|e| Error::failed(format!("systemd StartUnit({unit}) over D-Bus: {e}")))
+}

@@ -1,5 +1,6 @@
 //! nodestrap: prepares a machine to join a Kubernetes cluster before anything else runs.
 
+mod activate;
 mod bootstrap;
 mod cli;
 mod config;
@@ -8,13 +9,21 @@ mod envfile;
 mod error;
 mod fetch;
 mod hook;
+mod initcluster;
+mod initsecret;
+mod joinservice;
 mod kube;
+mod kubeadm;
 mod logger;
 mod mappings;
+mod mtls;
+mod nodelock;
 mod reboot;
 mod root;
+mod stop;
 mod torcx;
 mod verify;
+mod wire;
 mod yaml;
 
 use argh::FromArgs;
@@ -52,6 +61,10 @@ fn run() -> i32 {
             logger::init(level);
             return exit_code(hook::run(h));
         }
+        // Activation's commands, like the hook, take the command line only.
+        cli::Cmd::Activate(x) => return with_log(&x.verbose, || activate::run(x)),
+        cli::Cmd::JoinService(x) => return with_log(&x.verbose, || joinservice::run(x)),
+        cli::Cmd::InitCluster(x) => return with_log(&x.verbose, || initcluster::run(x)),
     };
     let merged = match config::merge(b, &user) {
         Ok(m) => m,
@@ -76,6 +89,14 @@ fn run() -> i32 {
         log::info!("{n}");
     }
     exit_code(bootstrap::run(b))
+}
+
+fn with_log(verbose: &str, f: impl FnOnce() -> error::Result<()>) -> i32 {
+    let Some(level) = log_level(verbose) else {
+        return 2;
+    };
+    logger::init(level);
+    exit_code(f())
 }
 
 fn log_level(verbose: &str) -> Option<log::LevelFilter> {
