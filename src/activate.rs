@@ -19,7 +19,7 @@ use crate::cli::{Activate, RebootMode};
 use crate::error::{Error, Result};
 use crate::initsecret::SecretHash;
 use crate::kubeadm::{self, InitSpec, JoinSpec};
-use crate::mtls::{self, Endpoint, Identity};
+use crate::mtls::{self, Endpoint};
 use crate::nodelock::{self, NodeLock, Role, State};
 use crate::root::Root;
 use crate::stop::{self, Stop};
@@ -195,24 +195,13 @@ pub fn run(a: &Activate) -> Result<()> {
 impl<'a> Ctx<'a> {
     fn load(a: &'a Activate, root: &'a Root, endpoints: Vec<Endpoint>) -> Result<Ctx<'a>> {
         let show = |p: &str| root.show(p);
-        let id = Identity {
-            chain: mtls::certs(
-                &mtls::read_pem(root, "--identity-cert", &a.identity_cert)?,
-                &show(&a.identity_cert),
-            )?,
-            key: mtls::key(
-                &mtls::read_pem(root, "--identity-key", &a.identity_key)?,
-                &show(&a.identity_key),
-            )?,
-        };
-        let admin_ca = mtls::certs(
-            &mtls::read_pem(root, "--admin-ca", &a.admin_ca)?,
-            &show(&a.admin_ca),
+        let id = mtls::load_identity(
+            root,
+            ("--identity-cert", &a.identity_cert),
+            ("--identity-key", &a.identity_key),
         )?;
-        let cluster_ca = mtls::certs(
-            &mtls::read_pem(root, "--cluster-ca", &a.cluster_ca)?,
-            &show(&a.cluster_ca),
-        )?;
+        let admin_ca = mtls::load_certs(root, "--admin-ca", &a.admin_ca)?;
+        let cluster_ca = mtls::load_certs(root, "--cluster-ca", &a.cluster_ca)?;
         let pinned = mtls::spki_sha256(&cluster_ca[0]).ok_or_else(|| {
             Error::config(format!(
                 "{}: certificate does not parse",
@@ -308,130 +297,57 @@ fn init_conn(ctx: &Ctx, tcp: TcpStream, addr: SocketAddr) -> Conn {
         }
     };
     let who = format!("{} at {addr}", peer.cn);
-    // 2. One request.
-    let req = match mtls::read_request(&mut s) {
-        Ok(r) => r,
-        Err(e) => {
-            log::warn!("init server: bad request from {who}: {e}");
-            answer(
-                &mut s,
-                &who,
-                400,
-                mtls::error_body("bad_request", &e.to_string()),
-            );
-            return Conn::Next;
-        }
-    };
-    if req.path != INIT_PATH || req.method != "POST" {
-        let status = if req.path == INIT_PATH { 405 } else { 404 };
-        answer(
-            &mut s,
-            &who,
-            status,
-            mtls::error_body(
-                "not_found",
-                &format!("{} {}: only POST {INIT_PATH}", req.method, req.path),
-            ),
-        );
-        return Conn::Next;
-    }
-    let body: InitRequest = match serde_json::from_slice(&req.body) {
+    // 2.-4. One request: the secret first, then every field.
+    let body = match init_request(ctx, &mut s) {
         Ok(b) => b,
-        Err(e) => {
-            log::warn!("init server: init request from {who} does not parse: {e}; refused");
-            answer(
-                &mut s,
-                &who,
-                400,
-                mtls::error_body("invalid", &format!("init request: {e}")),
-            );
+        Err((status, code, m)) => {
+            log::warn!("init server: request from {who} refused, node lock untouched: {m}");
+            answer(&mut s, &who, status, mtls::error_body(code, &m));
             return Conn::Next;
         }
     };
-    // 3. The init secret, before any field is looked at.
-    if !ctx.secret.matches(body.init_secret.as_bytes()) {
-        log::warn!(
-            "init server: init request from {who}: wrong init secret; refused, node lock untouched"
-        );
-        answer(
-            &mut s,
-            &who,
-            403,
-            mtls::error_body("bad_secret", "wrong init secret"),
-        );
-        return Conn::Next;
-    }
-    // 4. Every other field.
-    if let Err(m) = body.validate() {
-        log::warn!("init server: init request from {who}: {m}; refused");
-        answer(
-            &mut s,
-            &who,
-            400,
-            mtls::error_body("invalid", &format!("init request: {m}")),
-        );
-        return Conn::Next;
-    }
     // 5. The node lock.
-    match ctx.lock.try_lock(
-        Role::ControlPlane,
-        &body.cluster_name,
-        None,
-        &format!("init request from {who}"),
-    ) {
+    let source = format!("init request from {who}");
+    let locked = ctx
+        .lock
+        .try_lock(Role::ControlPlane, &body.cluster_name, None, &source);
+    match locked {
         Ok(true) => ctx.stop.wake(),
         Ok(false) => {
-            log::info!(
-                "init server: init request from {who}: the node is already activating; refused"
-            );
-            answer(
-                &mut s,
-                &who,
-                409,
-                mtls::error_body("already_activating", "the node is already activating"),
-            );
+            log::info!("init server: {source}: the node is already activating; refused");
+            let b = mtls::error_body("already_activating", "the node is already activating");
+            answer(&mut s, &who, 409, b);
             return Conn::Next;
         }
-        Err(e) => {
-            let e = ctx.fatal(e);
-            answer(
-                &mut s,
-                &who,
-                500,
-                mtls::error_body("init_failed", &e.to_string()),
-            );
-            return Conn::Fatal(e);
-        }
+        Err(_) => {}
     }
-    // 6. kubeadm init. A failure is answered with the log's tail, then it is fatal.
-    let kubeconfig = match init_cluster(ctx, &body) {
-        Ok(k) => k,
+    // 6. kubeadm init; 7. done, then the answer (a lost answer does not undo a cluster). Any
+    //    failure from the lock on is fatal, and answered with the tail of kubeadm's output.
+    let plain = |e: Error| (e, String::new());
+    let result = locked.map_err(plain).and_then(|_| {
+        let kubeconfig = init_cluster(ctx, &body)?;
+        let ca_hash = ctx
+            .root
+            .read(&format!("{PKI}/ca.crt"), 1 << 20)
+            .ok()
+            .flatten()
+            .and_then(|pem| mtls::certs(&pem, "ca.crt").ok())
+            .and_then(|c| mtls::spki_sha256(&c[0]));
+        ctx.lock.done(ca_hash.clone()).map_err(plain)?;
+        Ok((kubeconfig, ca_hash))
+    });
+    let (kubeconfig, ca_hash) = match result {
+        Ok(x) => x,
         Err((e, tail)) => {
             let e = ctx.fatal(e);
             let mut b = mtls::error_body("init_failed", &e.to_string());
-            b["log_tail"] = tail.into();
+            if !tail.is_empty() {
+                b["log_tail"] = tail.into();
+            }
             answer(&mut s, &who, 500, b);
             return Conn::Fatal(e);
         }
     };
-    // 7. Done, then the answer: a lost answer does not undo a cluster.
-    let ca_hash = ctx
-        .root
-        .read(&format!("{PKI}/ca.crt"), 1 << 20)
-        .ok()
-        .flatten()
-        .and_then(|pem| mtls::certs(&pem, "ca.crt").ok())
-        .and_then(|c| mtls::spki_sha256(&c[0]));
-    if let Err(e) = ctx.lock.done(ca_hash.clone()) {
-        let e = ctx.fatal(e);
-        answer(
-            &mut s,
-            &who,
-            500,
-            mtls::error_body("init_failed", &e.to_string()),
-        );
-        return Conn::Fatal(e);
-    }
     ctx.stop.request();
     log::info!(
         "init server: cluster {} initialized for {who}; answering with the admin kubeconfig",
@@ -444,6 +360,28 @@ fn init_conn(ctx: &Ctx, tcp: TcpStream, addr: SocketAddr) -> Conn {
         serde_json::json!({"kubeconfig": kubeconfig, "cluster_name": body.cluster_name, "ca_cert_hash": ca_hash}),
     );
     Conn::Won(body.cluster_name)
+}
+
+/// Steps 2 to 4 of an init connection: read the request, check the init secret before any
+/// field is looked at, then every other field. An error is (HTTP status, code, message).
+fn init_request(
+    ctx: &Ctx,
+    s: &mut mtls::ServerStream,
+) -> std::result::Result<InitRequest, (u16, &'static str, String)> {
+    let req = mtls::read_request(s).map_err(|e| (400, "bad_request", e.to_string()))?;
+    if req.path != INIT_PATH || req.method != "POST" {
+        let status = if req.path == INIT_PATH { 405 } else { 404 };
+        let m = format!("{} {}: only POST {INIT_PATH}", req.method, req.path);
+        return Err((status, "not_found", m));
+    }
+    let body: InitRequest = serde_json::from_slice(&req.body)
+        .map_err(|e| (400, "invalid", format!("init request does not parse: {e}")))?;
+    if !ctx.secret.matches(body.init_secret.as_bytes()) {
+        return Err((403, "bad_secret", "wrong init secret".into()));
+    }
+    body.validate()
+        .map_err(|m| (400, "invalid", format!("init request: {m}")))?;
+    Ok(body)
 }
 
 /// `kubeadm init` from a fresh manifests folder; the admin kubeconfig it wrote. On failure,

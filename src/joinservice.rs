@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::cli::JoinService;
 use crate::error::{Error, Result};
 use crate::kubeadm;
-use crate::mtls::{self, Identity, Peer};
+use crate::mtls::{self, Peer};
 use crate::nodelock::Role;
 use crate::root::Root;
 use crate::stop;
@@ -80,18 +80,9 @@ pub fn run(a: &JoinService) -> Result<()> {
     // 2. Inputs: serving identity, node CA, cluster CA (its hash goes into every ticket), the
     //    record of tickets already issued.
     let show = |p: &str| root.show(p);
-    let id = Identity {
-        chain: mtls::certs(&mtls::read_pem(&root, "--cert", &a.cert)?, &show(&a.cert))?,
-        key: mtls::key(&mtls::read_pem(&root, "--key", &a.key)?, &show(&a.key))?,
-    };
-    let node_ca = mtls::certs(
-        &mtls::read_pem(&root, "--node-ca", &a.node_ca)?,
-        &show(&a.node_ca),
-    )?;
-    let cluster_ca = mtls::certs(
-        &mtls::read_pem(&root, "--cluster-ca", &a.cluster_ca)?,
-        &show(&a.cluster_ca),
-    )?;
+    let id = mtls::load_identity(&root, ("--cert", &a.cert), ("--key", &a.key))?;
+    let node_ca = mtls::load_certs(&root, "--node-ca", &a.node_ca)?;
+    let cluster_ca = mtls::load_certs(&root, "--cluster-ca", &a.cluster_ca)?;
     let discovery_hash = mtls::spki_sha256(&cluster_ca[0]).ok_or_else(|| {
         Error::config(format!(
             "{}: certificate does not parse",

@@ -61,31 +61,57 @@ pub struct Identity {
     pub key: PrivateKeyDer<'static>,
 }
 
+/// Certificates named by `flag`, a node path under `root`.
+pub fn load_certs(
+    root: &Root,
+    flag: &str,
+    node_path: &str,
+) -> Result<Vec<CertificateDer<'static>>> {
+    certs(&read_pem(root, flag, node_path)?, &root.show(node_path))
+}
+
+/// A certificate chain and its key, named by `--<flag>-cert`-style flags.
+pub fn load_identity(root: &Root, cert: (&str, &str), key: (&str, &str)) -> Result<Identity> {
+    Ok(Identity {
+        chain: load_certs(root, cert.0, cert.1)?,
+        key: self::key(&read_pem(root, key.0, key.1)?, &root.show(key.1))?,
+    })
+}
+
+fn roots(cas: &[CertificateDer<'static>], name: &str) -> Result<RootCertStore> {
+    let mut roots = RootCertStore::empty();
+    for c in cas {
+        roots
+            .add(c.clone())
+            .map_err(|e| Error::config(format!("{name}: not a usable CA certificate: {e}")))?;
+    }
+    Ok(roots)
+}
+
+fn mismatch(name: &str) -> impl FnOnce(rustls::Error) -> Error + '_ {
+    move |e| {
+        Error::config(format!(
+            "{name}: certificate and key do not go together: {e}"
+        ))
+    }
+}
+
 /// Serve with `id`; clients must present a certificate issued by one of `client_cas`.
 pub fn server_config(
     id: &Identity,
     client_cas: &[CertificateDer<'static>],
     name: &str,
 ) -> Result<Arc<ServerConfig>> {
-    let mut roots = RootCertStore::empty();
-    for c in client_cas {
-        roots
-            .add(c.clone())
-            .map_err(|e| Error::config(format!("{name}: not a usable CA certificate: {e}")))?;
-    }
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-        .build()
-        .map_err(|e| Error::config(format!("{name}: {e}")))?;
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots(client_cas, name)?), provider())
+            .build()
+            .map_err(|e| Error::config(format!("{name}: {e}")))?;
     let cfg = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| Error::failed(format!("TLS: {e}")))?
         .with_client_cert_verifier(verifier)
         .with_single_cert(id.chain.clone(), id.key.clone_key())
-        .map_err(|e| {
-            Error::config(format!(
-                "{name}: certificate and key do not go together: {e}"
-            ))
-        })?;
+        .map_err(mismatch(name))?;
     Ok(Arc::new(cfg))
 }
 
@@ -95,22 +121,12 @@ pub fn client_config(
     id: &Identity,
     name: &str,
 ) -> Result<Arc<ClientConfig>> {
-    let mut roots = RootCertStore::empty();
-    for c in pinned {
-        roots
-            .add(c.clone())
-            .map_err(|e| Error::config(format!("{name}: not a usable CA certificate: {e}")))?;
-    }
     let cfg = ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| Error::failed(format!("TLS: {e}")))?
-        .with_root_certificates(roots)
+        .with_root_certificates(roots(pinned, name)?)
         .with_client_auth_cert(id.chain.clone(), id.key.clone_key())
-        .map_err(|e| {
-            Error::config(format!(
-                "{name}: certificate and key do not go together: {e}"
-            ))
-        })?;
+        .map_err(mismatch(name))?;
     Ok(Arc::new(cfg))
 }
 

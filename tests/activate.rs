@@ -17,6 +17,17 @@ use support::*;
 const SECRET: &str = "s3cret-init-value-0123456789";
 const TOKEN: &str = "abcdef.0123456789abcdef";
 const STATE: &str = "var/lib/nodestrap/node-state.json";
+/// What a control-plane ticket must carry (kubeadm's shared cluster keys).
+const CP_FILES: [&str; 8] = [
+    "ca.crt",
+    "ca.key",
+    "sa.key",
+    "sa.pub",
+    "front-proxy-ca.crt",
+    "front-proxy-ca.key",
+    "etcd/ca.crt",
+    "etcd/ca.key",
+];
 
 // ---------------------------------------------------------------------------------------------
 // PKI and files
@@ -373,6 +384,23 @@ impl Node {
     }
 }
 
+/// An activate process with an init request sent and kubeadm init running (it sleeps as long
+/// as `sleep-init` in the node's bin says).
+fn init_in_flight(pki: &Pki, node: &Node) -> (Proc, Proc) {
+    let act = node.activate(&[]);
+    let client = Proc::start(Admin::new(pki, None).args(act.port()));
+    let end = Instant::now() + Duration::from_secs(30);
+    while node.calls().is_empty() {
+        assert!(
+            Instant::now() < end,
+            "kubeadm init never started:\n{}",
+            act.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (act, client)
+}
+
 /// The admin's files and an init-cluster run against a node's init server.
 struct Admin {
     dir: PathBuf,
@@ -454,15 +482,7 @@ impl JoinSvc {
             &pki.nodes.pem,
         );
         let pki_dir = root.join("etc/kubernetes/pki");
-        for name in [
-            "ca.key",
-            "sa.key",
-            "sa.pub",
-            "front-proxy-ca.crt",
-            "front-proxy-ca.key",
-            "etcd/ca.crt",
-            "etcd/ca.key",
-        ] {
+        for name in &CP_FILES[1..] {
             write(
                 &pki_dir.join(name),
                 &format!("-----BEGIN TEST-----\n{name}\n-----END TEST-----\n"),
@@ -693,16 +713,7 @@ fn join_wins_as_control_plane() {
         run.stdout
     );
     let pki_dir = node.root.join("etc/kubernetes/pki");
-    for name in [
-        "ca.crt",
-        "ca.key",
-        "sa.key",
-        "sa.pub",
-        "front-proxy-ca.crt",
-        "front-proxy-ca.key",
-        "etcd/ca.crt",
-        "etcd/ca.key",
-    ] {
+    for name in CP_FILES {
         let p = pki_dir.join(name);
         assert_eq!(
             read(&p),
@@ -811,7 +822,7 @@ fn wrong_secret_or_untrusted_client_is_refused_and_the_lock_untouched() {
     let bad = Admin::new(&pki, None);
     write(&bad.dir.join("secret"), "not the secret\n");
     bad.init(port).assert_fails(1, "wrong init secret");
-    act.wait_for("wrong init secret; refused, node lock untouched", 10);
+    act.wait_for("refused, node lock untouched: wrong init secret", 10);
 
     let outsider = Ca::new("someone else's CA");
     let stranger = Admin::new(&pki, Some(&outsider));
@@ -977,13 +988,7 @@ fn crash_after_committed_never_inits_or_joins_again() {
     let pki = Pki::new();
     let node = Node::new(&pki, "crash", None);
     write(&node.bin.join("sleep-init"), "30");
-    let mut act = node.activate(&[]);
-    let client = Proc::start(Admin::new(&pki, None).args(act.port()));
-    let end = Instant::now() + Duration::from_secs(30);
-    while node.calls().is_empty() {
-        assert!(Instant::now() < end);
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (mut act, client) = init_in_flight(&pki, &node);
     // kill -9 mid-init, and the stand-in kubeadm with it.
     act.child.kill().unwrap();
     let _ = act.child.wait();
@@ -1110,13 +1115,7 @@ fn stop_waits_for_an_init_in_flight() {
     let pki = Pki::new();
     let node = Node::new(&pki, "stop", None);
     write(&node.bin.join("sleep-init"), "3");
-    let mut act = node.activate(&[]);
-    let client = Proc::start(Admin::new(&pki, None).args(act.port()));
-    let end = Instant::now() + Duration::from_secs(30);
-    while node.calls().is_empty() {
-        assert!(Instant::now() < end);
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (mut act, client) = init_in_flight(&pki, &node);
     act.sigterm();
     act.wait_for(
         "stop signal: stopping once any init in flight has finished",
