@@ -61,13 +61,15 @@ pub fn run(a: &Activate) -> Result<()> {
         .listen
         .parse()
         .map_err(|_| Error::config(format!("--listen {:?}: expected ADDRESS:PORT", a.listen)))?;
-    let endpoints = a
+    let mut endpoints = Vec::new();
+    for e in a
         .join_endpoints
         .split(',')
         .map(str::trim)
         .filter(|e| !e.is_empty())
-        .map(|e| Endpoint::parse(e, "--join-endpoints"))
-        .collect::<Result<Vec<_>>>()?;
+    {
+        endpoints.push(Endpoint::parse(e, "--join-endpoints")?);
+    }
     for (flag, v) in [
         ("--join-interval", a.join_interval),
         ("--join-timeout", a.join_timeout),

@@ -202,24 +202,20 @@ pub fn systemd_reload() -> Result<()> {
 
 /// Queue `reboot.target`; the job cannot be cancelled by later jobs.
 pub fn systemd_reboot() -> Result<String> {
-    zbus::block_on(async {
-        let conn = Connection::system().await?;
-        let job = SystemdProxy::new(&conn)
-            .await?
-            .start_unit("reboot.target", "replace-irreversibly")
-            .await?;
-        Ok::<_, zbus::Error>(job.to_string())
-    })
-    .map_err(|e| Error::failed(format!("systemd StartUnit(reboot.target) over D-Bus: {e}")))
+    start_unit("reboot.target", "replace-irreversibly")
 }
 
 /// Start (or keep running) `unit` through systemd on the system bus.
 pub fn systemd_start(unit: &str) -> Result<String> {
+    start_unit(unit, "replace")
+}
+
+fn start_unit(unit: &str, mode: &str) -> Result<String> {
     zbus::block_on(async {
         let conn = Connection::system().await?;
         let job = SystemdProxy::new(&conn)
             .await?
-            .start_unit(unit, "replace")
+            .start_unit(unit, mode)
             .await?;
         Ok::<_, zbus::Error>(job.to_string())
     })

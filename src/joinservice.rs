@@ -5,11 +5,8 @@
 //! most one ticket, ever: the record is written durably before the ticket leaves. Tokens and
 //! keys are never logged.
 
-use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use serde::{Deserialize, Serialize};
 
 use crate::cli::JoinService;
 use crate::error::{Error, Result};
@@ -24,20 +21,9 @@ use crate::wire::{self, File, Ticket, CONTROL_PLANE_FILES, TICKET_PATH};
 pub const CONTROL_PLANE_ORG: &str = "nodestrap:control-plane";
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
-#[derive(Serialize, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct Issued {
-    /// By identity (`sha256:<hex>` of the node's public key).
-    issued: BTreeMap<String, Record>,
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Record {
-    node: String,
-    role: Role,
-    at: u64,
-}
+/// Who got a ticket, by identity (`sha256:<hex>` of the node's public key):
+/// `{"issued": {IDENTITY: {"node": CN, "role": ROLE, "at": UNIX_SECONDS}}}`.
+type Issued = serde_json::Map<String, serde_json::Value>;
 
 struct Svc<'a> {
     a: &'a JoinService,
@@ -89,14 +75,24 @@ pub fn run(a: &JoinService) -> Result<()> {
             show(&a.cluster_ca)
         ))
     })?;
-    let issued: Issued = match root.read_text(&a.state)? {
-        Some(t) => serde_json::from_str(&t)
-            .map_err(|e| Error::failed(format!("{}: not a ticket record: {e}", show(&a.state))))?,
-        None => Issued::default(),
+    let issued = match root.read_text(&a.state)? {
+        Some(t) => match serde_json::from_str::<serde_json::Value>(&t) {
+            Ok(serde_json::Value::Object(mut o)) => match o.remove("issued") {
+                Some(serde_json::Value::Object(m)) => m,
+                _ => Issued::new(),
+            },
+            Ok(_) | Err(_) => {
+                return Err(Error::failed(format!(
+                    "{}: not a ticket record",
+                    show(&a.state)
+                )))
+            }
+        },
+        None => Issued::new(),
     };
     log::info!(
         "{} node identities already have a ticket (from {})",
-        issued.issued.len(),
+        issued.len(),
         show(&a.state)
     );
     log::info!(
@@ -174,13 +170,13 @@ impl Svc<'_> {
         who: &str,
     ) -> std::result::Result<Ticket, (u16, &'static str, String)> {
         let internal = |e: String| (500, "internal", e);
-        if let Some(r) = self.issued.issued.get(&peer.spki) {
+        if let Some(r) = self.issued.get(&peer.spki) {
             return Err((
                 409,
                 "already_issued",
                 format!(
                     "this node identity already got a ticket (as {} at {}); refused",
-                    r.node, r.at
+                    r["node"], r["at"]
                 ),
             ));
         }
@@ -209,16 +205,10 @@ impl Svc<'_> {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        self.issued.issued.insert(
-            peer.spki.clone(),
-            Record {
-                node: peer.cn.clone(),
-                role,
-                at,
-            },
-        );
+        let record = serde_json::json!({"node": peer.cn, "role": role.as_str(), "at": at});
+        self.issued.insert(peer.spki.clone(), record);
         if let Err(e) = self.save() {
-            self.issued.issued.remove(&peer.spki);
+            self.issued.remove(&peer.spki);
             return Err(internal(e.to_string()));
         }
         log::info!(
@@ -266,7 +256,7 @@ impl Svc<'_> {
     }
 
     fn save(&self) -> Result<()> {
-        let mut text = serde_json::to_vec_pretty(&self.issued)?;
+        let mut text = serde_json::to_vec_pretty(&serde_json::json!({"issued": self.issued}))?;
         text.push(b'\n');
         self.root.write_atomic(&self.a.state, &text, 0o644)
     }

@@ -3,7 +3,7 @@
 //! configuration files, and bootstrap tokens (format check, and scrubbing them from any text
 //! that could reach a log or an answer).
 
-use std::io::Read;
+use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,25 +24,21 @@ pub struct Ran {
     pub tail: String,
 }
 
-/// Keep the last `TAIL` bytes of `r`.
-fn tail_of(mut r: impl Read) -> Vec<u8> {
-    let mut keep = Vec::new();
-    let mut buf = [0u8; 8192];
-    loop {
-        match r.read(&mut buf) {
-            Ok(0) | Err(_) => return keep,
-            Ok(n) => {
-                keep.extend_from_slice(&buf[..n]);
-                if keep.len() > 2 * TAIL {
-                    keep.drain(..keep.len() - TAIL);
-                }
-            }
-        }
-    }
+/// An anonymous in-memory file for a child's output: no reader threads, and nothing the child
+/// leaves behind can block us by holding a pipe open.
+fn capture() -> Result<std::fs::File> {
+    rustix::fs::memfd_create("nodestrap-output", rustix::fs::MemfdFlags::CLOEXEC)
+        .map(std::fs::File::from)
+        .map_err(|e| Error::failed(format!("memfd_create: {e}")))
 }
 
-fn last(b: &[u8]) -> &[u8] {
-    &b[b.len().saturating_sub(TAIL)..]
+/// The last `TAIL` bytes written to `f`.
+fn tail_of(f: &mut std::fs::File) -> Vec<u8> {
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut keep = Vec::new();
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(TAIL as u64)));
+    let _ = f.read_to_end(&mut keep);
+    keep
 }
 
 /// Run `argv` (no shell), at most `timeout`. An error only when it cannot be started or runs
@@ -51,23 +47,17 @@ pub fn run(argv: &[String], timeout: Duration) -> Result<Ran> {
     let (prog, args) = argv
         .split_first()
         .ok_or_else(|| Error::config("empty command"))?;
+    let (mut out, mut err) = (capture()?, capture()?);
+    let stdio = |f: &std::fs::File| f.try_clone().map(Stdio::from).map_err(Error::from);
     let mut child = Command::new(prog)
         .args(args)
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(stdio(&out)?)
+        .stderr(stdio(&err)?)
         // Its own process group, so a timeout takes down whatever it started too.
         .process_group(0)
         .spawn()
         .map_err(|e| Error::failed(format!("{prog}: cannot start: {e}")))?;
-    let out = child
-        .stdout
-        .take()
-        .map(|o| std::thread::spawn(move || tail_of(o)));
-    let err = child
-        .stderr
-        .take()
-        .map(|o| std::thread::spawn(move || tail_of(o)));
     let pid = child.id() as libc::pid_t;
     let start = Instant::now();
     let status = loop {
@@ -78,26 +68,26 @@ pub fn run(argv: &[String], timeout: Duration) -> Result<Ran> {
             Err(e) => return Err(Error::failed(format!("{prog}: waiting: {e}"))),
         }
     };
-    // Also after a normal exit: nothing it left behind may hold the output pipes open.
+    // Also after a normal exit: nothing it started may linger.
     // SAFETY: signalling our own child's process group.
     unsafe { libc::kill(-pid, libc::SIGKILL) };
-    let status = match status {
-        Some(s) => s,
-        None => {
-            let _ = child.wait();
-            return Err(Error::failed(format!(
-                "{prog} {}: killed after {} s (time limit)",
-                args.first().map(String::as_str).unwrap_or(""),
-                timeout.as_secs()
-            )));
-        }
+    let Some(status) = status else {
+        let _ = child.wait();
+        return Err(Error::failed(format!(
+            "{prog} {}: killed after {} s (time limit)",
+            args.first().map(String::as_str).unwrap_or(""),
+            timeout.as_secs()
+        )));
     };
-    let stdout = out.and_then(|h| h.join().ok()).unwrap_or_default();
-    let stderr = err.and_then(|h| h.join().ok()).unwrap_or_default();
-    let mut text = String::from_utf8_lossy(last(&stderr)).into_owned();
-    text.push_str(&String::from_utf8_lossy(last(&stdout)));
+    let stdout = tail_of(&mut out);
+    let mut text = String::from_utf8_lossy(&tail_of(&mut err)).into_owned();
+    text.push_str(&String::from_utf8_lossy(&stdout));
     let tail = scrub(&text);
-    let tail = tail[tail.len().saturating_sub(TAIL)..].to_string();
+    let mut cut = tail.len().saturating_sub(TAIL);
+    while !tail.is_char_boundary(cut) {
+        cut += 1;
+    }
+    let tail = tail[cut..].to_string();
     let status_text = match (
         status.code(),
         std::os::unix::process::ExitStatusExt::signal(&status),
@@ -308,7 +298,7 @@ mod tests {
             Duration::from_secs(10),
         )
         .unwrap();
-        assert!(r.ok && r.stdout.len() <= 2 * TAIL && r.tail.len() <= TAIL);
+        assert!(r.ok && r.stdout.len() == TAIL && r.tail.len() <= TAIL);
         assert!(run(
             &["/nonexistent/kubeadm".to_string()],
             Duration::from_secs(1)

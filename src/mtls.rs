@@ -11,7 +11,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::pem::{PemObject, SectionKind};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig, StreamOwned};
@@ -40,19 +40,40 @@ pub fn read_pem(root: &Root, flag: &str, node_path: &str) -> Result<Vec<u8>> {
         .ok_or_else(|| Error::config(format!("{flag} {}: does not exist", root.show(node_path))))
 }
 
+/// The items of a PEM file, through the same reader ureq uses (one copy in the binary).
+fn pem_items(pem: &[u8], name: &str) -> Result<Vec<(SectionKind, Vec<u8>)>> {
+    let mut items = Vec::new();
+    for item in <(SectionKind, Vec<u8>)>::pem_slice_iter(pem) {
+        items.push(item.map_err(|e| Error::config(format!("{name}: bad PEM: {e}")))?);
+    }
+    Ok(items)
+}
+
+/// Every certificate of a PEM bundle (at least one).
 pub fn certs(pem: &[u8], name: &str) -> Result<Vec<CertificateDer<'static>>> {
-    let certs = CertificateDer::pem_slice_iter(pem)
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| Error::config(format!("{name}: bad PEM: {e}")))?;
+    let mut certs = Vec::new();
+    for (kind, der) in pem_items(pem, name)? {
+        if kind == SectionKind::Certificate {
+            certs.push(CertificateDer::from(der));
+        }
+    }
     if certs.is_empty() {
         return Err(Error::config(format!("{name}: no PEM certificate in it")));
     }
     Ok(certs)
 }
 
+/// The first private key of a PEM file.
 pub fn key(pem: &[u8], name: &str) -> Result<PrivateKeyDer<'static>> {
-    PrivateKeyDer::from_pem_slice(pem)
-        .map_err(|e| Error::config(format!("{name}: no usable PEM private key: {e}")))
+    for (kind, der) in pem_items(pem, name)? {
+        match kind {
+            SectionKind::RsaPrivateKey => return Ok(PrivateKeyDer::Pkcs1(der.into())),
+            SectionKind::EcPrivateKey => return Ok(PrivateKeyDer::Sec1(der.into())),
+            SectionKind::PrivateKey => return Ok(PrivateKeyDer::Pkcs8(der.into())),
+            _ => {}
+        }
+    }
+    Err(Error::config(format!("{name}: no PEM private key in it")))
 }
 
 /// Our identity: a certificate chain and its key.
@@ -106,12 +127,15 @@ pub fn server_config(
         WebPkiClientVerifier::builder_with_provider(Arc::new(roots(client_cas, name)?), provider())
             .build()
             .map_err(|e| Error::config(format!("{name}: {e}")))?;
-    let cfg = ServerConfig::builder_with_provider(provider())
+    let mut cfg = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| Error::failed(format!("TLS: {e}")))?
         .with_client_cert_verifier(verifier)
         .with_single_cert(id.chain.clone(), id.key.clone_key())
         .map_err(mismatch(name))?;
+    // One request per connection: nothing to resume, so no session cache and no tickets.
+    cfg.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    cfg.send_tls13_tickets = 0;
     Ok(Arc::new(cfg))
 }
 
