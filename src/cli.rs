@@ -24,6 +24,9 @@ pub enum Cmd {
     Hook(Hook),
     Preflight(Preflight),
     Reprovision(Reprovision),
+    Activate(Activate),
+    JoinService(JoinService),
+    InitCluster(InitCluster),
 }
 
 #[derive(FromArgs, Debug)]
@@ -256,6 +259,170 @@ reprovision_args! {{
 } [root, secret_dir, flow, node_name, kubeconfig, label, mcd_binary, mcd_extract_command,
     payload_entry, entry_timeout, reboot, dry_run, verbose, api_tries, api_retry_delay,
     fetch_attempts, fetch_backoff_ms]}
+
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "activate")]
+/// Activate a fresh node: initialize a cluster when an admin asks (init server) or join one
+/// (join client), whichever is authenticated first, under a one-way node lock.
+pub struct Activate {
+    /// the node's root; every node path resolves under it (default /)
+    #[argh(option, default = "PathBuf::from(\"/\")")]
+    pub root: PathBuf,
+    /// init server address (default 0.0.0.0:9000)
+    #[argh(option, default = "\"0.0.0.0:9000\".into()")]
+    pub listen: String,
+    /// node identity certificate (node path): init server and join client present it
+    #[argh(option, default = "\"/etc/nodestrap/activate/node.crt\".into()")]
+    pub identity_cert: String,
+    /// node identity key (node path)
+    #[argh(option, default = "\"/etc/nodestrap/activate/node.key\".into()")]
+    pub identity_key: String,
+    /// CA whose client certificates may send an init request (node path)
+    #[argh(option, default = "\"/etc/nodestrap/activate/admin-ca.crt\".into()")]
+    pub admin_ca: String,
+    /// pinned cluster CA: the join service must present a certificate from it (node path)
+    #[argh(option, default = "\"/etc/nodestrap/activate/cluster-ca.crt\".into()")]
+    pub cluster_ca: String,
+    /// PBKDF2 hash of the init secret, pbkdf2_sha256$ROUNDS$SALT$BASE64 (node path)
+    #[argh(
+        option,
+        default = "\"/etc/nodestrap/activate/init-secret.hash\".into()"
+    )]
+    pub init_secret_hash: String,
+    /// join services to ask for a ticket, comma-separated https://HOST:PORT (default: none)
+    #[argh(option, default = "String::new()")]
+    pub join_endpoints: String,
+    /// seconds between join rounds (default 30)
+    #[argh(option, default = "30")]
+    pub join_interval: u64,
+    /// seconds each ticket call may take (default 30)
+    #[argh(option, default = "30")]
+    pub join_timeout: u64,
+    /// kubeadm join attempts after a ticket (default 3)
+    #[argh(option, default = "3")]
+    pub join_attempts: u32,
+    /// seconds all kubeadm join attempts may take together (default 300)
+    #[argh(option, default = "300")]
+    pub join_budget: u64,
+    /// kubeadm program (default kubeadm, from PATH)
+    #[argh(option, default = "\"kubeadm\".into()")]
+    pub kubeadm: String,
+    /// seconds kubeadm init may take (default 600)
+    #[argh(option, default = "600")]
+    pub kubeadm_timeout: u64,
+    /// command that starts the kubelet on an activated node (default: kubelet.service via systemd)
+    #[argh(option)]
+    pub kubelet_command: Option<String>,
+    /// auto (reboot after a failure past the node lock, only if --root is /) or never
+    #[argh(option, default = "RebootMode::Auto")]
+    pub reboot: RebootMode,
+    /// log level: error, warn, info, debug (default info)
+    #[argh(option, default = "\"info\".into()")]
+    pub verbose: String,
+}
+
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "join-service")]
+/// Hand out join tickets to nodes that present a certificate from the node-provisioning CA, at
+/// most one per node identity.
+pub struct JoinService {
+    /// root for every path below (default /)
+    #[argh(option, default = "PathBuf::from(\"/\")")]
+    pub root: PathBuf,
+    /// address to serve on (default 0.0.0.0:9090)
+    #[argh(option, default = "\"0.0.0.0:9090\".into()")]
+    pub listen: String,
+    /// serving certificate, issued by the cluster CA nodes pin
+    #[argh(option, default = "\"/etc/nodestrap/join-service/tls.crt\".into()")]
+    pub cert: String,
+    /// serving key
+    #[argh(option, default = "\"/etc/nodestrap/join-service/tls.key\".into()")]
+    pub key: String,
+    /// node-provisioning CA: nodes must present a certificate from it
+    #[argh(option, default = "\"/etc/nodestrap/join-service/node-ca.crt\".into()")]
+    pub node_ca: String,
+    /// the cluster CA kubeadm discovery pins (its public key hash goes into tickets)
+    #[argh(option, default = "\"/etc/kubernetes/pki/ca.crt\".into()")]
+    pub cluster_ca: String,
+    /// where the control-plane files of control-plane tickets are read from
+    #[argh(option, default = "\"/etc/kubernetes/pki\".into()")]
+    pub pki_dir: String,
+    /// API server HOST:PORT written into tickets
+    #[argh(option)]
+    pub api_server_endpoint: String,
+    /// cluster name written into tickets
+    #[argh(option)]
+    pub cluster_name: String,
+    /// the Kubernetes version written into tickets (picks the kubeadm config API on the node)
+    #[argh(option)]
+    pub kubernetes_version: Option<String>,
+    /// command printing a new bootstrap token (no shell; default kubeadm token create --ttl 15m0s)
+    #[argh(option, default = "\"kubeadm token create --ttl 15m0s\".into()")]
+    pub token_command: String,
+    /// seconds the token command may take (default 60)
+    #[argh(option, default = "60")]
+    pub token_timeout: u64,
+    /// record of the node identities a ticket went to
+    #[argh(
+        option,
+        default = "\"/var/lib/nodestrap/join-service/issued.json\".into()"
+    )]
+    pub state: String,
+    /// log level: error, warn, info, debug (default info)
+    #[argh(option, default = "\"info\".into()")]
+    pub verbose: String,
+}
+
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "init-cluster")]
+/// Ask a fresh node's init server to initialize a cluster; write the admin kubeconfig it returns.
+pub struct InitCluster {
+    /// the node's init server, https://HOST:PORT
+    #[argh(option)]
+    pub endpoint: String,
+    /// name the node's certificate must carry (default: the endpoint's host)
+    #[argh(option)]
+    pub server_name: Option<String>,
+    /// admin client certificate (PEM), issued by the node's admin CA
+    #[argh(option)]
+    pub cert: PathBuf,
+    /// admin client key (PEM)
+    #[argh(option)]
+    pub key: PathBuf,
+    /// CA that issued the node identity certificates (PEM)
+    #[argh(option)]
+    pub ca: PathBuf,
+    /// file holding the init secret
+    #[argh(option)]
+    pub secret_file: PathBuf,
+    /// cluster name
+    #[argh(option)]
+    pub cluster_name: String,
+    /// the Kubernetes version, vMAJOR.MINOR.PATCH
+    #[argh(option)]
+    pub kubernetes_version: String,
+    /// pod network CIDR (default 10.244.0.0/16)
+    #[argh(option, default = "\"10.244.0.0/16\".into()")]
+    pub pod_cidr: String,
+    /// service CIDR (default 10.96.0.0/12)
+    #[argh(option, default = "\"10.96.0.0/12\".into()")]
+    pub service_cidr: String,
+    /// extra API server certificate names, comma-separated
+    #[argh(option, default = "String::new()")]
+    pub apiserver_sans: String,
+    /// where to write the admin kubeconfig (mode 0600)
+    #[argh(option)]
+    pub out: PathBuf,
+    /// seconds to keep trying while the node cannot be reached (default 300)
+    #[argh(option, default = "300")]
+    pub wait: u64,
+    /// seconds to wait for the answer once sent: kubeadm init runs meanwhile (default 900)
+    #[argh(option, default = "900")]
+    pub timeout: u64,
+    /// log level: error, warn, info, debug (default info)
+    #[argh(option, default = "\"info\".into()")]
+    pub verbose: String,
+}
 
 /// The options bootstrap and hook share, checked and used by the same code.
 pub struct Common<'a> {

@@ -202,13 +202,22 @@ pub fn systemd_reload() -> Result<()> {
 
 /// Queue `reboot.target`; the job cannot be cancelled by later jobs.
 pub fn systemd_reboot() -> Result<String> {
+    start_unit("reboot.target", "replace-irreversibly")
+}
+
+/// Start (or keep running) `unit` through systemd on the system bus.
+pub fn systemd_start(unit: &str) -> Result<String> {
+    start_unit(unit, "replace")
+}
+
+fn start_unit(unit: &str, mode: &str) -> Result<String> {
     zbus::block_on(async {
         let conn = Connection::system().await?;
         let job = SystemdProxy::new(&conn)
             .await?
-            .start_unit("reboot.target", "replace-irreversibly")
+            .start_unit(unit, mode)
             .await?;
         Ok::<_, zbus::Error>(job.to_string())
     })
-    .map_err(|e| Error::failed(format!("systemd StartUnit(reboot.target) over D-Bus: {e}")))
+    .map_err(|e| Error::failed(format!("systemd StartUnit({unit}) over D-Bus: {e}")))
 }

@@ -203,7 +203,7 @@ pub(crate) fn node_name(flag: Option<&str>, env: Option<&str>) -> Result<String>
     Ok(n.to_string())
 }
 
-fn dns_subdomain(s: &str) -> bool {
+pub(crate) fn dns_subdomain(s: &str) -> bool {
     s.len() <= 253
         && s.split('.').all(|l| {
             !l.is_empty()

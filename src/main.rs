@@ -1,5 +1,6 @@
 //! nodestrap: prepares a machine to join a Kubernetes cluster before anything else runs.
 
+mod activate;
 mod bootstrap;
 mod cli;
 mod config;
@@ -8,18 +9,26 @@ mod envfile;
 mod error;
 mod fetch;
 mod hook;
+mod initcluster;
+mod initsecret;
+mod joinservice;
 mod kube;
+mod kubeadm;
 mod logger;
 mod mappings;
 mod mco;
+mod mtls;
+mod nodelock;
 mod payload;
 mod progress;
 mod reboot;
 mod reprovision;
 mod root;
 mod runscript;
+mod stop;
 mod torcx;
 mod verify;
+mod wire;
 mod yaml;
 
 use argh::FromArgs;
@@ -63,6 +72,10 @@ fn run() -> i32 {
             logger::init(level);
             return exit_code(hook::run(h));
         }
+        // Activation's commands, like the hook, take the command line only.
+        cli::Cmd::Activate(x) => return with_log(&x.verbose, || activate::run(x)),
+        cli::Cmd::JoinService(x) => return with_log(&x.verbose, || joinservice::run(x)),
+        cli::Cmd::InitCluster(x) => return with_log(&x.verbose, || initcluster::run(x)),
         cli::Cmd::Preflight(_) | cli::Cmd::Reprovision(_) => unreachable!("handled above"),
     };
     let merged = match config::merge(b, &user) {
@@ -91,15 +104,21 @@ fn run() -> i32 {
 }
 
 fn reprovision_cmd(r: cli::Reprovision, only_check: bool) -> i32 {
-    let Some(level) = log_level(&r.verbose) else {
+    with_log(&r.verbose, || {
+        if only_check {
+            reprovision::preflight(&r)
+        } else {
+            reprovision::run(&r)
+        }
+    })
+}
+
+fn with_log(verbose: &str, f: impl FnOnce() -> error::Result<()>) -> i32 {
+    let Some(level) = log_level(verbose) else {
         return 2;
     };
     logger::init(level);
-    exit_code(if only_check {
-        reprovision::preflight(&r)
-    } else {
-        reprovision::run(&r)
-    })
+    exit_code(f())
 }
 
 fn log_level(verbose: &str) -> Option<log::LevelFilter> {

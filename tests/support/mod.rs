@@ -669,3 +669,13 @@ impl From<Output> for Run {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Activation (tests/activate.rs)
+
+impl Ca {
+    /// A leaf with the caller's parameters: several usages, an organisation, names.
+    pub fn issue(&self, p: CertificateParams) -> Leaf {
+        self.leaf(p)
+    }
+}

@@ -1,0 +1,640 @@
+//! `nodestrap activate`: a fresh node either initializes a cluster or joins one, never both,
+//! never twice (Constellation's bootstrapper state machine, over JSON and mutual TLS).
+//!
+//! Two racers run in one process: the init server (an admin's `POST /v1/init`, client
+//! certificate from the admin CA, init secret checked against the node's hash) and the join
+//! client (polls join services for a ticket, presenting the node's identity and trusting only
+//! the pinned cluster CA). Whichever has every input authenticated and validated first takes
+//! the node lock, whose `committed` marker is durable before anything changes on the node.
+//! Before the lock every error is answered or retried; after it every error is fatal: the
+//! marker goes to `reset`, the failure is reported (to the admin too), and the node reboots.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustls::{ClientConfig, ServerConfig};
+
+use crate::cli::{Activate, RebootMode};
+use crate::error::{Error, Result};
+use crate::initsecret::SecretHash;
+use crate::kubeadm::{self, InitSpec, JoinSpec};
+use crate::mtls::{self, Endpoint};
+use crate::nodelock::{self, NodeLock, Role, State};
+use crate::root::Root;
+use crate::stop::{self, Stop};
+use crate::wire::{InitRequest, Ticket, INIT_PATH, TICKET_PATH};
+
+const MANIFESTS: &str = "/etc/kubernetes/manifests";
+const ADMIN_CONF: &str = "/etc/kubernetes/admin.conf";
+const PKI: &str = "/etc/kubernetes/pki";
+/// kubeadm configs live in /run (tmpfs) only while kubeadm runs; the join one holds the token.
+const INIT_CONFIG: &str = "/run/nodestrap/kubeadm-init.yaml";
+const JOIN_CONFIG: &str = "/run/nodestrap/kubeadm-join.yaml";
+/// Handshake and request of one init connection.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What one racer ended with. Errors are only the fatal ones, after the node lock.
+enum Side {
+    Won(Role, &'static str, String),
+    Lost,
+    Stopped,
+}
+
+/// Everything both racers share, loaded and checked before the first connection.
+struct Ctx<'a> {
+    a: &'a Activate,
+    root: &'a Root,
+    lock: NodeLock<'a>,
+    stop: Stop,
+    secret: SecretHash,
+    server: Arc<ServerConfig>,
+    client: Arc<ClientConfig>,
+    /// SPKI hash of the pinned cluster CA.
+    pinned: String,
+    endpoints: Vec<Endpoint>,
+}
+
+pub fn run(a: &Activate) -> Result<()> {
+    // 1. Options, before anything is read.
+    let listen: SocketAddr = a
+        .listen
+        .parse()
+        .map_err(|_| Error::config(format!("--listen {:?}: expected ADDRESS:PORT", a.listen)))?;
+    let mut endpoints = Vec::new();
+    for e in a
+        .join_endpoints
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+    {
+        endpoints.push(Endpoint::parse(e, "--join-endpoints")?);
+    }
+    for (flag, v) in [
+        ("--join-interval", a.join_interval),
+        ("--join-timeout", a.join_timeout),
+        ("--join-budget", a.join_budget),
+        ("--kubeadm-timeout", a.kubeadm_timeout),
+        ("--join-attempts", u64::from(a.join_attempts)),
+    ] {
+        if v == 0 {
+            return Err(Error::config(format!("{flag} 0: must be at least 1")));
+        }
+    }
+    if a.kubeadm.is_empty() {
+        return Err(Error::config("--kubeadm: empty"));
+    }
+    let root = Root::open(&a.root)?;
+    let rebooter = crate::reboot::for_run(&root, a.reboot == RebootMode::Auto, false);
+
+    // 2. Where this node stands: only a node without a marker is fresh.
+    match nodelock::read(&root)? {
+        Some(m) if m.state == State::Done => {
+            log::info!(
+                "node state done in {} ({} of cluster {}, {}): only making sure the kubelet runs",
+                root.show(nodelock::STATE_PATH),
+                m.role.as_str(),
+                m.cluster,
+                m.source
+            );
+            ensure_kubelet(a, &root)?;
+            println!(
+                "nodestrap: activate already done role={} cluster={}",
+                m.role.as_str(),
+                m.cluster
+            );
+            return Ok(());
+        }
+        Some(m) => {
+            return Err(Error::config(format!(
+                "{}: node state {} ({} of cluster {}, {}{}): this node is not fresh and will not \
+                 init or join again; reprovision it",
+                root.show(nodelock::STATE_PATH),
+                if m.state == State::Reset {
+                    "reset"
+                } else {
+                    "committed"
+                },
+                m.role.as_str(),
+                m.cluster,
+                m.source,
+                m.reason
+                    .map(|r| format!(", failed: {r}"))
+                    .unwrap_or_default()
+            )))
+        }
+        None => log::info!(
+            "no node state in {}: a fresh node",
+            root.show(nodelock::STATE_PATH)
+        ),
+    }
+
+    // 3. Inputs: the node's identity, both CAs, the init secret's hash.
+    let ctx = Ctx::load(a, &root, endpoints)?;
+
+    // 4. Listen.
+    let listener =
+        TcpListener::bind(listen).map_err(|e| Error::failed(format!("--listen {listen}: {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map(|l| l.to_string())
+        .unwrap_or_else(|_| a.listen.clone());
+    log::info!(
+        "init server listening on {bound}: clients need a certificate from {}",
+        root.show(&a.admin_ca)
+    );
+
+    // 5. The race. The supervisor turns SIGTERM into a stop: the init server finishes an init
+    //    in flight first, the join client stops between rounds.
+    stop::catch_sigterm();
+    let (init, join) = std::thread::scope(|s| {
+        let i = s.spawn(|| init_server(&ctx, &listener));
+        let j = s.spawn(|| join_client(&ctx));
+        while !(i.is_finished() && j.is_finished()) {
+            if stop::signalled() && !ctx.stop.requested() {
+                log::info!("stop signal: stopping once any init in flight has finished");
+                ctx.stop.request();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let panicked = |_| Err(Error::failed("a racer thread panicked"));
+        (
+            i.join().unwrap_or_else(panicked),
+            j.join().unwrap_or_else(panicked),
+        )
+    });
+
+    // 6. The verdict.
+    let (won, err) = match (init, join) {
+        (Err(e), _) | (_, Err(e)) => (None, Some(e)),
+        (Ok(Side::Won(r, via, c)), _) | (_, Ok(Side::Won(r, via, c))) => (Some((r, via, c)), None),
+        _ => (None, None),
+    };
+    if let Some(e) = err {
+        println!("nodestrap: activate failed after the node lock; the node must be reprovisioned");
+        log::error!("activation failed past the point of no return: {e}");
+        let why = "activation failed after the node lock (node state reset)";
+        return match rebooter.reboot(why) {
+            Ok(()) => Err(e),
+            Err(r) => Err(e.context(format!("and the reboot failed ({r})"))),
+        };
+    }
+    match won {
+        Some((role, via, cluster)) => {
+            println!(
+                "nodestrap: activate done role={} via={via} cluster={cluster}",
+                role.as_str()
+            );
+        }
+        None => {
+            log::info!("stopped before activation: the node is still fresh");
+            println!("nodestrap: activate stopped; node still fresh");
+        }
+    }
+    Ok(())
+}
+
+impl<'a> Ctx<'a> {
+    fn load(a: &'a Activate, root: &'a Root, endpoints: Vec<Endpoint>) -> Result<Ctx<'a>> {
+        let show = |p: &str| root.show(p);
+        let id = mtls::load_identity(
+            root,
+            ("--identity-cert", &a.identity_cert),
+            ("--identity-key", &a.identity_key),
+        )?;
+        let admin_ca = mtls::load_certs(root, "--admin-ca", &a.admin_ca)?;
+        let cluster_ca = mtls::load_certs(root, "--cluster-ca", &a.cluster_ca)?;
+        let pinned = mtls::spki_sha256(&cluster_ca[0]).ok_or_else(|| {
+            Error::config(format!(
+                "{}: certificate does not parse",
+                show(&a.cluster_ca)
+            ))
+        })?;
+        let hash_text = mtls::read_pem(root, "--init-secret-hash", &a.init_secret_hash)?;
+        let secret = SecretHash::parse(
+            &String::from_utf8_lossy(&hash_text),
+            &show(&a.init_secret_hash),
+        )?;
+        let me = mtls::peer(&id.chain[0]).ok_or_else(|| {
+            Error::config(format!(
+                "{}: certificate does not parse",
+                show(&a.identity_cert)
+            ))
+        })?;
+        log::info!(
+            "node identity {} ({}) from {}",
+            me.cn,
+            me.spki,
+            show(&a.identity_cert)
+        );
+        log::info!("cluster CA pinned from {}: {pinned}", show(&a.cluster_ca));
+        Ok(Ctx {
+            server: mtls::server_config(&id, &admin_ca, &show(&a.identity_cert))?,
+            client: mtls::client_config(&cluster_ca, &id, &show(&a.identity_cert))?,
+            a,
+            root,
+            lock: NodeLock::new(root),
+            stop: Stop::default(),
+            secret,
+            pinned,
+            endpoints,
+        })
+    }
+
+    /// Past the lock: record `reset`, stop the other side, hand the error on.
+    fn fatal(&self, e: Error) -> Error {
+        if let Err(r) = self.lock.reset(&e.to_string()) {
+            log::error!("could not record the reset: {r}");
+        }
+        self.stop.request();
+        e
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The init server
+
+enum Conn {
+    Next,
+    Won(String),
+    Fatal(Error),
+}
+
+fn init_server(ctx: &Ctx, listener: &TcpListener) -> Result<Side> {
+    let mut end = Ok(Side::Stopped);
+    mtls::serve(
+        listener,
+        || ctx.stop.requested(),
+        |tcp, addr| match init_conn(ctx, tcp, addr) {
+            Conn::Next => true,
+            Conn::Won(cluster) => {
+                end = Ok(Side::Won(Role::ControlPlane, "init", cluster));
+                false
+            }
+            Conn::Fatal(e) => {
+                end = Err(e);
+                false
+            }
+        },
+    )?;
+    match end {
+        Ok(Side::Stopped) if ctx.lock.is_taken() => Ok(Side::Lost),
+        other => other,
+    }
+}
+
+fn answer(s: &mut mtls::ServerStream, who: &str, status: u16, body: serde_json::Value) {
+    if let Err(e) = mtls::respond(s, status, &body) {
+        log::warn!("init server: answering {who}: {e}");
+    }
+}
+
+fn init_conn(ctx: &Ctx, tcp: TcpStream, addr: SocketAddr) -> Conn {
+    // 1. Handshake: the client's certificate must come from the admin CA.
+    let (mut s, peer) = match mtls::accept(tcp, &ctx.server, REQUEST_TIMEOUT) {
+        Ok(x) => x,
+        Err(e) => {
+            log::warn!("init server: refused a connection from {addr}: {e}; node lock untouched");
+            return Conn::Next;
+        }
+    };
+    let who = format!("{} at {addr}", peer.cn);
+    // 2.-4. One request: the secret first, then every field.
+    let body = match init_request(ctx, &mut s) {
+        Ok(b) => b,
+        Err((status, code, m)) => {
+            log::warn!("init server: request from {who} refused, node lock untouched: {m}");
+            answer(&mut s, &who, status, mtls::error_body(code, &m));
+            return Conn::Next;
+        }
+    };
+    // 5. The node lock.
+    let source = format!("init request from {who}");
+    let locked = ctx
+        .lock
+        .try_lock(Role::ControlPlane, &body.cluster_name, None, &source);
+    match locked {
+        Ok(true) => ctx.stop.wake(),
+        Ok(false) => {
+            log::info!("init server: {source}: the node is already activating; refused");
+            let b = mtls::error_body("already_activating", "the node is already activating");
+            answer(&mut s, &who, 409, b);
+            return Conn::Next;
+        }
+        Err(_) => {}
+    }
+    // 6. kubeadm init; 7. done, then the answer (a lost answer does not undo a cluster). Any
+    //    failure from the lock on is fatal, and answered with the tail of kubeadm's output.
+    let plain = |e: Error| (e, String::new());
+    let result = locked.map_err(plain).and_then(|_| {
+        let kubeconfig = init_cluster(ctx, &body)?;
+        let ca_hash = ctx
+            .root
+            .read(&format!("{PKI}/ca.crt"), 1 << 20)
+            .ok()
+            .flatten()
+            .and_then(|pem| mtls::certs(&pem, "ca.crt").ok())
+            .and_then(|c| mtls::spki_sha256(&c[0]));
+        ctx.lock.done(ca_hash.clone()).map_err(plain)?;
+        Ok((kubeconfig, ca_hash))
+    });
+    let (kubeconfig, ca_hash) = match result {
+        Ok(x) => x,
+        Err((e, tail)) => {
+            let e = ctx.fatal(e);
+            let mut b = mtls::error_body("init_failed", &e.to_string());
+            if !tail.is_empty() {
+                b["log_tail"] = tail.into();
+            }
+            answer(&mut s, &who, 500, b);
+            return Conn::Fatal(e);
+        }
+    };
+    ctx.stop.request();
+    log::info!(
+        "init server: cluster {} initialized for {who}; answering with the admin kubeconfig",
+        body.cluster_name
+    );
+    answer(
+        &mut s,
+        &who,
+        200,
+        serde_json::json!({"kubeconfig": kubeconfig, "cluster_name": body.cluster_name, "ca_cert_hash": ca_hash}),
+    );
+    Conn::Won(body.cluster_name)
+}
+
+/// Steps 2 to 4 of an init connection: read the request, check the init secret before any
+/// field is looked at, then every other field. An error is (HTTP status, code, message).
+fn init_request(
+    ctx: &Ctx,
+    s: &mut mtls::ServerStream,
+) -> std::result::Result<InitRequest, (u16, &'static str, String)> {
+    let req = mtls::read_request(s).map_err(|e| (400, "bad_request", e.to_string()))?;
+    if req.path != INIT_PATH || req.method != "POST" {
+        let status = if req.path == INIT_PATH { 405 } else { 404 };
+        let m = format!("{} {}: only POST {INIT_PATH}", req.method, req.path);
+        return Err((status, "not_found", m));
+    }
+    let body: InitRequest = serde_json::from_slice(&req.body)
+        .map_err(|e| (400, "invalid", format!("init request does not parse: {e}")))?;
+    if !ctx.secret.matches(body.init_secret.as_bytes()) {
+        return Err((403, "bad_secret", "wrong init secret".into()));
+    }
+    body.validate()
+        .map_err(|m| (400, "invalid", format!("init request: {m}")))?;
+    Ok(body)
+}
+
+/// `kubeadm init` from a fresh manifests folder; the admin kubeconfig it wrote. On failure,
+/// the error and the tail of kubeadm's output.
+fn init_cluster(ctx: &Ctx, r: &InitRequest) -> std::result::Result<String, (Error, String)> {
+    let plain = |e: Error| (e, String::new());
+    reset_manifests(ctx.root).map_err(plain)?;
+    let config = kubeadm::init_config(&InitSpec {
+        cluster_name: &r.cluster_name,
+        kubernetes_version: &r.kubernetes_version,
+        pod_cidr: &r.pod_cidr,
+        service_cidr: &r.service_cidr,
+        sans: &r.apiserver_sans,
+    });
+    ctx.root
+        .write_atomic(INIT_CONFIG, config.as_bytes(), 0o600)
+        .map_err(plain)?;
+    let argv = vec![
+        ctx.a.kubeadm.clone(),
+        "init".into(),
+        "--config".into(),
+        ctx.root.show(INIT_CONFIG),
+        // Its default token would be printed: nothing here may carry one.
+        "--skip-token-print".into(),
+    ];
+    log::info!(
+        "running kubeadm init for cluster {} ({})",
+        r.cluster_name,
+        r.kubernetes_version
+    );
+    let ran = kubeadm::run(&argv, Duration::from_secs(ctx.a.kubeadm_timeout));
+    let _ = ctx.root.remove(INIT_CONFIG);
+    let ran = ran.map_err(plain)?;
+    if !ran.ok {
+        return Err((
+            Error::failed(format!("kubeadm init: {}", ran.status)),
+            ran.tail,
+        ));
+    }
+    log::info!("kubeadm init succeeded");
+    let conf = ctx
+        .root
+        .read_text(ADMIN_CONF)
+        .map_err(plain)?
+        .ok_or_else(|| {
+            plain(Error::failed(format!(
+                "kubeadm init succeeded but left no {}",
+                ctx.root.show(ADMIN_CONF)
+            )))
+        })?;
+    Ok(conf)
+}
+
+/// An empty manifests folder: what a previous attempt left must not confuse kubeadm.
+fn reset_manifests(root: &Root) -> Result<()> {
+    let parent = root.dir("/etc/kubernetes", true)?.expect("created");
+    if parent.remove_dir_tree("manifests")? {
+        log::info!("emptied {}", root.show(MANIFESTS));
+    }
+    root.dir(MANIFESTS, true)?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The join client
+
+fn join_client(ctx: &Ctx) -> Result<Side> {
+    let interval = Duration::from_secs(ctx.a.join_interval);
+    if ctx.endpoints.is_empty() {
+        log::info!("join client off: no --join-endpoints");
+    }
+    loop {
+        if ctx.lock.is_taken() {
+            log::info!("join client: init has the node lock; not joining");
+            return Ok(Side::Lost);
+        }
+        if ctx.stop.requested() {
+            return Ok(Side::Stopped);
+        }
+        for ep in &ctx.endpoints {
+            match request_ticket(ctx, ep) {
+                Ok(t) => return join_with(ctx, ep, t),
+                Err(e) => log::warn!("join client: {e}; asking again in {} s", interval.as_secs()),
+            }
+            if ctx.lock.is_taken() || ctx.stop.requested() {
+                break;
+            }
+        }
+        if ctx.endpoints.is_empty() {
+            ctx.stop.sleep(Duration::from_secs(3600));
+        } else {
+            ctx.stop.sleep(interval);
+        }
+    }
+}
+
+/// One ticket call, bounded by --join-timeout; the ticket only if it is valid in every part.
+fn request_ticket(ctx: &Ctx, ep: &Endpoint) -> Result<Ticket> {
+    let t = Duration::from_secs(ctx.a.join_timeout);
+    let (status, body) =
+        mtls::post(&ctx.client, ep, None, TICKET_PATH, b"{}", t, t).map_err(|e| e.into_error())?;
+    if status != 200 {
+        let (_, msg) = mtls::answer_error(status, &body);
+        return Err(Error::failed(format!("ticket from {}: {msg}", ep.url)));
+    }
+    let ticket: Ticket = serde_json::from_slice(&body)
+        .map_err(|e| Error::failed(format!("ticket from {}: does not parse: {e}", ep.url)))?;
+    ticket
+        .validate(&ctx.pinned)
+        .map_err(|m| Error::failed(format!("ticket from {}: {m}; refused", ep.url)))?;
+    log::info!(
+        "join client: ticket from {}: {} of cluster {} via API server {}",
+        ep.url,
+        ticket.role.as_str(),
+        ticket.cluster_name,
+        ticket.api_server_endpoint
+    );
+    Ok(ticket)
+}
+
+fn join_with(ctx: &Ctx, ep: &Endpoint, t: Ticket) -> Result<Side> {
+    // 1. The node lock.
+    let source = format!("ticket from {}", ep.url);
+    match ctx.lock.try_lock(
+        t.role,
+        &t.cluster_name,
+        Some(&t.discovery_token_ca_cert_hash),
+        &source,
+    ) {
+        Ok(true) => {}
+        Ok(false) => {
+            log::info!("join client: a ticket arrived but init has the node lock; not joining");
+            return Ok(Side::Lost);
+        }
+        Err(e) => return Err(ctx.fatal(e)),
+    }
+    match join_cluster(ctx, &t).and_then(|()| ctx.lock.done(None)) {
+        Ok(()) => {
+            ctx.stop.request();
+            Ok(Side::Won(t.role, "join", t.cluster_name))
+        }
+        Err(e) => Err(ctx.fatal(e)),
+    }
+}
+
+/// Join steps 2 to 4: control-plane keys into place; the JoinConfiguration; `kubeadm join`, up to
+/// `--join-attempts` times within `--join-budget`, from a fresh manifests folder each time.
+fn join_cluster(ctx: &Ctx, t: &Ticket) -> Result<()> {
+    for f in &t.control_plane_files {
+        let mode = if f.name.ends_with(".key") {
+            0o600
+        } else {
+            0o644
+        };
+        ctx.root
+            .write_atomic(&format!("{PKI}/{}", f.name), f.data.as_bytes(), mode)?;
+    }
+    if !t.control_plane_files.is_empty() {
+        log::info!(
+            "wrote {} control-plane files from the ticket into {}",
+            t.control_plane_files.len(),
+            ctx.root.show(PKI)
+        );
+    }
+    let config = kubeadm::join_config(&JoinSpec {
+        api_server_endpoint: &t.api_server_endpoint,
+        token: &t.token,
+        ca_cert_hash: &t.discovery_token_ca_cert_hash,
+        role: t.role,
+        kubernetes_version: t.kubernetes_version.as_deref(),
+    });
+    ctx.root
+        .write_atomic(JOIN_CONFIG, config.as_bytes(), 0o600)?;
+    let r = join_attempts(ctx, t);
+    let _ = ctx.root.remove(JOIN_CONFIG);
+    r
+}
+
+fn join_attempts(ctx: &Ctx, t: &Ticket) -> Result<()> {
+    let budget = Duration::from_secs(ctx.a.join_budget);
+    let start = Instant::now();
+    let argv = vec![
+        ctx.a.kubeadm.clone(),
+        "join".into(),
+        "--config".into(),
+        ctx.root.show(JOIN_CONFIG),
+    ];
+    let mut last = String::new();
+    let mut n = 0;
+    while n < ctx.a.join_attempts {
+        let left = budget.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        n += 1;
+        reset_manifests(ctx.root)?;
+        log::info!(
+            "running kubeadm join as {} via {} (attempt {n}/{}, {} s of the budget left)",
+            t.role.as_str(),
+            t.api_server_endpoint,
+            ctx.a.join_attempts,
+            left.as_secs()
+        );
+        last = match kubeadm::run(&argv, left.min(Duration::from_secs(ctx.a.kubeadm_timeout))) {
+            Ok(r) if r.ok => {
+                log::info!("kubeadm join succeeded");
+                return Ok(());
+            }
+            Ok(r) => format!("{}: {}", r.status, last_lines(&r.tail, 3)),
+            Err(e) => e.to_string(),
+        };
+        log::warn!(
+            "kubeadm join attempt {n}/{} failed: {last}",
+            ctx.a.join_attempts
+        );
+    }
+    Err(Error::failed(format!(
+        "kubeadm join failed {n} times within {} s: {last}",
+        budget.as_secs()
+    )))
+}
+
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// On an activated node: the kubelet must run (kubeadm enabled it; a reboot may need it started).
+fn ensure_kubelet(a: &Activate, root: &Root) -> Result<()> {
+    match &a.kubelet_command {
+        Some(cmd) => {
+            let r = kubeadm::run(
+                &kubeadm::argv(cmd, "--kubelet-command")?,
+                Duration::from_secs(120),
+            )?;
+            if !r.ok {
+                return Err(Error::failed(format!(
+                    "--kubelet-command: {}: {}",
+                    r.status,
+                    last_lines(&r.tail, 3)
+                )));
+            }
+            log::info!("kubelet started by --kubelet-command");
+        }
+        None if root.is_host() => {
+            let job = crate::dbus::systemd_start("kubelet.service")?;
+            log::info!("kubelet.service started through systemd (job {job})");
+        }
+        None => log::info!("--root is not /: the kubelet is left alone (no --kubelet-command)"),
+    }
+    Ok(())
+}

@@ -1,0 +1,127 @@
+//! `nodestrap init-cluster`: the admin's side of the init exchange. It checks the request the
+//! way the node will, waits for the node's init server to be reachable, sends the request once
+//! (an init that started is never resumed or repeated), and writes the admin kubeconfig it gets
+//! back atomically, mode 0600. On failure it prints the node's error and the tail of its log.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::cli::InitCluster;
+use crate::error::{Error, Result};
+use crate::mtls::{self, CallError, Endpoint, Identity};
+use crate::root::{read_host_file, Root};
+use crate::wire::{InitRequest, INIT_PATH};
+
+/// Pause between tries while the node cannot be reached.
+const RETRY: Duration = Duration::from_secs(3);
+
+pub fn run(a: &InitCluster) -> Result<()> {
+    // 1. Options and the request, checked as the node will check them.
+    let ep = Endpoint::parse(&a.endpoint, "--endpoint")?;
+    let secret = read_host_file(&a.secret_file, 4096, "--secret-file")?;
+    let secret = String::from_utf8(secret)
+        .map_err(|_| {
+            Error::config(format!(
+                "--secret-file {}: not UTF-8 text",
+                a.secret_file.display()
+            ))
+        })?
+        .trim_end_matches(['\r', '\n'])
+        .to_string();
+    if secret.is_empty() {
+        return Err(Error::config(format!(
+            "--secret-file {}: empty",
+            a.secret_file.display()
+        )));
+    }
+    let req = InitRequest {
+        cluster_name: a.cluster_name.clone(),
+        kubernetes_version: a.kubernetes_version.clone(),
+        pod_cidr: a.pod_cidr.clone(),
+        service_cidr: a.service_cidr.clone(),
+        apiserver_sans: a
+            .apiserver_sans
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect(),
+        init_secret: secret,
+    };
+    req.validate()
+        .map_err(|m| Error::config(format!("--{}", m.replace('_', "-"))))?;
+    let out = absolute(&a.out)?;
+    let host = |p: &PathBuf, flag: &str| read_host_file(p, 1 << 20, flag);
+    let id = Identity {
+        chain: mtls::certs(&host(&a.cert, "--cert")?, &a.cert.display().to_string())?,
+        key: mtls::key(&host(&a.key, "--key")?, &a.key.display().to_string())?,
+    };
+    let ca = mtls::certs(&host(&a.ca, "--ca")?, &a.ca.display().to_string())?;
+    let cfg = mtls::client_config(&ca, &id, &a.cert.display().to_string())?;
+    let body = serde_json::to_vec(&req)?;
+
+    // 2. Send once the node answers; only an unreachable node is tried again.
+    let start = Instant::now();
+    let (status, answer) = loop {
+        match mtls::post(
+            &cfg,
+            &ep,
+            a.server_name.as_deref(),
+            INIT_PATH,
+            &body,
+            Duration::from_secs(10),
+            Duration::from_secs(a.timeout),
+        ) {
+            Ok(x) => break x,
+            Err(CallError::Unreachable(e))
+                if start.elapsed() + RETRY < Duration::from_secs(a.wait) =>
+            {
+                log::info!("{e}; trying again in {} s", RETRY.as_secs());
+                std::thread::sleep(RETRY);
+            }
+            Err(e) => return Err(e.into_error()),
+        }
+    };
+
+    // 3. The answer.
+    if status != 200 {
+        let (code, msg) = mtls::answer_error(status, &answer);
+        let v: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
+        if let Some(tail) = v["log_tail"].as_str().filter(|t| !t.is_empty()) {
+            eprintln!(
+                "--- end of the node's kubeadm output ---\n{}\n---",
+                tail.trim_end()
+            );
+        }
+        return Err(Error::failed(format!(
+            "init request to {}: {msg} ({code})",
+            ep.url
+        )));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&answer)
+        .map_err(|e| Error::failed(format!("init answer from {}: {e}", ep.url)))?;
+    let kubeconfig = v["kubeconfig"]
+        .as_str()
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| Error::failed(format!("init answer from {}: no kubeconfig", ep.url)))?;
+    let fs = Root::open(Path::new("/"))?;
+    fs.write_atomic(&out.to_string_lossy(), kubeconfig.as_bytes(), 0o600)
+        .map_err(|e| e.context("--out"))?;
+    log::info!("admin kubeconfig written to {}", out.display());
+    println!(
+        "nodestrap: init-cluster done cluster={} ca-cert-hash={} kubeconfig={}",
+        req.cluster_name,
+        v["ca_cert_hash"].as_str().unwrap_or("unknown"),
+        out.display()
+    );
+    Ok(())
+}
+
+fn absolute(p: &Path) -> Result<PathBuf> {
+    if p.is_absolute() {
+        return Ok(p.to_path_buf());
+    }
+    std::env::current_dir()
+        .map(|d| d.join(p))
+        .map_err(|e| Error::config(format!("--out {}: {e}", p.display())))
+}

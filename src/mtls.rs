@@ -1,0 +1,623 @@
+//! Mutual TLS for the activation exchanges (init request, join ticket): rustls server and
+//! client configurations from PEM files, who a verified peer is, and the small HTTP/1.1 spoken
+//! over it — one JSON request and one JSON answer per connection, sizes and times bounded.
+//!
+//! Servers verify clients against one configured CA (`WebPkiClientVerifier`); clients trust
+//! only the pinned CA they are given, never a system store. TLS 1.3 only: both ends are ours.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::pem::{PemObject, SectionKind};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig, StreamOwned};
+use sha2::Digest as _;
+
+use crate::error::{Error, Result};
+use crate::root::{hex, Root, CONFIG_CAP};
+
+/// Largest request or answer body read (a ticket with control-plane keys is a few KiB).
+pub const BODY_CAP: usize = 1 << 20;
+const HEAD_CAP: usize = 16 << 10;
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A PEM file named on the command line (`flag`), read as a node path under `root`.
+pub fn read_pem(root: &Root, flag: &str, node_path: &str) -> Result<Vec<u8>> {
+    if !node_path.starts_with('/') {
+        return Err(Error::config(format!(
+            "{flag} {node_path}: expected an absolute path"
+        )));
+    }
+    root.read(node_path, CONFIG_CAP)
+        .map_err(|e| e.context(flag))?
+        .ok_or_else(|| Error::config(format!("{flag} {}: does not exist", root.show(node_path))))
+}
+
+/// The items of a PEM file, through the same reader ureq uses (one copy in the binary).
+fn pem_items(pem: &[u8], name: &str) -> Result<Vec<(SectionKind, Vec<u8>)>> {
+    let mut items = Vec::new();
+    for item in <(SectionKind, Vec<u8>)>::pem_slice_iter(pem) {
+        items.push(item.map_err(|e| Error::config(format!("{name}: bad PEM: {e}")))?);
+    }
+    Ok(items)
+}
+
+/// Every certificate of a PEM bundle (at least one).
+pub fn certs(pem: &[u8], name: &str) -> Result<Vec<CertificateDer<'static>>> {
+    let mut certs = Vec::new();
+    for (kind, der) in pem_items(pem, name)? {
+        if kind == SectionKind::Certificate {
+            certs.push(CertificateDer::from(der));
+        }
+    }
+    if certs.is_empty() {
+        return Err(Error::config(format!("{name}: no PEM certificate in it")));
+    }
+    Ok(certs)
+}
+
+/// The first private key of a PEM file.
+pub fn key(pem: &[u8], name: &str) -> Result<PrivateKeyDer<'static>> {
+    for (kind, der) in pem_items(pem, name)? {
+        match kind {
+            SectionKind::RsaPrivateKey => return Ok(PrivateKeyDer::Pkcs1(der.into())),
+            SectionKind::EcPrivateKey => return Ok(PrivateKeyDer::Sec1(der.into())),
+            SectionKind::PrivateKey => return Ok(PrivateKeyDer::Pkcs8(der.into())),
+            _ => {}
+        }
+    }
+    Err(Error::config(format!("{name}: no PEM private key in it")))
+}
+
+/// Our identity: a certificate chain and its key.
+pub struct Identity {
+    pub chain: Vec<CertificateDer<'static>>,
+    pub key: PrivateKeyDer<'static>,
+}
+
+/// Certificates named by `flag`, a node path under `root`.
+pub fn load_certs(
+    root: &Root,
+    flag: &str,
+    node_path: &str,
+) -> Result<Vec<CertificateDer<'static>>> {
+    certs(&read_pem(root, flag, node_path)?, &root.show(node_path))
+}
+
+/// A certificate chain and its key, named by `--<flag>-cert`-style flags.
+pub fn load_identity(root: &Root, cert: (&str, &str), key: (&str, &str)) -> Result<Identity> {
+    Ok(Identity {
+        chain: load_certs(root, cert.0, cert.1)?,
+        key: self::key(&read_pem(root, key.0, key.1)?, &root.show(key.1))?,
+    })
+}
+
+fn roots(cas: &[CertificateDer<'static>], name: &str) -> Result<RootCertStore> {
+    let mut roots = RootCertStore::empty();
+    for c in cas {
+        roots
+            .add(c.clone())
+            .map_err(|e| Error::config(format!("{name}: not a usable CA certificate: {e}")))?;
+    }
+    Ok(roots)
+}
+
+fn mismatch(name: &str) -> impl FnOnce(rustls::Error) -> Error + '_ {
+    move |e| {
+        Error::config(format!(
+            "{name}: certificate and key do not go together: {e}"
+        ))
+    }
+}
+
+/// Serve with `id`; clients must present a certificate issued by one of `client_cas`.
+pub fn server_config(
+    id: &Identity,
+    client_cas: &[CertificateDer<'static>],
+    name: &str,
+) -> Result<Arc<ServerConfig>> {
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots(client_cas, name)?), provider())
+            .build()
+            .map_err(|e| Error::config(format!("{name}: {e}")))?;
+    let mut cfg = ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| Error::failed(format!("TLS: {e}")))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(id.chain.clone(), id.key.clone_key())
+        .map_err(mismatch(name))?;
+    // One request per connection: nothing to resume, so no session cache and no tickets.
+    cfg.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    cfg.send_tls13_tickets = 0;
+    Ok(Arc::new(cfg))
+}
+
+/// Trust only `pinned` for the server; present `id`.
+pub fn client_config(
+    pinned: &[CertificateDer<'static>],
+    id: &Identity,
+    name: &str,
+) -> Result<Arc<ClientConfig>> {
+    let cfg = ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| Error::failed(format!("TLS: {e}")))?
+        .with_root_certificates(roots(pinned, name)?)
+        .with_client_auth_cert(id.chain.clone(), id.key.clone_key())
+        .map_err(mismatch(name))?;
+    Ok(Arc::new(cfg))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Who the peer is, from its (already verified) certificate.
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Peer {
+    /// Subject common name ("" when there is none).
+    pub cn: String,
+    /// Subject organisations.
+    pub orgs: Vec<String>,
+    /// `sha256:<hex>` of the DER SubjectPublicKeyInfo: the identity that cannot be re-issued
+    /// under the same name by mistake, and the form kubeadm's discovery hash takes.
+    pub spki: String,
+}
+
+/// One DER TLV: (tag, content, rest).
+fn tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, b) = b.split_first()?;
+    let (&l0, b) = b.split_first()?;
+    let (len, b) = if l0 < 0x80 {
+        (l0 as usize, b)
+    } else {
+        let n = (l0 & 0x7f) as usize;
+        if n == 0 || n > 4 || b.len() < n {
+            return None;
+        }
+        let len = b[..n].iter().fold(0usize, |a, &x| (a << 8) | x as usize);
+        (len, &b[n..])
+    };
+    (b.len() >= len).then(|| (tag, &b[..len], &b[len..]))
+}
+
+/// The subject and the whole SubjectPublicKeyInfo TLV of an X.509 certificate.
+fn subject_and_spki(der: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (0x30, cert, _) = tlv(der)? else {
+        return None;
+    };
+    let (0x30, tbs, _) = tlv(cert)? else {
+        return None;
+    };
+    let mut rest = tbs;
+    let (tag, _, r) = tlv(rest)?;
+    if tag == 0xa0 {
+        rest = r; // explicit version
+    }
+    // serial, signature algorithm, issuer, validity
+    for _ in 0..4 {
+        rest = tlv(rest)?.2;
+    }
+    let (0x30, subject, r) = tlv(rest)? else {
+        return None;
+    };
+    let spki_len = rest_len(r)?;
+    Some((subject, &r[..spki_len]))
+}
+
+fn rest_len(b: &[u8]) -> Option<usize> {
+    let (0x30, _, after) = tlv(b)? else {
+        return None;
+    };
+    Some(b.len() - after.len())
+}
+
+pub fn spki_sha256(cert_der: &[u8]) -> Option<String> {
+    let (_, spki) = subject_and_spki(cert_der)?;
+    Some(format!("sha256:{}", hex(&sha2::Sha256::digest(spki))))
+}
+
+pub fn peer(cert_der: &[u8]) -> Option<Peer> {
+    const CN: &[u8] = &[0x55, 0x04, 0x03];
+    const O: &[u8] = &[0x55, 0x04, 0x0a];
+    let (subject, spki) = subject_and_spki(cert_der)?;
+    let mut p = Peer {
+        cn: String::new(),
+        orgs: Vec::new(),
+        spki: format!("sha256:{}", hex(&sha2::Sha256::digest(spki))),
+    };
+    let mut rdns = subject;
+    while !rdns.is_empty() {
+        let (0x31, set, r) = tlv(rdns)? else {
+            return None;
+        };
+        rdns = r;
+        let mut atvs = set;
+        while !atvs.is_empty() {
+            let (0x30, atv, r) = tlv(atvs)? else {
+                return None;
+            };
+            atvs = r;
+            let (0x06, oid, r) = tlv(atv)? else {
+                return None;
+            };
+            let (_, value, _) = tlv(r)?;
+            let value = String::from_utf8_lossy(value).into_owned();
+            match oid {
+                CN => p.cn = value,
+                O => p.orgs.push(value),
+                _ => {}
+            }
+        }
+    }
+    Some(p)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Serving
+
+pub type ServerStream = StreamOwned<rustls::ServerConnection, TcpStream>;
+
+/// Accept connections one at a time until `stopping()`; `handle` returns false to stop too.
+/// The listener is polled every 200 ms, so a stop is noticed between connections only: a
+/// request being handled always finishes first.
+pub fn serve(
+    listener: &TcpListener,
+    stopping: impl Fn() -> bool,
+    mut handle: impl FnMut(TcpStream, SocketAddr) -> bool,
+) -> Result<()> {
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::failed(format!("listener: {e}")))?;
+    while !stopping() {
+        let mut pfd = libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the length of the call.
+        let n = unsafe { libc::poll(&mut pfd, 1, 200) };
+        if n <= 0 {
+            continue;
+        }
+        match listener.accept() {
+            Ok((tcp, addr)) => {
+                let _ = tcp.set_nonblocking(false);
+                if !handle(tcp, addr) {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => log::warn!("accepting a connection: {e}"),
+        }
+    }
+    Ok(())
+}
+
+/// The TLS handshake on an accepted connection, bounded by `timeout`; the client's identity.
+pub fn accept(
+    tcp: TcpStream,
+    cfg: &Arc<ServerConfig>,
+    timeout: Duration,
+) -> Result<(ServerStream, Peer)> {
+    tcp.set_read_timeout(Some(timeout)).ok();
+    tcp.set_write_timeout(Some(timeout)).ok();
+    let conn = rustls::ServerConnection::new(cfg.clone())
+        .map_err(|e| Error::failed(format!("TLS: {e}")))?;
+    let mut s = StreamOwned::new(conn, tcp);
+    while s.conn.is_handshaking() {
+        s.conn
+            .complete_io(&mut s.sock)
+            .map_err(|e| Error::failed(format!("TLS handshake: {e}")))?;
+    }
+    let der = s
+        .conn
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .ok_or_else(|| Error::failed("TLS: no client certificate"))?;
+    let p = peer(der).ok_or_else(|| Error::failed("TLS: client certificate does not parse"))?;
+    Ok((s, p))
+}
+
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    pub body: Vec<u8>,
+}
+
+/// Status line or request line, headers, and a Content-Length body of at most `BODY_CAP`.
+fn read_message(r: &mut impl BufRead, to_eof: bool) -> io::Result<(String, Vec<u8>)> {
+    let mut head = Vec::new();
+    let mut first = String::new();
+    let mut len: Option<usize> = None;
+    loop {
+        let mut line = Vec::new();
+        r.by_ref()
+            .take(HEAD_CAP as u64)
+            .read_until(b'\n', &mut line)?;
+        head.extend_from_slice(&line);
+        if head.len() >= HEAD_CAP {
+            return Err(io::Error::other("header larger than 16 KiB"));
+        }
+        if line.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "connection closed in the header",
+            ));
+        }
+        let text = String::from_utf8_lossy(&line);
+        let text = text.trim_end();
+        if first.is_empty() {
+            first = text.to_string();
+            continue;
+        }
+        if text.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = text.split_once(':') {
+            if k.trim().eq_ignore_ascii_case("content-length") {
+                len = Some(
+                    v.trim()
+                        .parse()
+                        .map_err(|_| io::Error::other("bad Content-Length"))?,
+                );
+            }
+        }
+    }
+    let body = match len {
+        Some(n) if n > BODY_CAP => {
+            return Err(io::Error::other(format!(
+                "body of {n} bytes is over the {BODY_CAP}-byte limit"
+            )))
+        }
+        Some(n) => {
+            let mut b = vec![0; n];
+            r.read_exact(&mut b)?;
+            b
+        }
+        None if to_eof => crate::root::read_capped(r, BODY_CAP as u64)?,
+        None => Vec::new(),
+    };
+    Ok((first, body))
+}
+
+pub fn read_request(s: &mut impl Read) -> io::Result<Request> {
+    let (line, body) = read_message(&mut BufReader::new(s), false)?;
+    let mut parts = line.split_whitespace();
+    let (Some(method), Some(path)) = (parts.next(), parts.next()) else {
+        return Err(io::Error::other("not an HTTP request"));
+    };
+    Ok(Request {
+        method: method.to_string(),
+        path: path.to_string(),
+        body,
+    })
+}
+
+pub fn respond(s: &mut impl Write, status: u16, body: &serde_json::Value) -> io::Result<()> {
+    let reason = match status {
+        200 => "OK",
+        400 => "Bad Request",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        409 => "Conflict",
+        _ => "Error",
+    };
+    let body = serde_json::to_vec(body).map_err(io::Error::other)?;
+    write!(
+        s,
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )?;
+    s.write_all(&body)?;
+    s.flush()
+}
+
+/// `{"error": message, "code": code}`, plus what the caller adds.
+pub fn error_body(code: &str, message: &str) -> serde_json::Value {
+    serde_json::json!({"error": message, "code": code})
+}
+
+// ---------------------------------------------------------------------------------------------
+// Calling
+
+/// `https://host:port`, as given for an init server or a join service.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Endpoint {
+    pub url: String,
+    pub host: String,
+    pub port: u16,
+}
+
+impl Endpoint {
+    pub fn parse(url: &str, flag: &str) -> Result<Endpoint> {
+        let bad = |why: &str| Error::config(format!("{flag} {url:?}: {why}"));
+        let rest = url
+            .strip_prefix("https://")
+            .ok_or_else(|| bad("expected https://HOST:PORT"))?
+            .trim_end_matches('/');
+        let (host, port) = match rest.strip_prefix('[') {
+            Some(v6) => {
+                let (h, p) = v6
+                    .split_once("]:")
+                    .ok_or_else(|| bad("expected https://[IPv6]:PORT"))?;
+                (h, p)
+            }
+            None => rest.rsplit_once(':').ok_or_else(|| bad("no port"))?,
+        };
+        let port: u16 = port
+            .parse()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| bad("bad port"))?;
+        if host.is_empty() || host.contains(['/', '@', '?', '#']) {
+            return Err(bad("bad host"));
+        }
+        ServerName::try_from(host.to_string())
+            .map_err(|_| bad("host is not a DNS name or IP address"))?;
+        Ok(Endpoint {
+            url: url.trim_end_matches('/').to_string(),
+            host: host.to_string(),
+            port,
+        })
+    }
+}
+
+/// Why a call failed: worth trying again later, or not.
+pub enum CallError {
+    /// Could not reach the server (refused, unreachable, timed out).
+    Unreachable(Error),
+    /// Reached it, but the exchange failed (TLS refused, bad answer).
+    Failed(Error),
+}
+
+impl CallError {
+    pub fn into_error(self) -> Error {
+        match self {
+            CallError::Unreachable(e) | CallError::Failed(e) => e,
+        }
+    }
+}
+
+/// POST `body` (JSON) to `path` on `ep` over mutual TLS, verifying the server's certificate
+/// for `server_name` (default: the endpoint's host). Every socket operation is bounded by
+/// `io_timeout`. The answer's status and body.
+pub fn post(
+    cfg: &Arc<ClientConfig>,
+    ep: &Endpoint,
+    server_name: Option<&str>,
+    path: &str,
+    body: &[u8],
+    connect_timeout: Duration,
+    io_timeout: Duration,
+) -> std::result::Result<(u16, Vec<u8>), CallError> {
+    let what = format!("POST {}{path}", ep.url);
+    let failed = |m: String| CallError::Failed(Error::failed(format!("{what}: {m}")));
+    let name = server_name.unwrap_or(&ep.host).to_string();
+    let sn = ServerName::try_from(name.clone())
+        .map_err(|_| failed(format!("bad server name {name:?}")))?;
+    let addrs: Vec<SocketAddr> = (ep.host.as_str(), ep.port)
+        .to_socket_addrs()
+        .map_err(|e| {
+            CallError::Unreachable(Error::failed(format!("{what}: resolving {}: {e}", ep.host)))
+        })?
+        .collect();
+    let mut last = None;
+    let mut tcp = None;
+    for a in &addrs {
+        match TcpStream::connect_timeout(a, connect_timeout) {
+            Ok(t) => {
+                tcp = Some(t);
+                break;
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    let tcp = tcp.ok_or_else(|| {
+        CallError::Unreachable(Error::failed(format!(
+            "{what}: {}",
+            last.map(|e| e.to_string())
+                .unwrap_or_else(|| "no address".into())
+        )))
+    })?;
+    tcp.set_read_timeout(Some(io_timeout)).ok();
+    tcp.set_write_timeout(Some(io_timeout)).ok();
+    let conn =
+        rustls::ClientConnection::new(cfg.clone(), sn).map_err(|e| failed(format!("TLS: {e}")))?;
+    let mut s = StreamOwned::new(conn, tcp);
+    while s.conn.is_handshaking() {
+        s.conn
+            .complete_io(&mut s.sock)
+            .map_err(|e| failed(format!("TLS handshake: {e}")))?;
+    }
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        ep.host,
+        ep.port,
+        body.len()
+    );
+    s.write_all(head.as_bytes())
+        .and_then(|_| s.write_all(body))
+        .and_then(|_| s.flush())
+        .map_err(|e| failed(format!("sending: {e}")))?;
+    let (status_line, body) = read_message(&mut BufReader::new(&mut s), true)
+        .map_err(|e| failed(format!("reading the answer: {e}")))?;
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .filter(|_| status_line.starts_with("HTTP/1."))
+        .ok_or_else(|| failed(format!("not an HTTP answer: {status_line:?}")))?;
+    Ok((status, body))
+}
+
+/// The `error` (and `code`) of a JSON error answer, or its first line.
+pub fn answer_error(status: u16, body: &[u8]) -> (String, String) {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let code = v["code"].as_str().unwrap_or("").to_string();
+    let msg = v["error"]
+        .as_str()
+        .map(str::to_string)
+        .or_else(|| crate::fetch::server_message(body))
+        .unwrap_or_default();
+    (code, format!("HTTP {status}: {msg}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints() {
+        let e = Endpoint::parse("https://10.0.0.5:9090/", "--x").unwrap();
+        assert_eq!(
+            (e.host.as_str(), e.port, e.url.as_str()),
+            ("10.0.0.5", 9090, "https://10.0.0.5:9090")
+        );
+        let e = Endpoint::parse("https://[fd00::1]:9000", "--x").unwrap();
+        assert_eq!((e.host.as_str(), e.port), ("fd00::1", 9000));
+        for bad in [
+            "http://a:1",
+            "https://a",
+            "https://a:0",
+            "https://a:x",
+            "https://u@a:1",
+            "https://:1",
+        ] {
+            let e = Endpoint::parse(bad, "--join-endpoints").unwrap_err();
+            assert_eq!(e.exit_code(), 2);
+            assert!(e.to_string().starts_with("--join-endpoints"), "{e}");
+        }
+    }
+
+    #[test]
+    fn der_walk_rejects_garbage() {
+        assert!(peer(b"").is_none());
+        assert!(peer(&[0x30, 0x82, 0xff, 0xff, 0]).is_none());
+        assert!(spki_sha256(&[0x30, 0x03, 0x30, 0x01, 0x00]).is_none());
+    }
+
+    #[test]
+    fn http_messages_are_bounded() {
+        let mut ok: &[u8] = b"POST /v1/init HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}";
+        let r = read_request(&mut ok).unwrap();
+        assert_eq!(
+            (r.method.as_str(), r.path.as_str(), r.body.as_slice()),
+            ("POST", "/v1/init", &b"{}"[..])
+        );
+        let big = format!(
+            "POST / HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
+            BODY_CAP + 1
+        );
+        assert!(read_request(&mut big.as_bytes()).is_err());
+        let long = format!("POST / HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(HEAD_CAP));
+        assert!(read_request(&mut long.as_bytes()).is_err());
+        let mut cut: &[u8] = b"POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\n{}";
+        assert!(read_request(&mut cut).is_err());
+    }
+}

@@ -1,0 +1,90 @@
+//! Stopping long-running services (activate, join-service) cleanly: SIGTERM/SIGINT only set a
+//! flag (all a signal handler may safely do); a supervising thread turns it into a `Stop`
+//! request, which wakes every thread waiting on it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+static SIGNALLED: AtomicBool = AtomicBool::new(false);
+
+/// Route SIGTERM and SIGINT to `signalled()`.
+pub fn catch_sigterm() {
+    extern "C" fn on_signal(_: libc::c_int) {
+        SIGNALLED.store(true, Ordering::SeqCst);
+    }
+    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        if unsafe { libc::signal(sig, handler) } == libc::SIG_ERR {
+            log::warn!("cannot install a handler for signal {sig}");
+        }
+    }
+}
+
+pub fn signalled() -> bool {
+    SIGNALLED.load(Ordering::SeqCst)
+}
+
+/// A stop request plus a wake-up for threads sleeping between attempts.
+#[derive(Default)]
+pub struct Stop {
+    /// (stop requested, wake-ups so far)
+    state: Mutex<(bool, u64)>,
+    cv: Condvar,
+}
+
+impl Stop {
+    pub fn request(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.0 = true;
+        s.1 += 1;
+        self.cv.notify_all();
+    }
+
+    /// Wake sleepers without asking them to stop (they re-check what they wait for).
+    pub fn wake(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.1 += 1;
+        self.cv.notify_all();
+    }
+
+    pub fn requested(&self) -> bool {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).0
+    }
+
+    /// Sleep up to `d`, less if a stop is requested or someone wakes us. True when stopping.
+    pub fn sleep(&self, d: Duration) -> bool {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = s.1;
+        let (s, _) = self
+            .cv
+            .wait_timeout_while(s, d, |s| !s.0 && s.1 == seen)
+            .unwrap_or_else(|e| e.into_inner());
+        s.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn sleepers_wake_on_stop_and_on_wake() {
+        let stop = Stop::default();
+        std::thread::scope(|s| {
+            let h = s.spawn(|| stop.sleep(Duration::from_secs(60)));
+            std::thread::sleep(Duration::from_millis(50));
+            stop.wake();
+            assert!(!h.join().unwrap());
+            let t = Instant::now();
+            let h = s.spawn(|| stop.sleep(Duration::from_secs(60)));
+            std::thread::sleep(Duration::from_millis(50));
+            stop.request();
+            assert!(h.join().unwrap());
+            assert!(t.elapsed() < Duration::from_secs(30));
+        });
+        assert!(stop.requested() && stop.sleep(Duration::from_secs(60)));
+    }
+}

@@ -1,0 +1,346 @@
+//! The two JSON exchanges of activation, and the checks each side applies to what it gets:
+//! the init request (admin → init server, `POST /v1/init`) and the join ticket (join service →
+//! node, `POST /v1/ticket`). Unknown fields are refused, so a typo never passes silently.
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::hook::dns_subdomain;
+use crate::nodelock::Role;
+
+pub const INIT_PATH: &str = "/v1/init";
+pub const TICKET_PATH: &str = "/v1/ticket";
+
+/// What a control-plane ticket carries, written to /etc/kubernetes/pki/<name> on the node:
+/// the cluster-wide keys kubeadm would otherwise download (Constellation's list).
+pub const CONTROL_PLANE_FILES: &[&str] = &[
+    "ca.crt",
+    "ca.key",
+    "sa.key",
+    "sa.pub",
+    "front-proxy-ca.crt",
+    "front-proxy-ca.key",
+    "etcd/ca.crt",
+    "etcd/ca.key",
+];
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct InitRequest {
+    pub cluster_name: String,
+    pub kubernetes_version: String,
+    pub pod_cidr: String,
+    pub service_cidr: String,
+    #[serde(default)]
+    pub apiserver_sans: Vec<String>,
+    pub init_secret: String,
+}
+
+impl InitRequest {
+    /// Every field but the secret (checked first, against the node's hash). The message names
+    /// the field.
+    pub fn validate(&self) -> Result<(), String> {
+        check_cluster_name(&self.cluster_name)?;
+        if !k8s_version(&self.kubernetes_version) {
+            return Err(format!(
+                "kubernetes_version {:?}: expected vMAJOR.MINOR.PATCH",
+                self.kubernetes_version
+            ));
+        }
+        for (field, v) in [
+            ("pod_cidr", &self.pod_cidr),
+            ("service_cidr", &self.service_cidr),
+        ] {
+            if !cidr(v) {
+                return Err(format!("{field} {v:?}: expected ADDRESS/PREFIX"));
+            }
+        }
+        if self.apiserver_sans.len() > 64 {
+            return Err("apiserver_sans: more than 64 names".into());
+        }
+        for s in &self.apiserver_sans {
+            if s.parse::<IpAddr>().is_err() && !dns_subdomain(s) {
+                return Err(format!(
+                    "apiserver_sans {s:?}: not an IP address or DNS name"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct File {
+    pub name: String,
+    pub data: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct Ticket {
+    pub cluster_name: String,
+    /// `HOST:PORT` of the API server kubeadm join talks to.
+    pub api_server_endpoint: String,
+    pub token: String,
+    /// `sha256:<hex>` of the cluster CA's SubjectPublicKeyInfo (kubeadm's discovery hash).
+    pub discovery_token_ca_cert_hash: String,
+    pub role: Role,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub control_plane_files: Vec<File>,
+}
+
+impl Ticket {
+    /// All of it, before the node lock. `pinned_hash` is the SPKI hash of the cluster CA this
+    /// node trusts: the CA kubeadm will discover must be that one.
+    pub fn validate(&self, pinned_hash: &str) -> Result<(), String> {
+        check_cluster_name(&self.cluster_name)?;
+        if !host_port(&self.api_server_endpoint) {
+            return Err(format!(
+                "api_server_endpoint {:?}: expected HOST:PORT",
+                self.api_server_endpoint
+            ));
+        }
+        // The token itself is never repeated in a message.
+        if !crate::kubeadm::valid_token(&self.token) {
+            return Err("token: not a bootstrap token ([a-z0-9]{6}.[a-z0-9]{16})".into());
+        }
+        let h = &self.discovery_token_ca_cert_hash;
+        if !spki_hash(h) {
+            return Err(format!(
+                "discovery_token_ca_cert_hash {h:?}: expected sha256:<64 hex digits>"
+            ));
+        }
+        if h != pinned_hash {
+            return Err(format!(
+                "discovery_token_ca_cert_hash {h} is not the pinned cluster CA's ({pinned_hash})"
+            ));
+        }
+        if let Some(v) = &self.kubernetes_version {
+            if !k8s_version(v) {
+                return Err(format!(
+                    "kubernetes_version {v:?}: expected vMAJOR.MINOR.PATCH"
+                ));
+            }
+        }
+        match self.role {
+            Role::Worker if !self.control_plane_files.is_empty() => {
+                return Err(
+                    "control_plane_files: a worker ticket must not carry cluster keys".into(),
+                )
+            }
+            Role::Worker => {}
+            Role::ControlPlane => {
+                for want in CONTROL_PLANE_FILES {
+                    let n = self
+                        .control_plane_files
+                        .iter()
+                        .filter(|f| f.name == *want)
+                        .count();
+                    if n != 1 {
+                        return Err(format!(
+                            "control_plane_files: {want} given {n} times, expected once"
+                        ));
+                    }
+                }
+                for f in &self.control_plane_files {
+                    if !CONTROL_PLANE_FILES.contains(&f.name.as_str()) {
+                        return Err(format!("control_plane_files: unexpected file {:?}", f.name));
+                    }
+                    if f.data.len() > 64 << 10 || !f.data.contains("-----BEGIN ") {
+                        return Err(format!(
+                            "control_plane_files: {} is not a PEM file of at most 64 KiB",
+                            f.name
+                        ));
+                    }
+                }
+                let ca = &self
+                    .control_plane_files
+                    .iter()
+                    .find(|f| f.name == "ca.crt")
+                    .expect("checked")
+                    .data;
+                let der = crate::mtls::certs(ca.as_bytes(), "ca.crt")
+                    .map_err(|e| format!("control_plane_files: {e}"))?;
+                if crate::mtls::spki_sha256(&der[0]).as_deref() != Some(pinned_hash) {
+                    return Err("control_plane_files: ca.crt is not the pinned cluster CA".into());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn check_cluster_name(n: &str) -> Result<(), String> {
+    if n.len() <= 63 && !n.contains('.') && dns_subdomain(n) {
+        Ok(())
+    } else {
+        Err(format!(
+            "cluster_name {n:?}: expected a DNS label (a-z, 0-9, -)"
+        ))
+    }
+}
+
+/// `v1.31.2`, optionally with a pre-release (`v1.32.0-rc.1`).
+pub fn k8s_version(v: &str) -> bool {
+    let Some(rest) = v.strip_prefix('v') else {
+        return false;
+    };
+    let (core, pre) = match rest.split_once('-') {
+        Some((c, p)) => (c, Some(p)),
+        None => (rest, None),
+    };
+    let nums: Vec<&str> = core.split('.').collect();
+    nums.len() == 3
+        && nums
+            .iter()
+            .all(|n| !n.is_empty() && n.len() <= 4 && n.bytes().all(|b| b.is_ascii_digit()))
+        && pre.is_none_or(|p| {
+            !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.')
+        })
+}
+
+pub fn cidr(s: &str) -> bool {
+    let Some((addr, len)) = s.split_once('/') else {
+        return false;
+    };
+    let Ok(addr) = addr.parse::<IpAddr>() else {
+        return false;
+    };
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    len.parse::<u8>().is_ok_and(|l| l <= max) && !len.starts_with('+')
+}
+
+/// `host:port` or `[v6]:port`.
+pub fn host_port(s: &str) -> bool {
+    let (host, port) = match s.strip_prefix('[') {
+        Some(r) => match r.split_once("]:") {
+            Some((h, p)) if h.parse::<std::net::Ipv6Addr>().is_ok() => (None, p),
+            _ => return false,
+        },
+        None => match s.rsplit_once(':') {
+            Some((h, p)) => (Some(h), p),
+            None => return false,
+        },
+    };
+    let host_ok = host.is_none_or(|h| h.parse::<std::net::Ipv4Addr>().is_ok() || dns_subdomain(h));
+    host_ok && port.parse::<u16>().is_ok_and(|p| p > 0)
+}
+
+pub fn spki_hash(h: &str) -> bool {
+    h.strip_prefix("sha256:").is_some_and(|x| {
+        x.len() == 64
+            && x.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn init() -> InitRequest {
+        InitRequest {
+            cluster_name: "demo".into(),
+            kubernetes_version: "v1.31.2".into(),
+            pod_cidr: "10.244.0.0/16".into(),
+            service_cidr: "fd00:10:96::/108".into(),
+            apiserver_sans: vec!["10.0.0.1".into(), "api.demo.example".into()],
+            init_secret: "s".into(),
+        }
+    }
+
+    #[test]
+    fn init_requests_name_the_bad_field() {
+        init().validate().unwrap();
+        type Case = (fn(&mut InitRequest), &'static str);
+        let cases: Vec<Case> = vec![
+            (|r| r.cluster_name = "Demo".into(), "cluster_name"),
+            (|r| r.cluster_name = "a.b".into(), "cluster_name"),
+            (
+                |r| r.kubernetes_version = "1.31.2".into(),
+                "kubernetes_version",
+            ),
+            (
+                |r| r.kubernetes_version = "v1.31".into(),
+                "kubernetes_version",
+            ),
+            (|r| r.pod_cidr = "10.244.0.0".into(), "pod_cidr"),
+            (|r| r.service_cidr = "10.96.0.0/33".into(), "service_cidr"),
+            (|r| r.apiserver_sans.push("a b".into()), "apiserver_sans"),
+        ];
+        for (f, field) in cases {
+            let mut r = init();
+            f(&mut r);
+            let e = r.validate().unwrap_err();
+            assert!(e.starts_with(field), "{e}");
+        }
+        assert!(k8s_version("v1.32.0-rc.1"));
+        let unknown = r#"{"cluster_name":"a","kubernetes_version":"v1.2.3","pod_cidr":"1.0.0.0/8","service_cidr":"2.0.0.0/8","init_secret":"x","extra":1}"#;
+        assert!(serde_json::from_str::<InitRequest>(unknown).is_err());
+    }
+
+    #[test]
+    fn endpoints_and_hashes() {
+        for ok in ["10.0.0.1:6443", "api.example.com:443", "[fd00::1]:6443"] {
+            assert!(host_port(ok), "{ok}");
+        }
+        for bad in ["10.0.0.1", "fd00::1:6443", "a:0", "a/b:1", ":6443", "[x]:1"] {
+            assert!(!host_port(bad), "{bad}");
+        }
+        assert!(spki_hash(&format!("sha256:{}", "a".repeat(64))));
+        assert!(!spki_hash(&format!("sha256:{}", "A".repeat(64))));
+        assert!(!spki_hash("sha256:abc"));
+    }
+
+    #[test]
+    fn tickets_must_match_the_pin_and_the_role() {
+        let pin = format!("sha256:{}", "1".repeat(64));
+        let mut t = Ticket {
+            cluster_name: "demo".into(),
+            api_server_endpoint: "10.0.0.1:6443".into(),
+            token: "abcdef.0123456789abcdef".into(),
+            discovery_token_ca_cert_hash: pin.clone(),
+            role: Role::Worker,
+            kubernetes_version: None,
+            control_plane_files: vec![],
+        };
+        t.validate(&pin).unwrap();
+        let e = t
+            .validate(&format!("sha256:{}", "2".repeat(64)))
+            .unwrap_err();
+        assert!(e.contains("not the pinned cluster CA"), "{e}");
+        t.token = "ABCDEF.0123456789abcdef".into();
+        let e = t.validate(&pin).unwrap_err();
+        assert!(e.starts_with("token") && !e.contains("ABCDEF"), "{e}");
+        t.token = "abcdef.0123456789abcdef".into();
+        t.control_plane_files = vec![File {
+            name: "ca.key".into(),
+            data: "-----BEGIN X".into(),
+        }];
+        assert!(t.validate(&pin).unwrap_err().contains("worker ticket"));
+        t.role = Role::ControlPlane;
+        assert!(t
+            .validate(&pin)
+            .unwrap_err()
+            .contains("ca.crt given 0 times"));
+        t.control_plane_files = CONTROL_PLANE_FILES
+            .iter()
+            .map(|n| File {
+                name: n.to_string(),
+                data: "-----BEGIN X".into(),
+            })
+            .chain([File {
+                name: "../../etc/shadow".into(),
+                data: "-----BEGIN X".into(),
+            }])
+            .collect();
+        assert!(t
+            .validate(&pin)
+            .unwrap_err()
+            .contains("unexpected file \"../../etc/shadow\""));
+    }
+}

@@ -1,0 +1,1159 @@
+//! `nodestrap activate`, `join-service` and `init-cluster` end to end: the built binary, real
+//! mutual TLS with CAs made at test time, and stand-in kubeadm/kubelet programs that record
+//! their arguments (and the config files they were given) next to themselves.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose};
+use support::*;
+
+const SECRET: &str = "s3cret-init-value-0123456789";
+const TOKEN: &str = "abcdef.0123456789abcdef";
+const STATE: &str = "var/lib/nodestrap/node-state.json";
+/// What a control-plane ticket must carry (kubeadm's shared cluster keys).
+const CP_FILES: [&str; 8] = [
+    "ca.crt",
+    "ca.key",
+    "sa.key",
+    "sa.pub",
+    "front-proxy-ca.crt",
+    "front-proxy-ca.key",
+    "etcd/ca.crt",
+    "etcd/ca.key",
+];
+
+// ---------------------------------------------------------------------------------------------
+// PKI and files
+
+struct Pki {
+    admin: Ca,
+    nodes: Ca,
+    cluster: Ca,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        Pki {
+            admin: Ca::new("test admin CA"),
+            nodes: Ca::new("test node-provisioning CA"),
+            cluster: Ca::new("test cluster CA"),
+        }
+    }
+}
+
+/// A certificate for both ends of TLS (a node serves init and calls the join service).
+fn both_ways(ca: &Ca, cn: &str, org: Option<&str>) -> Leaf {
+    let mut p =
+        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    p.distinguished_name.push(DnType::CommonName, cn);
+    if let Some(o) = org {
+        p.distinguished_name.push(DnType::OrganizationName, o);
+    }
+    p.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    ca.issue(p)
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+fn secret_hash(secret: &str) -> String {
+    // Python's hashlib, an implementation independent of the one under test.
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import hashlib,base64,sys; print('pbkdf2_sha256$1000$salt-x$' + base64.b64encode(hashlib.pbkdf2_hmac('sha256', sys.argv[1].encode(), b'salt-x', 1000)).decode())",
+            secret,
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// kubeadm's discovery hash the way its documentation computes it, with openssl.
+fn openssl_spki_hash(pem_file: &Path) -> String {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "openssl x509 -pubkey -noout -in '{}' | openssl pkey -pubin -outform der | sha256sum",
+            pem_file.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    format!(
+        "sha256:{}",
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+    )
+}
+
+/// Stand-in kubeadm and kubelet starter in `bin/`: every call appended to `bin/kubeadm.log`,
+/// config files copied, manifests folder listed; behaviour switched by files in `bin/`:
+/// `fail-init`, `fail-join` (count of failures left), `fail-token`, `sleep-init` (seconds).
+fn stand_ins(dir: &Path, root: &Path) -> PathBuf {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let kubeadm = format!(
+        r#"#!/bin/sh
+d='{bin}'
+root='{root}'
+echo "$*" >> "$d/kubeadm.log"
+echo $$ > "$d/kubeadm.pid"
+case "$1" in
+init)
+  cp "$3" "$d/init-config.yaml"
+  ls -A "$root/etc/kubernetes/manifests" > "$d/manifests-at-init"
+  [ -f "$d/sleep-init" ] && sleep "$(cat "$d/sleep-init")"
+  if [ -f "$d/fail-init" ]; then
+    echo "[preflight] some check failed"
+    echo "kubeadm join 10.0.0.1:6443 --token {token}" >&2
+    echo "error execution phase preflight: stand-in failure" >&2
+    exit 1
+  fi
+  mkdir -p "$root/etc/kubernetes"
+  printf 'apiVersion: v1\nkind: Config\n# admin of the stand-in cluster\n' > "$root/etc/kubernetes/admin.conf"
+  ;;
+join)
+  n=$(grep -c '^join' "$d/kubeadm.log")
+  cp "$3" "$d/join-config-$n.yaml"
+  ls -A "$root/etc/kubernetes/manifests" > "$d/manifests-at-join-$n"
+  touch "$root/etc/kubernetes/manifests/kube-apiserver.yaml"
+  left=$(cat "$d/fail-join" 2>/dev/null || echo 0)
+  if [ "$left" -gt 0 ]; then
+    echo $((left - 1)) > "$d/fail-join"
+    echo "error execution phase kubelet-start: stand-in failure $n" >&2
+    exit 1
+  fi
+  ;;
+token)
+  [ -f "$d/fail-token" ] && {{ echo "failed to create token: stand-in" >&2; exit 1; }}
+  if [ -f "$d/gate" ]; then
+    touch "$d/waiting"
+    while [ ! -f "$d/go" ]; do sleep 0.002; done
+    rm -f "$d/go" "$d/waiting"
+  fi
+  echo '{token}'
+  ;;
+esac
+exit 0
+"#,
+        bin = bin.display(),
+        root = root.display(),
+        token = TOKEN
+    );
+    for (name, text) in [
+        ("kubeadm", kubeadm),
+        (
+            "kubelet-start",
+            format!(
+                "#!/bin/sh\necho started >> '{}/kubelet.log'\n",
+                bin.display()
+            ),
+        ),
+    ] {
+        let p = bin.join(name);
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    bin
+}
+
+fn calls(bin: &Path) -> Vec<String> {
+    read(&bin.join("kubeadm.log"))
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+
+struct Proc {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    stdout: Arc<Mutex<String>>,
+    what: String,
+}
+
+impl Proc {
+    fn start(args: Vec<String>) -> Proc {
+        let what = args[0].clone();
+        let mut child = command(&args, None)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines: Arc<Mutex<Vec<String>>> = Default::default();
+        let stdout: Arc<Mutex<String>> = Default::default();
+        let (l2, o2) = (lines.clone(), stdout.clone());
+        let err = child.stderr.take().unwrap();
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines() {
+                let Ok(l) = l else { break };
+                l2.lock().unwrap().push(l);
+            }
+        });
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = BufReader::new(out).read_to_string(&mut s);
+            o2.lock().unwrap().push_str(&s);
+        });
+        Proc {
+            child,
+            lines,
+            stdout,
+            what,
+        }
+    }
+
+    fn stderr(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+
+    /// The first stderr line containing `needle`, waiting at most `secs`.
+    fn wait_for(&self, needle: &str, secs: u64) -> String {
+        let end = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(l) = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| l.contains(needle))
+            {
+                return l.clone();
+            }
+            assert!(
+                Instant::now() < end,
+                "{}: no line with {needle:?} within {secs} s:\n{}",
+                self.what,
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn count(&self, needle: &str) -> usize {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
+    fn port(&self) -> u16 {
+        let l = self.wait_for("listening on 127.0.0.1:", 30);
+        let rest = &l[l.find("127.0.0.1:").unwrap() + 10..];
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    fn sigterm(&self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+    }
+
+    fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Exit within `secs` (the watchdog: a hang fails the test instead of blocking it).
+    fn wait(mut self, secs: u64) -> Run {
+        let end = Instant::now() + Duration::from_secs(secs);
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > end {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "{}: still running after {secs} s (hang):\n{}",
+                    self.what,
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        std::thread::sleep(Duration::from_millis(50)); // let the readers drain
+        Run {
+            code: status.code().unwrap_or(-1),
+            stdout: self.stdout.lock().unwrap().clone(),
+            stderr: self.stderr(),
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// A node and a join service
+
+struct Node {
+    dir: PathBuf,
+    root: PathBuf,
+    bin: PathBuf,
+}
+
+impl Node {
+    fn new(pki: &Pki, tag: &str, org: Option<&str>) -> Node {
+        let dir = unique_dir(tag);
+        let root = dir.join("root");
+        let bin = stand_ins(&dir, &root);
+        let id = both_ways(&pki.nodes, &format!("{tag}-node"), org);
+        let a = root.join("etc/nodestrap/activate");
+        write(&a.join("node.crt"), &id.cert_pem);
+        write(&a.join("node.key"), &id.key_pem);
+        write(&a.join("admin-ca.crt"), &pki.admin.pem);
+        write(&a.join("cluster-ca.crt"), &pki.cluster.pem);
+        write(&a.join("init-secret.hash"), &secret_hash(SECRET));
+        // What a previous attempt might have left: kubeadm must get an empty folder.
+        write(&root.join("etc/kubernetes/manifests/stale.yaml"), "stale");
+        Node { dir, root, bin }
+    }
+
+    fn args(&self, endpoints: &[String]) -> Vec<String> {
+        let mut a = s(&[
+            "activate",
+            "--listen",
+            "127.0.0.1:0",
+            "--join-interval",
+            "1",
+            "--join-timeout",
+            "5",
+        ]);
+        a.extend([
+            "--root".into(),
+            self.root.display().to_string(),
+            "--kubeadm".into(),
+            self.bin.join("kubeadm").display().to_string(),
+            "--kubelet-command".into(),
+            self.bin.join("kubelet-start").display().to_string(),
+        ]);
+        if !endpoints.is_empty() {
+            a.extend(["--join-endpoints".into(), endpoints.join(",")]);
+        }
+        a
+    }
+
+    fn activate(&self, endpoints: &[String]) -> Proc {
+        Proc::start(self.args(endpoints))
+    }
+
+    fn state(&self) -> Option<serde_json::Value> {
+        std::fs::read(self.root.join(STATE))
+            .ok()
+            .map(|b| serde_json::from_slice(&b).unwrap())
+    }
+
+    fn calls(&self) -> Vec<String> {
+        calls(&self.bin)
+    }
+}
+
+/// An activate process with an init request sent and kubeadm init running (it sleeps as long
+/// as `sleep-init` in the node's bin says).
+fn init_in_flight(pki: &Pki, node: &Node) -> (Proc, Proc) {
+    let act = node.activate(&[]);
+    let client = Proc::start(Admin::new(pki, None).args(act.port()));
+    let end = Instant::now() + Duration::from_secs(30);
+    while node.calls().is_empty() {
+        assert!(
+            Instant::now() < end,
+            "kubeadm init never started:\n{}",
+            act.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (act, client)
+}
+
+/// The admin's files and an init-cluster run against a node's init server.
+struct Admin {
+    dir: PathBuf,
+}
+
+impl Admin {
+    fn new(pki: &Pki, ca: Option<&Ca>) -> Admin {
+        let dir = unique_dir("admin");
+        let leaf = ca.unwrap_or(&pki.admin).client("cluster-admin");
+        write(&dir.join("admin.crt"), &leaf.cert_pem);
+        write(&dir.join("admin.key"), &leaf.key_pem);
+        write(&dir.join("node-ca.crt"), &pki.nodes.pem);
+        write(&dir.join("secret"), &format!("{SECRET}\n"));
+        Admin { dir }
+    }
+
+    fn args(&self, port: u16) -> Vec<String> {
+        let d = |n: &str| self.dir.join(n).display().to_string();
+        let mut a = s(&[
+            "init-cluster",
+            "--cluster-name",
+            "demo",
+            "--kubernetes-version",
+            "v1.31.2",
+        ]);
+        a.extend([
+            "--endpoint".into(),
+            format!("https://127.0.0.1:{port}"),
+            "--cert".into(),
+            d("admin.crt"),
+            "--key".into(),
+            d("admin.key"),
+            "--ca".into(),
+            d("node-ca.crt"),
+            "--secret-file".into(),
+            d("secret"),
+            "--apiserver-sans".into(),
+            "10.0.0.1,api.demo.test".into(),
+            "--out".into(),
+            d("admin.conf"),
+            "--wait".into(),
+            "10".into(),
+            "--timeout".into(),
+            "60".into(),
+        ]);
+        a
+    }
+
+    fn init(&self, port: u16) -> Run {
+        Proc::start(self.args(port)).wait(90)
+    }
+}
+
+struct JoinSvc {
+    dir: PathBuf,
+    root: PathBuf,
+    bin: PathBuf,
+    proc: Option<Proc>,
+}
+
+impl JoinSvc {
+    /// A join service whose serving certificate comes from `serving` (the pinned cluster CA,
+    /// or another one), with the control-plane files under /etc/kubernetes/pki.
+    fn new(pki: &Pki, serving: &Ca) -> JoinSvc {
+        let dir = unique_dir("joinsvc");
+        let root = dir.join("root");
+        let bin = stand_ins(&dir, &root);
+        let tls = serving.server();
+        write(
+            &root.join("etc/nodestrap/join-service/tls.crt"),
+            &tls.cert_pem,
+        );
+        write(
+            &root.join("etc/nodestrap/join-service/tls.key"),
+            &tls.key_pem,
+        );
+        write(
+            &root.join("etc/nodestrap/join-service/node-ca.crt"),
+            &pki.nodes.pem,
+        );
+        let pki_dir = root.join("etc/kubernetes/pki");
+        for name in &CP_FILES[1..] {
+            write(
+                &pki_dir.join(name),
+                &format!("-----BEGIN TEST-----\n{name}\n-----END TEST-----\n"),
+            );
+        }
+        write(&pki_dir.join("ca.crt"), &pki.cluster.pem);
+        let mut j = JoinSvc {
+            dir,
+            root,
+            bin,
+            proc: None,
+        };
+        j.start();
+        j
+    }
+
+    fn start(&mut self) {
+        let mut a = s(&[
+            "join-service",
+            "--listen",
+            "127.0.0.1:0",
+            "--api-server-endpoint",
+            "10.0.0.1:6443",
+            "--cluster-name",
+            "demo",
+            "--kubernetes-version",
+            "v1.31.2",
+        ]);
+        a.extend([
+            "--root".into(),
+            self.root.display().to_string(),
+            "--token-command".into(),
+            format!(
+                "{} token create --ttl 15m0s",
+                self.bin.join("kubeadm").display()
+            ),
+        ]);
+        let p = Proc::start(a);
+        p.port();
+        self.proc = Some(p);
+    }
+
+    fn port(&self) -> u16 {
+        self.proc.as_ref().unwrap().port()
+    }
+
+    fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port())
+    }
+
+    fn stop(&mut self) -> Run {
+        let p = self.proc.take().unwrap();
+        p.sigterm();
+        p.wait(30)
+    }
+
+    fn issued(&self) -> serde_json::Value {
+        let p = self.root.join("var/lib/nodestrap/join-service/issued.json");
+        std::fs::read(p)
+            .map(|b| serde_json::from_slice(&b).unwrap())
+            .unwrap_or_default()
+    }
+}
+
+fn assert_no_secrets(what: &str, text: &str) {
+    for secret in [TOKEN, SECRET, "BEGIN PRIVATE KEY", "BEGIN TEST"] {
+        assert!(!text.contains(secret), "{what} shows {secret:?}:\n{text}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+
+#[test]
+fn init_wins() {
+    let pki = Pki::new();
+    let node = Node::new(&pki, "init-wins", None);
+    let act = node.activate(&[]);
+    let admin = Admin::new(&pki, None);
+    let r = admin.init(act.port());
+    r.assert_ok();
+    assert!(
+        r.stdout
+            .contains("nodestrap: init-cluster done cluster=demo"),
+        "{}",
+        r.stdout
+    );
+    // The kubeconfig the stand-in kubeadm wrote, now on the admin's side, 0600.
+    let conf = admin.dir.join("admin.conf");
+    assert!(read(&conf).contains("admin of the stand-in cluster"));
+    assert_eq!(
+        std::fs::metadata(&conf).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let run = act.wait(30);
+    run.assert_ok();
+    assert!(
+        run.stdout
+            .contains("nodestrap: activate done role=control-plane via=init cluster=demo"),
+        "{}",
+        run.stdout
+    );
+    // kubeadm init once, with a config file and without printing its token; from an empty
+    // manifests folder; the temp config gone afterwards.
+    let c = node.calls();
+    assert_eq!(c.len(), 1, "{c:?}");
+    let cfg_path = node.root.join("run/nodestrap/kubeadm-init.yaml");
+    assert_eq!(
+        c[0],
+        format!("init --config {} --skip-token-print", cfg_path.display())
+    );
+    assert!(!cfg_path.exists());
+    assert_eq!(read(&node.bin.join("manifests-at-init")), "");
+    let cfg = read(&node.bin.join("init-config.yaml"));
+    for want in [
+        "apiVersion: kubeadm.k8s.io/v1beta4\nkind: InitConfiguration\n",
+        "kind: ClusterConfiguration\nclusterName: \"demo\"\nkubernetesVersion: \"v1.31.2\"\n",
+        "  podSubnet: \"10.244.0.0/16\"\n  serviceSubnet: \"10.96.0.0/12\"\n",
+        "  certSANs:\n  - \"10.0.0.1\"\n  - \"api.demo.test\"\n",
+    ] {
+        assert!(cfg.contains(want), "{want:?} not in\n{cfg}");
+    }
+    let st = node.state().unwrap();
+    assert_eq!(
+        (
+            st["state"].as_str(),
+            st["role"].as_str(),
+            st["cluster"].as_str()
+        ),
+        (Some("done"), Some("control-plane"), Some("demo"))
+    );
+    assert!(
+        st["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("init request from cluster-admin"),
+        "{st}"
+    );
+    assert_no_secrets("activate's log", &run.stderr);
+    assert!(
+        !node.bin.join("kubelet.log").exists(),
+        "kubeadm starts the kubelet on activation"
+    );
+
+    // Restarted: done means only the kubelet; nothing listens, kubeadm is not called again.
+    let again = node.activate(&[]).wait(30);
+    again.assert_ok();
+    assert!(
+        again
+            .stdout
+            .contains("activate already done role=control-plane cluster=demo"),
+        "{}",
+        again.stdout
+    );
+    assert!(!again.stderr.contains("listening"), "{}", again.stderr);
+    assert_eq!(read(&node.bin.join("kubelet.log")), "started\n");
+    assert_eq!(node.calls().len(), 1);
+}
+
+#[test]
+fn join_wins_as_worker() {
+    let pki = Pki::new();
+    let svc = JoinSvc::new(&pki, &pki.cluster);
+    let node = Node::new(&pki, "join-worker", None);
+    let run = node.activate(&[svc.url()]).wait(60);
+    run.assert_ok();
+    assert!(
+        run.stdout
+            .contains("activate done role=worker via=join cluster=demo"),
+        "{}",
+        run.stdout
+    );
+    let c = node.calls();
+    let cfg_path = node.root.join("run/nodestrap/kubeadm-join.yaml");
+    assert_eq!(
+        c,
+        vec![format!("join --config {}", cfg_path.display())],
+        "the token is not in argv"
+    );
+    assert!(!cfg_path.exists(), "the config with the token is removed");
+    assert_eq!(read(&node.bin.join("manifests-at-join-1")), "");
+    let cfg = read(&node.bin.join("join-config-1.yaml"));
+    let hash = openssl_spki_hash(&svc.root.join("etc/kubernetes/pki/ca.crt"));
+    let want = format!(
+        "apiVersion: kubeadm.k8s.io/v1beta4\nkind: JoinConfiguration\ndiscovery:\n  bootstrapToken:\n    apiServerEndpoint: \"10.0.0.1:6443\"\n    token: \"{TOKEN}\"\n    caCertHashes:\n    - \"{hash}\"\n"
+    );
+    assert_eq!(cfg, want);
+    let st = node.state().unwrap();
+    assert_eq!(
+        (st["state"].as_str(), st["role"].as_str()),
+        (Some("done"), Some("worker"))
+    );
+    assert_eq!(st["ca_cert_hash"].as_str(), Some(hash.as_str()));
+    assert!(
+        !node.root.join("etc/kubernetes/pki").exists(),
+        "a worker gets no cluster keys"
+    );
+    // The service recorded the identity and made exactly one token.
+    let issued = svc.issued();
+    let ids: Vec<_> = issued["issued"].as_object().unwrap().values().collect();
+    assert_eq!(ids.len(), 1);
+    assert_eq!(
+        (ids[0]["node"].as_str(), ids[0]["role"].as_str()),
+        (Some("join-worker-node"), Some("worker"))
+    );
+    assert_eq!(
+        calls(&svc.bin),
+        vec!["token create --ttl 15m0s".to_string()]
+    );
+    assert_no_secrets("activate's log", &run.stderr);
+    assert_no_secrets("activate's stdout", &run.stdout);
+    let mut svc = svc;
+    let sv = svc.stop();
+    sv.assert_ok();
+    assert_no_secrets("join-service's log", &sv.stderr);
+}
+
+#[test]
+fn join_wins_as_control_plane() {
+    let pki = Pki::new();
+    let svc = JoinSvc::new(&pki, &pki.cluster);
+    let node = Node::new(&pki, "join-cp", Some("nodestrap:control-plane"));
+    let run = node.activate(&[svc.url()]).wait(60);
+    run.assert_ok();
+    assert!(
+        run.stdout.contains("role=control-plane via=join"),
+        "{}",
+        run.stdout
+    );
+    let pki_dir = node.root.join("etc/kubernetes/pki");
+    for name in CP_FILES {
+        let p = pki_dir.join(name);
+        assert_eq!(
+            read(&p),
+            read(&svc.root.join("etc/kubernetes/pki").join(name)),
+            "{name}"
+        );
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(
+            mode,
+            if name.ends_with(".key") { 0o600 } else { 0o644 },
+            "{name}"
+        );
+    }
+    assert!(read(&node.bin.join("join-config-1.yaml")).ends_with("controlPlane: {}\n"));
+    assert_eq!(node.state().unwrap()["role"], "control-plane");
+    assert_no_secrets("activate's log", &run.stderr);
+}
+
+#[test]
+fn init_and_join_in_the_same_instant_exactly_one_runs() {
+    let pki = Pki::new();
+    let svc = JoinSvc::new(&pki, &pki.cluster);
+    // The join service holds each ticket until the test says go: the init request is fired
+    // at offsets around that moment, so both sides reach the lock in the same instant.
+    write(&svc.bin.join("gate"), "");
+    let admin = Admin::new(&pki, None);
+    let (mut inits, mut joins) = (0, 0);
+    const ROUNDS: i64 = 40;
+    for i in 0..ROUNDS {
+        let offset_ms = (i % 10) * 10 - 30; // init first (<0) .. ticket first (>0)
+        let node = Node::new(&pki, &format!("race{i}"), None);
+        let act = node.activate(&[svc.url()]);
+        let mut args = admin.args(act.port());
+        // No second try once the node is gone: that is a lost race, not an outage.
+        let w = args.iter().position(|a| a == "--wait").unwrap();
+        args[w + 1] = "1".into();
+        let end = Instant::now() + Duration::from_secs(20);
+        while !svc.bin.join("waiting").exists() {
+            assert!(
+                Instant::now() < end,
+                "iteration {i}: the join client never asked"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let go = || write(&svc.bin.join("go"), "");
+        let pause = Duration::from_millis(offset_ms.unsigned_abs());
+        let client = if offset_ms < 0 {
+            let c = Proc::start(args);
+            std::thread::sleep(pause);
+            go();
+            c
+        } else {
+            go();
+            std::thread::sleep(pause);
+            Proc::start(args)
+        };
+        let run = act.wait(60);
+        let client = client.wait(60);
+        run.assert_ok();
+        let c = node.calls();
+        assert_eq!(
+            c.len(),
+            1,
+            "iteration {i}: exactly one kubeadm run, got {c:?}\n{}",
+            run.stderr
+        );
+        let st = node.state().unwrap();
+        assert_eq!(st["state"], "done", "iteration {i}");
+        if c[0].starts_with("init ") {
+            inits += 1;
+            client.assert_ok();
+            assert_eq!(st["role"], "control-plane");
+            assert!(run.stdout.contains("via=init"));
+        } else {
+            joins += 1;
+            assert!(c[0].starts_with("join "), "{c:?}");
+            assert_eq!(st["role"], "worker");
+            assert!(run.stdout.contains("via=join"));
+            // The admin learns the node is taken (or finds it gone once the join finished).
+            assert_ne!(
+                client.code, 0,
+                "iteration {i}: init reported success on a joined node"
+            );
+        }
+        eprintln!(
+            "race {i}: offset {offset_ms:+} ms: {} won",
+            if c[0].starts_with("init ") {
+                "init"
+            } else {
+                "join"
+            }
+        );
+        let _ = std::fs::remove_dir_all(&node.dir);
+    }
+    eprintln!("race: init won {inits} times, join won {joins} times");
+    assert_eq!(inits + joins, ROUNDS);
+}
+
+#[test]
+fn wrong_secret_or_untrusted_client_is_refused_and_the_lock_untouched() {
+    let pki = Pki::new();
+    let node = Node::new(&pki, "refused", None);
+    let act = node.activate(&[]);
+    let port = act.port();
+
+    let bad = Admin::new(&pki, None);
+    write(&bad.dir.join("secret"), "not the secret\n");
+    bad.init(port).assert_fails(1, "wrong init secret");
+    act.wait_for("refused, node lock untouched: wrong init secret", 10);
+
+    let outsider = Ca::new("someone else's CA");
+    let stranger = Admin::new(&pki, Some(&outsider));
+    let r = stranger.init(port);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    act.wait_for("init server: refused a connection from 127.0.0.1", 10);
+
+    let field = Admin::new(&pki, None);
+    let mut args = field.args(port);
+    let v = args.iter().position(|a| a == "v1.31.2").unwrap();
+    args[v] = "1.31".into();
+    let r = Proc::start(args).wait(30);
+    r.assert_fails(
+        2,
+        "--kubernetes-version \"1.31\": expected vMAJOR.MINOR.PATCH",
+    );
+
+    assert!(node.state().is_none(), "no marker after refusals");
+    assert!(node.calls().is_empty());
+    // The server is still there, and the lock still free.
+    Admin::new(&pki, None).init(port).assert_ok();
+    act.wait(30).assert_ok();
+    assert_eq!(node.calls().len(), 1);
+}
+
+#[test]
+fn ticket_from_an_unpinned_join_service_is_refused() {
+    let pki = Pki::new();
+    let rogue_ca = Ca::new("rogue CA");
+    let svc = JoinSvc::new(&pki, &rogue_ca);
+    let node = Node::new(&pki, "unpinned", None);
+    let act = node.activate(&[svc.url()]);
+    // Two rounds, both refused at the handshake: the certificate is not from the pinned CA.
+    act.wait_for("join client: POST", 20);
+    let end = Instant::now() + Duration::from_secs(20);
+    while act.count("join client: POST") < 2 {
+        assert!(Instant::now() < end, "{}", act.stderr());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let line = act.wait_for("join client: POST", 1);
+    assert!(
+        line.contains("UnknownIssuer") || line.contains("invalid peer certificate"),
+        "{line}"
+    );
+    assert!(node.state().is_none());
+    assert!(node.calls().is_empty());
+    assert!(svc.issued().is_null(), "no ticket left the service");
+    act.sigterm();
+    let run = act.wait(30);
+    run.assert_ok();
+    assert!(
+        run.stdout.contains("activate stopped; node still fresh"),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn failures_before_the_lock_are_retried() {
+    let pki = Pki::new();
+    let svc = JoinSvc::new(&pki, &pki.cluster);
+    write(&svc.bin.join("fail-token"), "");
+    let node = Node::new(&pki, "retried", None);
+    let act = node.activate(&[svc.url()]);
+    act.wait_for("--token-command exit status 1", 20);
+    assert!(node.state().is_none() && node.calls().is_empty());
+    assert!(
+        svc.issued().is_null(),
+        "a failed ticket does not use up the identity"
+    );
+    std::fs::remove_file(svc.bin.join("fail-token")).unwrap();
+    let run = act.wait(60);
+    run.assert_ok();
+    assert!(run.stdout.contains("via=join"));
+    assert_eq!(node.calls().len(), 1);
+}
+
+#[test]
+fn kubeadm_init_failing_after_the_lock_resets_and_reboots() {
+    let pki = Pki::new();
+    let node = Node::new(&pki, "init-fails", None);
+    write(&node.bin.join("fail-init"), "");
+    let act = node.activate(&[]);
+    let r = Admin::new(&pki, None).init(act.port());
+    r.assert_fails(1, "kubeadm init: exit status 1");
+    // The admin gets the tail of kubeadm's output, tokens scrubbed.
+    assert!(
+        r.stderr
+            .contains("error execution phase preflight: stand-in failure"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("--token [token]"), "{}", r.stderr);
+    assert_no_secrets("init-cluster's output", &r.stderr);
+    let run = act.wait(30);
+    run.assert_fails(1, "kubeadm init: exit status 1");
+    assert!(
+        run.stderr
+            .contains("reboot needed (activation failed after the node lock"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("not rebooting: --root is not /"),
+        "{}",
+        run.stderr
+    );
+    let st = node.state().unwrap();
+    assert_eq!(st["state"], "reset");
+    assert!(
+        st["reason"]
+            .as_str()
+            .unwrap()
+            .contains("kubeadm init: exit status 1"),
+        "{st}"
+    );
+    // The restarted node is not fresh: it refuses, and nothing runs.
+    let again = node.activate(&[]).wait(30);
+    again.assert_fails(2, "node state reset");
+    assert!(!again.stderr.contains("listening"));
+    assert_eq!(node.calls().len(), 1);
+}
+
+#[test]
+fn kubeadm_join_is_tried_three_times_then_fatal() {
+    let pki = Pki::new();
+    let svc = JoinSvc::new(&pki, &pki.cluster);
+    // Fails once, then joins: two attempts, each from an empty manifests folder.
+    let node = Node::new(&pki, "join-twice", None);
+    write(&node.bin.join("fail-join"), "1");
+    node.activate(&[svc.url()]).wait(60).assert_ok();
+    assert_eq!(node.calls().len(), 2);
+    assert_eq!(
+        read(&node.bin.join("manifests-at-join-2")),
+        "",
+        "reset before each attempt"
+    );
+    assert_eq!(node.state().unwrap()["state"], "done");
+
+    let node = Node::new(&pki, "join-fails", None);
+    write(&node.bin.join("fail-join"), "9");
+    let run = node.activate(&[svc.url()]).wait(60);
+    run.assert_fails(1, "kubeadm join failed 3 times within 300 s");
+    assert_eq!(run.count_lines("kubeadm join attempt"), 3);
+    assert_eq!(node.calls().len(), 3);
+    assert_eq!(node.state().unwrap()["state"], "reset");
+    assert!(run.stderr.contains("not rebooting: --root is not /"));
+    assert_no_secrets("activate's log", &run.stderr);
+}
+
+trait Lines {
+    fn count_lines(&self, needle: &str) -> usize;
+}
+
+impl Lines for Run {
+    fn count_lines(&self, needle: &str) -> usize {
+        self.stderr.lines().filter(|l| l.contains(needle)).count()
+    }
+}
+
+#[test]
+fn crash_after_committed_never_inits_or_joins_again() {
+    let pki = Pki::new();
+    let node = Node::new(&pki, "crash", None);
+    write(&node.bin.join("sleep-init"), "30");
+    let (mut act, client) = init_in_flight(&pki, &node);
+    // kill -9 mid-init, and the stand-in kubeadm with it.
+    act.child.kill().unwrap();
+    let _ = act.child.wait();
+    let pid: i32 = read(&node.bin.join("kubeadm.pid")).trim().parse().unwrap();
+    unsafe { libc::kill(-pid, libc::SIGKILL) };
+    assert!(!act.running());
+    assert_ne!(client.wait(30).code, 0);
+    assert_eq!(node.state().unwrap()["state"], "committed");
+
+    let svc = JoinSvc::new(&pki, &pki.cluster);
+    let again = node.activate(&[svc.url()]).wait(30);
+    again.assert_fails(2, "node state committed");
+    assert!(again.stderr.contains("will not init or join again"));
+    assert_eq!(node.calls().len(), 1, "no second kubeadm run");
+    assert!(svc.issued().is_null(), "not even a ticket was asked for");
+}
+
+/// POST /v1/ticket as `leaf`, trusting `ca`: (status, body).
+fn ticket(port: u16, ca: &Ca, leaf: &Leaf) -> Result<(u16, serde_json::Value), String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap())
+        .unwrap();
+    let chain = vec![CertificateDer::from_pem_slice(leaf.cert_pem.as_bytes()).unwrap()];
+    let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap();
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+    let conn =
+        rustls::ClientConnection::new(Arc::new(cfg), ServerName::try_from("127.0.0.1").unwrap())
+            .unwrap();
+    let tcp = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    let req =
+        "POST /v1/ticket HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
+    tls.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    match tls.read_to_end(&mut out) {
+        Ok(_) => {}
+        Err(e) if out.is_empty() => return Err(e.to_string()),
+        Err(_) => {}
+    }
+    let text = String::from_utf8_lossy(&out);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no HTTP answer: {text:?}"))?;
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    Ok((status, serde_json::from_str(body).unwrap()))
+}
+
+#[test]
+fn one_ticket_per_node_identity_even_across_restarts() {
+    let pki = Pki::new();
+    let mut svc = JoinSvc::new(&pki, &pki.cluster);
+    let node = both_ways(&pki.nodes, "node-a", None);
+    let (status, t) = ticket(svc.port(), &pki.cluster, &node).unwrap();
+    assert_eq!(status, 200, "{t}");
+    assert_eq!(t["token"], TOKEN);
+    assert_eq!(
+        (t["role"].as_str(), t["cluster_name"].as_str()),
+        (Some("worker"), Some("demo"))
+    );
+    assert_eq!(
+        t["discovery_token_ca_cert_hash"].as_str().unwrap(),
+        openssl_spki_hash(&svc.root.join("etc/kubernetes/pki/ca.crt"))
+    );
+    assert!(t.get("control_plane_files").is_none());
+
+    let (status, again) = ticket(svc.port(), &pki.cluster, &node).unwrap();
+    assert_eq!(
+        (status, again["code"].as_str()),
+        (409, Some("already_issued")),
+        "{again}"
+    );
+    // Durable: a restarted service refuses too.
+    svc.stop().assert_ok();
+    svc.start();
+    let (status, again) = ticket(svc.port(), &pki.cluster, &node).unwrap();
+    assert_eq!(
+        (status, again["code"].as_str()),
+        (409, Some("already_issued")),
+        "{again}"
+    );
+    // Another identity with the same name is another node; a certificate from outside the
+    // node-provisioning CA gets nothing.
+    let (status, _) = ticket(
+        svc.port(),
+        &pki.cluster,
+        &both_ways(&pki.nodes, "node-a", None),
+    )
+    .unwrap();
+    assert_eq!(status, 200);
+    let outsider = Ca::new("outsider");
+    assert!(ticket(
+        svc.port(),
+        &pki.cluster,
+        &both_ways(&outsider, "node-b", None)
+    )
+    .is_err());
+    assert_eq!(
+        calls(&svc.bin).len(),
+        2,
+        "one token per ticket issued, none for refusals"
+    );
+    let log = svc.stop();
+    assert!(
+        log.stderr.contains("already got a ticket"),
+        "{}",
+        log.stderr
+    );
+    assert_no_secrets("join-service's log", &log.stderr);
+    let _ = std::fs::remove_dir_all(&svc.dir);
+}
+
+#[test]
+fn stop_waits_for_an_init_in_flight() {
+    let pki = Pki::new();
+    let node = Node::new(&pki, "stop", None);
+    write(&node.bin.join("sleep-init"), "3");
+    let (mut act, client) = init_in_flight(&pki, &node);
+    act.sigterm();
+    act.wait_for(
+        "stop signal: stopping once any init in flight has finished",
+        10,
+    );
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(act.running(), "stopped while kubeadm init was running");
+    client.wait(60).assert_ok();
+    let run = act.wait(30);
+    run.assert_ok();
+    assert!(
+        run.stdout
+            .contains("activate done role=control-plane via=init"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(node.state().unwrap()["state"], "done");
+}
+
+#[test]
+fn bad_inputs_are_configuration_errors_naming_the_file() {
+    let pki = Pki::new();
+    let node = Node::new(&pki, "inputs", None);
+    std::fs::remove_file(node.root.join("etc/nodestrap/activate/admin-ca.crt")).unwrap();
+    node.activate(&[]).wait(30).assert_fails(2, "--admin-ca ");
+    write(
+        &node.root.join("etc/nodestrap/activate/admin-ca.crt"),
+        &pki.admin.pem,
+    );
+    write(
+        &node.root.join("etc/nodestrap/activate/init-secret.hash"),
+        "sha256:abc\n",
+    );
+    node.activate(&[])
+        .wait(30)
+        .assert_fails(2, "init-secret.hash: not four $-separated fields");
+    node.activate(&["http://127.0.0.1:1".into()])
+        .wait(30)
+        .assert_fails(2, "--join-endpoints \"http://127.0.0.1:1\"");
+    assert!(node.state().is_none());
+}
