@@ -564,12 +564,7 @@ fn init_wins() {
     let admin = Admin::new(&pki, None);
     let r = admin.init(act.port());
     r.assert_ok();
-    assert!(
-        r.stdout
-            .contains("nodestrap: init-cluster done cluster=demo"),
-        "{}",
-        r.stdout
-    );
+    says(&r, "nodestrap: init-cluster done cluster=demo");
     // The kubeconfig the stand-in kubeadm wrote, now on the admin's side, 0600.
     let conf = admin.dir.join("admin.conf");
     assert!(read(&conf).contains("admin of the stand-in cluster"));
@@ -579,11 +574,9 @@ fn init_wins() {
     );
     let run = act.wait(30);
     run.assert_ok();
-    assert!(
-        run.stdout
-            .contains("nodestrap: activate done role=control-plane via=init cluster=demo"),
-        "{}",
-        run.stdout
+    says(
+        &run,
+        "nodestrap: activate done role=control-plane via=init cluster=demo",
     );
     // kubeadm init once, with a config file and without printing its token; from an empty
     // manifests folder; the temp config gone afterwards.
@@ -649,12 +642,7 @@ fn join_wins_as_worker() {
     let node = Node::new(&pki, "join-worker", None);
     let run = node.activate(&[svc.url()]).wait(60);
     run.assert_ok();
-    assert!(
-        run.stdout
-            .contains("activate done role=worker via=join cluster=demo"),
-        "{}",
-        run.stdout
-    );
+    says(&run, "activate done role=worker via=join cluster=demo");
     let c = node.calls();
     let cfg_path = node.root.join("run/nodestrap/kubeadm-join.yaml");
     assert_eq!(
@@ -707,11 +695,7 @@ fn join_wins_as_control_plane() {
     let node = Node::new(&pki, "join-cp", Some("nodestrap:control-plane"));
     let run = node.activate(&[svc.url()]).wait(60);
     run.assert_ok();
-    assert!(
-        run.stdout.contains("role=control-plane via=join"),
-        "{}",
-        run.stdout
-    );
+    says(&run, "role=control-plane via=join");
     let pki_dir = node.root.join("etc/kubernetes/pki");
     for name in CP_FILES {
         let p = pki_dir.join(name);
@@ -973,6 +957,15 @@ fn kubeadm_join_is_tried_three_times_then_fatal() {
     assert_no_secrets("activate's log", &run.stderr);
 }
 
+/// The run's stdout (its summary line) contains `needle`.
+fn says(run: &Run, needle: &str) {
+    assert!(
+        run.stdout.contains(needle),
+        "stdout lacks {needle:?}:\n{}",
+        run.stdout
+    );
+}
+
 trait Lines {
     fn count_lines(&self, needle: &str) -> usize;
 }
@@ -1126,12 +1119,7 @@ fn stop_waits_for_an_init_in_flight() {
     client.wait(60).assert_ok();
     let run = act.wait(30);
     run.assert_ok();
-    assert!(
-        run.stdout
-            .contains("activate done role=control-plane via=init"),
-        "{}",
-        run.stdout
-    );
+    says(&run, "activate done role=control-plane via=init");
     assert_eq!(node.state().unwrap()["state"], "done");
 }
 
