@@ -14,7 +14,7 @@ arm=$(sed -n 's/^aarch64-unknown-linux-musl=//p' <<<"$builds")
 # qemu-user (NODESTRAP_RUNNER), so its board fallback and syscalls are exercised, not only built.
 NODESTRAP_BIN=$x86 cargo test --locked
 NODESTRAP_BIN=$arm NODESTRAP_RUNNER=${NODESTRAP_RUNNER_ARM64:-/usr/local/lib/nodestrap-ci/qemu-aarch64} \
-  cargo test --locked --test bootstrap --test hook --test activate
+  cargo test --locked --test bootstrap --test hook --test activate --test reprovision
 # The Ignition configs through real ignition-validate, the in-cluster manifests' consistency,
 # then every QEMU scenario against this
 # binary (qemu/build runs systemd-analyze verify on every unit).
