@@ -103,13 +103,11 @@ impl World {
     }
 
     fn path(&self, node_path: &str) -> PathBuf {
-        self.root.join(node_path.trim_start_matches('/'))
+        under(&self.root, node_path)
     }
 
     fn write(&self, node_path: &str, content: &str) {
-        let p = self.path(node_path);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, content).unwrap();
+        write_under(&self.root, node_path, content);
     }
 
     fn read(&self, node_path: &str) -> Option<String> {

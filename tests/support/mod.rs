@@ -50,6 +50,18 @@ pub fn unique_dir(tag: &str) -> PathBuf {
     p
 }
 
+/// A node path under a test root.
+pub fn under(root: &Path, node_path: &str) -> PathBuf {
+    root.join(node_path.trim_start_matches('/'))
+}
+
+/// Write a node file under a test root, making its folders.
+pub fn write_under(root: &Path, node_path: &str, content: &str) {
+    let p = under(root, node_path);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, content).unwrap();
+}
+
 // ---------------------------------------------------------------------------------------------
 // PKI
 
