@@ -97,8 +97,12 @@ class Release(Base):
             return self.send(404, b"not found\n", "text/plain")
         if not self.bearer(progress_token):
             return self.send(401, b"missing or wrong token\n", "text/plain")
+        try:
+            event = json.loads(body)
+        except ValueError:
+            return self.send(400, b"not JSON\n", "text/plain")
         with log_lock, open(a.progress_log, "a") as f:
-            f.write(json.dumps(json.loads(body)) + "\n")
+            f.write(json.dumps(event) + "\n")
         self.send(200, b"{}", "application/json")
 
 
@@ -125,13 +129,17 @@ class Api(Base):
             return self.status(404, "NotFound", "the server could not find the requested resource")
         if self.headers.get("Content-Type") != "application/merge-patch+json":
             return self.status(415, "UnsupportedMediaType", "expected a merge patch")
-        patch = json.loads(body)
+        try:
+            patch = json.loads(body)
+        except ValueError:
+            return self.status(400, "BadRequest", "the patch is not JSON")
         log("api PATCH-BODY %s %s" % (self.path, json.dumps(patch, sort_keys=True)))
-        for k, v in patch.get("metadata", {}).get("labels", {}).items():
-            if v is None:
-                nodes[parts[3]].pop(k, None)
-            else:
-                nodes[parts[3]][k] = v
+        with log_lock:  # handlers run in threads
+            for k, v in patch.get("metadata", {}).get("labels", {}).items():
+                if v is None:
+                    nodes[parts[3]].pop(k, None)
+                else:
+                    nodes[parts[3]][k] = v
         self.node(parts[3])
 
     def do_GET(self):

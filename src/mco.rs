@@ -206,16 +206,7 @@ pub fn rendered(cfg: &Value, src: &str) -> Result<Rendered> {
 
 /// A Kubernetes object name (DNS subdomain), as MachineConfig names are.
 fn check_name(name: &str, src: &str, path: &str) -> Result<String> {
-    let ok = !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|l| {
-            !l.is_empty()
-                && l.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-        });
-    if ok {
+    if crate::hook::dns_subdomain(name) {
         Ok(name.to_string())
     } else {
         Err(Error::failed(format!(

@@ -1,6 +1,7 @@
-//! The one way to reboot the node. Everything that may reboot takes a `&dyn Rebooter`; only
-//! `for_run` can hand out the real one, and only for the host root with `--reboot auto` and no
-//! `--dry-run`. Tests and dry runs get one that only says what it would have done.
+//! The one way to reboot the node. Everything that may reboot takes a `&dyn Rebooter`; the real
+//! one comes only from `for_run` (the host root, `--reboot auto`, no `--dry-run`) or from
+//! `for_host_mount` (a pod told explicitly that its root is the host's, no `--dry-run`). Tests
+//! and dry runs get one that only says what it would have done.
 
 use std::time::Duration;
 

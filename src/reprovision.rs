@@ -290,6 +290,9 @@ fn setup(a: &Reprovision, need_node: bool) -> Result<Setup> {
     ] {
         crate::bootstrap::at_most(flag, v, max)?;
     }
+    if a.mcd_extract_command.split_whitespace().next().is_none() {
+        return Err(Error::config("--mcd-extract-command is empty"));
+    }
     if let Some(p) = &a.mcd_binary {
         if !p.is_file() {
             return Err(Error::config(format!(
@@ -703,7 +706,7 @@ pub fn run(a: &Reprovision) -> Result<()> {
     // (`done`, and a hand-off followed by a reboot, returned above.)
     let resume = flow == Flow::Rhel && prev.is_some();
     let mut rendered = prev.as_ref().and_then(|p| p.config.clone());
-    let mut mco_image = None;
+    let mut mcd = None;
 
     if !resume {
         // 2. Preflight: every dependency answers, or nothing is changed.
@@ -727,12 +730,14 @@ pub fn run(a: &Reprovision) -> Result<()> {
         );
 
         // 3 and 4. Fetch, then configure.
-        if let Some(c) = &config {
-            mco_image = mco::mco_image(c);
-        }
         let r = match flow {
-            Flow::Rhcos => rhcos_configure(a, &s, &progress, config.expect("rhcos preflight")),
-            Flow::Rhel => rhel_configure(a, &s, &node, &progress),
+            Flow::Rhcos => rhcos_configure(a, &s, &progress, config.expect("rhcos preflight")).map(
+                |(name, bin)| {
+                    mcd = bin;
+                    Some(name)
+                },
+            ),
+            Flow::Rhel => rhel_configure(a, &s, &node, &progress).map(|()| None),
         };
         rendered = match r {
             Ok(r) => r,
@@ -793,7 +798,7 @@ pub fn run(a: &Reprovision) -> Result<()> {
         "handing the node over to its new configuration",
     );
     let r = match flow {
-        Flow::Rhcos => run_mcd(a, &work, mco_image.as_deref()),
+        Flow::Rhcos => run_mcd(a, &mcd.expect("rhcos_configure found or extracted it")),
         Flow::Rhel => {
             let rebooter = rebooter(a, &s.root);
             progress.report(
@@ -888,14 +893,16 @@ fn hold_sigterm() {
 
 // RHCOS --------------------------------------------------------------------------------------
 
-/// Steps 3 and 4 for RHCOS: complete the fetched config and persist it as the MachineConfig
-/// the MCD reads. Returns the rendered config's name.
+/// Steps 3 and 4 for RHCOS: complete the fetched config, get the MCD (before anything on the
+/// Node changes: a failed extraction must leave the label for a retry), and persist the config
+/// as the MachineConfig the MCD reads. Returns the rendered config's name and the MCD (none in
+/// a dry run).
 fn rhcos_configure(
     a: &Reprovision,
     s: &Setup,
     progress: &Reporter,
     mut cfg: Value,
-) -> Result<Option<String>> {
+) -> Result<(String, Option<PathBuf>)> {
     let src = &s.secrets.url;
     progress.report("fetch", "started", "Ignition config");
     let r = mco::rendered(&cfg, src);
@@ -918,16 +925,18 @@ fn rhcos_configure(
         &format!("Ignition spec {} for {}", mco::version(&cfg), r.name),
     );
 
-    if a.mcd_binary.is_none() {
-        match mco::mco_image(&cfg) {
-            Some(i) => log::info!("machine-config-daemon comes from {i} (named by the config's MCD units)"),
-            None => {
-                return Err(Error::failed(format!(
-                    "{src}: no machine-config-operator image in its machine-config-daemon units to take machine-config-daemon from; give --mcd-binary"
-                )))
-            }
+    let image = match (&a.mcd_binary, mco::mco_image(&cfg)) {
+        (Some(_), _) => None,
+        (None, Some(i)) => {
+            log::info!("machine-config-daemon comes from {i} (named by the config's MCD units)");
+            Some(i)
         }
-    }
+        (None, None) => {
+            return Err(Error::failed(format!(
+                "{src}: no machine-config-operator image in its machine-config-daemon units to take machine-config-daemon from; give --mcd-binary"
+            )))
+        }
+    };
     progress.report("configure", "started", &r.name);
     let (kubeconfig, from) = match &s.secrets.kubeconfig {
         Some(k) => (k.clone(), "the Secret's kubeconfig".to_string()),
@@ -952,6 +961,7 @@ fn rhcos_configure(
     mco::remove_file(&mut cfg, mco::ENCAPSULATED);
     let mc = mco::machine_config(&r, &cfg);
     let data = serde_json::to_vec(&mc).expect("serialisable");
+    let mut mcd = None;
     if a.dry_run {
         log::info!(
             "dry run: would write {} ({} bytes) and run machine-config-daemon",
@@ -959,6 +969,11 @@ fn rhcos_configure(
             data.len()
         );
     } else {
+        mcd = Some(match (&a.mcd_binary, image) {
+            (Some(p), _) => p.clone(),
+            (None, Some(image)) => extract_mcd(a, &work_dir(&s.root)?, &image)?,
+            (None, None) => unreachable!("checked above"),
+        });
         // 0600: it carries the kubeconfig.
         s.root.write_atomic(mco::ENCAPSULATED, &data, 0o600)?;
         log::info!(
@@ -973,17 +988,12 @@ fn rhcos_configure(
         "succeeded",
         &format!("MachineConfig {} persisted", r.name),
     );
-    Ok(Some(r.name))
+    Ok((r.name, mcd))
 }
 
 /// Step 6 for RHCOS: `machine-config-daemon firstboot-complete-machineconfig`, which applies the
 /// MachineConfig and reboots the node itself.
-fn run_mcd(a: &Reprovision, work: &Dir, image: Option<&str>) -> Result<()> {
-    let mcd = match (&a.mcd_binary, image) {
-        (Some(p), _) => p.clone(),
-        (None, Some(image)) => extract_mcd(a, work, image)?,
-        (None, None) => unreachable!("rhcos_configure checked"),
-    };
+fn run_mcd(a: &Reprovision, mcd: &Path) -> Result<()> {
     let root = a.root.to_string_lossy().into_owned();
     log::info!(
         "running {} firstboot-complete-machineconfig --root-mount {root}",
@@ -991,7 +1001,7 @@ fn run_mcd(a: &Reprovision, work: &Dir, image: Option<&str>) -> Result<()> {
     );
     runscript::run(
         &Script {
-            program: mcd.clone(),
+            program: mcd.to_path_buf(),
             args: vec![
                 "firstboot-complete-machineconfig".into(),
                 "--root-mount".into(),
@@ -1013,11 +1023,7 @@ fn run_mcd(a: &Reprovision, work: &Dir, image: Option<&str>) -> Result<()> {
 fn extract_mcd(a: &Reprovision, work: &Dir, image: &str) -> Result<PathBuf> {
     work.remove_dir_tree(MCD_DIR)?;
     work.create_private_dir(MCD_DIR)?;
-    let dir = format!(
-        "{}{}/{MCD_DIR}",
-        a.root.display().to_string().trim_end_matches('/'),
-        WORK
-    );
+    let dir = work.host_path(MCD_DIR)?.to_string_lossy().into_owned();
     let root = a.root.to_string_lossy().trim_end_matches('/').to_string();
     let words: Vec<String> = a
         .mcd_extract_command
@@ -1028,9 +1034,7 @@ fn extract_mcd(a: &Reprovision, work: &Dir, image: &str) -> Result<PathBuf> {
                 .replace("{root}", &root)
         })
         .collect();
-    let Some((program, args)) = words.split_first() else {
-        return Err(Error::config("--mcd-extract-command is empty"));
-    };
+    let (program, args) = words.split_first().expect("setup checked it is not empty");
     log::info!("extracting machine-config-daemon from {image} with {program}");
     runscript::run(
         &Script {
@@ -1072,12 +1076,7 @@ fn base_env() -> Vec<(String, String)> {
 
 /// Steps 3 and 4 for RHEL: download and verify the payload, unpack it into a private folder,
 /// run its entry script.
-fn rhel_configure(
-    a: &Reprovision,
-    s: &Setup,
-    node: &str,
-    progress: &Reporter,
-) -> Result<Option<String>> {
+fn rhel_configure(a: &Reprovision, s: &Setup, node: &str, progress: &Reporter) -> Result<()> {
     let (worker, cluster, region) = s.secrets.ids.clone().expect("rhel ids");
     if a.dry_run {
         log::info!(
@@ -1085,7 +1084,7 @@ fn rhel_configure(
             s.root.show(WORK),
             a.payload_entry
         );
-        return Ok(None);
+        return Ok(());
     }
     let work = work_dir(&s.root)?;
     // A folder left by a crashed run goes first: it is unpacked afresh.
@@ -1136,7 +1135,7 @@ fn rhel_configure(
         "succeeded",
         &format!("{} exited 0", a.payload_entry),
     );
-    Ok(None)
+    Ok(())
 }
 
 fn unpack_and_run(
@@ -1163,11 +1162,7 @@ fn unpack_and_run(
         sum.hardlinks,
         sum.bytes
     );
-    let dir = PathBuf::from(format!(
-        "{}{}/{PAYLOAD_DIR}",
-        a.root.to_string_lossy().trim_end_matches('/'),
-        WORK
-    ));
+    let dir = work.host_path(PAYLOAD_DIR)?;
     let entry = dir.join(&a.payload_entry);
     match std::fs::symlink_metadata(&entry) {
         Ok(m) if m.is_file() => {}

@@ -356,6 +356,24 @@ impl Dir {
         rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(mode)).with_ctx(|| self.shown.clone())
     }
 
+    /// The path under which the system we run on reaches `name` here, for programs we start
+    /// there; checked to be the very entry this handle sees, so a symlink on the way that leads
+    /// elsewhere is refused rather than followed.
+    pub fn host_path(&self, name: &str) -> Result<PathBuf> {
+        use std::os::unix::fs::MetadataExt;
+        let p = PathBuf::from(self.show(name));
+        let by_path = std::fs::metadata(&p).with_ctx(|| p.display())?;
+        let by_fd = rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW)
+            .with_ctx(|| self.show(name))?;
+        if (by_path.dev(), by_path.ino()) != (by_fd.st_dev as u64, by_fd.st_ino as u64) {
+            return Err(Error::failed(format!(
+                "{}: the path leads elsewhere than the root's own handle (a symlink on the way?)",
+                p.display()
+            )));
+        }
+        Ok(p)
+    }
+
     /// Open the regular file `name` in this directory for reading, never through a symlink.
     pub fn open(&self, name: &str) -> Result<File> {
         let fd = rustix::fs::openat(

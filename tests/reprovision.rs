@@ -6,7 +6,6 @@
 
 mod support;
 
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::Command;
@@ -161,13 +160,11 @@ impl World {
     }
 
     fn path(&self, node_path: &str) -> PathBuf {
-        self.root.join(node_path.trim_start_matches('/'))
+        under(&self.root, node_path)
     }
 
     fn write(&self, node_path: &str, content: &str) {
-        let p = self.path(node_path);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, content).unwrap();
+        write_under(&self.root, node_path, content);
     }
 
     /// Keys as a Secret volume lays them out: symlinks into a `..data` folder.
@@ -287,6 +284,9 @@ impl World {
         assert_eq!(self.mcd_runs(), 0);
         assert!(!self.rec.join("entry-ran").exists());
         assert!(!self.path("/var/lib/nodestrap/reprovision/payload").exists());
+        assert!(!self
+            .path("/var/lib/nodestrap/reprovision/payload.tar.gz")
+            .exists());
     }
 
     fn serve_payload(&self, tgz: Vec<u8>) {
@@ -480,6 +480,35 @@ fn rhcos_without_a_kubeconfig_key_uses_the_nodes_and_extracts_the_mcd() {
 }
 
 #[test]
+fn rhcos_failed_extraction_keeps_the_label() {
+    let mut w = World::new("rhcos");
+    w.extra.clear();
+    let extract = w.script(
+        "extract",
+        "echo 'oc: unauthorized: authentication required' >&2\nexit 1\n",
+    );
+    w.extra.push(format!(
+        "--mcd-extract-command={} {{image}} {{dir}}",
+        extract.display()
+    ));
+    let r = w.run("reprovision");
+    r.assert_fails(1, "mcd-extract: exited with status 1");
+    assert!(r.stderr.contains("oc: unauthorized"), "{}", r.stderr);
+    // The Node is unchanged, so the DaemonSet runs again; nothing was handed over.
+    assert!(w.label_patches().is_empty());
+    assert!(!w.path(ENCAPSULATED).exists());
+    assert!(w.state().is_none());
+    assert_eq!(w.mcd_runs(), 0);
+    assert_eq!(
+        w.events().last().unwrap(),
+        &("configure".to_string(), "failed".to_string())
+    );
+    w.extra.push("--mcd-extract-command= ".into());
+    w.run("reprovision")
+        .assert_fails(2, "--mcd-extract-command is empty");
+}
+
+#[test]
 fn rhcos_bad_inputs_change_nothing() {
     // Wrong token: 401 from the Ignition server.
     let w = World::new("rhcos");
@@ -578,19 +607,20 @@ fn tgz(entries: &[(&str, &[u8], u32)]) -> Vec<u8> {
     b.into_inner().unwrap().finish().unwrap()
 }
 
-fn with_symlink(name: &str, target: &str) -> Vec<u8> {
+/// The entry script first (so it is unpacked and would run), then a symlink.
+fn with_symlink(script: &str, name: &str, target: &str) -> Vec<u8> {
     let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     let mut b = tar::Builder::new(gz);
+    let mut h = tar::Header::new_gnu();
+    h.set_size(script.len() as u64);
+    h.set_mode(0o755);
+    b.append_data(&mut h, "bootstrap.sh", script.as_bytes())
+        .unwrap();
     let mut h = tar::Header::new_gnu();
     h.set_entry_type(tar::EntryType::Symlink);
     h.set_size(0);
     h.set_mode(0o777);
     b.append_link(&mut h, name, target).unwrap();
-    let mut h = tar::Header::new_gnu();
-    let script = b"#!/bin/sh\ntouch ran\n";
-    h.set_size(script.len() as u64);
-    h.set_mode(0o755);
-    b.append_data(&mut h, "bootstrap.sh", &script[..]).unwrap();
     b.into_inner().unwrap().finish().unwrap()
 }
 
@@ -742,8 +772,8 @@ fn rhel_refuses_unsafe_payloads_before_running_anything() {
         ),
         (
             "symlink-out",
-            Box::new(|_: &str| with_symlink("escape", "../../../../etc")),
-            "escape",
+            Box::new(|s: &str| with_symlink(s, "escape", "../../../../etc")),
+            "escape: symlink target ../../../../etc leaves the folder",
         ),
     ];
     for (name, make, why) in cases {
@@ -762,7 +792,9 @@ fn rhel_refuses_unsafe_payloads_before_running_anything() {
             "{name}"
         );
         assert!(
-            !w.root.join("../evil").exists() && !std::path::Path::new("/tmp/evil-abs").exists()
+            // Where `lib/../../../evil` from the payload folder would land, and the absolute one.
+            !w.path("/var/lib/nodestrap/evil").exists()
+                && !std::path::Path::new("/tmp/evil-abs").exists()
         );
         assert_eq!(
             w.events().last().unwrap(),
@@ -782,6 +814,31 @@ fn rhel_sha_mismatch_failing_and_hanging_scripts() {
     r.assert_fails(1, "preflight failed: payload");
     assert!(r.stderr.contains("hash mismatch"), "{}", r.stderr);
     w.assert_untouched();
+
+    // Right at preflight, other bytes at the download: refused there, nothing kept or run.
+    let w = World::new("rhel");
+    let rec = w.rec.display().to_string();
+    let good = tgz(&[("bootstrap.sh", b"#!/bin/sh\nexit 0\n", 0o755)]);
+    let other = tgz(&[(
+        "bootstrap.sh",
+        format!("#!/bin/sh\ntouch {rec}/entry-ran\n").as_bytes(),
+        0o755,
+    )]);
+    w.secret_key("payload-sha256", &sha256_hex(&good));
+    let path = format!("{PAYLOAD_PATH}{PAYLOAD_QUERY}");
+    w.ign.queue(&path, Reply::ok(good));
+    w.ign.set(&path, Reply::ok(other));
+    let r = w.run("reprovision");
+    r.assert_fails(1, "hash mismatch");
+    assert!(r.stderr.contains("payload-sha256 says"), "{}", r.stderr);
+    assert_eq!(w.ign.requests("GET", &path).len(), 2);
+    assert!(w.label_patches().is_empty() && w.state().is_none());
+    assert!(!w.rec.join("entry-ran").exists());
+    let work = w.path("/var/lib/nodestrap/reprovision");
+    let left: Vec<_> = std::fs::read_dir(&work)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left in {}: {left:?}", work.display());
 
     // The entry script fails: the run fails, the label stays.
     let w = World::new("rhel");
@@ -970,5 +1027,5 @@ fn dry_run_checks_and_fetches_but_changes_nothing() {
     assert!(r.stdout.contains("dry run"), "{}", r.stdout);
     w.assert_untouched();
     assert!(w.events().is_empty());
-    let _ = std::io::stdout().flush();
+    assert_eq!(w.ign.requests("GET", "/ignition").len(), 1, "fetched");
 }
