@@ -124,12 +124,9 @@ impl Root {
     pub fn remove(&self, node_path: &str) -> Result<()> {
         let (dir, name) = split_node_path(node_path)
             .ok_or_else(|| Error::config(format!("{node_path}: not a file path")))?;
-        let Some(d) = self.dir(dir, false)? else {
-            return Ok(());
-        };
-        match rustix::fs::unlinkat(&d.fd, name, AtFlags::empty()) {
-            Ok(()) | Err(rustix::io::Errno::NOENT) => d.fsync(),
-            Err(e) => Err(Error::from(e).context(format!("removing {}", self.show(node_path)))),
+        match self.dir(dir, false)? {
+            Some(d) => d.remove(name),
+            None => Ok(()),
         }
     }
 
@@ -390,7 +387,7 @@ impl Dir {
     pub fn remove(&self, name: &str) -> Result<()> {
         match rustix::fs::unlinkat(&self.fd, name, AtFlags::empty()) {
             Ok(()) | Err(rustix::io::Errno::NOENT) => self.fsync(),
-            Err(e) => Err(Error::from(e).context(self.show(name))),
+            Err(e) => Err(Error::from(e).context(format!("removing {}", self.show(name)))),
         }
     }
 
