@@ -6,8 +6,10 @@
 //! client (polls join services for a ticket, presenting the node's identity and trusting only
 //! the pinned cluster CA). Whichever has every input authenticated and validated first takes
 //! the node lock, whose `committed` marker is durable before anything changes on the node.
-//! Before the lock every error is answered or retried; after it every error is fatal: the
-//! marker goes to `reset`, the failure is reported (to the admin too), and the node reboots.
+//! Before the lock every error is answered or retried, and a racer that cannot go on ends the
+//! run with exit 1, the node still fresh, for systemd to start again; after it every error is
+//! fatal: the marker goes to `reset`, the failure is reported (to the admin too), and the node
+//! reboots.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
@@ -148,8 +150,8 @@ pub fn run(a: &Activate) -> Result<()> {
     //    in flight first, the join client stops between rounds.
     stop::catch_sigterm();
     let (init, join) = std::thread::scope(|s| {
-        let i = s.spawn(|| init_server(&ctx, &listener));
-        let j = s.spawn(|| join_client(&ctx));
+        let i = s.spawn(|| racer(&ctx, || init_server(&ctx, &listener)));
+        let j = s.spawn(|| racer(&ctx, || join_client(&ctx)));
         while !(i.is_finished() && j.is_finished()) {
             if stop::signalled() && !ctx.stop.requested() {
                 log::info!("stop signal: stopping once any init in flight has finished");
@@ -164,34 +166,72 @@ pub fn run(a: &Activate) -> Result<()> {
         )
     });
 
-    // 6. The verdict.
-    let (won, err) = match (init, join) {
-        (Err(e), _) | (_, Err(e)) => (None, Some(e)),
-        (Ok(Side::Won(r, via, c)), _) | (_, Ok(Side::Won(r, via, c))) => (Some((r, via, c)), None),
-        _ => (None, None),
+    // 6. The verdict. A win stands whatever the other side ended with (it never held the lock).
+    let mut won = None;
+    let mut errors = Vec::new();
+    for side in [init, join] {
+        match side {
+            Ok(Side::Won(role, via, cluster)) => won = Some((role, via, cluster)),
+            Ok(Side::Lost | Side::Stopped) => {}
+            Err(e) => errors.push(e),
+        }
+    }
+    let mut errors = errors.into_iter();
+    if let Some((role, via, cluster)) = won {
+        for e in errors {
+            log::warn!("the other side failed, after this node was activated: {e}");
+        }
+        println!(
+            "nodestrap: activate done role={} via={via} cluster={cluster}",
+            role.as_str()
+        );
+        return Ok(());
+    }
+    let Some(e) = errors.next() else {
+        log::info!("stopped before activation: the node is still fresh");
+        println!("nodestrap: activate stopped; node still fresh");
+        return Ok(());
     };
-    if let Some(e) = err {
-        println!("nodestrap: activate failed after the node lock; the node must be reprovisioned");
-        log::error!("activation failed past the point of no return: {e}");
-        let why = "activation failed after the node lock (node state reset)";
-        return match rebooter.reboot(why) {
-            Ok(()) => Err(e),
-            Err(r) => Err(e.context(format!("and the reboot failed ({r})"))),
-        };
+    for other in errors {
+        log::error!("the other side failed too: {other}");
     }
-    match won {
-        Some((role, via, cluster)) => {
-            println!(
-                "nodestrap: activate done role={} via={via} cluster={cluster}",
-                role.as_str()
-            );
-        }
-        None => {
-            log::info!("stopped before activation: the node is still fresh");
-            println!("nodestrap: activate stopped; node still fresh");
+    if !ctx.lock.is_taken() {
+        // Nothing on the node changed: exit 1, and systemd starts a fresh attempt.
+        println!("nodestrap: activate failed before the node lock; node still fresh");
+        return Err(e);
+    }
+    // Past the lock. A racer that panicked there never recorded the reset.
+    if ctx.lock.state() != Some(State::Reset) {
+        if let Err(r) = ctx.lock.reset(&e.to_string()) {
+            log::error!("could not record the reset: {r}");
         }
     }
-    Ok(())
+    println!("nodestrap: activate failed after the node lock; the node must be reprovisioned");
+    // The error itself is logged once, by the caller, with the exit code.
+    let why = "activation failed after the node lock (node state reset)";
+    match rebooter.reboot(why) {
+        Ok(()) => Err(e),
+        Err(r) => Err(e.context(format!("and the reboot failed ({r})"))),
+    }
+}
+
+/// Run one racer. When it fails or panics the other one is asked to stop too (between
+/// requests or rounds: work under the lock always finishes), so the process ends and reports.
+fn racer(ctx: &Ctx, f: impl FnOnce() -> Result<Side>) -> Result<Side> {
+    struct OnPanic<'a>(&'a Stop);
+    impl Drop for OnPanic<'_> {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                self.0.request();
+            }
+        }
+    }
+    let _guard = OnPanic(&ctx.stop);
+    let r = f();
+    if r.is_err() {
+        ctx.stop.request();
+    }
+    r
 }
 
 impl<'a> Ctx<'a> {
@@ -284,6 +324,8 @@ fn init_server(ctx: &Ctx, listener: &TcpListener) -> Result<Side> {
 }
 
 fn answer(s: &mut mtls::ServerStream, who: &str, status: u16, body: serde_json::Value) {
+    // kubeadm init may have run since the request: the answer gets a full time limit.
+    s.sock.restart();
     if let Err(e) = mtls::respond(s, status, &body) {
         log::warn!("init server: answering {who}: {e}");
     }
@@ -325,7 +367,6 @@ fn init_conn(ctx: &Ctx, tcp: TcpStream, addr: SocketAddr) -> Conn {
     }
     // 6. kubeadm init; 7. done, then the answer (a lost answer does not undo a cluster). Any
     //    failure from the lock on is fatal, and answered with the tail of kubeadm's output.
-    let plain = |e: Error| (e, String::new());
     let result = locked.map_err(plain).and_then(|_| {
         let kubeconfig = init_cluster(ctx, &body)?;
         let ca_hash = ctx
@@ -389,7 +430,6 @@ fn init_request(
 /// `kubeadm init` from a fresh manifests folder; the admin kubeconfig it wrote. On failure,
 /// the error and the tail of kubeadm's output.
 fn init_cluster(ctx: &Ctx, r: &InitRequest) -> std::result::Result<String, (Error, String)> {
-    let plain = |e: Error| (e, String::new());
     reset_manifests(ctx.root).map_err(plain)?;
     let config = kubeadm::init_config(&InitSpec {
         cluster_name: &r.cluster_name,
@@ -415,7 +455,7 @@ fn init_cluster(ctx: &Ctx, r: &InitRequest) -> std::result::Result<String, (Erro
         r.kubernetes_version
     );
     let ran = kubeadm::run(&argv, Duration::from_secs(ctx.a.kubeadm_timeout));
-    let _ = ctx.root.remove(INIT_CONFIG);
+    remove_or_warn(ctx.root, INIT_CONFIG, "a kubeadm config");
     let ran = ran.map_err(plain)?;
     if !ran.ok {
         return Err((
@@ -435,6 +475,21 @@ fn init_cluster(ctx: &Ctx, r: &InitRequest) -> std::result::Result<String, (Erro
             )))
         })?;
     Ok(conf)
+}
+
+/// An error without kubeadm output to go with it.
+fn plain(e: Error) -> (Error, String) {
+    (e, String::new())
+}
+
+/// Remove a file we wrote for kubeadm; failing that, say so (`what` it holds) and go on.
+fn remove_or_warn(root: &Root, node_path: &str, what: &str) {
+    if let Err(e) = root.remove(node_path) {
+        log::warn!(
+            "{}: could not remove it, and it holds {what}: {e}",
+            root.show(node_path)
+        );
+    }
 }
 
 /// An empty manifests folder: what a previous attempt left must not confuse kubeadm.
@@ -530,16 +585,36 @@ fn join_with(ctx: &Ctx, ep: &Endpoint, t: Ticket) -> Result<Side> {
 }
 
 /// Join steps 2 to 4: control-plane keys into place; the JoinConfiguration; `kubeadm join`, up to
-/// `--join-attempts` times within `--join-budget`, from a fresh manifests folder each time.
+/// `--join-attempts` times within `--join-budget`, from a fresh manifests folder each time. A
+/// join that fails for good takes the ticket's files away again: the cluster CA keys must not
+/// stay on a node that is being given up.
 fn join_cluster(ctx: &Ctx, t: &Ticket) -> Result<()> {
+    let mut written = Vec::new();
+    let r = place_and_join(ctx, t, &mut written);
+    if r.is_err() && !written.is_empty() {
+        for p in &written {
+            remove_or_warn(ctx.root, p, "a cluster key or certificate from the ticket");
+        }
+        log::info!(
+            "join failed: removed the {} control-plane files of the ticket from {}",
+            written.len(),
+            ctx.root.show(PKI)
+        );
+    }
+    r
+}
+
+fn place_and_join(ctx: &Ctx, t: &Ticket, written: &mut Vec<String>) -> Result<()> {
     for f in &t.control_plane_files {
         let mode = if f.name.ends_with(".key") {
             0o600
         } else {
             0o644
         };
-        ctx.root
-            .write_atomic(&format!("{PKI}/{}", f.name), f.data.as_bytes(), mode)?;
+        let p = format!("{PKI}/{}", f.name);
+        // Listed before the write, which can fail after its rename (syncing the folder).
+        written.push(p.clone());
+        ctx.root.write_atomic(&p, f.data.as_bytes(), mode)?;
     }
     if !t.control_plane_files.is_empty() {
         log::info!(
@@ -558,7 +633,7 @@ fn join_cluster(ctx: &Ctx, t: &Ticket) -> Result<()> {
     ctx.root
         .write_atomic(JOIN_CONFIG, config.as_bytes(), 0o600)?;
     let r = join_attempts(ctx, t);
-    let _ = ctx.root.remove(JOIN_CONFIG);
+    remove_or_warn(ctx.root, JOIN_CONFIG, "the bootstrap token");
     r
 }
 
@@ -592,7 +667,7 @@ fn join_attempts(ctx: &Ctx, t: &Ticket) -> Result<()> {
                 log::info!("kubeadm join succeeded");
                 return Ok(());
             }
-            Ok(r) => format!("{}: {}", r.status, last_lines(&r.tail, 3)),
+            Ok(r) => format!("{}: {}", r.status, kubeadm::last_lines(&r.tail, 3)),
             Err(e) => e.to_string(),
         };
         log::warn!(
@@ -604,11 +679,6 @@ fn join_attempts(ctx: &Ctx, t: &Ticket) -> Result<()> {
         "kubeadm join failed {n} times within {} s: {last}",
         budget.as_secs()
     )))
-}
-
-fn last_lines(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    lines[lines.len().saturating_sub(n)..].join(" | ")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -625,7 +695,7 @@ fn ensure_kubelet(a: &Activate, root: &Root) -> Result<()> {
                 return Err(Error::failed(format!(
                     "--kubelet-command: {}: {}",
                     r.status,
-                    last_lines(&r.tail, 3)
+                    kubeadm::last_lines(&r.tail, 3)
                 )));
             }
             log::info!("kubelet started by --kubelet-command");

@@ -10,7 +10,7 @@ use crate::cli::InitCluster;
 use crate::error::{Error, Result};
 use crate::mtls::{self, CallError, Endpoint, Identity};
 use crate::root::{read_host_file, Root};
-use crate::wire::{InitRequest, INIT_PATH};
+use crate::wire::{self, InitRequest, INIT_PATH};
 
 /// Pause between tries while the node cannot be reached.
 const RETRY: Duration = Duration::from_secs(3);
@@ -18,6 +18,10 @@ const RETRY: Duration = Duration::from_secs(3);
 pub fn run(a: &InitCluster) -> Result<()> {
     // 1. Options and the request, checked as the node will check them.
     let ep = Endpoint::parse(&a.endpoint, "--endpoint")?;
+    // Zero would leave no time for the answer (and as a socket timeout means none at all).
+    if a.timeout == 0 {
+        return Err(Error::config("--timeout 0: must be at least 1"));
+    }
     let secret = read_host_file(&a.secret_file, 4096, "--secret-file")?;
     let secret = String::from_utf8(secret)
         .map_err(|_| {
@@ -49,7 +53,7 @@ pub fn run(a: &InitCluster) -> Result<()> {
         init_secret: secret,
     };
     req.validate()
-        .map_err(|m| Error::config(format!("--{}", m.replace('_', "-"))))?;
+        .map_err(|m| Error::config(wire::as_flag(&m)))?;
     let out = absolute(&a.out)?;
     let host = |p: &PathBuf, flag: &str| read_host_file(p, 1 << 20, flag);
     let id = Identity {

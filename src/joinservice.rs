@@ -5,8 +5,11 @@
 //! most one ticket, ever: the record is written durably before the ticket leaves. Tokens and
 //! keys are never logged.
 
+use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
 
 use crate::cli::JoinService;
 use crate::error::{Error, Result};
@@ -18,12 +21,36 @@ use crate::stop;
 use crate::wire::{self, File, Ticket, CONTROL_PLANE_FILES, TICKET_PATH};
 
 /// The certificate organisation that makes a node a control plane.
-pub const CONTROL_PLANE_ORG: &str = "nodestrap:control-plane";
+const CONTROL_PLANE_ORG: &str = "nodestrap:control-plane";
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Who got a ticket, by identity (`sha256:<hex>` of the node's public key):
-/// `{"issued": {IDENTITY: {"node": CN, "role": ROLE, "at": UNIX_SECONDS}}}`.
-type Issued = serde_json::Map<String, serde_json::Value>;
+/// The ticket record: who got a ticket, by identity (`sha256:<hex>` of the node's public key):
+/// `{"issued": {IDENTITY: {"node": CN, "role": ROLE, "at": UNIX_SECONDS}}}`. Read strictly: a
+/// record that loses an entry would let that node get a second ticket.
+#[derive(Serialize, Deserialize, Debug, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct Record {
+    issued: Issued,
+}
+
+type Issued = BTreeMap<String, IssuedTo>;
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct IssuedTo {
+    /// The certificate's common name.
+    node: String,
+    role: Role,
+    /// Unix seconds.
+    at: u64,
+}
+
+/// The record file's text (`name` for messages); any flaw is an error, never an empty record.
+fn parse_record(text: &str, name: &str) -> Result<Issued> {
+    serde_json::from_str::<Record>(text)
+        .map(|r| r.issued)
+        .map_err(|e| Error::failed(format!("{name}: not a ticket record: {e}")))
+}
 
 struct Svc<'a> {
     a: &'a JoinService,
@@ -46,8 +73,7 @@ pub fn run(a: &JoinService) -> Result<()> {
             a.api_server_endpoint
         )));
     }
-    wire::check_cluster_name(&a.cluster_name)
-        .map_err(|m| Error::config(format!("--{}", m.replace('_', "-"))))?;
+    wire::check_cluster_name(&a.cluster_name).map_err(|m| Error::config(wire::as_flag(&m)))?;
     if let Some(v) = a
         .kubernetes_version
         .as_deref()
@@ -76,18 +102,7 @@ pub fn run(a: &JoinService) -> Result<()> {
         ))
     })?;
     let issued = match root.read_text(&a.state)? {
-        Some(t) => match serde_json::from_str::<serde_json::Value>(&t) {
-            Ok(serde_json::Value::Object(mut o)) => match o.remove("issued") {
-                Some(serde_json::Value::Object(m)) => m,
-                _ => Issued::new(),
-            },
-            Ok(_) | Err(_) => {
-                return Err(Error::failed(format!(
-                    "{}: not a ticket record",
-                    show(&a.state)
-                )))
-            }
-        },
+        Some(t) => parse_record(&t, &show(&a.state))?,
         None => Issued::new(),
     };
     log::info!(
@@ -157,6 +172,8 @@ impl Svc<'_> {
                 }
             },
         };
+        // The token command had its own time limit: the answer gets a full one.
+        s.sock.restart();
         if let Err(e) = mtls::respond(&mut s, status, &body) {
             log::warn!("{who}: answering: {e}");
         }
@@ -175,8 +192,8 @@ impl Svc<'_> {
                 409,
                 "already_issued",
                 format!(
-                    "this node identity already got a ticket (as {} at {}); refused",
-                    r["node"], r["at"]
+                    "this node identity already got a ticket (as {:?} at {}); refused",
+                    r.node, r.at
                 ),
             ));
         }
@@ -205,7 +222,11 @@ impl Svc<'_> {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let record = serde_json::json!({"node": peer.cn, "role": role.as_str(), "at": at});
+        let record = IssuedTo {
+            node: peer.cn.clone(),
+            role,
+            at,
+        };
         self.issued.insert(peer.spki.clone(), record);
         if let Err(e) = self.save() {
             self.issued.remove(&peer.spki);
@@ -232,11 +253,10 @@ impl Svc<'_> {
         let r = kubeadm::run(&self.token_cmd, Duration::from_secs(self.a.token_timeout))
             .map_err(|e| e.context("--token-command"))?;
         if !r.ok {
-            let tail: Vec<&str> = r.tail.lines().filter(|l| !l.trim().is_empty()).collect();
             return Err(Error::failed(format!(
                 "--token-command {}: {}",
                 r.status,
-                tail[tail.len().saturating_sub(3)..].join(" | ")
+                kubeadm::last_lines(&r.tail, 3)
             )));
         }
         let out = String::from_utf8_lossy(&r.stdout);
@@ -256,8 +276,63 @@ impl Svc<'_> {
     }
 
     fn save(&self) -> Result<()> {
-        let mut text = serde_json::to_vec_pretty(&serde_json::json!({"issued": self.issued}))?;
+        let mut text = serde_json::to_vec_pretty(&Record {
+            issued: self.issued.clone(),
+        })?;
         text.push(b'\n');
         self.root.write_atomic(&self.a.state, &text, 0o644)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticket_record_is_read_strictly() {
+        let good = r#"{"issued": {"sha256:ab": {"node": "n1", "role": "control-plane", "at": 7}}}"#;
+        let issued = parse_record(good, "/x/issued.json").unwrap();
+        assert_eq!(
+            issued["sha256:ab"],
+            IssuedTo {
+                node: "n1".into(),
+                role: Role::ControlPlane,
+                at: 7
+            }
+        );
+        // What save writes reads back the same.
+        let text = serde_json::to_string(&Record {
+            issued: issued.clone(),
+        })
+        .unwrap();
+        assert_eq!(parse_record(&text, "x").unwrap(), issued);
+        assert!(parse_record(r#"{"issued": {}}"#, "x").unwrap().is_empty());
+        // Valid JSON that is not a full record: an error naming the file and serde's reason,
+        // never an empty record (which would hand out second tickets).
+        for (bad, why) in [
+            ("{}", "missing field `issued`"),
+            (r#"{"issued": []}"#, "invalid type"),
+            (
+                r#"{"issued": {"sha256:ab": {"node": "n1"}}}"#,
+                "missing field `role`",
+            ),
+            (
+                r#"{"issued": {"sha256:ab": {"node": "n1", "role": "boss", "at": 1}}}"#,
+                "unknown variant `boss`",
+            ),
+            (
+                r#"{"issued": {}, "issuedd": {"sha256:ab": {}}}"#,
+                "unknown field `issuedd`",
+            ),
+            ("[]", "expected struct Record"),
+            ("", "EOF"),
+        ] {
+            let e = parse_record(bad, "/var/lib/x/issued.json").unwrap_err();
+            let m = e.to_string();
+            assert!(
+                m.starts_with("/var/lib/x/issued.json: not a ticket record: ") && m.contains(why),
+                "{bad}: {m}"
+            );
+        }
     }
 }

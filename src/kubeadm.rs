@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::nodelock::Role;
 
 /// How much of a command's output is kept (its end).
-pub const TAIL: usize = 16 << 10;
+const TAIL: usize = 16 << 10;
 
 #[derive(Debug)]
 pub struct Ran {
@@ -175,6 +175,13 @@ pub fn argv(cmd: &str, flag: &str) -> Result<Vec<String>> {
         return Err(Error::config(format!("{flag}: empty command")));
     }
     Ok(v)
+}
+
+/// The last `n` non-empty lines of a command's output tail, on one line: enough to say why it
+/// failed in a log line or an error.
+pub fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -376,5 +383,7 @@ mod tests {
             .collect();
         let r = run(&argv, Duration::from_secs(10)).unwrap();
         assert!(r.ok && r.tail == "done\n", "{:?}", r.tail);
+        assert_eq!(last_lines("a\n\nb\n  \nc\nd\n", 3), "b | c | d");
+        assert_eq!(last_lines("only\n", 3), "only");
     }
 }

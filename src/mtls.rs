@@ -9,7 +9,7 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustls::pki_types::pem::{PemObject, SectionKind};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::root::{hex, Root, CONFIG_CAP};
 
 /// Largest request or answer body read (a ticket with control-plane keys is a few KiB).
-pub const BODY_CAP: usize = 1 << 20;
+const BODY_CAP: usize = 1 << 20;
 const HEAD_CAP: usize = 16 << 10;
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -260,7 +260,79 @@ pub fn peer(cert_der: &[u8]) -> Option<Peer> {
 // ---------------------------------------------------------------------------------------------
 // Serving
 
-pub type ServerStream = StreamOwned<rustls::ServerConnection, TcpStream>;
+pub type ServerStream = StreamOwned<rustls::ServerConnection, Timed>;
+
+/// A TCP stream under one deadline: every socket read and write gets only the time left, and
+/// fails once it is gone. A per-operation timeout alone lets a peer that trickles a byte now
+/// and then hold the connection (and a one-at-a-time server) for ever.
+pub struct Timed {
+    tcp: TcpStream,
+    limit: Duration,
+    end: Instant,
+}
+
+impl Timed {
+    pub fn new(tcp: TcpStream, limit: Duration) -> Timed {
+        Timed {
+            tcp,
+            limit,
+            end: Instant::now() + limit,
+        }
+    }
+
+    /// The full limit again from now: for the answer, after work that had its own bound.
+    pub fn restart(&mut self) {
+        self.end = Instant::now() + self.limit;
+    }
+
+    fn expired(&self) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "the connection's {} s deadline has passed",
+                self.limit.as_secs_f32()
+            ),
+        )
+    }
+
+    /// The time left, or the error once there is none (a zero socket timeout would mean
+    /// "no timeout", and the kernel refuses it anyway).
+    fn left(&self) -> io::Result<Duration> {
+        let left = self.end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(self.expired());
+        }
+        Ok(left)
+    }
+
+    /// A socket timeout here is the deadline: say so rather than "temporarily unavailable".
+    fn timed<T>(&self, r: io::Result<T>) -> io::Result<T> {
+        r.map_err(|e| match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => self.expired(),
+            _ => e,
+        })
+    }
+}
+
+impl Read for Timed {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.tcp.set_read_timeout(Some(self.left()?))?;
+        let r = self.tcp.read(buf);
+        self.timed(r)
+    }
+}
+
+impl Write for Timed {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.tcp.set_write_timeout(Some(self.left()?))?;
+        let r = self.tcp.write(buf);
+        self.timed(r)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.tcp.flush()
+    }
+}
 
 /// Accept connections one at a time until `stopping()`; `handle` returns false to stop too.
 /// The listener is polled every 200 ms, so a stop is noticed between connections only: a
@@ -298,17 +370,16 @@ pub fn serve(
     Ok(())
 }
 
-/// The TLS handshake on an accepted connection, bounded by `timeout`; the client's identity.
+/// The TLS handshake on an accepted connection; the client's identity. `timeout` bounds the
+/// whole connection, handshake and request together (see [`Timed::restart`] for the answer).
 pub fn accept(
     tcp: TcpStream,
     cfg: &Arc<ServerConfig>,
     timeout: Duration,
 ) -> Result<(ServerStream, Peer)> {
-    tcp.set_read_timeout(Some(timeout)).ok();
-    tcp.set_write_timeout(Some(timeout)).ok();
     let conn = rustls::ServerConnection::new(cfg.clone())
         .map_err(|e| Error::failed(format!("TLS: {e}")))?;
-    let mut s = StreamOwned::new(conn, tcp);
+    let mut s = StreamOwned::new(conn, Timed::new(tcp, timeout));
     while s.conn.is_handshaking() {
         s.conn
             .complete_io(&mut s.sock)
@@ -485,8 +556,9 @@ impl CallError {
 }
 
 /// POST `body` (JSON) to `path` on `ep` over mutual TLS, verifying the server's certificate
-/// for `server_name` (default: the endpoint's host). Every socket operation is bounded by
-/// `io_timeout`. The answer's status and body.
+/// for `server_name` (default: the endpoint's host). Everything after the connection is made,
+/// handshake to the last byte of the answer, is bounded by `io_timeout` together. The
+/// answer's status and body.
 pub fn post(
     cfg: &Arc<ClientConfig>,
     ep: &Endpoint,
@@ -525,11 +597,9 @@ pub fn post(
                 .unwrap_or_else(|| "no address".into())
         )))
     })?;
-    tcp.set_read_timeout(Some(io_timeout)).ok();
-    tcp.set_write_timeout(Some(io_timeout)).ok();
     let conn =
         rustls::ClientConnection::new(cfg.clone(), sn).map_err(|e| failed(format!("TLS: {e}")))?;
-    let mut s = StreamOwned::new(conn, tcp);
+    let mut s = StreamOwned::new(conn, Timed::new(tcp, io_timeout));
     while s.conn.is_handshaking() {
         s.conn
             .complete_io(&mut s.sock)
@@ -600,6 +670,47 @@ mod tests {
         assert!(peer(b"").is_none());
         assert!(peer(&[0x30, 0x82, 0xff, 0xff, 0]).is_none());
         assert!(spki_sha256(&[0x30, 0x03, 0x30, 0x01, 0x00]).is_none());
+    }
+
+    #[test]
+    fn a_trickling_peer_is_cut_off_at_the_deadline() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        // A byte every 50 ms: each read returns in time, the request never ends.
+        let trickler = std::thread::spawn(move || {
+            let mut c = TcpStream::connect(addr).unwrap();
+            for _ in 0..100 {
+                if c.write_all(b"P").is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let (tcp, _) = l.accept().unwrap();
+        let start = Instant::now();
+        let e = read_request(&mut Timed::new(tcp, Duration::from_millis(400)))
+            .err()
+            .expect("a request that never ends");
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(e.to_string().contains("0.4 s deadline"), "{e}");
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(350) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+        trickler.join().unwrap();
+    }
+
+    #[test]
+    fn a_silent_peer_gets_the_deadline_error() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let _c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (tcp, _) = l.accept().unwrap();
+        let e = read_request(&mut Timed::new(tcp, Duration::from_millis(200)))
+            .err()
+            .expect("nothing was sent");
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(e.to_string().contains("0.2 s deadline has passed"), "{e}");
     }
 
     #[test]

@@ -67,14 +67,20 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
-/// The marker left by an earlier run, if any.
+/// The marker left by an earlier run, if any. One that does not parse is still a marker: the
+/// lock was taken once, so the node is not fresh (exit 2, as for any other state; a restart
+/// cannot fix it).
 pub fn read(root: &Root) -> Result<Option<Marker>> {
     let Some(text) = root.read_text(STATE_PATH)? else {
         return Ok(None);
     };
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| Error::failed(format!("{}: not a node state: {e}", root.show(STATE_PATH))))
+    serde_json::from_str(&text).map(Some).map_err(|e| {
+        Error::config(format!(
+            "{}: not a node state ({e}); a marker is there, so this node is not fresh and will \
+             not init or join again; reprovision it",
+            root.show(STATE_PATH)
+        ))
+    })
 }
 
 pub struct NodeLock<'r> {
@@ -94,6 +100,15 @@ impl<'r> NodeLock<'r> {
 
     pub fn is_taken(&self) -> bool {
         self.taken.load(Ordering::SeqCst)
+    }
+
+    /// The state last recorded by this lock (`None`: not taken, or its marker never written).
+    pub fn state(&self) -> Option<State> {
+        self.marker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|m| m.state)
     }
 
     /// Take the lock for `role` in `cluster`. `Ok(false)`: the other side has it. `Ok(true)`:
@@ -165,7 +180,9 @@ impl<'r> NodeLock<'r> {
                     reason: None,
                 };
                 f(&mut m);
-                return self.write(&m);
+                self.write(&m)?;
+                *guard = Some(m);
+                return Ok(());
             }
             return Err(Error::failed("node lock not held: no marker to update"));
         };
@@ -253,7 +270,9 @@ mod tests {
             .try_lock(Role::ControlPlane, "c", None, "other")
             .unwrap());
         std::fs::remove_file(p.join("var/lib/nodestrap")).unwrap();
+        assert_eq!(lock.state(), None);
         lock.reset("marker write failed").unwrap();
+        assert_eq!(lock.state(), Some(State::Reset));
         let m = read(&root).unwrap().unwrap();
         assert_eq!(m.state, State::Reset);
         assert_eq!(m.reason.as_deref(), Some("marker write failed"));
@@ -269,9 +288,13 @@ mod tests {
             "{\"state\":\"maybe\"}",
         )
         .unwrap();
-        let e = read(&root).unwrap_err().to_string();
+        let e = read(&root).unwrap_err();
+        assert_eq!(e.exit_code(), 2, "not fresh, as any marker: {e}");
+        let e = e.to_string();
         assert!(
-            e.contains("node-state.json") && e.contains("not a node state"),
+            e.contains("node-state.json")
+                && e.contains("not a node state (unknown variant `maybe`")
+                && e.contains("not fresh"),
             "{e}"
         );
         std::fs::remove_dir_all(&p).unwrap();

@@ -53,15 +53,15 @@ impl Stop {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).0
     }
 
-    /// Sleep up to `d`, less if a stop is requested or someone wakes us. True when stopping.
-    pub fn sleep(&self, d: Duration) -> bool {
+    /// Sleep up to `d`, less if a stop is requested or someone wakes us (callers then check
+    /// `requested()` and what else they wait for).
+    pub fn sleep(&self, d: Duration) {
         let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let seen = s.1;
-        let (s, _) = self
+        let _ = self
             .cv
             .wait_timeout_while(s, d, |s| !s.0 && s.1 == seen)
             .unwrap_or_else(|e| e.into_inner());
-        s.0
     }
 }
 
@@ -73,18 +73,21 @@ mod tests {
     #[test]
     fn sleepers_wake_on_stop_and_on_wake() {
         let stop = Stop::default();
+        let t = Instant::now();
         std::thread::scope(|s| {
             let h = s.spawn(|| stop.sleep(Duration::from_secs(60)));
             std::thread::sleep(Duration::from_millis(50));
             stop.wake();
-            assert!(!h.join().unwrap());
-            let t = Instant::now();
+            h.join().unwrap();
+            assert!(!stop.requested());
             let h = s.spawn(|| stop.sleep(Duration::from_secs(60)));
             std::thread::sleep(Duration::from_millis(50));
             stop.request();
-            assert!(h.join().unwrap());
-            assert!(t.elapsed() < Duration::from_secs(30));
+            h.join().unwrap();
+            assert!(stop.requested());
         });
-        assert!(stop.requested() && stop.sleep(Duration::from_secs(60)));
+        // Once stopping, a sleep returns at once.
+        stop.sleep(Duration::from_secs(60));
+        assert!(t.elapsed() < Duration::from_secs(30));
     }
 }

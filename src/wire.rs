@@ -174,6 +174,13 @@ impl Ticket {
     }
 }
 
+/// A field message (`cluster_name "a_b": …`) as the command-line flag that gave the field
+/// (`--cluster-name "a_b": …`): only the name changes, never the value quoted after it.
+pub fn as_flag(m: &str) -> String {
+    let end = m.find([' ', ':']).unwrap_or(m.len());
+    format!("--{}{}", m[..end].replace('_', "-"), &m[end..])
+}
+
 pub fn check_cluster_name(n: &str) -> Result<(), String> {
     if n.len() <= 63 && !n.contains('.') && dns_subdomain(n) {
         Ok(())
@@ -281,6 +288,25 @@ mod tests {
         assert!(k8s_version("v1.32.0-rc.1"));
         let unknown = r#"{"cluster_name":"a","kubernetes_version":"v1.2.3","pod_cidr":"1.0.0.0/8","service_cidr":"2.0.0.0/8","init_secret":"x","extra":1}"#;
         assert!(serde_json::from_str::<InitRequest>(unknown).is_err());
+    }
+
+    #[test]
+    fn field_messages_become_flag_messages_with_the_value_intact() {
+        let e = check_cluster_name("my_cluster").unwrap_err();
+        assert_eq!(
+            as_flag(&e),
+            "--cluster-name \"my_cluster\": expected a DNS label (a-z, 0-9, -)"
+        );
+        assert_eq!(
+            as_flag("apiserver_sans: more than 64 names"),
+            "--apiserver-sans: more than 64 names"
+        );
+        let mut r = init();
+        r.apiserver_sans.push("a_b".into());
+        assert_eq!(
+            as_flag(&r.validate().unwrap_err()),
+            "--apiserver-sans \"a_b\": not an IP address or DNS name"
+        );
     }
 
     #[test]

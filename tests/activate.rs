@@ -137,6 +137,7 @@ join)
   n=$(grep -c '^join' "$d/kubeadm.log")
   cp "$3" "$d/join-config-$n.yaml"
   ls -A "$root/etc/kubernetes/manifests" > "$d/manifests-at-join-$n"
+  ls -AR "$root/etc/kubernetes/pki" > "$d/pki-at-join-$n" 2>/dev/null
   touch "$root/etc/kubernetes/manifests/kube-apiserver.yaml"
   left=$(cat "$d/fail-join" 2>/dev/null || echo 0)
   if [ "$left" -gt 0 ]; then
@@ -766,15 +767,24 @@ fn init_and_join_in_the_same_instant_exactly_one_runs() {
         );
         let st = node.state().unwrap();
         assert_eq!(st["state"], "done", "iteration {i}");
+        let source = st["source"].as_str().unwrap_or_default();
         if c[0].starts_with("init ") {
             inits += 1;
             client.assert_ok();
             assert_eq!(st["role"], "control-plane");
+            assert!(
+                source.starts_with("init request from "),
+                "iteration {i}: {st}"
+            );
             assert!(run.stdout.contains("via=init"));
         } else {
             joins += 1;
             assert!(c[0].starts_with("join "), "{c:?}");
             assert_eq!(st["role"], "worker");
+            assert!(
+                source.starts_with("ticket from https://"),
+                "iteration {i}: {st}"
+            );
             assert!(run.stdout.contains("via=join"));
             // The admin learns the node is taken (or finds it gone once the join finished).
             assert_ne!(
@@ -792,8 +802,9 @@ fn init_and_join_in_the_same_instant_exactly_one_runs() {
         );
         let _ = std::fs::remove_dir_all(&node.dir);
     }
+    // Which side wins is up to timing (on a slow emulated machine join may win every round):
+    // reported, not required. Each round's exactly-one-kubeadm check above is the property.
     eprintln!("race: init won {inits} times, join won {joins} times");
-    assert_eq!(inits + joins, ROUNDS);
 }
 
 #[test]
@@ -814,6 +825,7 @@ fn wrong_secret_or_untrusted_client_is_refused_and_the_lock_untouched() {
     assert_eq!(r.code, 1, "{}", r.stderr);
     act.wait_for("init server: refused a connection from 127.0.0.1", 10);
 
+    // init-cluster refuses a bad field itself (exit 2, nothing sent)…
     let field = Admin::new(&pki, None);
     let mut args = field.args(port);
     let v = args.iter().position(|a| a == "v1.31.2").unwrap();
@@ -823,6 +835,39 @@ fn wrong_secret_or_untrusted_client_is_refused_and_the_lock_untouched() {
         2,
         "--kubernetes-version \"1.31\": expected vMAJOR.MINOR.PATCH",
     );
+    // …so the node's own checks get raw requests: with the right secret the bad field is
+    // refused by name; with a wrong one the secret is refused first, the field never looked at.
+    let admin = pki.admin.client("raw-admin");
+    let request = |secret: &str| {
+        let body = serde_json::json!({
+            "cluster_name": "demo",
+            "kubernetes_version": "1.31",
+            "pod_cidr": "10.244.0.0/16",
+            "service_cidr": "10.96.0.0/12",
+            "init_secret": secret,
+        });
+        post(port, &pki.nodes, &admin, "/v1/init", &body.to_string()).unwrap()
+    };
+    let (status, b) = request(SECRET);
+    assert_eq!((status, b["code"].as_str()), (400, Some("invalid")), "{b}");
+    assert!(
+        b["error"]
+            .as_str()
+            .unwrap()
+            .contains("kubernetes_version \"1.31\": expected vMAJOR.MINOR.PATCH"),
+        "{b}"
+    );
+    act.wait_for(
+        "refused, node lock untouched: init request: kubernetes_version",
+        10,
+    );
+    let (status, b) = request("not the secret");
+    assert_eq!(
+        (status, b["code"].as_str()),
+        (403, Some("bad_secret")),
+        "{b}"
+    );
+    assert_eq!(b["error"], "wrong init secret", "{b}");
 
     assert!(node.state().is_none(), "no marker after refusals");
     assert!(node.calls().is_empty());
@@ -885,7 +930,7 @@ fn failures_before_the_lock_are_retried() {
 }
 
 #[test]
-fn kubeadm_init_failing_after_the_lock_resets_and_reboots() {
+fn kubeadm_init_failing_after_the_lock_resets_and_asks_for_a_reboot() {
     let pki = Pki::new();
     let node = Node::new(&pki, "init-fails", None);
     write(&node.bin.join("fail-init"), "");
@@ -903,14 +948,24 @@ fn kubeadm_init_failing_after_the_lock_resets_and_reboots() {
     assert_no_secrets("init-cluster's output", &r.stderr);
     let run = act.wait(30);
     run.assert_fails(1, "kubeadm init: exit status 1");
+    // The reboot is asked for; with --root not / the executor declines it (a real reboot
+    // cannot be tested here).
     assert!(
-        run.stderr
-            .contains("reboot needed (activation failed after the node lock"),
+        run.stderr.contains(
+            "reboot needed (activation failed after the node lock (node state reset)); \
+             not rebooting: --root is not /"
+        ),
         "{}",
         run.stderr
     );
-    assert!(
-        run.stderr.contains("not rebooting: --root is not /"),
+    says(
+        &run,
+        "activate failed after the node lock; the node must be reprovisioned",
+    );
+    // The error is logged once, with the exit.
+    assert_eq!(
+        run.count_lines("kubeadm init: exit status 1"),
+        1,
         "{}",
         run.stderr
     );
@@ -946,7 +1001,9 @@ fn kubeadm_join_is_tried_three_times_then_fatal() {
     );
     assert_eq!(node.state().unwrap()["state"], "done");
 
-    let node = Node::new(&pki, "join-fails", None);
+    // A control plane, whose ticket carries the cluster CA keys: gone again once the join
+    // failed for good, as is the config holding the token.
+    let node = Node::new(&pki, "join-fails", Some("nodestrap:control-plane"));
     write(&node.bin.join("fail-join"), "9");
     let run = node.activate(&[svc.url()]).wait(60);
     run.assert_fails(1, "kubeadm join failed 3 times within 300 s");
@@ -954,6 +1011,24 @@ fn kubeadm_join_is_tried_three_times_then_fatal() {
     assert_eq!(node.calls().len(), 3);
     assert_eq!(node.state().unwrap()["state"], "reset");
     assert!(run.stderr.contains("not rebooting: --root is not /"));
+    let at_join = read(&node.bin.join("pki-at-join-3"));
+    for key in ["ca.key", "sa.key", "front-proxy-ca.key"] {
+        assert!(
+            at_join.contains(key),
+            "{key} not in place for kubeadm:\n{at_join}"
+        );
+    }
+    let pki_dir = node.root.join("etc/kubernetes/pki");
+    for name in CP_FILES {
+        assert!(
+            !pki_dir.join(name).exists(),
+            "{name} left after the failed join"
+        );
+    }
+    assert!(run
+        .stderr
+        .contains("removed the 8 control-plane files of the ticket"));
+    assert!(!node.root.join("run/nodestrap/kubeadm-join.yaml").exists());
     assert_no_secrets("activate's log", &run.stderr);
 }
 
@@ -1001,6 +1076,17 @@ fn crash_after_committed_never_inits_or_joins_again() {
 
 /// POST /v1/ticket as `leaf`, trusting `ca`: (status, body).
 fn ticket(port: u16, ca: &Ca, leaf: &Leaf) -> Result<(u16, serde_json::Value), String> {
+    post(port, ca, leaf, "/v1/ticket", "{}")
+}
+
+/// POST `body` to `path` as `leaf`, trusting `ca`: (status, body).
+fn post(
+    port: u16,
+    ca: &Ca,
+    leaf: &Leaf,
+    path: &str,
+    body: &str,
+) -> Result<(u16, serde_json::Value), String> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -1022,8 +1108,10 @@ fn ticket(port: u16, ca: &Ca, leaf: &Leaf) -> Result<(u16, serde_json::Value), S
     let tcp = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut tls = rustls::StreamOwned::new(conn, tcp);
-    let req =
-        "POST /v1/ticket HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
     tls.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     match tls.read_to_end(&mut out) {
@@ -1104,6 +1192,48 @@ fn one_ticket_per_node_identity_even_across_restarts() {
 }
 
 #[test]
+fn a_trickling_client_cannot_hold_the_join_service() {
+    let pki = Pki::new();
+    let mut svc = JoinSvc::new(&pki, &pki.cluster);
+    let port = svc.port();
+    // A TLS record header announcing 512 bytes, then one byte a second: every read is in
+    // time, so only one deadline for the whole connection (10 s) frees the service, which
+    // serves one connection at a time.
+    let mut slow = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    slow.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00]).unwrap();
+    let start = Instant::now();
+    let trickler = std::thread::spawn(move || {
+        for _ in 0..60 {
+            std::thread::sleep(Duration::from_secs(1));
+            if slow.write_all(&[0]).is_err() {
+                return Some(start.elapsed());
+            }
+        }
+        None
+    });
+    // The service is busy with the slow one before the real request arrives.
+    std::thread::sleep(Duration::from_millis(500));
+    let node = both_ways(&pki.nodes, "node-behind", None);
+    let (status, t) = ticket(port, &pki.cluster, &node).expect("served once the deadline passed");
+    assert_eq!(status, 200, "{t}");
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(16), "ticket after {took:?}");
+    let cut = trickler
+        .join()
+        .unwrap()
+        .expect("the slow connection was never closed");
+    assert!(cut < Duration::from_secs(16), "cut off after {cut:?}");
+    let log = svc.stop();
+    assert!(
+        log.stderr
+            .contains("the connection's 10 s deadline has passed"),
+        "{}",
+        log.stderr
+    );
+    let _ = std::fs::remove_dir_all(&svc.dir);
+}
+
+#[test]
 fn stop_waits_for_an_init_in_flight() {
     let pki = Pki::new();
     let node = Node::new(&pki, "stop", None);
@@ -1144,4 +1274,26 @@ fn bad_inputs_are_configuration_errors_naming_the_file() {
         .wait(30)
         .assert_fails(2, "--join-endpoints \"http://127.0.0.1:1\"");
     assert!(node.state().is_none());
+    // A marker that does not parse still means the lock was taken once: not fresh, exit 2
+    // (no restart loop), naming the file and why.
+    write(&node.root.join(STATE), "{\"state\": \"committed\"");
+    let run = node.activate(&[]).wait(30);
+    run.assert_fails(2, "node-state.json: not a node state (EOF while parsing");
+    assert!(run.stderr.contains("not fresh"), "{}", run.stderr);
+    assert!(!run.stderr.contains("listening"), "{}", run.stderr);
+
+    // init-cluster: a field's flag is named, the value given kept as it was; no zero timeout.
+    let admin = Admin::new(&pki, None);
+    let mut args = admin.args(1);
+    let n = args.iter().position(|a| a == "demo").unwrap();
+    args[n] = "my_cluster".into();
+    Proc::start(args)
+        .wait(30)
+        .assert_fails(2, "--cluster-name \"my_cluster\": expected a DNS label");
+    let mut args = admin.args(1);
+    let t = args.iter().position(|a| a == "--timeout").unwrap();
+    args[t + 1] = "0".into();
+    Proc::start(args)
+        .wait(30)
+        .assert_fails(2, "--timeout 0: must be at least 1");
 }
