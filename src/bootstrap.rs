@@ -3,6 +3,7 @@
 //! wait, retries on 5xx, and a reboot only when one is really needed.
 //! The steps the pre-reboot hook shares (options, manifests, staging) are `pub(crate)` here.
 
+use std::io::Write as _;
 use std::time::Duration;
 
 use crate::cli::{Bootstrap, Common, RebootMode, DEFAULT_MANIFEST_URL};
@@ -10,10 +11,10 @@ use crate::config::Input;
 use crate::dbus::{self, Update};
 use crate::envfile::EnvFile;
 use crate::error::{Error, Result};
-use crate::fetch::{Backoff, Http, Request, Retry, Tls};
+use crate::fetch::{AttemptLimits, Backoff, Http, Request, Retry, Tls};
 use crate::kube::{ApiRetry, Kube};
 use crate::mappings::Mappings;
-use crate::root::Root;
+use crate::root::{Persist, Root};
 use crate::torcx::{self, PackageList, Source, Staged};
 use crate::verify::Keyring;
 
@@ -86,7 +87,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         // Nothing can be staged for an OS whose version is unknown: boot into it first and
         // bootstrap there. kubelet.env is not written, so the unit runs again after the reboot.
         let why = "an OS update of unknown version is pending; bootstrapping after the reboot";
-        println!("nodestrap: bootstrap deferred k8s={k8s} reboot=needed ({why})");
+        crate::outln!("nodestrap: bootstrap deferred k8s={k8s} reboot=needed ({why})")?;
         return rebooter.reboot(why);
     }
 
@@ -127,40 +128,58 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     }
 
     // 10. kubelet.env: the done marker.
-    write_kubelet_env(&root, a, &k8s)?;
+    let marker = write_kubelet_env(&root, a, &k8s)?;
 
-    // 11. Reboot only when needed.
-    let reboot = if reasons.is_empty() {
-        "no".to_string()
-    } else {
-        format!("needed ({})", reasons.join("; "))
+    // 11. Report, and reboot only when needed. From here on the marker exists: whatever fails
+    //     (stdout gone, the reboot refused) takes it back, so the unit runs again rather than
+    //     starting the kubelet on a half-done node.
+    let finish = || -> Result<()> {
+        let reboot = if reasons.is_empty() {
+            "no".to_string()
+        } else {
+            format!("needed ({})", reasons.join("; "))
+        };
+        crate::outln!(
+            "nodestrap: bootstrap {} k8s={k8s} {RUNTIME}={} next-os={} reboot={reboot}",
+            if a.dry_run { "planned" } else { "done" },
+            chosen.as_deref().unwrap_or("unchanged"),
+            next.as_deref().unwrap_or("none"),
+        )?;
+        if reasons.is_empty() {
+            log::info!("no reboot needed");
+            return Ok(());
+        }
+        rebooter.reboot(&reasons.join("; "))
     };
-    println!(
-        "nodestrap: bootstrap {} k8s={k8s} {RUNTIME}={} next-os={} reboot={reboot}",
-        if a.dry_run { "planned" } else { "done" },
-        chosen.as_deref().unwrap_or("unchanged"),
-        next.as_deref().unwrap_or("none"),
-    );
-    if reasons.is_empty() {
-        log::info!("no reboot needed");
-        return Ok(());
-    }
-    rebooter.reboot(&reasons.join("; ")).map_err(|e| {
-        // Without the reboot the staged runtime never applies: take the done marker back so
-        // the unit runs again rather than starting the kubelet on the old runtime.
-        if !a.dry_run && !a.kubelet_env_path.is_empty() {
-            match root.remove(&a.kubelet_env_path) {
-                Ok(()) => {
-                    return e.context(format!(
-                        "reboot failed, removed {} so bootstrap runs again",
-                        root.show(&a.kubelet_env_path)
-                    ))
-                }
-                Err(r) => log::error!("{r}"),
+    finish().map_err(|e| match marker {
+        Some(m) => m.take_back(e),
+        None => e,
+    })
+}
+
+/// kubelet.env written by this run, taken back when the run fails after writing it.
+struct Marker<'a> {
+    root: &'a Root,
+    path: &'a str,
+}
+
+impl Marker<'_> {
+    /// Remove the marker (and fsync its directory); the run's error says so.
+    fn take_back(&self, e: Error) -> Error {
+        match self.root.remove(self.path) {
+            Ok(()) => e.context(format!(
+                "removed {} again so bootstrap runs again",
+                self.root.show(self.path)
+            )),
+            Err(r) => {
+                log::error!("{r}");
+                e.context(format!(
+                    "could NOT remove {}; remove it before kubelet starts",
+                    self.root.show(self.path)
+                ))
             }
         }
-        e
-    })
+    }
 }
 
 /// Step 0 for everything given on the command line; returns the manifest URL template.
@@ -217,7 +236,19 @@ pub(crate) fn check_common(a: &Common) -> Result<String> {
     at_most("--api-retry-delay", a.api_retry_delay, 3600)?;
     at_most("--fetch-attempts", a.fetch_attempts as u64, 100)?;
     at_most("--fetch-backoff-ms", a.fetch_backoff_ms, 60_000)?;
+    at_least("--fetch-timeout", a.fetch_timeout, 1)?;
+    at_most("--fetch-timeout", a.fetch_timeout, 24 * 3600)?;
+    at_most("--fetch-min-rate", a.fetch_min_rate, 1 << 30)?;
+    at_least("--fetch-min-rate-window", a.fetch_min_rate_window, 1)?;
+    at_most("--fetch-min-rate-window", a.fetch_min_rate_window, 3600)?;
     Ok(template.to_string())
+}
+
+fn at_least(flag: &str, value: u64, min: u64) -> Result<()> {
+    if value < min {
+        return Err(Error::config(format!("{flag} {value}: at least {min}")));
+    }
+    Ok(())
 }
 
 pub(crate) fn at_most(flag: &str, value: u64, max: u64) -> Result<()> {
@@ -267,6 +298,11 @@ pub(crate) fn manifest_client(a: &Common, root: &Root) -> Result<Http> {
         initial: Duration::from_millis(a.fetch_backoff_ms),
         cap: Duration::from_secs(60),
     };
+    let limits = AttemptLimits {
+        deadline: Duration::from_secs(a.fetch_timeout),
+        min_rate: a.fetch_min_rate,
+        window: Duration::from_secs(a.fetch_min_rate_window),
+    };
     Ok(Http::new(
         &tls,
         Retry {
@@ -274,7 +310,8 @@ pub(crate) fn manifest_client(a: &Common, root: &Root) -> Result<Http> {
             backoff,
             budget: Duration::from_secs(600),
         },
-    ))
+    )
+    .with_limits(limits))
 }
 
 pub struct OsInfo {
@@ -565,10 +602,10 @@ pub(crate) fn stage_runtime(
             Source::Vendored(p) => {
                 log::info!("{file} for OS {os}: shipped in its /usr ({p}), nothing to download")
             }
-            Source::Remote { url, digest } if dry_run => println!(
+            Source::Remote { url, digest } if dry_run => crate::outln!(
                 "plan: fetch {url} ({digest}) into {}",
                 root.show(&format!("{}/{os}/{file}", torcx::USER_STORE))
-            ),
+            )?,
             Source::Remote { url, digest } => {
                 match torcx::stage_image(root, m.http, os, RUNTIME, &version, url, digest)? {
                     Staged::Kept => {
@@ -590,9 +627,9 @@ pub(crate) fn stage_runtime(
     // 8. Profile and next-profile.
     let (profile, why) = torcx::choose_profile(root, profile_default)?;
     if dry_run {
-        println!(
+        crate::outln!(
             "plan: profile {profile} ({why}) gets {RUNTIME}:{version}, selected as next-profile"
-        );
+        )?;
     } else {
         torcx::set_profile_image(root, &profile, RUNTIME, &version)?;
         log::info!("profile {profile} ({why}) now names {RUNTIME}:{version}; next-profile set");
@@ -600,10 +637,15 @@ pub(crate) fn stage_runtime(
     Ok(Some(version))
 }
 
-fn write_kubelet_env(root: &Root, a: &Bootstrap, k8s: &str) -> Result<()> {
+/// Write kubelet.env last; `Some` once it is in place (not in a dry run or without a path).
+fn write_kubelet_env<'a>(
+    root: &'a Root,
+    a: &'a Bootstrap,
+    k8s: &str,
+) -> Result<Option<Marker<'a>>> {
     if a.kubelet_env_path.is_empty() {
         log::info!("--kubelet-env-path is empty: not writing kubelet.env");
-        return Ok(());
+        return Ok(None);
     }
     let name = root.show(&a.installer_kubelet_env);
     let text = root.read_text(&a.installer_kubelet_env)?.ok_or_else(|| {
@@ -615,15 +657,28 @@ fn write_kubelet_env(root: &Root, a: &Bootstrap, k8s: &str) -> Result<()> {
     env.set("KUBELET_IMAGE_TAG", &k8s.replace('+', "_"));
     let out = root.show(&a.kubelet_env_path);
     if a.dry_run {
-        println!("plan: write {out}:\n{}", env.render().trim_end());
-        return Ok(());
+        crate::outln!("plan: write {out}:\n{}", env.render().trim_end())?;
+        return Ok(None);
     }
-    root.write_atomic(&a.kubelet_env_path, env.render().as_bytes(), 0o644)?;
+    let marker = Marker {
+        root,
+        path: &a.kubelet_env_path,
+    };
+    let (dir, file) = root.parent_of(&a.kubelet_env_path)?;
+    let mut t = dir.create_temp(&file, 0o644)?;
+    t.write_all(env.render().as_bytes())
+        .map_err(|e| Error::failed(format!("writing {out}: {e}")))?;
+    match t.persist_steps() {
+        Ok(()) => {}
+        Err((Persist::NotRenamed, e)) => return Err(e),
+        // Visible but perhaps not durable: a done marker that may vanish or survive a crash
+        // at random is no marker at all.
+        Err((Persist::Renamed, e)) => return Err(marker.take_back(e)),
+    }
     log::info!("wrote {out} (from {name}, KUBELET_IMAGE_TAG for {k8s})");
-    Ok(())
+    Ok(Some(marker))
 }
 
-/// Why the node must reboot before the kubelet starts; empty when it need not.
 pub fn reboot_reasons(
     update: &Update,
     applied: Option<&Option<String>>,
@@ -657,10 +712,10 @@ pub fn runtime_changes(applied: Option<&Option<String>>, chosen: Option<&str>) -
 /// on: another root's systemd is not ours to reload).
 fn install_cleanup(root: &Root, dry_run: bool) -> Result<()> {
     if dry_run {
-        println!(
+        crate::outln!(
             "plan: install {} to wipe /var/lib/docker at shutdown",
             torcx::CLEANUP_UNIT
-        );
+        )?;
         return Ok(());
     }
     torcx::install_cleanup_unit(root)?;

@@ -91,7 +91,7 @@ pub struct Bootstrap {
     /// print the plan; write nothing, update nothing, reboot nothing
     #[argh(switch)]
     pub dry_run: bool,
-    /// log level: error, warn, info, debug (default info)
+    /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
     #[argh(option, default = "\"info\".into()")]
     pub verbose: String,
     /// API server tries for the version and the runtime mappings (default 3)
@@ -106,6 +106,15 @@ pub struct Bootstrap {
     /// first retry delay in milliseconds; doubles per retry with full jitter, capped at 60 s
     #[argh(option, default = "1000")]
     pub fetch_backoff_ms: u64,
+    /// seconds one download attempt may take, from connecting to the last byte (default 300)
+    #[argh(option, default = "crate::fetch::DEFAULT_ATTEMPT_SECS")]
+    pub fetch_timeout: u64,
+    /// bytes per second each --fetch-min-rate-window of a transfer must average (default 1024; 0: no floor)
+    #[argh(option, default = "crate::fetch::DEFAULT_MIN_RATE")]
+    pub fetch_min_rate: u64,
+    /// seconds over which --fetch-min-rate is averaged (default 30)
+    #[argh(option, default = "crate::fetch::DEFAULT_RATE_WINDOW_SECS")]
+    pub fetch_min_rate_window: u64,
     /// seconds to wait for update_engine to settle (default 1800)
     #[argh(option, default = "1800")]
     pub update_timeout: u64,
@@ -155,7 +164,7 @@ pub struct Hook {
     /// profile to create when no user next-profile exists (default tectonic)
     #[argh(option, default = "\"tectonic\".into()")]
     pub torcx_profile: String,
-    /// log level: error, warn, info, debug (default info)
+    /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
     #[argh(option, default = "\"info\".into()")]
     pub verbose: String,
     /// API server tries per request (default 3)
@@ -170,6 +179,15 @@ pub struct Hook {
     /// first retry delay in milliseconds; doubles per retry with full jitter, capped at 60 s
     #[argh(option, default = "1000")]
     pub fetch_backoff_ms: u64,
+    /// seconds one download attempt may take, from connecting to the last byte (default 300)
+    #[argh(option, default = "crate::fetch::DEFAULT_ATTEMPT_SECS")]
+    pub fetch_timeout: u64,
+    /// bytes per second each --fetch-min-rate-window of a transfer must average (default 1024; 0: no floor)
+    #[argh(option, default = "crate::fetch::DEFAULT_MIN_RATE")]
+    pub fetch_min_rate: u64,
+    /// seconds over which --fetch-min-rate is averaged (default 30)
+    #[argh(option, default = "crate::fetch::DEFAULT_RATE_WINDOW_SECS")]
+    pub fetch_min_rate_window: u64,
 }
 
 pub const DEFAULT_IPB_LABEL: &str = "ibm-cloud.kubernetes.io/ipb-schedule";
@@ -241,7 +259,7 @@ reprovision_args! {{
         /// check and fetch, change nothing on the node or the Node, reboot nothing
         #[argh(switch)]
         pub dry_run: bool,
-        /// log level: error, warn, info, debug (default info)
+        /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
         #[argh(option, default = "\"info\".into()")]
         pub verbose: String,
         /// API server tries per request (default 3)
@@ -316,7 +334,7 @@ pub struct Activate {
     /// auto (reboot after a failure past the node lock, only if --root is /) or never
     #[argh(option, default = "RebootMode::Auto")]
     pub reboot: RebootMode,
-    /// log level: error, warn, info, debug (default info)
+    /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
     #[argh(option, default = "\"info\".into()")]
     pub verbose: String,
 }
@@ -368,7 +386,7 @@ pub struct JoinService {
         default = "\"/var/lib/nodestrap/join-service/issued.json\".into()"
     )]
     pub state: String,
-    /// log level: error, warn, info, debug (default info)
+    /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
     #[argh(option, default = "\"info\".into()")]
     pub verbose: String,
 }
@@ -419,7 +437,7 @@ pub struct InitCluster {
     /// seconds to wait for the answer once sent: kubeadm init runs meanwhile (default 900)
     #[argh(option, default = "900")]
     pub timeout: u64,
-    /// log level: error, warn, info, debug (default info)
+    /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
     #[argh(option, default = "\"info\".into()")]
     pub verbose: String,
 }
@@ -435,6 +453,9 @@ pub struct Common<'a> {
     pub api_retry_delay: u64,
     pub fetch_attempts: u32,
     pub fetch_backoff_ms: u64,
+    pub fetch_timeout: u64,
+    pub fetch_min_rate: u64,
+    pub fetch_min_rate_window: u64,
 }
 
 macro_rules! common {
@@ -451,6 +472,9 @@ macro_rules! common {
                     api_retry_delay: self.api_retry_delay,
                     fetch_attempts: self.fetch_attempts,
                     fetch_backoff_ms: self.fetch_backoff_ms,
+                    fetch_timeout: self.fetch_timeout,
+                    fetch_min_rate: self.fetch_min_rate,
+                    fetch_min_rate_window: self.fetch_min_rate_window,
                 }
             }
         }

@@ -40,6 +40,9 @@ pub const KEYS: &[&str] = &[
     "api-retry-delay",
     "fetch-attempts",
     "fetch-backoff-ms",
+    "fetch-timeout",
+    "fetch-min-rate",
+    "fetch-min-rate-window",
     "update-timeout",
 ];
 /// Options that say where settings come from, or ask for a one-off plan: command line only.
@@ -344,7 +347,9 @@ fn check_value(key: &str, value: &str) -> std::result::Result<(), String> {
     if key == "verbose" {
         return crate::logger::parse_level(value)
             .map(|_| ())
-            .ok_or_else(|| format!("{value:?}: expected error, warn, info or debug"));
+            .ok_or_else(|| {
+                format!("{value:?}: expected panic, fatal, error, warn, info, debug or trace")
+            });
     }
     let args = cli::normalize(&["bootstrap".to_string(), format!("--{key}={value}")]);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -121,6 +121,33 @@ impl Retry {
     }
 }
 
+/// Bounds on one attempt, so that a server that trickles bytes cannot hold a run for ever
+/// (curl's `--max-time`, `--speed-limit` and `--speed-time`).
+#[derive(Debug, Clone, Copy)]
+pub struct AttemptLimits {
+    /// No attempt lasts longer, from connecting to the body's last byte. The retry budget's
+    /// remainder shortens it, so the budget ends a run even in the middle of an attempt.
+    pub deadline: Duration,
+    /// Bytes per second that every `window` of a transfer must reach on average; 0: no floor.
+    pub min_rate: u64,
+    pub window: Duration,
+}
+
+impl Default for AttemptLimits {
+    fn default() -> Self {
+        AttemptLimits {
+            deadline: Duration::from_secs(DEFAULT_ATTEMPT_SECS),
+            min_rate: DEFAULT_MIN_RATE,
+            window: Duration::from_secs(DEFAULT_RATE_WINDOW_SECS),
+        }
+    }
+}
+
+/// Defaults of `--fetch-timeout`, `--fetch-min-rate` and `--fetch-min-rate-window` (README).
+pub const DEFAULT_ATTEMPT_SECS: u64 = 300;
+pub const DEFAULT_MIN_RATE: u64 = 1024;
+pub const DEFAULT_RATE_WINDOW_SECS: u64 = 30;
+
 /// What one attempt says about trying again.
 enum Attempt<T> {
     Done(T),
@@ -131,6 +158,7 @@ enum Attempt<T> {
 pub struct Http {
     agent: Agent,
     retry: Retry,
+    limits: AttemptLimits,
 }
 
 pub struct Request<'a> {
@@ -173,22 +201,33 @@ impl Http {
             .max_redirects(5)
             .build()
             .new_agent();
-        Http { agent, retry }
+        Http {
+            agent,
+            retry,
+            limits: AttemptLimits::default(),
+        }
     }
 
-    /// Run `op` until it is done, fails for good, or attempts or time run out.
-    fn retrying<T>(&self, what: &str, mut op: impl FnMut() -> Attempt<T>) -> Result<T> {
+    /// The same client with other bounds per attempt.
+    pub fn with_limits(self, limits: AttemptLimits) -> Http {
+        Http { limits, ..self }
+    }
+
+    /// Run `op` until it is done, fails for good, or attempts or time run out. `op` gets the
+    /// time its attempt may take: the per-attempt deadline or what is left of the budget.
+    fn retrying<T>(&self, what: &str, mut op: impl FnMut(Duration) -> Attempt<T>) -> Result<T> {
         let start = Instant::now();
         let mut n = 0;
         loop {
             n += 1;
-            let e = match op() {
+            let left = self.retry.budget.saturating_sub(start.elapsed());
+            let e = match op(self.limits.deadline.min(left)) {
                 Attempt::Done(t) => return Ok(t),
                 Attempt::Final(e) => return Err(e),
                 Attempt::Retry(e) => e,
             };
             let delay = self.retry.delay(n - 1);
-            if n >= self.retry.attempts || start.elapsed() + delay > self.retry.budget {
+            if n >= self.retry.attempts || start.elapsed() + delay >= self.retry.budget {
                 return Err(e.context(format!("{what}: giving up after {n} attempts")));
             }
             log::warn!(
@@ -200,10 +239,12 @@ impl Http {
         }
     }
 
-    /// One request; a response of any status is `Ok`.
+    /// One request that must be over, body included, within `deadline`; a response of any
+    /// status is `Ok`. A read that waits a whole rate window for a byte is below any floor.
     fn call(
         &self,
         req: &Request,
+        deadline: Duration,
     ) -> std::result::Result<ureq::http::Response<ureq::Body>, ureq::Error> {
         let mut b = ureq::http::Request::builder()
             .method(req.method)
@@ -211,15 +252,30 @@ impl Http {
         for (k, v) in &req.headers {
             b = b.header(*k, v.as_str());
         }
+        let per_read = Some(self.limits.window.min(Duration::from_secs(60)));
         match &req.body {
             Some((ctype, body)) => {
                 let r = b
                     .header("Content-Type", *ctype)
                     .body(body.clone())
                     .map_err(ureq::Error::Http)?;
+                let r = self
+                    .agent
+                    .configure_request(r)
+                    .timeout_global(Some(deadline))
+                    .timeout_per_read(per_read)
+                    .build();
                 self.agent.run(r)
             }
-            None => self.agent.run(b.body(()).map_err(ureq::Error::Http)?),
+            None => {
+                let r = self
+                    .agent
+                    .configure_request(b.body(()).map_err(ureq::Error::Http)?)
+                    .timeout_global(Some(deadline))
+                    .timeout_per_read(per_read)
+                    .build();
+                self.agent.run(r)
+            }
         }
     }
 
@@ -232,8 +288,8 @@ impl Http {
     /// at once, for the caller's own retry rule (409 Conflict on a patch).
     pub fn fetch_passing(&self, req: &Request, cap: u64, pass: &[u16]) -> Result<Result<Vec<u8>>> {
         let what = format!("{} {}", req.method, req.url);
-        self.retrying(&what, || {
-            let mut resp = match self.call(req) {
+        self.retrying(&what, |deadline| {
+            let mut resp = match self.call(req, deadline) {
                 Ok(r) => r,
                 Err(e) => return classify_transport(&what, e),
             };
@@ -242,9 +298,16 @@ impl Http {
                 Some((status, e)) if pass.contains(&status) => return Attempt::Done(Err(e)),
                 Some((status, e)) => return verdict(status, e),
             }
-            match resp.body_mut().with_config().limit(cap).read_to_vec() {
-                Ok(v) => Attempt::Done(Ok(v)),
-                Err(ureq::Error::BodyExceedsLimit(_)) => Attempt::Final(Error::failed(format!(
+            if let Some(t) = resp.body().content_length().filter(|t| *t > cap) {
+                return Attempt::Final(Error::failed(format!(
+                    "{what}: {t} bytes is over the {cap}-byte limit"
+                )));
+            }
+            let body = resp.body_mut().with_config().limit(cap).reader();
+            let mut v = Vec::new();
+            match RateFloor::new(body, self.limits).read_to_end(&mut v) {
+                Ok(_) => Attempt::Done(Ok(v)),
+                Err(e) if over_limit(&e) => Attempt::Final(Error::failed(format!(
                     "{what}: response larger than the {cap}-byte limit"
                 ))),
                 Err(e) => Attempt::Retry(Error::failed(format!("{what}: reading body: {e}"))),
@@ -277,8 +340,8 @@ impl Http {
         mut consume: impl FnMut(&mut dyn Read) -> std::result::Result<T, Staging>,
     ) -> Result<T> {
         let what = format!("{} {}", req.method, req.url);
-        self.retrying(&what, || {
-            let mut resp = match self.call(req) {
+        self.retrying(&what, |deadline| {
+            let mut resp = match self.call(req, deadline) {
                 Ok(r) => r,
                 Err(e) => return classify_transport(&what, e),
             };
@@ -292,7 +355,7 @@ impl Http {
                 )));
             }
             let body = resp.body_mut().with_config().limit(cap).reader();
-            let mut progress = Progress::new(body, req.url, total);
+            let mut progress = Progress::new(RateFloor::new(body, self.limits), req.url, total);
             match consume(&mut progress) {
                 Ok(n) => Attempt::Done(n),
                 Err(Staging::Read(e)) if over_limit(&e) => Attempt::Final(Error::failed(format!(
@@ -452,6 +515,52 @@ fn over_limit(e: &io::Error) -> bool {
         .is_some_and(|u| matches!(u, ureq::Error::BodyExceedsLimit(_)))
 }
 
+/// Fails a transfer whose average rate over a whole window falls below the floor: one byte
+/// every few seconds keeps each read alive, so the per-read timeout alone cannot catch it.
+pub struct RateFloor<R> {
+    inner: R,
+    limits: AttemptLimits,
+    window_start: Instant,
+    in_window: u64,
+}
+
+impl<R> RateFloor<R> {
+    pub fn new(inner: R, limits: AttemptLimits) -> Self {
+        RateFloor {
+            inner,
+            limits,
+            window_start: Instant::now(),
+            in_window: 0,
+        }
+    }
+}
+
+impl<R: Read> Read for RateFloor<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.in_window += n as u64;
+        let w = self.limits.window;
+        let elapsed = self.window_start.elapsed();
+        if n > 0 && self.limits.min_rate > 0 && elapsed >= w {
+            let need = (self.limits.min_rate as f64 * elapsed.as_secs_f64()) as u64;
+            if self.in_window < need {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "transfer slower than {} bytes/s ({} bytes in {:.0} s)",
+                        self.limits.min_rate,
+                        self.in_window,
+                        elapsed.as_secs_f64()
+                    ),
+                ));
+            }
+            self.window_start = Instant::now();
+            self.in_window = 0;
+        }
+        Ok(n)
+    }
+}
+
 /// Logs a progress line every few seconds on long downloads, and a summary when one was shown.
 pub struct Progress<R> {
     inner: R,
@@ -542,6 +651,92 @@ mod tests {
         // Random, not zero: 200 draws under a 60 s ceiling average near 30 s.
         let mean = (0..200).map(|_| r.delay(10).as_secs_f64()).sum::<f64>() / 200.0;
         assert!((20.0..40.0).contains(&mean), "mean {mean}");
+    }
+
+    /// A plain-HTTP server on loopback that answers every connection with `reply`'s bytes,
+    /// then (for `hold`) keeps the connection open without a word.
+    fn server(reply: &'static [u8], endless: bool) -> String {
+        use std::net::TcpListener;
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/x", l.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(mut c) = c else { continue };
+                std::thread::spawn(move || {
+                    let mut req = [0u8; 4096];
+                    let _ = c.read(&mut req);
+                    let _ = c.write_all(reply);
+                    while endless && c.write_all(&[b'x'; 4096]).is_ok() {}
+                    std::thread::sleep(Duration::from_secs(30));
+                });
+            }
+        });
+        url
+    }
+
+    fn client(budget: Duration) -> Http {
+        Http::new(
+            &Tls::default(),
+            Retry {
+                attempts: 5,
+                backoff: Backoff::Exponential {
+                    initial: Duration::from_millis(10),
+                    cap: Duration::from_millis(10),
+                },
+                budget,
+            },
+        )
+    }
+
+    #[test]
+    fn the_budget_ends_an_attempt_in_progress() {
+        // Headers never come; the per-read timeout (30 s) and the attempt deadline (300 s)
+        // are far away: only the 1 s budget can end this.
+        let url = server(b"", false);
+        let start = Instant::now();
+        let e = client(Duration::from_secs(1))
+            .fetch(&Request::get(&url), 1 << 20)
+            .unwrap_err();
+        let took = start.elapsed();
+        assert!(took < Duration::from_secs(5), "{took:?}: {e}");
+        assert!(e.to_string().contains("giving up"), "{e}");
+    }
+
+    #[test]
+    fn a_body_stops_at_its_declared_length_or_the_cap() {
+        // More bytes than Content-Length says: the body ends where it was declared to.
+        let url = server(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", true);
+        let body = client(Duration::from_secs(10))
+            .fetch(&Request::get(&url), 1 << 20)
+            .unwrap();
+        assert_eq!(body, b"hello");
+        // No length and no end: refused at the caller's cap, at once and for good.
+        let url = server(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n", true);
+        let start = Instant::now();
+        let e = client(Duration::from_secs(10))
+            .fetch(&Request::get(&url), 64 << 10)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("larger than the 65536-byte limit"),
+            "{e}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_declared_length_over_the_cap_is_refused_before_reading() {
+        let url = server(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 999999999\r\n\r\n",
+            true,
+        );
+        let e = client(Duration::from_secs(10))
+            .fetch(&Request::get(&url), 1 << 20)
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("999999999 bytes is over the 1048576-byte limit"),
+            "{e}"
+        );
     }
 
     #[test]

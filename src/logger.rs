@@ -62,12 +62,39 @@ pub fn init(level: log::LevelFilter) {
     log::set_max_level(level);
 }
 
+/// `--verbose` as logrus's `ParseLevel` (the original Go tool's) reads it: any case; `panic` and
+/// `fatal` are quieter than `error`, and nodestrap has nothing quieter than its errors.
 pub fn parse_level(s: &str) -> Option<log::LevelFilter> {
-    Some(match s {
-        "error" => log::LevelFilter::Error,
+    Some(match s.to_ascii_lowercase().as_str() {
+        "panic" | "fatal" | "error" => log::LevelFilter::Error,
         "warn" | "warning" => log::LevelFilter::Warn,
         "info" => log::LevelFilter::Info,
         "debug" => log::LevelFilter::Debug,
+        "trace" => log::LevelFilter::Trace,
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_level;
+    use log::LevelFilter::*;
+
+    #[test]
+    fn levels_as_logrus_reads_them() {
+        for (s, l) in [
+            ("panic", Error),
+            ("FATAL", Error),
+            ("Error", Error),
+            ("WARNING", Warn),
+            ("warn", Warn),
+            ("Info", Info),
+            ("DEBUG", Debug),
+            ("trace", Trace),
+        ] {
+            assert_eq!(parse_level(s), Some(l), "{s}");
+        }
+        assert_eq!(parse_level("verbose"), None);
+        assert_eq!(parse_level(""), None);
+    }
 }

@@ -19,6 +19,7 @@ mod mappings;
 mod mco;
 mod mtls;
 mod nodelock;
+mod output;
 mod payload;
 mod progress;
 mod reboot;
@@ -124,7 +125,11 @@ fn with_log(verbose: &str, f: impl FnOnce() -> error::Result<()>) -> i32 {
 fn log_level(verbose: &str) -> Option<log::LevelFilter> {
     let l = logger::parse_level(verbose);
     if l.is_none() {
-        eprintln!("error: --verbose {verbose:?}: expected error, warn, info or debug");
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "error: --verbose {verbose:?}: expected panic, fatal, error, warn, info, debug or trace"
+        );
     }
     l
 }
@@ -143,11 +148,15 @@ fn exit_code(r: error::Result<()>) -> i32 {
 fn parse(args: &[String]) -> Result<cli::Cli, i32> {
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     cli::Cli::from_args(&["nodestrap"], &refs).map_err(|e| {
+        use std::io::Write as _;
+        // A closed stdout or stderr must not panic; the exit code still tells.
         if e.status.is_ok() {
-            print!("{}", e.output);
-            0
+            match std::io::stdout().write_all(e.output.as_bytes()) {
+                Ok(()) => 0,
+                Err(_) => 1,
+            }
         } else {
-            eprint!("{}", e.output);
+            let _ = std::io::stderr().write_all(e.output.as_bytes());
             2
         }
     })

@@ -458,6 +458,15 @@ fn remove_tree_at(parent: &impl AsFd, name: &OsStr, dev: u64) -> io::Result<()> 
     Ok(rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)?)
 }
 
+/// How far `persist_steps` got before it failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Persist {
+    /// The final name is untouched.
+    NotRenamed,
+    /// The final name holds the new file; only the directory's fsync failed.
+    Renamed,
+}
+
 pub struct TempFile<'a> {
     dir: &'a Dir,
     tmp: String,
@@ -471,9 +480,23 @@ impl TempFile<'_> {
     }
 
     /// fsync the data, rename over the final name, fsync the directory.
-    pub fn persist(mut self) -> Result<()> {
+    pub fn persist(self) -> Result<()> {
+        self.persist_steps().map_err(|(_, e)| e)
+    }
+
+    /// `persist`, telling a caller whose file is a done marker whether the rename happened
+    /// before the failure (the new file is visible but may not survive a crash).
+    pub fn persist_steps(mut self) -> std::result::Result<(), (Persist, Error)> {
         let f = self.file.take().expect("open until persisted");
-        f.sync_all().with_ctx(|| self.dir.show(&self.tmp))?;
+        f.sync_all()
+            .with_ctx(|| {
+                format!(
+                    "fsync of {} (temp file for {})",
+                    self.dir.show(&self.tmp),
+                    self.dir.show(&self.name)
+                )
+            })
+            .map_err(|e| (Persist::NotRenamed, e))?;
         drop(f);
         rustix::fs::renameat(
             &self.dir.fd,
@@ -481,9 +504,12 @@ impl TempFile<'_> {
             &self.dir.fd,
             self.name.as_str(),
         )
-        .with_ctx(|| format!("renaming into {}", self.dir.show(&self.name)))?;
+        .with_ctx(|| format!("renaming into {}", self.dir.show(&self.name)))
+        .map_err(|e| (Persist::NotRenamed, e))?;
         self.tmp.clear();
-        self.dir.fsync()
+        self.dir
+            .fsync()
+            .map_err(|e| (Persist::Renamed, e.context(self.dir.show(&self.name))))
     }
 }
 

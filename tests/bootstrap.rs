@@ -1629,3 +1629,158 @@ fn bad_settings_exit_2_naming_their_source() {
     r.assert_ok();
     assert!(!r.stderr.contains("settings from"), "{}", r.stderr);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The done marker never outlives a failed run
+
+/// The world's run under strace, whose fault injection makes the real `fsync` fail with EIO
+/// the way a dying disk does: the first fsync of `path` (or of anything, without a path).
+fn run_with_fsync_failure(w: &World, path: Option<&Path>) -> Run {
+    let inner = command(&w.args(), None);
+    let mut c = std::process::Command::new("strace");
+    c.args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync"])
+        .args(["-e", "inject=fsync:error=EIO:when=1"]);
+    if let Some(p) = path {
+        c.arg("-P").arg(p);
+    }
+    c.arg("--").arg(inner.get_program()).args(inner.get_args());
+    c.env_clear();
+    for (k, v) in inner.get_envs() {
+        if let Some(v) = v {
+            c.env(k, v);
+        }
+    }
+    Run::from(c.output().expect("strace (CI installs it in .ci/setup)"))
+}
+
+fn kubelet_env_dir_listing(w: &World) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(w.path("/etc/kubernetes"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_failed_directory_fsync_takes_the_done_marker_back() {
+    let w = World::new();
+    let r = run_with_fsync_failure(&w, Some(&w.path("/etc/kubernetes")));
+    r.assert_fails(1, "removed");
+    assert!(
+        r.stderr
+            .contains("kubelet.env again so bootstrap runs again")
+            && r.stderr.contains("Input/output error"),
+        "{}",
+        r.stderr
+    );
+    assert!(!w.path("/etc/kubernetes/kubelet.env").exists());
+    assert_eq!(kubelet_env_dir_listing(&w), vec!["installer"]);
+    // The next run, on a healthy disk, completes.
+    w.run().assert_ok();
+    assert!(w.path("/etc/kubernetes/kubelet.env").exists());
+}
+
+#[test]
+fn a_failed_data_fsync_names_the_final_path() {
+    let mut w = World::new();
+    w.extra.extend([
+        "--torcx-skip-setup".into(),
+        "--force-kube-version=v1.11.0".into(),
+    ]);
+    let r = run_with_fsync_failure(&w, None);
+    let want = format!(
+        "(temp file for {})",
+        w.path("/etc/kubernetes/kubelet.env").display()
+    );
+    r.assert_fails(1, &want);
+    assert_eq!(kubelet_env_dir_listing(&w), vec!["installer"]);
+}
+
+#[test]
+fn a_closed_stdout_takes_the_done_marker_back() {
+    let w = World::new();
+    let mut child = command(&w.args(), None)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Close the reading end before the summary line is written: the write fails (EPIPE).
+    drop(child.stdout.take());
+    let r = Run::from(child.wait_with_output().unwrap());
+    r.assert_fails(1, "writing to standard output");
+    assert!(
+        r.stderr.contains("again so bootstrap runs again"),
+        "{}",
+        r.stderr
+    );
+    assert!(!w.path("/etc/kubernetes/kubelet.env").exists());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every network attempt has a deadline and a floor on progress
+
+#[test]
+fn a_trickling_server_is_cut_off_by_the_rate_floor() {
+    let mut w = World::new();
+    w.files.set(
+        "/pkgs/docker-17.03.tgz",
+        Reply::trickled(image("17.03"), std::time::Duration::from_millis(20)),
+    );
+    w.extra.extend([
+        "--fetch-attempts=2".into(),
+        "--fetch-min-rate=2000".into(),
+        "--fetch-min-rate-window=2".into(),
+    ]);
+    let start = std::time::Instant::now();
+    let r = w.run();
+    let took = start.elapsed();
+    r.assert_fails(1, "slower than 2000 bytes/s");
+    assert_eq!(w.files.hits("/pkgs/docker-17.03.tgz"), 2, "{}", r.stderr);
+    // Two windows of 2 s and a short backoff, not the 300 KiB at 50 bytes/s (an hour and a half).
+    assert!(took < std::time::Duration::from_secs(20), "{took:?}");
+    w.assert_nothing_written();
+}
+
+#[test]
+fn an_attempt_ends_at_its_deadline_even_above_the_rate_floor() {
+    let mut w = World::new();
+    // 5 KB/s passes a floor of 1 KB/s, but 300 KiB would take a minute.
+    w.files.set(
+        "/pkgs/docker-17.03.tgz",
+        Reply::trickled(image("17.03"), std::time::Duration::from_micros(200)),
+    );
+    w.extra.extend([
+        "--fetch-attempts=2".into(),
+        "--fetch-timeout=3".into(),
+        "--fetch-min-rate-window=1".into(),
+    ]);
+    let start = std::time::Instant::now();
+    let r = w.run();
+    let took = start.elapsed();
+    r.assert_fails(1, "/pkgs/docker-17.03.tgz");
+    assert!(r.stderr.contains("timeout"), "{}", r.stderr);
+    assert_eq!(w.files.hits("/pkgs/docker-17.03.tgz"), 2);
+    assert!(took < std::time::Duration::from_secs(15), "{took:?}");
+    w.assert_nothing_written();
+}
+
+#[test]
+fn fetch_limits_are_checked_as_options() {
+    let w = World::new();
+    for (flag, want) in [
+        ("--fetch-timeout=0", "--fetch-timeout 0: at least 1"),
+        (
+            "--fetch-min-rate-window=0",
+            "--fetch-min-rate-window 0: at least 1",
+        ),
+        (
+            "--fetch-timeout=100000",
+            "--fetch-timeout 100000: at most 86400",
+        ),
+    ] {
+        let mut a = w.args();
+        a.push(flag.into());
+        nodestrap(&a, None, &[]).assert_fails(2, want);
+    }
+}

@@ -413,8 +413,7 @@ fn conflict_on_the_first_patch_is_retried() {
         Reply {
             status: 409,
             body: br#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"Operation cannot be fulfilled on nodes \"worker-1\": the object has been modified","reason":"Conflict","code":409}"#.to_vec(),
-            truncate: None,
-            stall: None,
+            ..Reply::status(409)
         },
     );
     let bus = pending_bus(None);

@@ -124,6 +124,8 @@ pub struct Reply {
     pub truncate: Option<usize>,
     /// Send only this many body bytes, then go silent for a while (a stalled transfer).
     pub stall: Option<usize>,
+    /// Send the body one byte at a time, this far apart (a server that trickles).
+    pub trickle: Option<std::time::Duration>,
 }
 
 impl Reply {
@@ -133,11 +135,18 @@ impl Reply {
             body: body.into(),
             truncate: None,
             stall: None,
+            trickle: None,
         }
     }
     pub fn stalled(body: impl Into<Vec<u8>>, at: usize) -> Reply {
         Reply {
             stall: Some(at),
+            ..Reply::ok(body)
+        }
+    }
+    pub fn trickled(body: impl Into<Vec<u8>>, every: std::time::Duration) -> Reply {
+        Reply {
+            trickle: Some(every),
             ..Reply::ok(body)
         }
     }
@@ -150,6 +159,7 @@ impl Reply {
             .into_bytes(),
             truncate: None,
             stall: None,
+            trickle: None,
         }
     }
     pub fn truncated(body: impl Into<Vec<u8>>, at: usize) -> Reply {
@@ -158,6 +168,7 @@ impl Reply {
             body: body.into(),
             truncate: Some(at),
             stall: None,
+            trickle: None,
         }
     }
 }
@@ -373,6 +384,14 @@ fn handle(
             reply.body.len()
         );
         tls.write_all(head.as_bytes())?;
+        if let Some(every) = reply.trickle {
+            for b in &reply.body {
+                tls.write_all(std::slice::from_ref(b))?;
+                tls.flush()?;
+                std::thread::sleep(every);
+            }
+            continue;
+        }
         if let Some(n) = reply.stall {
             tls.write_all(&reply.body[..n])?;
             tls.flush()?;
