@@ -72,9 +72,9 @@ pub fn run(a: &Bootstrap) -> Result<()> {
 
     // 3. Runtime mappings: the ConfigMap, else the node's file.
     let wanted = if torcx_on {
-        runtime_versions(&root, a, kube.as_ref(), &k8s)?
+        Some(runtime_versions(&root, a, kube.as_ref(), &k8s)?)
     } else {
-        Vec::new()
+        None
     };
 
     // 4. update_engine.
@@ -92,8 +92,8 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     }
 
     // 5-8. torcx: choose, fetch and verify, stage, profile.
-    let chosen = match &http {
-        Some(http) => {
+    let chosen = match (&http, &wanted) {
+        (Some(http), Some(wanted)) => {
             let m = Manifests {
                 http,
                 template: &template,
@@ -105,12 +105,12 @@ pub fn run(a: &Bootstrap) -> Result<()> {
                 &m,
                 &os.version,
                 next.as_deref(),
-                &wanted,
+                wanted,
                 &a.torcx_profile,
                 a.dry_run,
             )?
         }
-        None => {
+        _ => {
             log::info!("torcx setup skipped (--torcx-skip-setup)");
             None
         }
@@ -449,12 +449,7 @@ fn checked_version(v: String, from: &str) -> Result<String> {
     }
 }
 
-fn runtime_versions(
-    root: &Root,
-    a: &Bootstrap,
-    kube: Option<&Kube>,
-    k8s: &str,
-) -> Result<Vec<String>> {
+fn runtime_versions(root: &Root, a: &Bootstrap, kube: Option<&Kube>, k8s: &str) -> Result<Wanted> {
     let from_api = kube.map(|k| k.configmap_key(MAPPINGS_NS, MAPPINGS_CM, MAPPINGS_KEY));
     let mappings = match from_api {
         // Data the API gave us that does not parse is an error, not a reason to use older data.
@@ -478,8 +473,35 @@ fn runtime_versions(
     pick_versions(&mappings, k8s)
 }
 
+/// The runtime versions the mappings give for a Kubernetes version, most preferred first, and
+/// where they come from (for the error when the manifest offers none of them).
+pub(crate) struct Wanted {
+    pub versions: Vec<String>,
+    pub source: String,
+}
+
+/// At most this many items of a list go into an error message.
+const LIST_IN_ERRORS: usize = 20;
+
+/// `a, b, c` of at most LIST_IN_ERRORS items, each cut to 64 characters, and how many more.
+fn bounded_list<'a>(items: impl ExactSizeIterator<Item = &'a str>) -> String {
+    let n = items.len();
+    let mut out: Vec<String> = items
+        .take(LIST_IN_ERRORS)
+        .map(|s| crate::error::excerpt(s, 64))
+        .collect();
+    if n > LIST_IN_ERRORS {
+        out.push(format!("and {} more", n - LIST_IN_ERRORS));
+    }
+    if out.is_empty() {
+        "nothing".to_string()
+    } else {
+        out.join(", ")
+    }
+}
+
 /// The runtime versions the mappings give for `k8s`, most preferred first.
-pub(crate) fn pick_versions(mappings: &Mappings, k8s: &str) -> Result<Vec<String>> {
+pub(crate) fn pick_versions(mappings: &Mappings, k8s: &str) -> Result<Wanted> {
     let wanted = mappings.runtime_for(k8s, RUNTIME)?;
     for v in &wanted {
         if !torcx::plain_name(v) {
@@ -494,7 +516,10 @@ pub(crate) fn pick_versions(mappings: &Mappings, k8s: &str) -> Result<Vec<String
         wanted.join(", "),
         mappings.source
     );
-    Ok(wanted)
+    Ok(Wanted {
+        versions: wanted,
+        source: mappings.source.clone(),
+    })
 }
 
 /// update_engine is asked whatever `--root` is: the hook runs with the host root mounted
@@ -537,8 +562,12 @@ pub(crate) struct Manifests<'a> {
 }
 
 impl Manifests<'_> {
+    fn url(&self, os_version: &str) -> Result<String> {
+        render_url(self.template, self.board, os_version)
+    }
+
     fn get(&self, os_version: &str) -> Result<PackageList> {
-        let url = render_url(self.template, self.board, os_version)?;
+        let url = self.url(os_version)?;
         let body = self.http.fetch(&Request::get(&url), MANIFEST_CAP)?;
         match self.keyring {
             Some(k) => {
@@ -560,7 +589,7 @@ pub(crate) fn stage_runtime(
     m: &Manifests,
     current: &str,
     next: Option<&str>,
-    wanted: &[String],
+    wanted: &Wanted,
     profile_default: &str,
     dry_run: bool,
 ) -> Result<Option<String>> {
@@ -576,12 +605,17 @@ pub(crate) fn stage_runtime(
     }
     let list = m.get(primary)?;
     let (version, source) = wanted
+        .versions
         .iter()
         .find_map(|v| list.source_for(RUNTIME, v).map(|s| (v.clone(), s)))
         .ok_or_else(|| {
+            let offered = list.versions_of(RUNTIME);
             Error::failed(format!(
-                "no suitable {RUNTIME} version: none of {} is offered for OS {primary}",
-                wanted.join(", ")
+                "no suitable {RUNTIME} version for OS {primary}: {} maps to {}; manifest {} offers {}",
+                wanted.source,
+                bounded_list(wanted.versions.iter().map(String::as_str)),
+                m.url(primary).unwrap_or_default(),
+                bounded_list(offered.into_iter()),
             ))
         })?;
     log::info!("{RUNTIME} {version} chosen for OS {primary} (first of the mapped versions the manifest offers)");

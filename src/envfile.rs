@@ -2,9 +2,17 @@
 //!
 //! Stricter than tectonic-torcx's split-on-`=` (which silently took `#K=V` as a key named `#K`):
 //! blank lines and `#` comments are skipped, anything else must be `KEY=VALUE` with a shell-style
-//! key, and quotes must balance. Order is kept so a rewritten file is stable.
+//! key, and quotes must balance. Values are read as os-release(5) says (shell rules without
+//! expansion): in double quotes only `\\`, `\$`, `\"` and `` \` `` are escapes, other backslashes
+//! stay; in single quotes nothing is an escape; outside quotes a backslash takes the next
+//! character literally; quoted and unquoted parts may follow each other. Order is kept so a
+//! rewritten file is stable.
 
-use crate::error::{Error, Result};
+use crate::error::{excerpt, Error, Result};
+
+/// The budget of one file: node files are small, and a bigger one is not what we think it is.
+pub const MAX_BYTES: usize = 64 << 10;
+pub const MAX_VARS: usize = 1024;
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EnvFile {
@@ -14,13 +22,24 @@ pub struct EnvFile {
 impl EnvFile {
     /// Parse `text`; `name` is how errors name the input.
     pub fn parse(text: &str, name: &str) -> Result<EnvFile> {
+        if text.len() > MAX_BYTES {
+            return Err(Error::failed(format!(
+                "{name}: {} bytes is over the {MAX_BYTES}-byte limit of an env file",
+                text.len()
+            )));
+        }
         let mut vars = Vec::new();
         for (i, raw) in text.lines().enumerate() {
             let line = raw.trim();
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let err = |why: &str| Error::failed(format!("{name}:{}: {why}: {raw:?}", i + 1));
+            let err = |why: &str| {
+                Error::failed(format!("{name}:{}: {why}: \"{}\"", i + 1, excerpt(raw, 80)))
+            };
+            if vars.len() == MAX_VARS {
+                return Err(err(&format!("more than {MAX_VARS} variables")));
+            }
             let line = line.strip_prefix("export ").unwrap_or(line);
             let (k, v) = line
                 .split_once('=')
@@ -94,28 +113,34 @@ fn valid_key(k: &str) -> bool {
         && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
 }
 
+/// The value after `=`, as a shell (without expansion) or systemd reads it; `None` when a quote
+/// is left open or a backslash ends the line.
 fn unquote(v: &str) -> Option<String> {
-    let v = v.trim();
-    if let Some(inner) = v.strip_prefix('"') {
-        let inner = inner.strip_suffix('"')?;
-        let mut out = String::new();
-        let mut chars = inner.chars();
-        while let Some(c) = chars.next() {
-            match c {
-                '\\' => out.push(chars.next()?),
-                '"' => return None,
-                c => out.push(c),
-            }
-        }
-        Some(out)
-    } else if let Some(inner) = v.strip_prefix('\'') {
-        let inner = inner.strip_suffix('\'')?;
-        (!inner.contains('\'')).then(|| inner.to_string())
-    } else if v.contains(['"', '\'']) {
-        None
-    } else {
-        Some(v.to_string())
+    enum In {
+        Plain,
+        Double,
+        Single,
     }
+    let mut out = String::new();
+    let mut state = In::Plain;
+    let mut chars = v.trim().chars();
+    while let Some(c) = chars.next() {
+        match (&state, c) {
+            (In::Plain, '\\') => out.push(chars.next()?),
+            (In::Plain, '"') => state = In::Double,
+            (In::Plain, '\'') => state = In::Single,
+            (In::Double, '\\') => match chars.next()? {
+                e @ ('\\' | '$' | '"' | '`') => out.push(e),
+                e => {
+                    out.push('\\');
+                    out.push(e);
+                }
+            },
+            (In::Double, '"') | (In::Single, '\'') => state = In::Plain,
+            (_, c) => out.push(c),
+        }
+    }
+    matches!(state, In::Plain).then_some(out)
 }
 
 #[cfg(test)]
@@ -129,6 +154,55 @@ mod tests {
         assert_eq!(e.get("VERSION_ID"), Some("1662.0.0"));
         assert_eq!(e.get("COREOS_BOARD"), Some("amd64-usr"));
         assert_eq!(e.get("NAME"), Some("Container Linux by CoreOS"));
+    }
+
+    /// Values as a POSIX shell reads them (`. file`), the rules os-release(5) gives.
+    #[test]
+    fn values_read_as_the_shell_reads_them() {
+        let lines = [
+            r#"A="a \\ b \$ c \" d \` e""#,
+            r#"A="keep \n and \x and \'""#,
+            r#"A='single \" \\ \n $x'"#,
+            r#"A=plain\ value\"q"#,
+            r#"A=con"cat "'en'ated"#,
+            r#"A="""#,
+            r#"A="#,
+            r#"A=Fedora\ Linux"#,
+        ];
+        let dir = std::env::temp_dir().join(format!("nodestrap-envfile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for line in lines {
+            let f = dir.join("os-release");
+            std::fs::write(&f, format!("{line}\n")).unwrap();
+            let sh = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(r#". "$1" && printf %s "$A""#)
+                .arg("sh")
+                .arg(&f)
+                .output()
+                .unwrap();
+            assert!(sh.status.success(), "{line}");
+            let want = String::from_utf8(sh.stdout).unwrap();
+            let got = EnvFile::parse(line, "f").unwrap();
+            assert_eq!(got.get("A"), Some(want.as_str()), "{line}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+        for bad in [r#"A="open"#, "A='open", r#"A=trailing\"#, r#"A="x\"#] {
+            assert!(EnvFile::parse(bad, "f").is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn budgets_and_bounded_excerpts() {
+        let big = "A=1\n".repeat(MAX_BYTES / 4 + 1);
+        let e = EnvFile::parse(&big, "/r/usr/lib/os-release").unwrap_err();
+        assert!(e.to_string().contains("over the 65536-byte limit"), "{e}");
+        let many: String = (0..=MAX_VARS).map(|i| format!("K{i}=v\n")).collect();
+        let e = EnvFile::parse(&many, "f").unwrap_err();
+        assert!(e.to_string().contains("more than 1024 variables"), "{e}");
+        let junk = format!("{}\n", "x".repeat(5000));
+        let e = EnvFile::parse(&junk, "f").unwrap_err().to_string();
+        assert!(e.len() < 200 && e.contains("(4920 more characters)"), "{e}");
     }
 
     #[test]

@@ -52,6 +52,17 @@ impl Error {
     }
 }
 
+/// At most `max` characters of untrusted input for an error message, control characters
+/// escaped, with the length of what was left out.
+pub fn excerpt(s: &str, max: usize) -> String {
+    let mut out: String = s.chars().take(max).flat_map(char::escape_debug).collect();
+    let n = s.chars().count();
+    if n > max {
+        out.push_str(&format!("… ({} more characters)", n - max));
+    }
+    out
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.msg)

@@ -119,6 +119,16 @@ impl PackageList {
         Ok(list)
     }
 
+    /// The versions of `name` this list offers, in its order.
+    pub fn versions_of(&self, name: &str) -> Vec<&str> {
+        self.value
+            .packages
+            .iter()
+            .filter(|p| p.name == name)
+            .flat_map(|p| p.versions.iter().map(|v| v.version.as_str()))
+            .collect()
+    }
+
     /// The source of `name:version`, if this OS offers it: a vendored store path wins,
     /// else the first URL.
     pub fn source_for(&self, name: &str, version: &str) -> Option<Source> {

@@ -1784,3 +1784,74 @@ fn fetch_limits_are_checked_as_options() {
         nodestrap(&a, None, &[]).assert_fails(2, want);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Every parser has a budget
+
+/// Ten levels of ten aliases each: 10^10 nodes once expanded, in 600 bytes.
+fn billion_laughs() -> String {
+    let mut doc = String::from("kind: VersionManifestV1\na0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+    for i in 1..10 {
+        let p = i - 1;
+        doc.push_str(&format!(
+            "a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
+        ));
+    }
+    doc.push_str("versions: {k8s: {'1.9': {docker: *a9}}}\n");
+    doc
+}
+
+#[test]
+fn a_hostile_mappings_configmap_is_refused_by_its_budget() {
+    let w = World::new();
+    let (_api, _ca) = w.with_api("v1.9.6+coreos.0", Some(&billion_laughs()));
+    let r = w.run();
+    r.assert_fails(
+        1,
+        "ConfigMap tectonic-system/tectonic-torcx-runtime-mappings key runtime-mappings.yaml: more than 100000 YAML nodes once aliases are expanded",
+    );
+    w.assert_nothing_written();
+}
+
+#[test]
+fn a_hostile_mappings_file_is_refused_naming_it() {
+    let w = World::new();
+    w.write(
+        "/etc/kubernetes/installer/runtime-mappings.yaml",
+        &billion_laughs(),
+    );
+    let name = w
+        .path("/etc/kubernetes/installer/runtime-mappings.yaml")
+        .display()
+        .to_string();
+    w.run()
+        .assert_fails(1, &format!("{name}: more than 100000 YAML nodes"));
+    let deep: String = (0..100)
+        .map(|i| format!("{}a:\n", "  ".repeat(i)))
+        .collect();
+    w.write("/etc/kubernetes/installer/runtime-mappings.yaml", &deep);
+    w.run()
+        .assert_fails(1, &format!("{name}: nesting deeper than 64 levels"));
+    w.assert_nothing_written();
+}
+
+#[test]
+fn no_suitable_version_names_both_sides() {
+    let w = World::new();
+    let only = format!(
+        r#"{{"kind":"torcx-package-list-v0","value":{{"packages":[{{"name":"docker","versions":[{{"version":"17.06","hash":"{}","locations":[{{"url":"{}"}}]}}]}}]}}}}"#,
+        sha512(&image("17.06")),
+        w.files.url("/pkgs/docker-17.06.tgz")
+    );
+    w.publish(CUR, &only);
+    let mappings = w
+        .path("/etc/kubernetes/installer/runtime-mappings.yaml")
+        .display()
+        .to_string();
+    let manifest = w.files.url(&World::manifest_path(CUR));
+    w.run().assert_fails(
+        1,
+        &format!("no suitable docker version for OS {CUR}: {mappings} maps to 17.03, 1.12; manifest {manifest} offers 17.06"),
+    );
+    w.assert_nothing_written();
+}
