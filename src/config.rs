@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use argh::FromArgs;
 
 use crate::cli::{self, Bootstrap, Cli, Cmd};
-use crate::error::{Error, Kind, Result};
+use crate::error::{excerpt, Error, Kind, Result};
 use crate::root::{read_host_file, Root};
 
 pub const DEFAULT_CONFIG: &str = "/etc/nodestrap/bootstrap.conf";
@@ -221,7 +221,7 @@ fn parse_file(text: &str, name: &str) -> Result<Vec<Setting>> {
         let err = |why: String| Error::config(format!("{name}:{n}: {why}"));
         let (k, v) = line
             .split_once('=')
-            .ok_or_else(|| err(format!("expected key=value: {line:?}")))?;
+            .ok_or_else(|| err(format!("expected key=value: \"{}\"", excerpt(line, 80))))?;
         let key = canonical(k.trim()).map_err(err)?;
         let value = unquote(v.trim())
             .ok_or_else(|| err(format!("{key}: unbalanced quotes")))?
@@ -244,7 +244,9 @@ fn parse_cmdline(text: &str) -> Result<Vec<Setting>> {
         let Some(k) = param.strip_prefix(KARG_PREFIX) else {
             continue;
         };
-        let err = |why: String| Error::config(format!("kernel command line: {raw}: {why}"));
+        let err = |why: String| {
+            Error::config(format!("kernel command line: {}: {why}", excerpt(&raw, 80)))
+        };
         let key = canonical(k).map_err(err)?;
         let value = value.ok_or_else(|| err(format!("expected {KARG_PREFIX}{key}=<value>")))?;
         if out.iter().any(|s| s.key == key) {
@@ -313,7 +315,7 @@ fn canonical(k: &str) -> std::result::Result<&'static str, String> {
     if COMMAND_LINE_ONLY.contains(&k) {
         return Err(format!("{k:?} can only be given on the command line"));
     }
-    Err(format!("unknown key {k:?}"))
+    Err(format!("unknown key \"{}\"", excerpt(k, 64)))
 }
 
 /// A value in matching double quotes loses them; a lone quote at one end is an error.
@@ -348,7 +350,10 @@ fn check_value(key: &str, value: &str) -> std::result::Result<(), String> {
         return crate::logger::parse_level(value)
             .map(|_| ())
             .ok_or_else(|| {
-                format!("{value:?}: expected panic, fatal, error, warn, info, debug or trace")
+                format!(
+                    "\"{}\": expected panic, fatal, error, warn, info, debug or trace",
+                    excerpt(value, 64)
+                )
             });
     }
     let args = cli::normalize(&["bootstrap".to_string(), format!("--{key}={value}")]);

@@ -300,7 +300,7 @@ impl Http {
             }
             if let Some(t) = resp.body().content_length().filter(|t| *t > cap) {
                 return Attempt::Final(Error::failed(format!(
-                    "{what}: {t} bytes is over the {cap}-byte limit"
+                    "{what}: response larger than the {cap}-byte limit ({t} bytes declared)"
                 )));
             }
             let body = resp.body_mut().with_config().limit(cap).reader();
@@ -734,7 +734,7 @@ mod tests {
             .unwrap_err();
         assert!(
             e.to_string()
-                .contains("999999999 bytes is over the 1048576-byte limit"),
+                .contains("larger than the 1048576-byte limit (999999999 bytes declared)"),
             "{e}"
         );
     }
