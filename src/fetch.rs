@@ -291,7 +291,7 @@ impl Http {
         self.retrying(&what, |deadline| {
             let mut resp = match self.call(req, deadline) {
                 Ok(r) => r,
-                Err(e) => return classify_transport(&what, e),
+                Err(e) => return classify_transport(&what, e, deadline),
             };
             match status_failure(&what, &mut resp) {
                 None => {}
@@ -310,7 +310,10 @@ impl Http {
                 Err(e) if over_limit(&e) => Attempt::Final(Error::failed(format!(
                     "{what}: response larger than the {cap}-byte limit"
                 ))),
-                Err(e) => Attempt::Retry(Error::failed(format!("{what}: reading body: {e}"))),
+                Err(e) => Attempt::Retry(Error::failed(format!(
+                    "{what}: reading body: {}",
+                    read_failure(&e, deadline)
+                ))),
             }
         })
     }
@@ -343,7 +346,7 @@ impl Http {
         self.retrying(&what, |deadline| {
             let mut resp = match self.call(req, deadline) {
                 Ok(r) => r,
-                Err(e) => return classify_transport(&what, e),
+                Err(e) => return classify_transport(&what, e, deadline),
             };
             if let Some((status, e)) = status_failure(&what, &mut resp) {
                 return verdict(status, e);
@@ -361,9 +364,10 @@ impl Http {
                 Err(Staging::Read(e)) if over_limit(&e) => Attempt::Final(Error::failed(format!(
                     "{what}: body over the {cap}-byte limit"
                 ))),
-                Err(Staging::Read(e)) => {
-                    Attempt::Retry(Error::failed(format!("{what}: reading body: {e}")))
-                }
+                Err(Staging::Read(e)) => Attempt::Retry(Error::failed(format!(
+                    "{what}: reading body: {}",
+                    read_failure(&e, deadline)
+                ))),
                 Err(Staging::Write(e)) => Attempt::Final(e),
                 // The bytes arrived intact over TLS, so trying again would fetch the same ones.
                 Err(Staging::Mismatch(got, want)) => Attempt::Final(Error::failed(format!(
@@ -374,8 +378,30 @@ impl Http {
     }
 }
 
-fn classify_transport<T>(what: &str, e: ureq::Error) -> Attempt<T> {
-    let msg = format!("{what}: {e}");
+/// ureq's own words for a timeout ("timeout: global") say too little to an operator.
+fn timeout_words(t: &ureq::Timeout, deadline: Duration) -> String {
+    match t {
+        ureq::Timeout::Global => format!(
+            "the attempt's deadline of {:.0} s passed (--fetch-timeout, or the end of the retry budget)",
+            deadline.as_secs_f64()
+        ),
+        ureq::Timeout::PerRead => "no byte arrived for a whole rate window (--fetch-min-rate-window)".into(),
+        t => format!("timeout ({t})"),
+    }
+}
+
+fn read_failure(e: &io::Error, deadline: Duration) -> String {
+    match e.get_ref().and_then(|i| i.downcast_ref::<ureq::Error>()) {
+        Some(ureq::Error::Timeout(t)) => timeout_words(t, deadline),
+        _ => e.to_string(),
+    }
+}
+
+fn classify_transport<T>(what: &str, e: ureq::Error, deadline: Duration) -> Attempt<T> {
+    let msg = match &e {
+        ureq::Error::Timeout(t) => format!("{what}: {}", timeout_words(t, deadline)),
+        e => format!("{what}: {e}"),
+    };
     match e {
         ureq::Error::BadUri(_)
         | ureq::Error::Http(_)
