@@ -1670,7 +1670,7 @@ fn a_failed_directory_fsync_takes_the_done_marker_back() {
     assert!(
         r.stderr
             .contains("kubelet.env again so bootstrap runs again")
-            && r.stderr.contains("Input/output error"),
+            && r.stderr.contains("(os error 5)"),
         "{}",
         r.stderr
     );
