@@ -1,6 +1,9 @@
 //! Runtime mappings (`kind: VersionManifestV1`, YAML): lookups on whatever parsed.
 #![no_main]
 
+#[path = "common/yaml_budget.rs"]
+mod yaml_budget;
+
 use libfuzzer_sys::fuzz_target;
 use nodestrap::mappings::{major_minor, Mappings};
 
@@ -12,6 +15,7 @@ fuzz_target!(|text: &str| {
             assert!(a.parse::<u64>().is_ok() && b.parse::<u64>().is_ok(), "{m}");
         }
     }
+    yaml_budget::assert_tree_within_input(text);
     let Ok(m) = Mappings::parse(text, "mappings.yaml") else {
         return;
     };
