@@ -367,6 +367,18 @@ fn check_value(key: &str, value: &str) -> std::result::Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
+/// For the fuzz targets (fuzz/): the config-file parser, settings as (key, value).
+#[doc(hidden)]
+pub fn fuzz_parse_file(text: &str, name: &str) -> Result<Vec<(&'static str, String)>> {
+    parse_file(text, name).map(|v| v.into_iter().map(|s| (s.key, s.value)).collect())
+}
+
+/// For the fuzz targets (fuzz/): the kernel-command-line parser, settings as (key, value).
+#[doc(hidden)]
+pub fn fuzz_parse_cmdline(text: &str) -> Result<Vec<(&'static str, String)>> {
+    parse_cmdline(text).map(|v| v.into_iter().map(|s| (s.key, s.value)).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -284,6 +284,13 @@ impl Svc<'_> {
     }
 }
 
+/// For the fuzz target (fuzz/): a ticket record as read, written back as `save` writes it.
+#[doc(hidden)]
+pub fn fuzz_parse_record(text: &str, name: &str) -> Result<String> {
+    let issued = parse_record(text, name)?;
+    Ok(serde_json::to_string_pretty(&Record { issued })?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,38 +1,9 @@
-//! nodestrap: prepares a machine to join a Kubernetes cluster before anything else runs.
-
-mod activate;
-mod bootstrap;
-mod cli;
-mod config;
-mod dbus;
-mod envfile;
-mod error;
-mod fetch;
-mod hook;
-mod initcluster;
-mod initsecret;
-mod joinservice;
-mod kube;
-mod kubeadm;
-mod logger;
-mod mappings;
-mod mco;
-mod mtls;
-mod nodelock;
-mod output;
-mod payload;
-mod progress;
-mod reboot;
-mod reprovision;
-mod root;
-mod runscript;
-mod stop;
-mod torcx;
-mod verify;
-mod wire;
-mod yaml;
+//! nodestrap: the command-line entry point; the work is in the library (src/lib.rs).
 
 use argh::FromArgs;
+use nodestrap::{
+    activate, bootstrap, cli, config, error, hook, initcluster, joinservice, logger, reprovision,
+};
 
 fn main() {
     std::process::exit(run());

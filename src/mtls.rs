@@ -638,6 +638,12 @@ pub fn answer_error(status: u16, body: &[u8]) -> (String, String) {
     (code, format!("HTTP {status}: {msg}"))
 }
 
+/// For the fuzz target (fuzz/): an answer's framing as `post` reads it (body to EOF).
+#[doc(hidden)]
+pub fn fuzz_read_answer(r: &mut impl Read) -> io::Result<(String, Vec<u8>)> {
+    read_message(&mut BufReader::new(r), true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

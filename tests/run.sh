@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README, CI): format check, licence list, the static release binaries for
 # amd64 and arm64 (static, size-capped), unit tests, integration tests against both release
-# binaries, the Ignition configs, the in-cluster manifests, and the QEMU scenarios.
+# binaries, a short run of every fuzz target, the Ignition configs, the in-cluster manifests,
+# and the QEMU scenarios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo fmt --check
@@ -15,6 +16,8 @@ arm=$(sed -n 's/^aarch64-unknown-linux-musl=//p' <<<"$builds")
 NODESTRAP_BIN=$x86 cargo test --locked
 NODESTRAP_BIN=$arm NODESTRAP_RUNNER=${NODESTRAP_RUNNER_ARM64:-/usr/local/lib/nodestrap-ci/qemu-aarch64} \
   cargo test --locked --test bootstrap --test hook --test activate --test reprovision
+# A few seconds of every fuzz target from the committed corpus, one summary line each.
+fuzz/run -t "${NODESTRAP_FUZZ_SECONDS:-5}"
 # The Ignition configs through real ignition-validate, the in-cluster manifests' consistency,
 # then every QEMU scenario against this
 # binary (qemu/build runs systemd-analyze verify on every unit).

@@ -1,0 +1,13 @@
+//! The join service's DER walk of a node certificate (subject CN and O, SPKI hash): both entry
+//! points agree on the identity.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use nodestrap::mtls::{peer, spki_sha256};
+
+fuzz_target!(|der: &[u8]| {
+    let spki = spki_sha256(der);
+    if let Some(p) = peer(der) {
+        assert_eq!(Some(p.spki), spki);
+    }
+});

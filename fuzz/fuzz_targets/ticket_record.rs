@@ -1,0 +1,14 @@
+//! The join service's ticket record (JSON): what reads in is written back as `save` writes it
+//! and reads the same, so no entry (no node's "already issued") is ever lost on a rewrite.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use nodestrap::joinservice::fuzz_parse_record;
+
+fuzz_target!(|text: &str| {
+    let Ok(saved) = fuzz_parse_record(text, "tickets.json") else {
+        return;
+    };
+    let again = fuzz_parse_record(&saved, "saved").expect("a saved record reads back");
+    assert_eq!(again, saved);
+});

@@ -1,0 +1,54 @@
+//! Inputs that crashed, hung or blew up a parser (found with the fuzz targets in fuzz/, or by
+//! working out what they could not yet reach), fed to the same entry points. Each stays after
+//! its fix so the finding cannot come back.
+
+use nodestrap::kube::Kubeconfig;
+use nodestrap::mappings::Mappings;
+
+/// `levels` anchors, each a list of ten aliases of the one before: yaml-rust2's loader copies
+/// the whole anchored tree for every alias, so 10^(levels+1) nodes from ~60 bytes a level.
+/// Five levels (347 bytes) make a million nodes and ~0.3 s; seven take gigabytes and minutes,
+/// well inside the 4 MiB read cap of a kubeconfig or the 1 MiB of a manifest.
+fn alias_bomb(levels: usize) -> String {
+    let mut t = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+    for i in 1..=levels {
+        let refs = vec![format!("*a{}", i - 1); 10].join(", ");
+        t.push_str(&format!("a{i}: &a{i} [{refs}]\n"));
+    }
+    t
+}
+
+/// Alone it parses: only the bomb beside it can make it fail.
+const KUBECONFIG: &str = "clusters:\n- name: a\n  cluster: {server: 'https://a'}\n";
+const MAPPINGS: &str =
+    "kind: VersionManifestV1\nversions:\n  k8s:\n    1.9:\n      docker: ['17.03']\n";
+
+#[test]
+fn yaml_documents_without_the_bomb_parse() {
+    // Keeps the tests below honest: their documents fail only because of the aliases.
+    Kubeconfig::parse(KUBECONFIG, "kubeconfig").unwrap();
+    Mappings::parse(MAPPINGS, "mappings").unwrap();
+    // A bomb of one level is plain YAML that any budget lets through.
+    Kubeconfig::parse(&format!("{KUBECONFIG}{}", alias_bomb(1)), "kubeconfig").unwrap();
+}
+
+#[test]
+fn kubeconfig_alias_bomb_is_refused() {
+    let text = format!("{KUBECONFIG}{}", alias_bomb(5));
+    assert!(text.len() < 400);
+    let r = Kubeconfig::parse(&text, "kubeconfig");
+    assert!(
+        r.is_err(),
+        "a few hundred bytes expanding to 10^6 nodes were accepted"
+    );
+}
+
+#[test]
+fn mappings_alias_bomb_is_refused() {
+    let text = format!("{MAPPINGS}{}", alias_bomb(5));
+    let r = Mappings::parse(&text, "mappings");
+    assert!(
+        r.is_err(),
+        "a few hundred bytes expanding to 10^6 nodes were accepted"
+    );
+}
