@@ -34,7 +34,6 @@ const PKI: &str = "/etc/kubernetes/pki";
 const INIT_CONFIG: &str = "/run/nodestrap/kubeadm-init.yaml";
 const JOIN_CONFIG: &str = "/run/nodestrap/kubeadm-join.yaml";
 /// Handshake and request of one init connection.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What one racer ended with. Errors are only the fatal ones, after the node lock.
 enum Side {
@@ -100,11 +99,11 @@ pub fn run(a: &Activate) -> Result<()> {
                 m.source
             );
             ensure_kubelet(a, &root)?;
-            println!(
+            summary(format_args!(
                 "nodestrap: activate already done role={} cluster={}",
                 m.role.as_str(),
                 m.cluster
-            );
+            ));
             return Ok(());
         }
         Some(m) => {
@@ -181,15 +180,17 @@ pub fn run(a: &Activate) -> Result<()> {
         for e in errors {
             log::warn!("the other side failed, after this node was activated: {e}");
         }
-        println!(
+        summary(format_args!(
             "nodestrap: activate done role={} via={via} cluster={cluster}",
             role.as_str()
-        );
+        ));
         return Ok(());
     }
     let Some(e) = errors.next() else {
         log::info!("stopped before activation: the node is still fresh");
-        println!("nodestrap: activate stopped; node still fresh");
+        summary(format_args!(
+            "nodestrap: activate stopped; node still fresh"
+        ));
         return Ok(());
     };
     for other in errors {
@@ -197,7 +198,9 @@ pub fn run(a: &Activate) -> Result<()> {
     }
     if !ctx.lock.is_taken() {
         // Nothing on the node changed: exit 1, and systemd starts a fresh attempt.
-        println!("nodestrap: activate failed before the node lock; node still fresh");
+        summary(format_args!(
+            "nodestrap: activate failed before the node lock; node still fresh"
+        ));
         return Err(e);
     }
     // Past the lock. A racer that panicked there never recorded the reset.
@@ -206,7 +209,9 @@ pub fn run(a: &Activate) -> Result<()> {
             log::error!("could not record the reset: {r}");
         }
     }
-    println!("nodestrap: activate failed after the node lock; the node must be reprovisioned");
+    summary(format_args!(
+        "nodestrap: activate failed after the node lock; the node must be reprovisioned"
+    ));
     // The error itself is logged once, by the caller, with the exit code.
     let why = "activation failed after the node lock (node state reset)";
     match rebooter.reboot(why) {
@@ -305,7 +310,8 @@ fn init_server(ctx: &Ctx, listener: &TcpListener) -> Result<Side> {
     mtls::serve(
         listener,
         || ctx.stop.requested(),
-        |tcp, addr| match init_conn(ctx, tcp, addr) {
+        |tcp, addr| init_preauth(ctx, tcp, addr),
+        |asked| match init_conn(ctx, asked) {
             Conn::Next => true,
             Conn::Won(cluster) => {
                 end = Ok(Side::Won(Role::ControlPlane, "init", cluster));
@@ -331,25 +337,38 @@ fn answer(s: &mut mtls::ServerStream, who: &str, status: u16, body: serde_json::
     }
 }
 
-fn init_conn(ctx: &Ctx, tcp: TcpStream, addr: SocketAddr) -> Conn {
-    // 1. Handshake: the client's certificate must come from the admin CA.
-    let (mut s, peer) = match mtls::accept(tcp, &ctx.server, REQUEST_TIMEOUT) {
+/// An admin whose certificate, secret and request passed.
+struct Asked {
+    s: mtls::ServerStream,
+    who: String,
+    body: InitRequest,
+}
+
+/// Steps 1 to 4, in the connection's own thread, before anything is locked: the handshake
+/// (the client's certificate must come from the admin CA), then one request: the secret
+/// first, then every field, CIDRs against the node's own address. A refusal is answered here.
+fn init_preauth(ctx: &Ctx, tcp: TcpStream, addr: SocketAddr) -> Option<Asked> {
+    let node_ip = tcp.local_addr().ok().map(|a| a.ip());
+    let (mut s, peer) = match mtls::accept(tcp, &ctx.server, mtls::PREAUTH_TIMEOUT) {
         Ok(x) => x,
         Err(e) => {
             log::warn!("init server: refused a connection from {addr}: {e}; node lock untouched");
-            return Conn::Next;
+            return None;
         }
     };
     let who = format!("{} at {addr}", peer.cn);
-    // 2.-4. One request: the secret first, then every field.
-    let body = match init_request(ctx, &mut s) {
-        Ok(b) => b,
+    match init_request(ctx, &mut s, node_ip) {
+        Ok(body) => Some(Asked { s, who, body }),
         Err((status, code, m)) => {
             log::warn!("init server: request from {who} refused, node lock untouched: {m}");
             answer(&mut s, &who, status, mtls::error_body(code, &m));
-            return Conn::Next;
+            None
         }
-    };
+    }
+}
+
+fn init_conn(ctx: &Ctx, asked: Asked) -> Conn {
+    let Asked { mut s, who, body } = asked;
     // 5. The node lock.
     let source = format!("init request from {who}");
     let locked = ctx
@@ -410,6 +429,7 @@ fn init_conn(ctx: &Ctx, tcp: TcpStream, addr: SocketAddr) -> Conn {
 fn init_request(
     ctx: &Ctx,
     s: &mut mtls::ServerStream,
+    node_ip: Option<std::net::IpAddr>,
 ) -> std::result::Result<InitRequest, (u16, &'static str, String)> {
     let req = mtls::read_request(s).map_err(|e| (400, "bad_request", e.to_string()))?;
     if req.path != INIT_PATH || req.method != "POST" {
@@ -423,6 +443,10 @@ fn init_request(
         return Err((403, "bad_secret", "wrong init secret".into()));
     }
     body.validate()
+        .and_then(|()| match node_ip {
+            Some(ip) => body.validate_for_node(ip),
+            None => Ok(()),
+        })
         .map_err(|m| (400, "invalid", format!("init request: {m}")))?;
     Ok(body)
 }
@@ -707,4 +731,12 @@ fn ensure_kubelet(a: &Activate, root: &Root) -> Result<()> {
         None => log::info!("--root is not /: the kubelet is left alone (no --kubelet-command)"),
     }
     Ok(())
+}
+
+/// The summary line on stdout. The node's state is already decided when it is written: a
+/// stdout that went away is logged, and changes neither the outcome nor the exit code.
+fn summary(line: std::fmt::Arguments) {
+    if let Err(e) = crate::output::line(line) {
+        log::warn!("{e}");
+    }
 }

@@ -92,7 +92,9 @@ pub fn run(a: &InitCluster) -> Result<()> {
         let (code, msg) = mtls::answer_error(status, &answer);
         let v: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
         if let Some(tail) = v["log_tail"].as_str().filter(|t| !t.is_empty()) {
-            eprintln!(
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
                 "--- end of the node's kubeadm output ---\n{}\n---",
                 tail.trim_end()
             );
@@ -112,12 +114,12 @@ pub fn run(a: &InitCluster) -> Result<()> {
     fs.write_atomic(&out.to_string_lossy(), kubeconfig.as_bytes(), 0o600)
         .map_err(|e| e.context("--out"))?;
     log::info!("admin kubeconfig written to {}", out.display());
-    println!(
+    crate::outln!(
         "nodestrap: init-cluster done cluster={} ca-cert-hash={} kubeconfig={}",
         req.cluster_name,
         v["ca_cert_hash"].as_str().unwrap_or("unknown"),
         out.display()
-    );
+    )?;
     Ok(())
 }
 

@@ -7,8 +7,10 @@
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use rustls::ServerConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::cli::JoinService;
@@ -18,11 +20,10 @@ use crate::mtls::{self, Peer};
 use crate::nodelock::Role;
 use crate::root::Root;
 use crate::stop;
-use crate::wire::{self, File, Ticket, CONTROL_PLANE_FILES, TICKET_PATH};
+use crate::wire::{self, File, Ticket, TicketRequest, CONTROL_PLANE_FILES, TICKET_PATH};
 
 /// The certificate organisation that makes a node a control plane.
 const CONTROL_PLANE_ORG: &str = "nodestrap:control-plane";
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The ticket record: who got a ticket, by identity (`sha256:<hex>` of the node's public key):
 /// `{"issued": {IDENTITY: {"node": CN, "role": ROLE, "at": UNIX_SECONDS}}}`. Read strictly: a
@@ -136,46 +137,81 @@ pub fn run(a: &JoinService) -> Result<()> {
         show(&a.node_ca)
     );
     stop::catch_sigterm();
-    mtls::serve(&listener, stop::signalled, |tcp, addr| {
-        svc.conn(tcp, addr);
-        true
-    })?;
+    let server = svc.server.clone();
+    mtls::serve(
+        &listener,
+        stop::signalled,
+        |tcp, addr| preauth(&server, tcp, addr),
+        |asked| {
+            svc.answer(asked);
+            true
+        },
+    )?;
     log::info!("join service stopped by signal");
     Ok(())
 }
 
+/// A node that passed its handshake with a well-formed ticket request.
+struct Asked {
+    s: mtls::ServerStream,
+    peer: Peer,
+    who: String,
+}
+
+/// Before anything is spent, in the connection's own thread: the handshake (the node's
+/// certificate must come from the node-provisioning CA), then the request, which must be
+/// `POST /v1/ticket` with a well-formed body. Anything else is answered here and goes no
+/// further: a malformed request never costs a ticket.
+fn preauth(server: &Arc<ServerConfig>, tcp: TcpStream, addr: SocketAddr) -> Option<Asked> {
+    let (mut s, peer) = match mtls::accept(tcp, server, mtls::PREAUTH_TIMEOUT) {
+        Ok(x) => x,
+        Err(e) => {
+            log::warn!("refused a connection from {addr}: {e}");
+            return None;
+        }
+    };
+    let who = format!("node {} ({}) at {addr}", peer.cn, peer.spki);
+    let refusal = match mtls::read_request(&mut s) {
+        Err(e) => (400, mtls::error_body("bad_request", &e.to_string())),
+        Ok(r) if r.path != TICKET_PATH || r.method != "POST" => (
+            404,
+            mtls::error_body(
+                "not_found",
+                &format!("{} {}: only POST {TICKET_PATH}", r.method, r.path),
+            ),
+        ),
+        Ok(r) => match TicketRequest::parse(&r.body) {
+            Ok(TicketRequest {}) => return Some(Asked { s, peer, who }),
+            Err(m) => (400, mtls::error_body("invalid", &m)),
+        },
+    };
+    log::warn!(
+        "{who}: request refused before a ticket was spent: {}",
+        refusal.1["message"].as_str().unwrap_or_default()
+    );
+    if let Err(e) = mtls::respond(&mut s, refusal.0, &refusal.1) {
+        log::warn!("{who}: answering: {e}");
+    }
+    None
+}
+
 impl Svc<'_> {
-    fn conn(&mut self, tcp: TcpStream, addr: SocketAddr) {
-        // 1. Handshake: the node's certificate must come from the node-provisioning CA.
-        let (mut s, peer) = match mtls::accept(tcp, &self.server, REQUEST_TIMEOUT) {
-            Ok(x) => x,
-            Err(e) => {
-                log::warn!("refused a connection from {addr}: {e}");
-                return;
+    /// The serialized part: one ticket at a time, recorded before it leaves.
+    fn answer(&mut self, mut asked: Asked) {
+        let (status, body) = match self.ticket(&asked.peer, &asked.who) {
+            Ok(t) => match serde_json::to_value(&t) {
+                Ok(v) => (200, v),
+                Err(e) => (500, mtls::error_body("internal", &e.to_string())),
+            },
+            Err((status, code, e)) => {
+                log::warn!("{}: {e}", asked.who);
+                (status, mtls::error_body(code, &e))
             }
         };
-        let who = format!("node {} ({}) at {addr}", peer.cn, peer.spki);
-        let (status, body) = match mtls::read_request(&mut s) {
-            Err(e) => (400, mtls::error_body("bad_request", &e.to_string())),
-            Ok(r) if r.path != TICKET_PATH || r.method != "POST" => (
-                404,
-                mtls::error_body(
-                    "not_found",
-                    &format!("{} {}: only POST {TICKET_PATH}", r.method, r.path),
-                ),
-            ),
-            Ok(_) => match self.ticket(&peer, &who) {
-                Ok(t) => (200, serde_json::to_value(&t).unwrap_or_default()),
-                Err((status, code, e)) => {
-                    log::warn!("{who}: {e}");
-                    (status, mtls::error_body(code, &e))
-                }
-            },
-        };
         // The token command had its own time limit: the answer gets a full one.
-        s.sock.restart();
-        if let Err(e) = mtls::respond(&mut s, status, &body) {
-            log::warn!("{who}: answering: {e}");
+        asked.s.sock.restart();
+        if let Err(e) = mtls::respond(&mut asked.s, status, &body) {
+            log::warn!("{}: answering: {e}", asked.who);
         }
     }
 

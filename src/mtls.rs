@@ -334,39 +334,85 @@ impl Write for Timed {
     }
 }
 
-/// Accept connections one at a time until `stopping()`; `handle` returns false to stop too.
-/// The listener is polled every 200 ms, so a stop is noticed between connections only: a
-/// request being handled always finishes first.
-pub fn serve(
+/// Connections in their handshake and request at once, at most; more are closed at once.
+pub const MAX_UNAUTHENTICATED: usize = 128;
+/// Time for the TLS handshake and the request before anyone is known (the answer gets its own).
+pub const PREAUTH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serve until `stopping()` or until `handle` returns false. Each accepted connection gets its
+/// own thread for `preauth` (TLS handshake, authentication, reading and checking the request),
+/// so idle or slow peers never hold anyone else up; at most `MAX_UNAUTHENTICATED` are in that
+/// stage, and a connection beyond them is closed unanswered rather than queued. What `preauth`
+/// lets through reaches `handle` one at a time, in this thread: the work that must not run
+/// twice at once (the node lock, a ticket) stays serialized. A stop is noticed between
+/// handled requests; threads still in their pre-authentication are waited for (each is bounded
+/// by its deadline) and their requests dropped.
+pub fn serve<T: Send>(
     listener: &TcpListener,
     stopping: impl Fn() -> bool,
-    mut handle: impl FnMut(TcpStream, SocketAddr) -> bool,
+    preauth: impl Fn(TcpStream, SocketAddr) -> Option<T> + Sync,
+    mut handle: impl FnMut(T) -> bool,
 ) -> Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::failed(format!("listener: {e}")))?;
-    while !stopping() {
-        let mut pfd = libc::pollfd {
-            fd: listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the length of the call.
-        let n = unsafe { libc::poll(&mut pfd, 1, 200) };
-        if n <= 0 {
-            continue;
-        }
-        match listener.accept() {
-            Ok((tcp, addr)) => {
-                let _ = tcp.set_nonblocking(false);
-                if !handle(tcp, addr) {
-                    break;
+    let in_flight = AtomicUsize::new(0);
+    let (tx, rx) = std::sync::mpsc::channel::<T>();
+    std::thread::scope(|scope| {
+        'serving: while !stopping() {
+            while let Ok(t) = rx.try_recv() {
+                if !handle(t) {
+                    break 'serving;
+                }
+                if stopping() {
+                    break 'serving;
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => log::warn!("accepting a connection: {e}"),
+            let mut pfd = libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd for the length of the call. Short, so that requests
+            // that passed their pre-authentication are handled promptly.
+            let n = unsafe { libc::poll(&mut pfd, 1, 20) };
+            if n <= 0 {
+                continue;
+            }
+            let (tcp, addr) = match listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => {
+                    log::warn!("accepting a connection: {e}");
+                    continue;
+                }
+            };
+            if in_flight.load(Ordering::SeqCst) >= MAX_UNAUTHENTICATED {
+                log::warn!(
+                    "refused a connection from {addr}: {MAX_UNAUTHENTICATED} connections are already in their handshake"
+                );
+                continue;
+            }
+            let _ = tcp.set_nonblocking(false);
+            in_flight.fetch_add(1, Ordering::SeqCst);
+            let (tx, preauth, in_flight) = (tx.clone(), &preauth, &in_flight);
+            let spawned = std::thread::Builder::new()
+                .name("preauth".into())
+                .spawn_scoped(scope, move || {
+                    let passed = preauth(tcp, addr);
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    if let Some(t) = passed {
+                        let _ = tx.send(t);
+                    }
+                });
+            if let Err(e) = spawned {
+                // The closure (and the connection) is dropped: nothing is left in flight.
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                log::warn!("refused a connection from {addr}: no thread for it: {e}");
+            }
         }
-    }
+    });
     Ok(())
 }
 

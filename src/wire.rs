@@ -56,6 +56,16 @@ impl InitRequest {
                 return Err(format!("{field} {v:?}: expected ADDRESS/PREFIX"));
             }
         }
+        if let (Some(pods), Some(services)) =
+            (Cidr::parse(&self.pod_cidr), Cidr::parse(&self.service_cidr))
+        {
+            if pods.overlaps(&services) {
+                return Err(format!(
+                    "pod_cidr {} overlaps the service range {}",
+                    self.pod_cidr, self.service_cidr
+                ));
+            }
+        }
         if self.apiserver_sans.len() > 64 {
             return Err("apiserver_sans: more than 64 names".into());
         }
@@ -67,6 +77,44 @@ impl InitRequest {
             }
         }
         Ok(())
+    }
+}
+
+/// The body of `POST /v1/ticket`: an empty JSON object today; anything else is refused before a
+/// ticket is spent, so that a later field cannot be silently ignored by an older service.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TicketRequest {}
+
+/// Largest ticket request body: `{}` with room for whitespace.
+pub const TICKET_REQUEST_CAP: usize = 4 << 10;
+
+impl TicketRequest {
+    /// The message names the limit or quotes a bounded excerpt of what was sent.
+    pub fn parse(body: &[u8]) -> Result<TicketRequest, String> {
+        if body.len() > TICKET_REQUEST_CAP {
+            return Err(format!(
+                "ticket request of {} bytes is over the {TICKET_REQUEST_CAP}-byte limit",
+                body.len()
+            ));
+        }
+        // serde would take `[]` for an empty struct: the body must be a JSON object.
+        let quoted = || crate::error::excerpt(&String::from_utf8_lossy(body), 64);
+        match serde_json::from_slice::<serde_json::Value>(body) {
+            Ok(serde_json::Value::Object(m)) if m.is_empty() => Ok(TicketRequest {}),
+            Ok(serde_json::Value::Object(m)) => Err(format!(
+                "ticket request: unknown field {:?}",
+                crate::error::excerpt(m.keys().next().map(String::as_str).unwrap_or(""), 64)
+            )),
+            Ok(_) => Err(format!(
+                "ticket request \"{}\" is not a JSON object",
+                quoted()
+            )),
+            Err(e) => Err(format!(
+                "ticket request \"{}\" does not parse: {e}",
+                quoted()
+            )),
+        }
     }
 }
 
@@ -210,6 +258,72 @@ pub fn k8s_version(v: &str) -> bool {
         })
 }
 
+impl InitRequest {
+    /// The node's own address (the one the admin reached) must be in neither range: pods or
+    /// services would shadow the node itself.
+    pub fn validate_for_node(&self, node: IpAddr) -> Result<(), String> {
+        for (field, v) in [
+            ("pod_cidr", &self.pod_cidr),
+            ("service_cidr", &self.service_cidr),
+        ] {
+            if Cidr::parse(v).is_some_and(|c| c.contains(node)) {
+                return Err(format!("{field} {v} holds the node's own address {node}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An address range, `ADDRESS/PREFIX`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cidr {
+    net: u128,
+    prefix: u8,
+    v4: bool,
+}
+
+impl Cidr {
+    pub fn parse(s: &str) -> Option<Cidr> {
+        if !cidr(s) {
+            return None;
+        }
+        let (addr, len) = s.split_once('/')?;
+        let prefix: u8 = len.parse().ok()?;
+        let (bits, v4) = match addr.parse::<IpAddr>().ok()? {
+            IpAddr::V4(a) => (u128::from(u32::from(a)) << 96, true),
+            IpAddr::V6(a) => (u128::from(a), false),
+        };
+        // A v4 address sits in the top 32 bits, so its prefix counts from the top as v6's does.
+        Some(Cidr {
+            net: bits & mask(prefix),
+            prefix,
+            v4,
+        })
+    }
+
+    /// Two ranges of one family overlap when one holds the other's network address.
+    pub fn overlaps(&self, o: &Cidr) -> bool {
+        let p = self.prefix.min(o.prefix);
+        self.v4 == o.v4 && (self.net & mask(p)) == (o.net & mask(p))
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let (bits, v4) = match ip {
+            IpAddr::V4(a) => (u128::from(u32::from(a)) << 96, true),
+            IpAddr::V6(a) => (u128::from(a), false),
+        };
+        v4 == self.v4 && bits & mask(self.prefix) == self.net
+    }
+}
+
+/// The top `bits` bits set.
+fn mask(bits: u8) -> u128 {
+    match bits {
+        0 => 0,
+        b => u128::MAX << (128 - u32::from(b.min(128))),
+    }
+}
+
 pub fn cidr(s: &str) -> bool {
     let Some((addr, len)) = s.split_once('/') else {
         return false;
@@ -248,6 +362,48 @@ pub fn spki_hash(h: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cidrs_overlap_and_hold_addresses() {
+        let c = |s| Cidr::parse(s).unwrap();
+        assert!(c("10.96.0.0/12").overlaps(&c("10.100.0.0/16")));
+        assert!(c("10.100.0.0/16").overlaps(&c("10.96.0.0/12")));
+        assert!(!c("10.244.0.0/16").overlaps(&c("10.96.0.0/12")));
+        assert!(c("0.0.0.0/0").overlaps(&c("192.168.0.0/24")));
+        assert!(!c("10.0.0.0/8").overlaps(&c("fd00::/8")));
+        assert!(c("fd00::/48").overlaps(&c("fd00:0:0:1::/64")));
+        // Host bits are ignored as kubeadm ignores them.
+        assert!(c("10.96.5.7/12").overlaps(&c("10.96.0.0/24")));
+        assert!(c("10.0.0.0/8").contains("10.1.2.3".parse().unwrap()));
+        assert!(!c("10.0.0.0/8").contains("11.0.0.1".parse().unwrap()));
+        assert!(!c("10.0.0.0/8").contains("::ffff:10.0.0.1".parse().unwrap()));
+        let mut r = init();
+        r.pod_cidr = "10.96.0.0/16".into();
+        r.service_cidr = "10.96.0.0/12".into();
+        let e = r.validate().unwrap_err();
+        assert_eq!(
+            e,
+            "pod_cidr 10.96.0.0/16 and service_cidr 10.96.0.0/12 overlap"
+        );
+        let r = init();
+        let e = r
+            .validate_for_node(r.pod_cidr.split('/').next().unwrap().parse().unwrap())
+            .unwrap_err();
+        assert!(e.contains("holds the node's own address"), "{e}");
+    }
+
+    #[test]
+    fn ticket_requests_are_checked_before_a_ticket_is_spent() {
+        assert_eq!(TicketRequest::parse(b"{}"), Ok(TicketRequest {}));
+        assert_eq!(TicketRequest::parse(b" { } "), Ok(TicketRequest {}));
+        for bad in [&b""[..], b"[]", b"{\"role\":\"admin\"}", b"null", b"{"] {
+            assert!(TicketRequest::parse(bad).is_err(), "{bad:?}");
+        }
+        let big = vec![b' '; TICKET_REQUEST_CAP + 1];
+        assert!(TicketRequest::parse(&big)
+            .unwrap_err()
+            .contains("over the 4096-byte limit"));
+    }
 
     fn init() -> InitRequest {
         InitRequest {

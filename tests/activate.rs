@@ -1297,3 +1297,171 @@ fn bad_inputs_are_configuration_errors_naming_the_file() {
         .wait(30)
         .assert_fails(2, "--timeout 0: must be at least 1");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Nobody slows the control plane down before authenticating
+
+/// `n` TCP connections that say nothing, kept open for the length of the test.
+fn idle_connections(port: u16, n: usize) -> Vec<std::net::TcpStream> {
+    (0..n)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect()
+}
+
+#[test]
+fn idle_connections_do_not_delay_a_joiner() {
+    let pki = Pki::new();
+    let mut svc = JoinSvc::new(&pki, &pki.cluster);
+    let port = svc.port();
+    let mut times = Vec::new();
+    for n in [0, 10, 50] {
+        let idle = idle_connections(port, n);
+        // Let the service accept them all: they are in their handshakes now.
+        std::thread::sleep(Duration::from_millis(300));
+        let node = both_ways(&pki.nodes, &format!("node-behind-{n}"), None);
+        let start = Instant::now();
+        let (status, t) = ticket(port, &pki.cluster, &node).unwrap();
+        let took = start.elapsed();
+        assert_eq!(status, 200, "{t}");
+        times.push((n, took));
+        drop(idle);
+    }
+    eprintln!("join time with 0, 10 and 50 idle connections: {times:?}");
+    for (n, took) in &times {
+        // One idle connection used to hold every joiner for its whole 10 s deadline.
+        assert!(*took < Duration::from_secs(3), "{n} idle: {took:?}");
+    }
+    svc.stop().assert_ok();
+    let _ = std::fs::remove_dir_all(&svc.dir);
+}
+
+#[test]
+fn idle_connections_do_not_delay_a_cluster_init() {
+    let pki = Pki::new();
+    let node = Node::new(&pki, "idle-init", None);
+    let act = node.activate(&[]);
+    let idle = idle_connections(act.port(), 10);
+    std::thread::sleep(Duration::from_millis(300));
+    let start = Instant::now();
+    let r = Admin::new(&pki, None).init(act.port());
+    let took = start.elapsed();
+    r.assert_ok();
+    eprintln!("init time with 10 idle connections: {took:?}");
+    // Three idle connections used to delay it by a minute and a half.
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    drop(idle);
+    act.wait(30).assert_ok();
+}
+
+#[test]
+fn connections_beyond_the_bound_are_refused_not_queued() {
+    let pki = Pki::new();
+    let mut svc = JoinSvc::new(&pki, &pki.cluster);
+    let port = svc.port();
+    // The service's bound on connections in their handshake (mtls::MAX_UNAUTHENTICATED).
+    let idle = idle_connections(port, 128);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut extra = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let start = Instant::now();
+    let mut b = [0u8; 1];
+    let r = extra.read(&mut b);
+    // Closed at once (EOF or reset), not left waiting behind the idle ones.
+    assert!(
+        matches!(r, Ok(0))
+            || r.as_ref()
+                .is_err_and(|e| e.kind() != std::io::ErrorKind::WouldBlock),
+        "{r:?}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    drop(idle);
+    let log = svc.stop();
+    assert!(
+        log.stderr
+            .contains("128 connections are already in their handshake"),
+        "{}",
+        log.stderr
+    );
+    let _ = std::fs::remove_dir_all(&svc.dir);
+}
+
+#[test]
+fn malformed_ticket_requests_cost_no_ticket() {
+    let pki = Pki::new();
+    let mut svc = JoinSvc::new(&pki, &pki.cluster);
+    let node = both_ways(&pki.nodes, "node-m", None);
+    let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(8000));
+    for body in [
+        "[]",
+        "{\"role\":\"control-plane\"}",
+        "not json",
+        big.as_str(),
+    ] {
+        let (status, answer) = post(svc.port(), &pki.cluster, &node, "/v1/ticket", body).unwrap();
+        assert_eq!(
+            (status, answer["code"].as_str()),
+            (400, Some("invalid")),
+            "{body:.40}: {answer}"
+        );
+    }
+    assert!(
+        calls(&svc.bin).is_empty(),
+        "no token made for a malformed request"
+    );
+    assert_eq!(svc.issued(), serde_json::Value::Null);
+    // The same identity, asking properly, still gets its one ticket.
+    let (status, t) = ticket(svc.port(), &pki.cluster, &node).unwrap();
+    assert_eq!(status, 200, "{t}");
+    assert_eq!(calls(&svc.bin).len(), 1);
+    svc.stop().assert_ok();
+    let _ = std::fs::remove_dir_all(&svc.dir);
+}
+
+#[test]
+fn overlapping_cidrs_are_a_configuration_error() {
+    let pki = Pki::new();
+    let node = Node::new(&pki, "cidrs", None);
+    let act = node.activate(&[]);
+    let admin = Admin::new(&pki, None);
+    for (pods, services, want) in [
+        (
+            "10.96.0.0/16",
+            "10.96.0.0/12",
+            "--pod-cidr 10.96.0.0/16 overlaps the service range 10.96.0.0/12",
+        ),
+        ("10.0.0.0/8", "10.96.0.0/12", "overlaps the service range"),
+    ] {
+        let mut a = admin.args(act.port());
+        a.extend([
+            "--pod-cidr".into(),
+            pods.into(),
+            "--service-cidr".into(),
+            services.into(),
+        ]);
+        let r = Proc::start(a).wait(30);
+        r.assert_fails(2, want);
+    }
+    // The server checks too, and against the node's own address: 127.0.0.1 is in 127.0.0.0/8.
+    let leaf = pki.admin.client("cluster-admin");
+    let body = serde_json::json!({"cluster_name":"demo","kubernetes_version":"v1.31.2",
+        "pod_cidr":"127.0.0.0/8","service_cidr":"10.96.0.0/12","init_secret":SECRET});
+    let (status, answer) =
+        post(act.port(), &pki.nodes, &leaf, "/v1/init", &body.to_string()).unwrap();
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("pod_cidr 127.0.0.0/8 holds the node's own address 127.0.0.1"),
+        "{answer}"
+    );
+    assert!(node.calls().is_empty(), "kubeadm never ran");
+    assert!(node.state().is_none(), "the node lock is untouched");
+    act.sigterm();
+}
