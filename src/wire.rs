@@ -383,7 +383,7 @@ mod tests {
         let e = r.validate().unwrap_err();
         assert_eq!(
             e,
-            "pod_cidr 10.96.0.0/16 and service_cidr 10.96.0.0/12 overlap"
+            "pod_cidr 10.96.0.0/16 overlaps the service range 10.96.0.0/12"
         );
         let r = init();
         let e = r
