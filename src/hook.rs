@@ -123,14 +123,20 @@ pub fn run(a: &Hook) -> Result<()> {
     // 6. GC, only once the next version is known: stores older than the current OS.
     match &next {
         Some(next) => match torcx::gc_stores(&root, &os.version, next) {
-            Ok(removed) if removed.is_empty() => {
-                log::info!("no torcx store older than OS {} to remove", os.version)
+            Ok(done) => {
+                for (store, e) in &done.skipped {
+                    log::warn!("old torcx store {store} not removed, skipped: {e}");
+                }
+                if done.removed.is_empty() {
+                    log::info!("no torcx store older than OS {} removed", os.version)
+                } else {
+                    log::info!(
+                        "removed torcx stores older than OS {}: {}",
+                        os.version,
+                        done.removed.join(", ")
+                    )
+                }
             }
-            Ok(removed) => log::info!(
-                "removed torcx stores older than OS {}: {}",
-                os.version,
-                removed.join(", ")
-            ),
             Err(e) => log::warn!("removing old torcx stores: {e}"),
         },
         None => log::info!("next OS version unknown: old torcx stores kept"),
@@ -148,13 +154,15 @@ pub fn run(a: &Hook) -> Result<()> {
         kube.source
     );
 
-    // 8. Summary.
-    println!(
+    // 8. Summary. The annotation is set: a stdout that went away is logged, not a failure.
+    if let Err(e) = crate::outln!(
         "nodestrap: hook done k8s={k8s} {RUNTIME}={} next-os={} annotated={}",
         chosen.as_deref().unwrap_or("unchanged"),
         next.as_deref().unwrap_or("none"),
         a.node_annotation
-    );
+    ) {
+        log::warn!("{e}");
+    }
 
     // 9. Stay up so the DaemonSet does not restart us; the operator removes its label (and
     //    so this pod) once the node may reboot.

@@ -348,6 +348,16 @@ impl Dir {
         Ok(true)
     }
 
+    /// Remove the directory `name` below this one if it is empty (anything in it stays, and so
+    /// does it), then fsync this one.
+    pub fn remove_empty_dir(&self, name: &str) -> Result<()> {
+        match rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR) {
+            Ok(()) => self.fsync(),
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTEMPTY) => Ok(()),
+            Err(e) => Err(Error::from(e).context(format!("removing {}", self.show(name)))),
+        }
+    }
+
     /// Set this directory's permission bits.
     pub fn chmod(&self, mode: u32) -> Result<()> {
         rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(mode)).with_ctx(|| self.shown.clone())

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Context, Error, Result};
 use crate::fetch::{write_verified, Http, Staging};
-use crate::root::Root;
+use crate::root::{Dir, Root};
 use crate::verify::Digest;
 
 pub const PACKAGE_LIST_KIND: &str = "torcx-package-list-v0";
@@ -194,15 +194,38 @@ pub fn stage_image(
     }
     let file = image_file(name, version);
     let store = format!("{USER_STORE}/{os_version}");
+    let created = !root.exists(&store);
     let dir = root.dir(&store, true)?.expect("created");
-    if let Some(f) = root.open_file(&dir.node_path(&file))? {
-        if digest.matches(f).with_ctx(|| dir.show(&file))? {
+    let staged = stage_into(root, http, &dir, &store, &file, url, digest);
+    if staged.is_err() && created {
+        // A failed first image must not leave an empty store behind: torcx would take the
+        // version's store as present, and the hook's next-OS check would see one.
+        if let Some(parent) = root.dir(USER_STORE, false)? {
+            if let Err(e) = parent.remove_empty_dir(os_version) {
+                log::warn!("{e}");
+            }
+        }
+    }
+    staged
+}
+
+fn stage_into(
+    root: &Root,
+    http: &Http,
+    dir: &Dir,
+    store: &str,
+    file: &str,
+    url: &str,
+    digest: &Digest,
+) -> Result<Staged> {
+    if let Some(f) = root.open_file(&dir.node_path(file))? {
+        if digest.matches(f).with_ctx(|| dir.show(file))? {
             return Ok(Staged::Kept);
         }
-        log::warn!("{} does not match {digest}; replacing it", dir.show(&file));
+        log::warn!("{} does not match {digest}; replacing it", dir.show(file));
     }
     // The same image staged for another OS version (the hook stages current and next).
-    for other in local_copies(root, &file, &store)? {
+    for other in local_copies(root, file, store)? {
         // Other stores are only a shortcut: one that cannot be read (a loose file named like
         // a version, a broken entry) just means downloading.
         let mut f = match root.open_file(&other) {
@@ -213,7 +236,7 @@ pub fn stage_image(
                 continue;
             }
         };
-        match write_verified(&dir, &file, digest, &mut f) {
+        match write_verified(dir, file, digest, &mut f) {
             Ok(_) => return Ok(Staged::Copied(root.show(&other))),
             Err(Staging::Mismatch(..)) => {
                 log::debug!("{} does not match {digest}", root.show(&other))
@@ -223,7 +246,7 @@ pub fn stage_image(
             Err(Staging::Write(e)) => return Err(e),
         }
     }
-    http.download(url, &dir, &file, digest, IMAGE_CAP)
+    http.download(url, dir, file, digest, IMAGE_CAP)
         .map(Staged::Downloaded)
 }
 
@@ -386,19 +409,33 @@ pub fn gc_candidate(name: &str, current: &str, next: &str) -> bool {
         && os_version_cmp(name, current) == Some(std::cmp::Ordering::Less)
 }
 
+/// What the GC did: the stores removed, and those that could not be (with why), as shown in
+/// messages.
+#[derive(Debug, Default)]
+pub struct Collected {
+    pub removed: Vec<String>,
+    pub skipped: Vec<(String, Error)>,
+}
+
 /// Remove the versioned stores `gc_candidate` picks (directories only; files and symlinks
-/// stay). Returns the stores removed, as shown in messages.
-pub fn gc_stores(root: &Root, current: &str, next: &str) -> Result<Vec<String>> {
+/// stay). A store that cannot be removed (a mount point, EBUSY, EXDEV, a permission error) is
+/// skipped, and the others are still collected, whatever their order.
+pub fn gc_stores(root: &Root, current: &str, next: &str) -> Result<Collected> {
     let Some(d) = root.dir(USER_STORE, false)? else {
-        return Ok(Vec::new());
+        return Ok(Collected::default());
     };
-    let mut removed = Vec::new();
+    let mut done = Collected::default();
     for e in d.entries()? {
-        if gc_candidate(&e, current, next) && d.remove_dir_tree(&e)? {
-            removed.push(d.show(&e));
+        if !gc_candidate(&e, current, next) {
+            continue;
+        }
+        match d.remove_dir_tree(&e) {
+            Ok(true) => done.removed.push(d.show(&e)),
+            Ok(false) => {}
+            Err(err) => done.skipped.push((d.show(&e), err)),
         }
     }
-    Ok(removed)
+    Ok(done)
 }
 
 /// The runtime unit that wipes docker's data dir at shutdown when the runtime version changes

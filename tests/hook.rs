@@ -648,3 +648,76 @@ fn multicall_name_runs_the_hook() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("hook done"));
 }
+
+/// A tmpfs mounted on a directory for the length of a test: a store GC cannot remove.
+struct Mounted(PathBuf);
+
+impl Mounted {
+    fn tmpfs(at: &Path) -> Mounted {
+        std::fs::create_dir_all(at).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "tmpfs"])
+            .arg(at)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mount tmpfs on {} (tests run as root)", at.display());
+        std::fs::write(at.join("docker:1.12.torcx.tgz"), "old").unwrap();
+        Mounted(at.to_path_buf())
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn an_unremovable_old_store_is_skipped_and_the_others_collected() {
+    let w = World::new();
+    w.seed_store();
+    for old in ["1100.0.0", "1300.0.0", "1400.0.0", "1600.0.0"] {
+        w.write(
+            &format!("/var/lib/torcx/store/{old}/docker:1.12.torcx.tgz"),
+            "old",
+        );
+    }
+    // Readdir order is the file system's: with stores on both sides of the mount point, one
+    // of them always comes after it.
+    let _m = Mounted::tmpfs(&w.store().join("1250.0.0"));
+    let bus = pending_bus(None);
+    let r = w.run_on(Some(&bus));
+    r.assert_ok();
+    assert!(
+        r.stderr.contains(&format!(
+            "old torcx store {} not removed, skipped",
+            w.store().join("1250.0.0").display()
+        )),
+        "{}",
+        r.stderr
+    );
+    let names = w.store_names();
+    for gone in [
+        "1000.0.0", "1100.0.0", "1300.0.0", "1400.0.0", "1500.0.0", "1600.0.0",
+    ] {
+        assert!(!names.contains(&gone.to_string()), "{gone} kept: {names:?}");
+    }
+    assert!(w.store().join("1250.0.0/docker:1.12.torcx.tgz").exists());
+    assert_eq!(w.patches().len(), 1, "still annotated");
+}
+
+#[test]
+fn a_hash_mismatch_leaves_no_empty_store_directory() {
+    let w = World::new();
+    w.files.set(
+        "/pkgs/docker-17.06.tgz",
+        Reply::ok(b"not the image".to_vec()),
+    );
+    let bus = pending_bus(None);
+    let r = w.run_on(Some(&bus));
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("hash mismatch"), "{}", r.stderr);
+    assert!(!w.store().join(NEXT).exists(), "{:?}", w.store_names());
+    assert!(w.patches().is_empty());
+}
