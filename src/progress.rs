@@ -57,7 +57,8 @@ impl Reporter {
         }
     }
 
-    /// `phase` is preflight, fetch, configure or reboot; `status` started, succeeded or failed.
+    /// `phase` is preflight, fetch, configure or reboot; `status` started, succeeded or failed
+    /// (and, for a reboot this run was told not to make, skipped).
     pub fn report(&self, phase: &str, status: &str, message: &str) {
         if status == "failed" {
             self.failed.set(true);

@@ -8,28 +8,61 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::root::Root;
 
+/// What became of a reboot request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Requested {
+    /// systemd accepted it: the node is going down (the job's path).
+    Queued(String),
+    /// Not done here, and why (`--dry-run`, `--reboot=never`, another root).
+    Declined(String),
+}
+
 pub trait Rebooter {
-    /// Reboot for `reason`. The real executor does not return on success.
-    fn reboot(&self, reason: &str) -> Result<()>;
+    /// Ask for the reboot; `Queued` once systemd accepted the job.
+    fn request(&self, reason: &str) -> Result<Requested>;
+
+    /// Ask, and once it is queued wait to be stopped: in ExecStartPre, returning would let the
+    /// unit start (and the kubelet after it) while the node goes down. SIGTERM (systemd
+    /// stopping us for the reboot) ends the wait at once with `Ok`; after 10 minutes still up,
+    /// the reboot did not happen and that is an error.
+    fn reboot(&self, reason: &str) -> Result<()> {
+        match self.request(reason)? {
+            Requested::Declined(_) => Ok(()),
+            Requested::Queued(_) => wait_to_be_stopped(Duration::from_secs(600)),
+        }
+    }
+
     /// Whether this executor really reboots (tests check the gate with it).
     #[cfg(test)]
     fn is_real(&self) -> bool;
+}
+
+/// After a queued reboot: until SIGTERM (then `Ok`, promptly) or `limit` (then an error).
+pub fn wait_to_be_stopped(limit: Duration) -> Result<()> {
+    crate::stop::catch_sigterm();
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if crate::stop::signalled() {
+            log::info!("stopped by SIGTERM while the node reboots");
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(Error::failed(format!(
+        "reboot was queued but the node is still up after {} s",
+        limit.as_secs()
+    )))
 }
 
 /// systemd's `reboot.target`, queued over D-Bus.
 struct Systemd;
 
 impl Rebooter for Systemd {
-    fn reboot(&self, reason: &str) -> Result<()> {
+    fn request(&self, reason: &str) -> Result<Requested> {
         log::warn!("rebooting now: {reason}");
         let job = crate::dbus::systemd_reboot()?;
         log::info!("reboot queued as systemd job {job}; waiting to be stopped");
-        // In ExecStartPre, returning would let the unit start (and the kubelet after it) while
-        // the node goes down; stay until systemd stops us.
-        std::thread::sleep(Duration::from_secs(600));
-        Err(Error::failed(
-            "reboot was queued but the node is still up after 10 minutes",
-        ))
+        Ok(Requested::Queued(job))
     }
     #[cfg(test)]
     fn is_real(&self) -> bool {
@@ -41,9 +74,9 @@ impl Rebooter for Systemd {
 struct Decline(String);
 
 impl Rebooter for Decline {
-    fn reboot(&self, reason: &str) -> Result<()> {
+    fn request(&self, reason: &str) -> Result<Requested> {
         log::warn!("reboot needed ({reason}); not rebooting: {}", self.0);
-        Ok(())
+        Ok(Requested::Declined(self.0.clone()))
     }
     #[cfg(test)]
     fn is_real(&self) -> bool {

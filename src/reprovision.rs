@@ -22,7 +22,7 @@ use crate::hook;
 use crate::kube::{ApiRetry, Kube};
 use crate::mco;
 use crate::progress::Reporter;
-use crate::reboot::{self, Rebooter};
+use crate::reboot::{self, Rebooter, Requested};
 use crate::root::{Dir, Root, CONFIG_CAP};
 use crate::runscript::{self, Script};
 use crate::verify::{Algo, Digest};
@@ -799,15 +799,29 @@ pub fn run(a: &Reprovision) -> Result<()> {
     );
     let r = match flow {
         Flow::Rhcos => run_mcd(a, &mcd.expect("rhcos_configure found or extracted it")),
-        Flow::Rhel => {
-            let rebooter = rebooter(a, &s.root);
-            progress.report(
-                "reboot",
-                "succeeded",
-                "rebooting into the new configuration",
-            );
-            rebooter.reboot("reprovisioned in place (RHEL bootstrap payload applied)")
-        }
+        // "succeeded" only once systemd accepted the job; then SIGTERM (the node going down)
+        // ends the wait at once with exit 0.
+        Flow::Rhel => rebooter(a, &s.root)
+            .request("reprovisioned in place (RHEL bootstrap payload applied)")
+            .and_then(|r| match r {
+                Requested::Queued(job) => {
+                    progress.report(
+                        "reboot",
+                        "succeeded",
+                        &format!("reboot queued as systemd job {job}"),
+                    );
+                    reboot::wait_to_be_stopped(Duration::from_secs(600))
+                }
+                // Not accepted, so not "succeeded": the node still has to be rebooted.
+                Requested::Declined(why) => {
+                    progress.report(
+                        "reboot",
+                        "skipped",
+                        &format!("not rebooting ({why}); the node must be rebooted to finish"),
+                    );
+                    Ok(())
+                }
+            }),
     };
     match r {
         Ok(()) => {
@@ -880,15 +894,12 @@ fn rebooter(a: &Reprovision, root: &Root) -> Box<dyn Rebooter> {
 }
 
 /// The DaemonSet deletes this pod as soon as the label is gone; kubelet's SIGTERM must not cut
-/// the hand-off short (the pod's grace period covers it). A handler, not SIG_IGN, so the
-/// programs we start get the default disposition back.
+/// the hand-off short (the pod's grace period covers it). It only sets the stop flag (a
+/// handler, not SIG_IGN, so the programs we start get the default disposition back); once the
+/// reboot is queued, a SIGTERM that came during the hand-off, or any later one, ends the wait
+/// at once with exit 0.
 fn hold_sigterm() {
-    extern "C" fn note(_: libc::c_int) {}
-    let handler = note as extern "C" fn(libc::c_int) as libc::sighandler_t;
-    // SAFETY: the handler does nothing, which is async-signal-safe.
-    if unsafe { libc::signal(libc::SIGTERM, handler) } == libc::SIG_ERR {
-        log::warn!("cannot hold off SIGTERM during the hand-off");
-    }
+    crate::stop::catch_sigterm();
 }
 
 // RHCOS --------------------------------------------------------------------------------------

@@ -731,7 +731,10 @@ fn rhel_runs_the_verified_payload_with_a_clean_environment() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o700);
-    assert_eq!(w.events(), evs(ALL_PHASES));
+    // The reboot was declined, not accepted: no "succeeded" for it.
+    let mut want = evs(&ALL_PHASES[..7]);
+    want.push(("reboot".into(), "skipped".into()));
+    assert_eq!(w.events(), want);
     assert_eq!(w.state().unwrap()["phase"], "handed-off");
 
     // After the reboot: done; the script does not run again.
@@ -1028,4 +1031,101 @@ fn dry_run_checks_and_fetches_but_changes_nothing() {
     w.assert_untouched();
     assert!(w.events().is_empty());
     assert_eq!(w.ign.requests("GET", "/ignition").len(), 1, "fetched");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The reboot: "succeeded" only once systemd accepted it; then SIGTERM ends the process with 0.
+// systemd itself cannot run here (it is not PID 1): tests/support/fake_systemd.py stands in for
+// its manager on a private system bus, with the real StartUnit method and error names.
+
+fn rhel_world_with_systemd(refuse: bool) -> (World, Bus, PathBuf) {
+    let mut w = World::new("rhel");
+    w.serve_payload(tgz(&[(
+        "bootstrap.sh",
+        b"#!/bin/sh\necho configured\n",
+        0o755,
+    )]));
+    let mut bus = Bus::start();
+    let calls = w.rec.join("systemd.calls");
+    let rec = calls.display().to_string();
+    let mut args = vec!["--record", rec.as_str()];
+    if refuse {
+        args.push("--refuse");
+    }
+    bus.systemd(&args);
+    w.set_env("DBUS_SYSTEM_BUS_ADDRESS", &bus.address);
+    w.extra.push("--reboot=host".into());
+    (w, bus, calls)
+}
+
+#[test]
+fn a_queued_reboot_is_reported_then_sigterm_ends_the_wait_with_exit_0() {
+    let (w, _bus, calls) = rhel_world_with_systemd(false);
+    let mut child = w
+        .command("reprovision")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let succeeded = ("reboot".to_string(), "succeeded".to_string());
+    while !w.events().contains(&succeeded) {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "no 'reboot succeeded': {:?}",
+            w.events()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(
+        std::fs::read_to_string(&calls).unwrap(),
+        "StartUnit reboot.target replace-irreversibly\n"
+    );
+    // systemd stops the pod for the reboot.
+    let pid = child.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let stopped = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if stopped.elapsed() > std::time::Duration::from_secs(5) {
+            let _ = child.kill();
+            panic!("still running 5 s after SIGTERM (the reboot wait ignored it)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let r = Run::from(child.wait_with_output().unwrap());
+    assert_eq!(status.code(), Some(0), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("stopped by SIGTERM while the node reboots"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(w.events(), evs(ALL_PHASES));
+}
+
+#[test]
+fn a_refused_reboot_is_never_reported_as_succeeded() {
+    let (w, _bus, calls) = rhel_world_with_systemd(true);
+    let r = w.run("reprovision");
+    r.assert_fails(1, "systemd StartUnit(reboot.target)");
+    assert_eq!(
+        std::fs::read_to_string(&calls).unwrap(),
+        "StartUnit reboot.target replace-irreversibly\n"
+    );
+    let ev = w.events();
+    assert!(
+        !ev.contains(&("reboot".to_string(), "succeeded".to_string())),
+        "{ev:?}"
+    );
+    assert_eq!(
+        ev.last().unwrap(),
+        &("reboot".to_string(), "failed".to_string())
+    );
 }

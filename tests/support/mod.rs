@@ -572,8 +572,18 @@ impl Bus {
 
     /// Start the test update_engine; `args` configure its states (see the script).
     pub fn update_engine(&mut self, args: &[&str]) {
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/fake_update_engine.py");
+        self.service("fake_update_engine.py", args);
+    }
+
+    /// The stand-in for systemd's manager (tests/support/fake_systemd.py).
+    pub fn systemd(&mut self, args: &[&str]) {
+        self.service("fake_systemd.py", args);
+    }
+
+    fn service(&mut self, file: &str, args: &[&str]) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/support")
+            .join(file);
         let mut child = Command::new("/usr/bin/python3")
             .arg(script)
             .args(args)
@@ -585,7 +595,7 @@ impl Bus {
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        assert_eq!(line.trim(), "ready", "fake update_engine did not start");
+        assert_eq!(line.trim(), "ready", "{file} did not start");
         self.services.push(child);
     }
 }
