@@ -466,8 +466,9 @@ fn short_status(msg: &str) -> String {
         .to_string()
 }
 
-/// Hash the payload while it streams (to nowhere: preflight writes nothing).
-fn probe_payload(s: &Setup) -> Result<String> {
+/// Hash the payload while it streams (to nowhere: preflight writes nothing). Its SHA-256 is
+/// kept in `seen`: the apply step must get the same bytes.
+fn probe_payload(s: &Setup, seen: &mut Option<String>) -> Result<String> {
     let mut req = Request::get(&s.secrets.url);
     let url = s.secrets.payload_url();
     req.url = &url;
@@ -476,9 +477,13 @@ fn probe_payload(s: &Setup) -> Result<String> {
         hash_into(
             body,
             &mut std::io::sink(),
-            s.secrets.payload_sha256.as_ref(),
+            s.secrets
+                .payload_sha256
+                .as_ref()
+                .map(|d| (d, "payload-sha256")),
         )
     })?;
+    *seen = Some(got.clone());
     Ok(match &s.secrets.payload_sha256 {
         Some(_) => format!("{n} bytes, sha256 matches"),
         None => format!("{n} bytes, sha256 {got} (no payload-sha256 to check)"),
@@ -489,7 +494,7 @@ fn probe_payload(s: &Setup) -> Result<String> {
 fn hash_into(
     body: &mut dyn std::io::Read,
     out: &mut dyn std::io::Write,
-    want: Option<&Digest>,
+    want: Option<(&Digest, &str)>,
 ) -> std::result::Result<(u64, String), Staging> {
     let mut h = Digest {
         algo: Algo::Sha256,
@@ -503,18 +508,26 @@ fn hash_into(
     };
     let got = h.finish_hex();
     match want {
-        Some(w) if w.hex != got => Err(Staging::Mismatch(
+        Some((w, says)) if w.hex != got => Err(Staging::Mismatch(
             format!("sha256-{got}"),
-            format!("payload-sha256 says {}", w.hex),
+            format!("{says} says {}", w.hex),
         )),
         _ => Ok((n, got)),
     }
 }
 
-/// Every check the flow depends on; the Ignition config comes back for the RHCOS flow.
-fn preflight_checks(s: &Setup) -> (Vec<Check>, Option<Value>) {
+/// What preflight found: its checks, the Ignition config (RHCOS), the payload's SHA-256 (RHEL).
+struct Preflight {
+    checks: Vec<Check>,
+    config: Option<Value>,
+    payload_sha256: Option<String>,
+}
+
+/// Every check the flow depends on.
+fn preflight_checks(s: &Setup) -> Preflight {
     let mut checks = Vec::new();
     let mut config = None;
+    let mut payload_sha256 = None;
     match s.secrets.flow {
         Flow::Rhcos => {
             let r = fetch_ignition(s).map(|c| {
@@ -533,7 +546,11 @@ fn preflight_checks(s: &Setup) -> (Vec<Check>, Option<Value>) {
             });
             checks.push(check("ignition", &s.secrets.url, r));
         }
-        Flow::Rhel => checks.push(check("payload", &s.secrets.url, probe_payload(s))),
+        Flow::Rhel => checks.push(check(
+            "payload",
+            &s.secrets.url,
+            probe_payload(s, &mut payload_sha256),
+        )),
     }
     if let Some(r) = &s.secrets.registry_url {
         checks.push(check("registry", &v2_url(r), probe_registry(&s.open, r)));
@@ -550,10 +567,14 @@ fn preflight_checks(s: &Setup) -> (Vec<Check>, Option<Value>) {
             .map(|_| format!("Node {n} readable ({})", k.source));
         checks.push(check("kubernetes", &format!("nodes/{n}"), r));
     }
-    (checks, config)
+    Preflight {
+        checks,
+        config,
+        payload_sha256,
+    }
 }
 
-fn print_table(checks: &[Check]) {
+fn print_table(checks: &[Check]) -> Result<()> {
     let w0 = checks
         .iter()
         .map(|c| c.check.len())
@@ -566,23 +587,31 @@ fn print_table(checks: &[Check]) {
         .max()
         .unwrap_or(0)
         .max(6);
-    println!("{:w0$}  {:w1$}  RESULT  DETAIL", "CHECK", "TARGET");
+    crate::outln!("{:w0$}  {:w1$}  RESULT  DETAIL", "CHECK", "TARGET")?;
     for c in checks {
-        println!(
+        crate::outln!(
             "{:w0$}  {:w1$}  {:6}  {}",
             c.check,
             c.target,
             if c.pass { "pass" } else { "FAIL" },
             c.detail
-        );
+        )?;
+    }
+    Ok(())
+}
+
+/// A summary line once the node's state is decided: a stdout that went away is logged only.
+fn summary(line: std::fmt::Arguments) {
+    if let Err(e) = crate::output::line(line) {
+        log::warn!("{e}");
     }
 }
 
 /// `nodestrap preflight`.
 pub fn preflight(a: &Reprovision) -> Result<()> {
     let s = setup(a, false)?;
-    let (checks, _) = preflight_checks(&s);
-    print_table(&checks);
+    let checks = preflight_checks(&s).checks;
+    print_table(&checks)?;
     let failed = checks.iter().filter(|c| !c.pass).count();
     if failed > 0 {
         return Err(Error::failed(format!(
@@ -602,8 +631,9 @@ pub fn preflight(a: &Reprovision) -> Result<()> {
 struct State {
     flow: String,
     target: String,
-    /// `configured` (the node has its new configuration), `handed-off` (the reboot was asked
-    /// for), `done` (the node came back from that reboot).
+    /// `configured` (the node has its new configuration), `handed-off` (about to hand over to
+    /// the MCD or the reboot), `reboot-pending` (the MCD applied it, or the reboot was accepted
+    /// or left to the node: nothing more to do in this boot), `done` (the node came back).
     phase: String,
     #[serde(rename = "bootId")]
     boot_id: String,
@@ -676,13 +706,29 @@ pub fn run(a: &Reprovision) -> Result<()> {
                 "node {node} was already reprovisioned for this target ({}); nothing to do",
                 st.config.as_deref().unwrap_or(flow.name())
             );
-            println!(
+            summary(format_args!(
                 "nodestrap: reprovision already done node={node} flow={}",
                 flow.name()
-            );
+            ));
             return Ok(());
         }
-        if st.phase == "handed-off" && st.boot_id != boot && finished_on_disk(&s.root, flow) {
+        if st.phase == "reboot-pending" && st.boot_id == boot {
+            // The MCD applied the config (or systemd accepted the reboot) in this boot: the
+            // node is going down. Fetching, patching and running the MCD again would only
+            // race it.
+            log::info!(
+                "node {node} was handed off in this boot and is rebooting into its new configuration; nothing to do"
+            );
+            if let Err(e) = crate::outln!(
+                "nodestrap: reprovision handed off node={node} flow={} (reboot pending)",
+                flow.name()
+            ) {
+                log::warn!("{e}");
+            }
+            return Ok(());
+        }
+        let after_hand_off = st.phase == "handed-off" || st.phase == "reboot-pending";
+        if after_hand_off && st.boot_id != boot && finished_on_disk(&s.root, flow) {
             let work = work_dir(&s.root)?;
             let done = State {
                 phase: "done".into(),
@@ -695,10 +741,10 @@ pub fn run(a: &Reprovision) -> Result<()> {
             log::info!(
                 "node {node} rebooted into its new configuration since the hand-off; reprovision done"
             );
-            println!(
+            summary(format_args!(
                 "nodestrap: reprovision done node={node} flow={}",
                 flow.name()
-            );
+            ));
             return Ok(());
         }
     }
@@ -711,8 +757,12 @@ pub fn run(a: &Reprovision) -> Result<()> {
     if !resume {
         // 2. Preflight: every dependency answers, or nothing is changed.
         progress.report("preflight", "started", "checking dependencies");
-        let (checks, config) = preflight_checks(&s);
-        print_table(&checks);
+        let Preflight {
+            checks,
+            config,
+            payload_sha256,
+        } = preflight_checks(&s);
+        print_table(&checks)?;
         let failed: Vec<String> = checks
             .iter()
             .filter(|c| !c.pass)
@@ -737,7 +787,7 @@ pub fn run(a: &Reprovision) -> Result<()> {
                     Some(name)
                 },
             ),
-            Flow::Rhel => rhel_configure(a, &s, &node, &progress).map(|()| None),
+            Flow::Rhel => rhel_configure(a, &s, &node, &progress, payload_sha256).map(|()| None),
         };
         rendered = match r {
             Ok(r) => r,
@@ -747,10 +797,10 @@ pub fn run(a: &Reprovision) -> Result<()> {
             }
         };
         if a.dry_run {
-            println!(
+            summary(format_args!(
                 "nodestrap: reprovision dry run node={node} flow={} (nothing changed)",
                 flow.name()
-            );
+            ));
             return Ok(());
         }
         let work = work_dir(&s.root)?;
@@ -769,7 +819,9 @@ pub fn run(a: &Reprovision) -> Result<()> {
             "the payload's entry script already succeeded in this boot; resuming at the label"
         );
         if a.dry_run {
-            println!("nodestrap: reprovision dry run node={node} flow=rhel (nothing changed)");
+            summary(format_args!(
+                "nodestrap: reprovision dry run node={node} flow=rhel (nothing changed)"
+            ));
             return Ok(());
         }
     }
@@ -782,16 +834,14 @@ pub fn run(a: &Reprovision) -> Result<()> {
 
     // 6. Hand off: the state first, so a crash from here on is recognised after the reboot.
     let work = work_dir(&s.root)?;
-    write_state(
-        &work,
-        &State {
-            flow: flow.name().into(),
-            target,
-            phase: "handed-off".into(),
-            boot_id: boot,
-            config: rendered.clone(),
-        },
-    )?;
+    let handed = State {
+        flow: flow.name().into(),
+        target,
+        phase: "handed-off".into(),
+        boot_id: boot,
+        config: rendered.clone(),
+    };
+    write_state(&work, &handed)?;
     progress.report(
         "reboot",
         "started",
@@ -825,6 +875,14 @@ pub fn run(a: &Reprovision) -> Result<()> {
     };
     match r {
         Ok(()) => {
+            // Recorded so that a run again in this boot does not hand off a second time.
+            let pending = State {
+                phase: "reboot-pending".into(),
+                ..handed.clone()
+            };
+            if let Err(e) = write_state(&work, &pending) {
+                log::warn!("{e}");
+            }
             if flow == Flow::Rhcos {
                 progress.report(
                     "reboot",
@@ -835,11 +893,11 @@ pub fn run(a: &Reprovision) -> Result<()> {
                     ),
                 );
             }
-            println!(
+            summary(format_args!(
                 "nodestrap: reprovision handed off node={node} flow={} config={}",
                 flow.name(),
                 rendered.as_deref().unwrap_or("-")
-            );
+            ));
             Ok(())
         }
         Err(e) => {
@@ -1087,7 +1145,15 @@ fn base_env() -> Vec<(String, String)> {
 
 /// Steps 3 and 4 for RHEL: download and verify the payload, unpack it into a private folder,
 /// run its entry script.
-fn rhel_configure(a: &Reprovision, s: &Setup, node: &str, progress: &Reporter) -> Result<()> {
+/// `seen`: the SHA-256 of preflight's fetch. Without a configured `payload-sha256` it pins the
+/// payload: what is applied must be the very bytes preflight checked.
+fn rhel_configure(
+    a: &Reprovision,
+    s: &Setup,
+    node: &str,
+    progress: &Reporter,
+    seen: Option<String>,
+) -> Result<()> {
     let (worker, cluster, region) = s.secrets.ids.clone().expect("rhel ids");
     if a.dry_run {
         log::info!(
@@ -1102,6 +1168,17 @@ fn rhel_configure(a: &Reprovision, s: &Setup, node: &str, progress: &Reporter) -
     work.remove_dir_tree(PAYLOAD_DIR)?;
 
     progress.report("fetch", "started", "bootstrap payload");
+    let want = match (&s.secrets.payload_sha256, seen) {
+        (Some(d), _) => Some((d.clone(), "payload-sha256")),
+        (None, Some(hex)) => Some((
+            Digest {
+                algo: Algo::Sha256,
+                hex,
+            },
+            "the preflight fetch",
+        )),
+        (None, None) => None,
+    };
     let url = s.secrets.payload_url();
     let mut req = Request::get(&url);
     bearer(&mut req, &s.secrets.token);
@@ -1109,7 +1186,7 @@ fn rhel_configure(a: &Reprovision, s: &Setup, node: &str, progress: &Reporter) -
         let mut tmp = work
             .create_temp(PAYLOAD_FILE, 0o600)
             .map_err(Staging::Write)?;
-        let (n, got) = hash_into(body, tmp.file(), s.secrets.payload_sha256.as_ref())?;
+        let (n, got) = hash_into(body, tmp.file(), want.as_ref().map(|(d, w)| (d, *w)))?;
         tmp.persist().map_err(Staging::Write)?;
         Ok((n, got))
     });
@@ -1120,10 +1197,9 @@ fn rhel_configure(a: &Reprovision, s: &Setup, node: &str, progress: &Reporter) -
             return Err(e);
         }
     };
-    let verified = if s.secrets.payload_sha256.is_some() {
-        "verified against payload-sha256"
-    } else {
-        "no payload-sha256 to check"
+    let verified = match &want {
+        Some((_, says)) => format!("verified against {says}"),
+        None => "no payload-sha256 to check".to_string(),
     };
     log::info!(
         "payload from {}: {n} bytes, sha256 {sha} ({verified})",

@@ -420,8 +420,17 @@ fn rhcos_hands_the_completed_config_to_the_mcd_and_drops_the_label() {
     let st = w.state().unwrap();
     assert_eq!(
         (st["phase"].as_str(), st["config"].as_str()),
-        (Some("handed-off"), Some(RENDERED))
+        (Some("reboot-pending"), Some(RENDERED))
     );
+
+    // Run again in the same boot (the MCD's reboot is under way): no fetch, no patch, no MCD.
+    let fetches = w.ign.seen().len();
+    let r = w.run("reprovision");
+    r.assert_ok();
+    assert!(r.stdout.contains("(reboot pending)"), "{}", r.stdout);
+    assert_eq!(w.ign.seen().len(), fetches, "fetched again");
+    assert_eq!(w.mcd_runs(), 1, "the MCD ran again");
+    assert_eq!(w.label_patches().len(), 1, "patched again");
 
     // After the MCD's reboot: done, and nothing is done again.
     w.boot("boot-2");
@@ -735,7 +744,7 @@ fn rhel_runs_the_verified_payload_with_a_clean_environment() {
     let mut want = evs(&ALL_PHASES[..7]);
     want.push(("reboot".into(), "skipped".into()));
     assert_eq!(w.events(), want);
-    assert_eq!(w.state().unwrap()["phase"], "handed-off");
+    assert_eq!(w.state().unwrap()["phase"], "reboot-pending");
 
     // After the reboot: done; the script does not run again.
     w.boot("boot-2");
@@ -1128,4 +1137,34 @@ fn a_refused_reboot_is_never_reported_as_succeeded() {
         ev.last().unwrap(),
         &("reboot".to_string(), "failed".to_string())
     );
+}
+
+#[test]
+fn a_payload_that_changes_after_preflight_is_refused_without_a_configured_digest() {
+    let w = World::new("rhel");
+    let rec = w.rec.display().to_string();
+    let good = tgz(&[("bootstrap.sh", &entry_script(&rec), 0o755)]);
+    let other = tgz(&[(
+        "bootstrap.sh",
+        format!("#!/bin/sh\ntouch {rec}/entry-ran\n").as_bytes(),
+        0o755,
+    )]);
+    // Preflight gets one payload, the apply step another (no payload-sha256 in the Secret).
+    w.ign.queue(
+        &format!("{PAYLOAD_PATH}{PAYLOAD_QUERY}"),
+        Reply::ok(good.clone()),
+    );
+    w.serve_payload(other.clone());
+    let r = w.run("reprovision");
+    r.assert_fails(1, "hash mismatch");
+    assert!(
+        r.stderr.contains(&format!(
+            "computed sha256-{} but the preflight fetch says {}",
+            sha256_hex(&other),
+            sha256_hex(&good)
+        )),
+        "{}",
+        r.stderr
+    );
+    w.assert_untouched();
 }
