@@ -236,19 +236,8 @@ pub(crate) fn check_common(a: &Common) -> Result<String> {
     at_most("--api-retry-delay", a.api_retry_delay, 3600)?;
     at_most("--fetch-attempts", a.fetch_attempts as u64, 100)?;
     at_most("--fetch-backoff-ms", a.fetch_backoff_ms, 60_000)?;
-    at_least("--fetch-timeout", a.fetch_timeout, 1)?;
-    at_most("--fetch-timeout", a.fetch_timeout, 24 * 3600)?;
-    at_most("--fetch-min-rate", a.fetch_min_rate, 1 << 30)?;
-    at_least("--fetch-min-rate-window", a.fetch_min_rate_window, 1)?;
-    at_most("--fetch-min-rate-window", a.fetch_min_rate_window, 3600)?;
+    AttemptLimits::from_options(a.fetch_timeout, a.fetch_min_rate, a.fetch_min_rate_window)?;
     Ok(template.to_string())
-}
-
-fn at_least(flag: &str, value: u64, min: u64) -> Result<()> {
-    if value < min {
-        return Err(Error::config(format!("{flag} {value}: at least {min}")));
-    }
-    Ok(())
 }
 
 pub(crate) fn at_most(flag: &str, value: u64, max: u64) -> Result<()> {
@@ -298,11 +287,8 @@ pub(crate) fn manifest_client(a: &Common, root: &Root) -> Result<Http> {
         initial: Duration::from_millis(a.fetch_backoff_ms),
         cap: Duration::from_secs(60),
     };
-    let limits = AttemptLimits {
-        deadline: Duration::from_secs(a.fetch_timeout),
-        min_rate: a.fetch_min_rate,
-        window: Duration::from_secs(a.fetch_min_rate_window),
-    };
+    let limits =
+        AttemptLimits::from_options(a.fetch_timeout, a.fetch_min_rate, a.fetch_min_rate_window)?;
     Ok(Http::new(
         &tls,
         Retry {

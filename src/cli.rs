@@ -274,9 +274,18 @@ reprovision_args! {{
         /// first retry delay in milliseconds; doubles per retry with full jitter, capped at 60 s
         #[argh(option, default = "1000")]
         pub fetch_backoff_ms: u64,
+        /// seconds one download attempt may take, from connecting to the last byte (default 300)
+        #[argh(option, default = "crate::fetch::DEFAULT_ATTEMPT_SECS")]
+        pub fetch_timeout: u64,
+        /// bytes per second each --fetch-min-rate-window of a transfer must average (default 1024; 0: no floor)
+        #[argh(option, default = "crate::fetch::DEFAULT_MIN_RATE")]
+        pub fetch_min_rate: u64,
+        /// seconds over which --fetch-min-rate is averaged (default 30)
+        #[argh(option, default = "crate::fetch::DEFAULT_RATE_WINDOW_SECS")]
+        pub fetch_min_rate_window: u64,
 } [root, secret_dir, flow, node_name, kubeconfig, label, mcd_binary, mcd_extract_command,
     payload_entry, entry_timeout, reboot, dry_run, verbose, api_tries, api_retry_delay,
-    fetch_attempts, fetch_backoff_ms]}
+    fetch_attempts, fetch_backoff_ms, fetch_timeout, fetch_min_rate, fetch_min_rate_window]}
 
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "activate")]

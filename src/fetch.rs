@@ -143,6 +143,30 @@ impl Default for AttemptLimits {
     }
 }
 
+impl AttemptLimits {
+    /// From `--fetch-timeout`, `--fetch-min-rate` and `--fetch-min-rate-window`, checked: a
+    /// value out of bounds is a configuration error naming the option.
+    pub fn from_options(timeout: u64, min_rate: u64, window: u64) -> Result<AttemptLimits> {
+        for (flag, v, lo, hi) in [
+            ("--fetch-timeout", timeout, 1, 24 * 3600),
+            ("--fetch-min-rate", min_rate, 0, 1 << 30),
+            ("--fetch-min-rate-window", window, 1, 3600),
+        ] {
+            if v < lo {
+                return Err(Error::config(format!("{flag} {v}: at least {lo}")));
+            }
+            if v > hi {
+                return Err(Error::config(format!("{flag} {v}: at most {hi}")));
+            }
+        }
+        Ok(AttemptLimits {
+            deadline: Duration::from_secs(timeout),
+            min_rate,
+            window: Duration::from_secs(window),
+        })
+    }
+}
+
 /// Defaults of `--fetch-timeout`, `--fetch-min-rate` and `--fetch-min-rate-window` (README).
 pub const DEFAULT_ATTEMPT_SECS: u64 = 300;
 pub const DEFAULT_MIN_RATE: u64 = 1024;

@@ -290,6 +290,11 @@ fn setup(a: &Reprovision, need_node: bool) -> Result<Setup> {
     ] {
         crate::bootstrap::at_most(flag, v, max)?;
     }
+    let limits = crate::fetch::AttemptLimits::from_options(
+        a.fetch_timeout,
+        a.fetch_min_rate,
+        a.fetch_min_rate_window,
+    )?;
     if a.mcd_extract_command.split_whitespace().next().is_none() {
         return Err(Error::config("--mcd-extract-command is empty"));
     }
@@ -364,8 +369,8 @@ fn setup(a: &Reprovision, need_node: bool) -> Result<Setup> {
         None => None,
     };
     Ok(Setup {
-        pinned: Http::new(&pinned_tls, retry),
-        open: Http::new(&open_tls, retry),
+        pinned: Http::new(&pinned_tls, retry).with_limits(limits),
+        open: Http::new(&open_tls, retry).with_limits(limits),
         open_tls,
         root,
         secrets,

@@ -1168,3 +1168,15 @@ fn a_payload_that_changes_after_preflight_is_refused_without_a_configured_digest
     );
     w.assert_untouched();
 }
+
+#[test]
+fn fetch_limits_are_options_of_reprovision_too() {
+    let mut w = World::new("rhel");
+    w.extra.push("--fetch-timeout=0".into());
+    w.run("preflight")
+        .assert_fails(2, "--fetch-timeout 0: at least 1");
+    w.extra = vec!["--fetch-min-rate-window=7200".into()];
+    w.run("reprovision")
+        .assert_fails(2, "--fetch-min-rate-window 7200: at most 3600");
+    w.assert_untouched();
+}
