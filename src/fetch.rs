@@ -23,7 +23,7 @@ const SYSTEM_BUNDLES: &[&str] = &[
 ];
 
 /// Trust anchors and an optional client identity for one endpoint family.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Tls {
     pub roots: Vec<Certificate<'static>>,
     pub client: Option<ClientCert>,
@@ -183,6 +183,8 @@ pub struct Http {
     agent: Agent,
     retry: Retry,
     limits: AttemptLimits,
+    /// Kept to build the same client through another proxy.
+    tls: Tls,
 }
 
 pub struct Request<'a> {
@@ -207,6 +209,19 @@ impl<'a> Request<'a> {
 
 impl Http {
     pub fn new(tls: &Tls, retry: Retry) -> Http {
+        Http::build(tls, retry, ureq::Proxy::try_from_env())
+    }
+
+    /// The same client, reaching every server through the proxy at `url` (http or https).
+    pub fn via_proxy(self, url: &str) -> Result<Http> {
+        let proxy = ureq::Proxy::new(url)
+            .map_err(|e| Error::config(format!("{url:?}: not a proxy URL: {e}")))?;
+        let mut h = Http::build(&self.tls, self.retry, Some(proxy));
+        h.limits = self.limits;
+        Ok(h)
+    }
+
+    fn build(tls: &Tls, retry: Retry, proxy: Option<ureq::Proxy>) -> Http {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let tls_config = TlsConfig::builder()
             .root_certs(RootCerts::new_with_certs(&tls.roots))
@@ -217,7 +232,7 @@ impl Http {
             .tls_config(tls_config)
             .http_status_as_error(false)
             .https_only(false)
-            .proxy(ureq::Proxy::try_from_env())
+            .proxy(proxy)
             .user_agent(concat!("nodestrap/", env!("CARGO_PKG_VERSION")))
             .timeout_connect(Some(Duration::from_secs(30)))
             .timeout_recv_response(Some(Duration::from_secs(60)))
@@ -229,6 +244,7 @@ impl Http {
             agent,
             retry,
             limits: AttemptLimits::default(),
+            tls: tls.clone(),
         }
     }
 

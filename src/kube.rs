@@ -88,12 +88,33 @@ impl Kube {
                 )))
             }
         }
-        let token = match (&kc.token, &kc.token_file) {
-            (Some(t), _) => Some(t.clone()),
-            (None, Some(f)) => Some(String::from_utf8_lossy(&read(f)?).trim().to_string()),
+        // client-go reads tokenFile and lets it win over token.
+        let mut token = match (&kc.token_file, &kc.token) {
+            (Some(f), _) => Some(String::from_utf8_lossy(&read(f)?).trim().to_string()),
+            (None, Some(t)) => Some(t.clone()),
             _ => None,
         };
-        Ok(Some(Kube::new(&kc.server, tls, token, name, retry)?))
+        if let Some(exec) = &kc.exec {
+            // kubectl uses the plugin's credential where the kubeconfig gives none.
+            match run_exec(exec, &kc, &name)? {
+                ExecCredential::Token(t) if token.is_none() => token = Some(t),
+                ExecCredential::Cert(c, k) if tls.client.is_none() => {
+                    tls.client = Some(client_cert(&c, &k, &format!("{name} exec plugin"))?)
+                }
+                _ => log::debug!(
+                    "{name}: exec plugin's credential not used: the kubeconfig names one"
+                ),
+            }
+        }
+        let mut k = Kube::new(&kc.server, tls, token, name, retry)?;
+        if let Some(p) = &kc.proxy {
+            k.http = k
+                .http
+                .via_proxy(p)
+                .map_err(|e| e.context(format!("{}: proxy-url", k.source)))?;
+            log::info!("{}: API server reached through proxy-url {p}", k.source);
+        }
+        Ok(Some(k))
     }
 
     /// Client from the pod's service account, as client-go's in-cluster config does.
@@ -299,6 +320,90 @@ pub struct Kubeconfig {
     pub key_file: Option<String>,
     pub token: Option<String>,
     pub token_file: Option<String>,
+    /// `proxy-url` of the cluster: http or https.
+    pub proxy: Option<String>,
+    pub exec: Option<Exec>,
+}
+
+/// A `client.authentication.k8s.io` credential plugin (`users[].user.exec`).
+#[derive(Debug, Default, PartialEq, Clone)]
+pub struct Exec {
+    pub api_version: String,
+    pub command: String,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub install_hint: Option<String>,
+    pub provide_cluster_info: bool,
+}
+
+/// Fields of the chosen cluster, user and context that nodestrap implements; any other one is
+/// refused by name (a request without the credential kubectl would send is no answer).
+const CLUSTER_FIELDS: &[&str] = &[
+    "server",
+    "certificate-authority",
+    "certificate-authority-data",
+    "proxy-url",
+    "insecure-skip-tls-verify",
+    "disable-compression",
+    "extensions",
+];
+const USER_FIELDS: &[&str] = &[
+    "client-certificate",
+    "client-certificate-data",
+    "client-key",
+    "client-key-data",
+    "token",
+    "tokenFile",
+    "exec",
+    "extensions",
+];
+const CONTEXT_FIELDS: &[&str] = &["cluster", "user", "namespace", "extensions"];
+const EXEC_FIELDS: &[&str] = &[
+    "apiVersion",
+    "command",
+    "args",
+    "env",
+    "installHint",
+    "provideClusterInfo",
+    "interactiveMode",
+];
+/// The exec credential API versions kubectl 1.32 speaks (v1alpha1 is gone from it).
+const EXEC_VERSIONS: &[&str] = &[
+    "client.authentication.k8s.io/v1",
+    "client.authentication.k8s.io/v1beta1",
+];
+
+/// Refuse any key of `y` outside `known`, naming it and where it is.
+fn only_known(y: &yaml_rust2::Yaml, known: &[&str], name: &str, what: &str) -> Result<()> {
+    let yaml_rust2::Yaml::Hash(h) = y else {
+        return Ok(());
+    };
+    for k in h.keys() {
+        let k = yaml::scalar(k).unwrap_or_default();
+        if !known.contains(&k.as_str()) {
+            return Err(Error::failed(format!(
+                "{name}: {what}: field {:?} is not supported by nodestrap; refused rather than ignored",
+                crate::error::excerpt(&k, 64)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Both `FIELD` and `FIELD-data`: kubectl refuses such an entry, and so does nodestrap.
+fn not_both(
+    data: &Option<String>,
+    file: &Option<String>,
+    field: &str,
+    name: &str,
+    what: &str,
+) -> Result<()> {
+    if data.is_some() && file.is_some() {
+        return Err(Error::failed(format!(
+            "{name}: {what}: {field}-data and {field} are both set (kubectl refuses this too)"
+        )));
+    }
+    Ok(())
 }
 
 impl std::fmt::Debug for Kubeconfig {
@@ -327,33 +432,34 @@ impl Kubeconfig {
         let clusters = named("clusters")?;
         let users = named("users")?;
         let current = yaml::opt_str(&doc, "current-context", name)?.filter(|c| !c.is_empty());
-        // Tectonic's kubeconfig has one unnamed context and no current-context: take the only one.
-        let (cluster_name, user_name) = match (&current, contexts.len()) {
-            (Some(c), _) => {
-                let ctx = contexts.iter().find(|(n, _)| n == c).ok_or_else(|| {
-                    Error::failed(format!(
-                        "{name}: current-context {c:?} is not among the contexts"
-                    ))
-                })?;
-                context_refs(ctx.1, name)?
-            }
-            (None, 1) => context_refs(contexts[0].1, name)?,
-            (None, 0) if clusters.len() == 1 && users.len() <= 1 => (
-                clusters[0].0.clone(),
-                users.first().map(|u| u.0.clone()).unwrap_or_default(),
-            ),
-            (None, n) => {
+        // client-go uses the context `current-context` names and, without one, none at all.
+        // The one difference on purpose: Tectonic's kubeconfig has a single context without a
+        // name and no current-context, and nodestrap takes that one.
+        let ctx = match (&current, contexts.as_slice()) {
+            (Some(c), _) => contexts.iter().find(|(n, _)| n == c).ok_or_else(|| {
+                Error::failed(format!(
+                    "{name}: current-context {c:?} is not among the contexts"
+                ))
+            })?,
+            (None, [only]) if only.0.is_empty() => only,
+            (None, _) => {
                 return Err(Error::failed(format!(
-                    "{name}: no current-context and {n} contexts to choose from"
+                    "{name}: no current-context, so kubectl would use no context (and no server); set current-context ({} contexts)",
+                    contexts.len()
                 )))
             }
         };
+        let what_ctx = format!("context {:?}", ctx.0);
+        only_known(&ctx.1["context"], CONTEXT_FIELDS, name, &what_ctx)?;
+        let (cluster_name, user_name) = context_refs(ctx.1, name)?;
         let cluster = clusters
             .iter()
             .find(|(n, _)| *n == cluster_name)
             .ok_or_else(|| Error::failed(format!("{name}: cluster {cluster_name:?} not found")))?
             .1;
         let c = &cluster["cluster"];
+        let what_cluster = format!("cluster {cluster_name:?}");
+        only_known(c, CLUSTER_FIELDS, name, &what_cluster)?;
         let server = yaml::opt_str(c, "server", name)?
             .filter(|s| !s.is_empty())
             .ok_or_else(|| {
@@ -364,31 +470,301 @@ impl Kubeconfig {
             Some("true")
         ) {
             return Err(Error::failed(format!(
-                "{name}: insecure-skip-tls-verify is refused: name a certificate-authority"
+                "{name}: {what_cluster}: insecure-skip-tls-verify is refused: name a certificate-authority"
             )));
+        }
+        let proxy = yaml::opt_str(c, "proxy-url", name)?.filter(|p| !p.is_empty());
+        if let Some(p) = &proxy {
+            if !(p.starts_with("http://") || p.starts_with("https://")) {
+                return Err(Error::failed(format!(
+                    "{name}: {what_cluster}: proxy-url {:?}: only http and https proxies are supported (not socks)",
+                    crate::error::excerpt(p, 80)
+                )));
+            }
         }
         let mut kc = Kubeconfig {
             server,
             ca_data: yaml::opt_str(c, "certificate-authority-data", name)?,
             ca_file: yaml::opt_str(c, "certificate-authority", name)?,
+            proxy,
             ..Default::default()
         };
-        if !user_name.is_empty() || !users.is_empty() {
+        not_both(
+            &kc.ca_data,
+            &kc.ca_file,
+            "certificate-authority",
+            name,
+            &what_cluster,
+        )?;
+        if !user_name.is_empty() {
             let user = users
                 .iter()
                 .find(|(n, _)| *n == user_name)
                 .ok_or_else(|| Error::failed(format!("{name}: user {user_name:?} not found")))?
                 .1;
             let u = &user["user"];
+            let what_user = format!("user {user_name:?}");
+            only_known(u, USER_FIELDS, name, &what_user)?;
             kc.cert_data = yaml::opt_str(u, "client-certificate-data", name)?;
             kc.cert_file = yaml::opt_str(u, "client-certificate", name)?;
             kc.key_data = yaml::opt_str(u, "client-key-data", name)?;
             kc.key_file = yaml::opt_str(u, "client-key", name)?;
-            kc.token = yaml::opt_str(u, "token", name)?;
-            kc.token_file = yaml::opt_str(u, "tokenFile", name)?;
+            kc.token = yaml::opt_str(u, "token", name)?.filter(|t| !t.is_empty());
+            kc.token_file = yaml::opt_str(u, "tokenFile", name)?.filter(|t| !t.is_empty());
+            not_both(
+                &kc.cert_data,
+                &kc.cert_file,
+                "client-certificate",
+                name,
+                &what_user,
+            )?;
+            not_both(&kc.key_data, &kc.key_file, "client-key", name, &what_user)?;
+            kc.exec = match &u["exec"] {
+                yaml_rust2::Yaml::BadValue | yaml_rust2::Yaml::Null => None,
+                e => Some(Exec::parse(e, name, &what_user)?),
+            };
         }
         Ok(kc)
     }
+}
+
+impl Exec {
+    fn parse(e: &yaml_rust2::Yaml, name: &str, what: &str) -> Result<Exec> {
+        let what = format!("{what}: exec");
+        only_known(e, EXEC_FIELDS, name, &what)?;
+        let err = |m: String| Error::failed(format!("{name}: {what}: {m}"));
+        let api_version = yaml::opt_str(e, "apiVersion", name)?.unwrap_or_default();
+        if !EXEC_VERSIONS.contains(&api_version.as_str()) {
+            return Err(err(format!(
+                "apiVersion {:?}: expected one of {}",
+                crate::error::excerpt(&api_version, 64),
+                EXEC_VERSIONS.join(", ")
+            )));
+        }
+        let command = yaml::opt_str(e, "command", name)?
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| err("no command".into()))?;
+        let args = yaml::items(&e["args"], name, "exec.args")?
+            .iter()
+            .map(|a| yaml::scalar(a).ok_or_else(|| err("args must be strings".into())))
+            .collect::<Result<Vec<_>>>()?;
+        let mut env = Vec::new();
+        for v in yaml::items(&e["env"], name, "exec.env")? {
+            let k = yaml::opt_str(v, "name", name)?
+                .ok_or_else(|| err("env entry without name".into()))?;
+            let val = yaml::opt_str(v, "value", name)?.unwrap_or_default();
+            env.push((k, val));
+        }
+        Ok(Exec {
+            api_version,
+            command,
+            args,
+            env,
+            install_hint: yaml::opt_str(e, "installHint", name)?,
+            provide_cluster_info: yaml::opt_str(e, "provideClusterInfo", name)?.as_deref()
+                == Some("true"),
+        })
+    }
+}
+
+/// What an exec plugin answered.
+enum ExecCredential {
+    Token(String),
+    /// Client certificate and key, PEM.
+    Cert(Vec<u8>, Vec<u8>),
+}
+
+/// How long a plugin may take, and how much it may print.
+const EXEC_TIMEOUT: Duration = Duration::from_secs(60);
+const EXEC_OUTPUT_CAP: u64 = 1 << 20;
+
+/// Run the plugin as kubectl does: no shell, our environment plus its `env` and
+/// `KUBERNETES_EXEC_INFO`, stdin closed (never interactive), stderr passed through; its stdout
+/// is an `ExecCredential` of the same apiVersion. Any failure names the command.
+fn run_exec(e: &Exec, kc: &Kubeconfig, name: &str) -> Result<ExecCredential> {
+    use std::io::Read as _;
+    let what = format!("{name}: exec plugin {:?}", e.command);
+    let mut spec = serde_json::json!({"interactive": false});
+    if e.provide_cluster_info {
+        let mut cluster = serde_json::json!({"server": kc.server});
+        if let Some(ca) = &kc.ca_data {
+            cluster["certificate-authority-data"] = ca.clone().into();
+        }
+        if let Some(p) = &kc.proxy {
+            cluster["proxy-url"] = p.clone().into();
+        }
+        spec["cluster"] = cluster;
+    }
+    let info =
+        serde_json::json!({"apiVersion": e.api_version, "kind": "ExecCredential", "spec": spec});
+    let mut child = std::process::Command::new(&e.command)
+        .args(&e.args)
+        .envs(e.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env("KUBERNETES_EXEC_INFO", info.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|err| {
+            let hint = e
+                .install_hint
+                .as_deref()
+                .map(|h| format!(" ({})", crate::error::excerpt(h.trim(), 200)))
+                .unwrap_or_default();
+            Error::failed(format!("{what}: cannot run it: {err}{hint}"))
+        })?;
+    // A watchdog ends a plugin that outlives its deadline; reading stops with its stdout.
+    let pid = child.id() as libc::pid_t;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watch = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let start = std::time::Instant::now();
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                if start.elapsed() >= EXEC_TIMEOUT {
+                    // SAFETY: kill(2) on our own child, which is not reaped before `done`.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            false
+        })
+    };
+    let mut out = Vec::new();
+    let read = child
+        .stdout
+        .take()
+        .map(|o| o.take(EXEC_OUTPUT_CAP + 1).read_to_end(&mut out));
+    if out.len() as u64 > EXEC_OUTPUT_CAP {
+        let _ = child.kill();
+    }
+    let status = child.wait();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let killed = watch.join().unwrap_or(false);
+    if killed {
+        return Err(Error::failed(format!(
+            "{what}: no answer within {} s",
+            EXEC_TIMEOUT.as_secs()
+        )));
+    }
+    if out.len() as u64 > EXEC_OUTPUT_CAP {
+        return Err(Error::failed(format!(
+            "{what}: output over the {EXEC_OUTPUT_CAP}-byte limit"
+        )));
+    }
+    if let Some(Err(err)) = read {
+        return Err(Error::failed(format!("{what}: reading its output: {err}")));
+    }
+    match status {
+        Ok(s) if s.success() => {}
+        Ok(s) => return Err(Error::failed(format!("{what}: {s}"))),
+        Err(err) => return Err(Error::failed(format!("{what}: {err}"))),
+    }
+    parse_exec_output(&out, &e.api_version, now_unix())
+        .map_err(|m| Error::failed(format!("{what}: {m}")))
+}
+
+fn now_unix() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// An `ExecCredential` answer: its apiVersion must be the one asked for; a token, or a client
+/// certificate and key; an `expirationTimestamp` in the past is refused.
+fn parse_exec_output(
+    out: &[u8],
+    api_version: &str,
+    now: i64,
+) -> std::result::Result<ExecCredential, String> {
+    let v: serde_json::Value = serde_json::from_slice(out).map_err(|e| {
+        format!(
+            "output is not JSON ({e}): \"{}\"",
+            crate::error::excerpt(&String::from_utf8_lossy(out), 80)
+        )
+    })?;
+    if v["apiVersion"] != api_version || v["kind"] != "ExecCredential" {
+        return Err(format!(
+            "answered {:?}/{:?}, expected {api_version}/ExecCredential",
+            v["apiVersion"].as_str().unwrap_or(""),
+            v["kind"].as_str().unwrap_or("")
+        ));
+    }
+    let st = &v["status"];
+    if let Some(t) = st["expirationTimestamp"].as_str() {
+        let at = rfc3339(t).ok_or_else(|| {
+            format!(
+                "expirationTimestamp {:?} is not RFC 3339",
+                crate::error::excerpt(t, 64)
+            )
+        })?;
+        if at <= now {
+            return Err(format!("its credential expired at {t}"));
+        }
+    }
+    let s = |k: &str| st[k].as_str().filter(|x| !x.is_empty());
+    match (s("token"), s("clientCertificateData"), s("clientKeyData")) {
+        (Some(t), _, _) => Ok(ExecCredential::Token(t.to_string())),
+        (None, Some(c), Some(k)) => Ok(ExecCredential::Cert(
+            c.as_bytes().to_vec(),
+            k.as_bytes().to_vec(),
+        )),
+        _ => Err("status has neither a token nor a client certificate and key".into()),
+    }
+}
+
+/// Seconds since the epoch of an RFC 3339 time (`2026-11-24T01:02:03Z`, fractions and offsets
+/// allowed).
+fn rfc3339(t: &str) -> Option<i64> {
+    let b = t.as_bytes();
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't' | b' ')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| t.get(r)?.parse::<i64>().ok();
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, se) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 {
+        return None;
+    }
+    let mut rest = &t[19..];
+    if let Some(r) = rest.strip_prefix('.') {
+        let n = r.bytes().take_while(u8::is_ascii_digit).count();
+        if n == 0 {
+            return None;
+        }
+        rest = &r[n..];
+    }
+    let offset = match rest {
+        "Z" | "z" => 0,
+        o if o.len() == 6 && (o.starts_with('+') || o.starts_with('-')) && &o[3..4] == ":" => {
+            let m = o[1..3].parse::<i64>().ok()? * 3600 + o[4..6].parse::<i64>().ok()? * 60;
+            if o.starts_with('-') {
+                -m
+            } else {
+                m
+            }
+        }
+        _ => return None,
+    };
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let (y2, m2) = if mo <= 2 {
+        (y - 1, mo + 9)
+    } else {
+        (y, mo - 3)
+    };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let doy = (153 * m2 + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + h * 3600 + mi * 60 + se - offset)
 }
 
 fn context_refs(ctx: &yaml_rust2::Yaml, name: &str) -> Result<(String, String)> {
@@ -422,7 +798,7 @@ mod tests {
         assert!(Kubeconfig::parse(&no_current, "kc")
             .unwrap_err()
             .to_string()
-            .contains("no current-context and 2 contexts"));
+            .contains("no current-context, so kubectl would use no context"));
         assert!(Kubeconfig::parse("clusters: 5\n", "kc").is_err());
         assert!(Kubeconfig::parse("{", "kc")
             .unwrap_err()
