@@ -96,7 +96,12 @@ impl Kube {
         };
         if let Some(exec) = &kc.exec {
             // kubectl uses the plugin's credential where the kubeconfig gives none.
-            match run_exec(exec, &kc, &name)? {
+            // A relative command with a slash is relative to the kubeconfig's folder.
+            let mut exec = exec.clone();
+            if exec.command.contains('/') && !exec.command.starts_with('/') {
+                exec.command = format!("{}/{}", root.show(base), exec.command);
+            }
+            match run_exec(&exec, &kc, &name)? {
                 ExecCredential::Token(t) if token.is_none() => token = Some(t),
                 ExecCredential::Cert(c, k) if tls.client.is_none() => {
                     tls.client = Some(client_cert(&c, &k, &format!("{name} exec plugin"))?)

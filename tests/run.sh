@@ -15,7 +15,7 @@ arm=$(sed -n 's/^aarch64-unknown-linux-musl=//p' <<<"$builds")
 # qemu-user (NODESTRAP_RUNNER), so its board fallback and syscalls are exercised, not only built.
 NODESTRAP_BIN=$x86 cargo test --locked
 NODESTRAP_BIN=$arm NODESTRAP_RUNNER=${NODESTRAP_RUNNER_ARM64:-/usr/local/lib/nodestrap-ci/qemu-aarch64} \
-  cargo test --locked --test bootstrap --test hook --test activate --test reprovision
+  cargo test --locked --test bootstrap --test hook --test activate --test reprovision --test kubeconfig
 # A few seconds of every fuzz target from the committed corpus, one summary line each.
 fuzz/run -t "${NODESTRAP_FUZZ_SECONDS:-5}"
 # The Ignition configs through real ignition-validate, the in-cluster manifests' consistency,
