@@ -172,6 +172,34 @@ pub const DEFAULT_ATTEMPT_SECS: u64 = 300;
 pub const DEFAULT_MIN_RATE: u64 = 1024;
 pub const DEFAULT_RATE_WINDOW_SECS: u64 = 30;
 
+/// Resolves one host name as another host (`tls-server-name`): the certificate is checked
+/// against the alias while the connection goes to the real server.
+#[derive(Debug)]
+struct Alias {
+    alias: String,
+    /// The real host (a name or an address, IPv6 in brackets).
+    real: String,
+}
+
+impl ureq::unversioned::resolver::Resolver for Alias {
+    fn resolve(
+        &self,
+        uri: &ureq::http::Uri,
+        config: &ureq::config::Config,
+        timeout: ureq::unversioned::transport::NextTimeout,
+    ) -> std::result::Result<ureq::unversioned::resolver::ResolvedSocketAddrs, ureq::Error> {
+        use ureq::unversioned::resolver::DefaultResolver;
+        if uri.host() != Some(self.alias.as_str()) {
+            return DefaultResolver::default().resolve(uri, config, timeout);
+        }
+        let port = uri.port_u16().unwrap_or(443);
+        let real: ureq::http::Uri = format!("https://{}:{port}/", self.real)
+            .parse()
+            .map_err(|_| ureq::Error::HostNotFound)?;
+        DefaultResolver::default().resolve(&real, config, timeout)
+    }
+}
+
 /// What one attempt says about trying again.
 enum Attempt<T> {
     Done(T),
@@ -212,6 +240,23 @@ impl Http {
         Http::build(tls, retry, ureq::Proxy::try_from_env())
     }
 
+    /// The same client, with `alias` resolved as `real`'s address: requests then go to `alias`,
+    /// so TLS sends it as the server name and checks the certificate against it (a
+    /// kubeconfig's `tls-server-name`), while the connection goes where `real` points.
+    pub fn with_server_name(self, alias: &str, real: &str) -> Http {
+        let mut h = Http::build_with(
+            &self.tls,
+            self.retry,
+            None,
+            Some(Alias {
+                alias: alias.to_string(),
+                real: real.to_string(),
+            }),
+        );
+        h.limits = self.limits;
+        h
+    }
+
     /// The same client, reaching every server through the proxy at `url` (http or https).
     pub fn via_proxy(self, url: &str) -> Result<Http> {
         let proxy = ureq::Proxy::new(url)
@@ -222,6 +267,15 @@ impl Http {
     }
 
     fn build(tls: &Tls, retry: Retry, proxy: Option<ureq::Proxy>) -> Http {
+        Http::build_with(tls, retry, proxy, None)
+    }
+
+    fn build_with(
+        tls: &Tls,
+        retry: Retry,
+        proxy: Option<ureq::Proxy>,
+        alias: Option<Alias>,
+    ) -> Http {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let tls_config = TlsConfig::builder()
             .root_certs(RootCerts::new_with_certs(&tls.roots))
@@ -238,8 +292,15 @@ impl Http {
             .timeout_recv_response(Some(Duration::from_secs(60)))
             .timeout_per_read(Some(Duration::from_secs(60)))
             .max_redirects(5)
-            .build()
-            .new_agent();
+            .build();
+        let agent = match alias {
+            Some(a) => Agent::with_parts(
+                agent,
+                ureq::unversioned::transport::DefaultConnector::new(),
+                a,
+            ),
+            None => agent.new_agent(),
+        };
         Http {
             agent,
             retry,

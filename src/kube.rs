@@ -21,6 +21,9 @@ const CONFLICT_FIRST_DELAY: Duration = Duration::from_millis(10);
 pub struct Kube {
     http: Http,
     server: String,
+    /// With `tls-server-name`: requests go to that name (resolved as the server's host), and
+    /// carry the server's own host here, as kubectl's do.
+    host_header: Option<String>,
     token: Option<String>,
     /// Where the credentials came from, for messages.
     pub source: String,
@@ -112,6 +115,38 @@ impl Kube {
             }
         }
         let mut k = Kube::new(&kc.server, tls, token, name, retry)?;
+        if let Some(t) = &kc.tls_server_name {
+            // https://HOST:PORT/... → https://NAME:PORT/..., NAME resolved as HOST.
+            let rest = k.server.strip_prefix("https://").ok_or_else(|| {
+                Error::failed(format!(
+                    "{}: tls-server-name needs an https server",
+                    k.source
+                ))
+            })?;
+            let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+            let (host, port) = match authority.find(']') {
+                // [v6] or [v6]:port
+                Some(i) => (
+                    &authority[..=i],
+                    authority[i + 1..].strip_prefix(':').unwrap_or("443"),
+                ),
+                None => authority.split_once(':').unwrap_or((authority, "443")),
+            };
+            k.http = k.http.with_server_name(t, host);
+            k.host_header = Some(authority.to_string());
+            k.server = format!(
+                "https://{t}:{port}{}",
+                if path.is_empty() {
+                    String::new()
+                } else {
+                    format!("/{path}")
+                }
+            );
+            log::info!(
+                "{}: TLS checks the API server as {t} (tls-server-name)",
+                k.source
+            );
+        }
         if let Some(p) = &kc.proxy {
             k.http = k
                 .http
@@ -191,6 +226,7 @@ impl Kube {
         Ok(Kube {
             http,
             server: server.trim_end_matches('/').to_string(),
+            host_header: None,
             token,
             source,
         })
@@ -205,6 +241,9 @@ impl Kube {
         let mut headers = vec![("Accept", "application/json".to_string())];
         if let Some(t) = &self.token {
             headers.push(("Authorization", format!("Bearer {t}")));
+        }
+        if let Some(h) = &self.host_header {
+            headers.push(("Host", h.clone()));
         }
         Request {
             method,
@@ -327,6 +366,8 @@ pub struct Kubeconfig {
     pub token_file: Option<String>,
     /// `proxy-url` of the cluster: http or https.
     pub proxy: Option<String>,
+    /// `tls-server-name`: the name TLS sends and checks instead of the server URL's host.
+    pub tls_server_name: Option<String>,
     pub exec: Option<Exec>,
 }
 
@@ -348,6 +389,7 @@ const CLUSTER_FIELDS: &[&str] = &[
     "certificate-authority",
     "certificate-authority-data",
     "proxy-url",
+    "tls-server-name",
     "insecure-skip-tls-verify",
     "disable-compression",
     "extensions",
@@ -487,11 +529,26 @@ impl Kubeconfig {
                 )));
             }
         }
+        let tls_server_name = yaml::opt_str(c, "tls-server-name", name)?.filter(|t| !t.is_empty());
+        if let Some(t) = &tls_server_name {
+            if !crate::hook::dns_subdomain(t) {
+                return Err(Error::failed(format!(
+                    "{name}: {what_cluster}: tls-server-name {:?} is not a DNS name",
+                    crate::error::excerpt(t, 80)
+                )));
+            }
+            if proxy.is_some() {
+                return Err(Error::failed(format!(
+                    "{name}: {what_cluster}: tls-server-name together with proxy-url is not supported by nodestrap"
+                )));
+            }
+        }
         let mut kc = Kubeconfig {
             server,
             ca_data: yaml::opt_str(c, "certificate-authority-data", name)?,
             ca_file: yaml::opt_str(c, "certificate-authority", name)?,
             proxy,
+            tls_server_name,
             ..Default::default()
         };
         not_both(

@@ -402,3 +402,53 @@ fn exec_plugins_as_kubectl_runs_them() {
         .iter()
         .any(|s| s.header("authorization") == Some("Bearer old")));
 }
+
+#[test]
+fn tls_server_name_is_the_name_checked_as_kubectl_checks_it() {
+    let w = World::new();
+    // A server whose certificate names only api.cluster.internal, reached at 127.0.0.1.
+    let mut p = rcgen::CertificateParams::new(vec!["api.cluster.internal".to_string()]).unwrap();
+    p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let api = Server::start(&w.ca.issue(p), None);
+    api.set(
+        "/version",
+        Reply::ok(format!(r#"{{"gitVersion":"{VERSION}"}}"#)),
+    );
+    let kc = |extra: &str| {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority-data: {}\n{extra}users:\n- name: u\n  user: {{token: t}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n",
+            api.url(""),
+            b64(&w.ca.pem)
+        )
+    };
+    // Without it, the certificate does not name 127.0.0.1: both refuse the server.
+    w.write(&kc(""));
+    let (k, kerr) = w.kubectl();
+    assert!(api.seen().is_empty(), "{kerr}");
+    assert_eq!(k, Outcome::Failed);
+    let (n, r) = w.nodestrap();
+    assert_eq!(n, Outcome::Failed);
+    assert!(
+        r.stderr.contains("certificate not valid for name \"127.0.0.1\""),
+        "{}",
+        r.stderr
+    );
+    assert!(api.seen().is_empty());
+    // With it, both reach the server, with the server's own Host header.
+    w.write(&kc("    tls-server-name: api.cluster.internal\n"));
+    let (_, kerr) = w.kubectl();
+    let k_seen = api.seen();
+    assert_eq!(k_seen.len(), 1, "kubectl: {kerr}");
+    let (_, r) = w.nodestrap();
+    r.assert_ok();
+    let n_seen = api.seen();
+    assert_eq!(n_seen.len(), 2, "{}", r.stderr);
+    for s in [&k_seen[0], &n_seen[1]] {
+        assert_eq!(s.header("authorization"), Some("Bearer t"));
+    }
+    assert_eq!(
+        n_seen[1].header("host"),
+        k_seen[0].header("host"),
+        "the Host header as kubectl sends it"
+    );
+}
