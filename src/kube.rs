@@ -776,6 +776,21 @@ fn parse_exec_output(
     }
 }
 
+/// For the fuzz target (fuzz/): `parse_exec_output` on raw bytes; `Ok` holds the token's or
+/// the certificate's length.
+#[doc(hidden)]
+pub fn fuzz_parse_exec_output(out: &[u8], now: i64) -> std::result::Result<usize, String> {
+    for v in EXEC_VERSIONS {
+        if let Ok(c) = parse_exec_output(out, v, now) {
+            return Ok(match c {
+                ExecCredential::Token(t) => t.len(),
+                ExecCredential::Cert(c, _) => c.len(),
+            });
+        }
+    }
+    Err("not an ExecCredential".into())
+}
+
 /// Seconds since the epoch of an RFC 3339 time (`2026-11-24T01:02:03Z`, fractions and offsets
 /// allowed).
 fn rfc3339(t: &str) -> Option<i64> {
@@ -839,6 +854,41 @@ fn context_refs(ctx: &yaml_rust2::Yaml, name: &str) -> Result<(String, String)> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exec_output_and_rfc3339() {
+        assert_eq!(rfc3339("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(rfc3339("2026-11-24T01:02:03Z"), Some(1_795_482_123));
+        assert_eq!(rfc3339("2026-11-24T02:02:03.5+01:00"), Some(1_795_482_123));
+        for bad in [
+            "2026-11-24",
+            "2026-13-01T00:00:00Z",
+            "2026-11-24T01:02:03",
+            "x",
+        ] {
+            assert_eq!(rfc3339(bad), None, "{bad}");
+        }
+        let v = "client.authentication.k8s.io/v1";
+        let ok = format!(
+            r#"{{"apiVersion":"{v}","kind":"ExecCredential","status":{{"token":"t","expirationTimestamp":"2026-11-24T01:02:03Z"}}}}"#
+        );
+        assert!(
+            matches!(parse_exec_output(ok.as_bytes(), v, 0), Ok(ExecCredential::Token(t)) if t == "t")
+        );
+        let e = parse_exec_output(ok.as_bytes(), v, 1_795_482_123)
+            .err()
+            .unwrap();
+        assert!(e.contains("expired at 2026-11-24T01:02:03Z"), "{e}");
+        let e = parse_exec_output(ok.as_bytes(), "client.authentication.k8s.io/v1beta1", 0)
+            .err()
+            .unwrap();
+        assert!(
+            e.contains("expected client.authentication.k8s.io/v1beta1/ExecCredential"),
+            "{e}"
+        );
+        let e = parse_exec_output(b"token please", v, 0).err().unwrap();
+        assert!(e.contains("output is not JSON"), "{e}");
+    }
 
     #[test]
     fn tectonic_unnamed_context() {

@@ -429,7 +429,8 @@ fn tls_server_name_is_the_name_checked_as_kubectl_checks_it() {
     let (n, r) = w.nodestrap();
     assert_eq!(n, Outcome::Failed);
     assert!(
-        r.stderr.contains("certificate not valid for name \"127.0.0.1\""),
+        r.stderr
+            .contains("certificate not valid for name \"127.0.0.1\""),
         "{}",
         r.stderr
     );
