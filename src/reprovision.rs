@@ -717,7 +717,11 @@ pub fn run(a: &Reprovision) -> Result<()> {
             ));
             return Ok(());
         }
-        if st.phase == "reboot-pending" && st.boot_id == boot {
+        // A hand-off the MCD already took (it renamed the config away) counts even when this
+        // process was killed before it could record `reboot-pending`.
+        let taken =
+            st.phase == "handed-off" && flow == Flow::Rhcos && finished_on_disk(&s.root, flow);
+        if (st.phase == "reboot-pending" || taken) && st.boot_id == boot {
             // The MCD applied the config (or systemd accepted the reboot) in this boot: the
             // node is going down. Fetching, patching and running the MCD again would only
             // race it.
@@ -853,7 +857,11 @@ pub fn run(a: &Reprovision) -> Result<()> {
         "handing the node over to its new configuration",
     );
     let r = match flow {
-        Flow::Rhcos => run_mcd(a, &mcd.expect("rhcos_configure found or extracted it")),
+        Flow::Rhcos => mcd_hand_off(
+            a,
+            &s.root,
+            &mcd.expect("rhcos_configure found or extracted it"),
+        ),
         // "succeeded" only once systemd accepted the job; then SIGTERM (the node going down)
         // ends the wait at once with exit 0.
         Flow::Rhel => rebooter(a, &s.root)
@@ -919,7 +927,7 @@ fn work_dir(root: &Root) -> Result<Dir> {
     Ok(d)
 }
 
-/// After the reboot: the MCD renamed the encapsulated config away once it had applied it.
+/// The MCD renamed the encapsulated config away once it had applied it (before its reboot).
 fn finished_on_disk(root: &Root, flow: Flow) -> bool {
     match flow {
         Flow::Rhcos => !root.exists(mco::ENCAPSULATED),
@@ -1090,6 +1098,22 @@ fn run_mcd(a: &Reprovision, mcd: &Path) -> Result<()> {
         },
         "machine-config-daemon",
     )
+}
+
+/// Step 6 for RHCOS, judged as the MCD behaves: once it has applied the config it renames the
+/// encapsulated file away, queues the reboot and sleeps until the shutdown kills it (it never
+/// exits 0 then). Ended by a signal or our timeout after that rename, it did its part.
+fn mcd_hand_off(a: &Reprovision, root: &Root, mcd: &Path) -> Result<()> {
+    match run_mcd(a, mcd) {
+        Err(e) if finished_on_disk(root, Flow::Rhcos) => {
+            log::info!(
+                "machine-config-daemon applied the config ({} is gone) and ended while its reboot is under way: {e}",
+                root.show(mco::ENCAPSULATED)
+            );
+            Ok(())
+        }
+        r => r,
+    }
 }
 
 /// The MCD from the machine-config-operator image the config names, with the configured

@@ -1180,3 +1180,128 @@ fn fetch_limits_are_options_of_reprovision_too() {
         .assert_fails(2, "--fetch-min-rate-window 7200: at most 3600");
     w.assert_untouched();
 }
+
+// ---------------------------------------------------------------------------------------------
+// The RHCOS hand-off as the real machine-config-daemon makes it: once it has applied the config
+// it renames the encapsulated file away, queues the reboot and sleeps until the shutdown kills
+// it (pkg/daemon/update.go, reboot(): "wait to be killed via SIGTERM"); it never exits 0. The
+// stand-in does the same (no real MCD can run here: it needs an RHCOS host).
+
+/// The stand-in MCD, then its pid (which `exec sleep` keeps) and a sleep until it is killed.
+fn rebooting_mcd(w: &mut World) -> PathBuf {
+    let body = std::fs::read_to_string(w.standin_mcd()).unwrap();
+    let rec = w.rec.display().to_string();
+    let body = body.trim_start_matches("#!/bin/sh\n");
+    let mcd = w.script(
+        "rebooting-mcd",
+        &format!("{body}echo $$ >{rec}/mcd.pid.tmp\nmv {rec}/mcd.pid.tmp {rec}/mcd.pid\nexec sleep 600\n"),
+    );
+    w.extra.retain(|e| !e.starts_with("--mcd-binary="));
+    w.extra.push(format!("--mcd-binary={}", mcd.display()));
+    w.rec.join("mcd.pid")
+}
+
+fn wait_for_file(p: &std::path::Path) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        if let Ok(s) = std::fs::read_to_string(p) {
+            return s.trim().to_string();
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "{} never appeared",
+            p.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+fn signal(sig: &str, pid: &str) {
+    assert!(Command::new("kill")
+        .args([sig, pid])
+        .status()
+        .unwrap()
+        .success());
+}
+
+#[test]
+fn rhcos_an_mcd_killed_by_the_shutdown_after_applying_is_a_hand_off() {
+    let mut w = World::new("rhcos");
+    let pid_file = rebooting_mcd(&mut w);
+    let mut child = w
+        .command("reprovision")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mcd = wait_for_file(&pid_file);
+    assert!(!w.path(ENCAPSULATED).exists(), "the MCD took the config");
+    // The node goes down: stopping the pod's scope sends SIGTERM to every process in it.
+    signal("-TERM", &mcd);
+    signal("-TERM", &child.id().to_string());
+    let stopped = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if stopped.elapsed() > std::time::Duration::from_secs(5) {
+            let _ = child.kill();
+            panic!("still running 5 s after SIGTERM");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let r = Run::from(child.wait_with_output().unwrap());
+    assert_eq!(status.code(), Some(0), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("killed by signal SIGTERM"),
+        "says how the MCD ended: {}",
+        r.stderr
+    );
+    assert_eq!(w.events(), evs(ALL_PHASES));
+    assert_eq!(w.state().unwrap()["phase"], "reboot-pending");
+
+    // Run again before the reboot took the node down: nothing is fetched, patched or run.
+    let fetches = w.ign.seen().len();
+    let r = w.run("reprovision");
+    r.assert_ok();
+    assert!(r.stdout.contains("(reboot pending)"), "{}", r.stdout);
+    assert_eq!(w.ign.seen().len(), fetches, "fetched again");
+    assert_eq!(w.mcd_runs(), 1, "the MCD ran again");
+    assert_eq!(w.label_patches().len(), 1, "patched again");
+}
+
+#[test]
+fn rhcos_a_run_in_the_same_boot_after_the_mcd_took_the_config_does_nothing() {
+    let mut w = World::new("rhcos");
+    let pid_file = rebooting_mcd(&mut w);
+    // Bounds the MCD a wrong re-run would start again.
+    w.extra.push("--entry-timeout=3".into());
+    let mut child = w
+        .command("reprovision")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mcd = wait_for_file(&pid_file);
+    // This process is killed outright while the MCD waits for the reboot (the kubelet's
+    // SIGKILL after the grace period): the state still says handed-off.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    signal("-KILL", &mcd);
+    assert_eq!(w.state().unwrap()["phase"], "handed-off");
+    assert!(!w.path(ENCAPSULATED).exists());
+    let fetches = w.ign.seen().len();
+
+    let r = w.run("reprovision");
+    r.assert_ok();
+    assert!(r.stdout.contains("(reboot pending)"), "{}", r.stdout);
+    assert_eq!(w.ign.seen().len(), fetches, "fetched again");
+    assert_eq!(w.mcd_runs(), 1, "the MCD ran again");
+    assert_eq!(w.label_patches().len(), 1, "patched again");
+    assert!(!w.path(ENCAPSULATED).exists(), "config written again");
+
+    // After the reboot: done.
+    w.boot("boot-2");
+    w.run("reprovision").assert_ok();
+    assert_eq!(w.state().unwrap()["phase"], "done");
+}
