@@ -856,18 +856,31 @@ pub fn run(a: &Reprovision) -> Result<()> {
         "started",
         "handing the node over to its new configuration",
     );
+    // Recorded as soon as the hand-off is accepted, so that a run again in this boot does not
+    // hand off a second time, even if this process is killed before it ends.
+    let pending = || {
+        let st = State {
+            phase: "reboot-pending".into(),
+            ..handed.clone()
+        };
+        if let Err(e) = write_state(&work, &st) {
+            log::warn!("{e}");
+        }
+    };
     let r = match flow {
         Flow::Rhcos => mcd_hand_off(
             a,
             &s.root,
             &mcd.expect("rhcos_configure found or extracted it"),
-        ),
+        )
+        .inspect(|()| pending()),
         // "succeeded" only once systemd accepted the job; then SIGTERM (the node going down)
         // ends the wait at once with exit 0.
         Flow::Rhel => rebooter(a, &s.root)
             .request("reprovisioned in place (RHEL bootstrap payload applied)")
             .and_then(|r| match r {
                 Requested::Queued(job) => {
+                    pending();
                     progress.report(
                         "reboot",
                         "succeeded",
@@ -877,6 +890,7 @@ pub fn run(a: &Reprovision) -> Result<()> {
                 }
                 // Not accepted, so not "succeeded": the node still has to be rebooted.
                 Requested::Declined(why) => {
+                    pending();
                     progress.report(
                         "reboot",
                         "skipped",
@@ -888,14 +902,6 @@ pub fn run(a: &Reprovision) -> Result<()> {
     };
     match r {
         Ok(()) => {
-            // Recorded so that a run again in this boot does not hand off a second time.
-            let pending = State {
-                phase: "reboot-pending".into(),
-                ..handed.clone()
-            };
-            if let Err(e) = write_state(&work, &pending) {
-                log::warn!("{e}");
-            }
             if flow == Flow::Rhcos {
                 progress.report(
                     "reboot",

@@ -1305,3 +1305,48 @@ fn rhcos_a_run_in_the_same_boot_after_the_mcd_took_the_config_does_nothing() {
     w.run("reprovision").assert_ok();
     assert_eq!(w.state().unwrap()["phase"], "done");
 }
+
+#[test]
+fn rhel_a_run_in_the_same_boot_after_the_reboot_was_queued_does_nothing() {
+    let (w, _bus, calls) = rhel_world_with_systemd(false);
+    let mut child = w
+        .command("reprovision")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let succeeded = ("reboot".to_string(), "succeeded".to_string());
+    while !w.events().contains(&succeeded) {
+        assert!(start.elapsed() < std::time::Duration::from_secs(60));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // Killed outright while waiting for the reboot (the kubelet's SIGKILL after the grace).
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(w.state().unwrap()["phase"], "reboot-pending");
+
+    // Run again in the same boot: no second label patch, no second reboot job, no wait.
+    let mut again = w
+        .command("reprovision")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while again.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(20) {
+            let _ = again.kill();
+            panic!("the re-run queued the reboot again and waits for it");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let r = Run::from(again.wait_with_output().unwrap());
+    r.assert_ok();
+    assert!(r.stdout.contains("(reboot pending)"), "{}", r.stdout);
+    assert_eq!(
+        std::fs::read_to_string(&calls).unwrap(),
+        "StartUnit reboot.target replace-irreversibly\n"
+    );
+    assert_eq!(w.label_patches().len(), 1);
+}
