@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use argh::FromArgs;
 
-use crate::config::Input;
+use crate::error::{Error, Kind, Result};
+use crate::node::root::{read_host_file, Root};
 
 pub const DEFAULT_MANIFEST_URL: &str =
     "https://tectonic-torcx.release.core-os.net/manifests/{{.Board}}/{{.OSVersion}}/torcx_manifest.json";
@@ -107,13 +108,13 @@ pub struct Bootstrap {
     #[argh(option, default = "1000")]
     pub fetch_backoff_ms: u64,
     /// seconds one download attempt may take, from connecting to the last byte (default 300)
-    #[argh(option, default = "crate::fetch::DEFAULT_ATTEMPT_SECS")]
+    #[argh(option, default = "crate::net::fetch::DEFAULT_ATTEMPT_SECS")]
     pub fetch_timeout: u64,
     /// bytes per second each --fetch-min-rate-window of a transfer must average (default 1024; 0: no floor)
-    #[argh(option, default = "crate::fetch::DEFAULT_MIN_RATE")]
+    #[argh(option, default = "crate::net::fetch::DEFAULT_MIN_RATE")]
     pub fetch_min_rate: u64,
     /// seconds over which --fetch-min-rate is averaged (default 30)
-    #[argh(option, default = "crate::fetch::DEFAULT_RATE_WINDOW_SECS")]
+    #[argh(option, default = "crate::net::fetch::DEFAULT_RATE_WINDOW_SECS")]
     pub fetch_min_rate_window: u64,
     /// seconds to wait for update_engine to settle (default 1800)
     #[argh(option, default = "1800")]
@@ -180,13 +181,13 @@ pub struct Hook {
     #[argh(option, default = "1000")]
     pub fetch_backoff_ms: u64,
     /// seconds one download attempt may take, from connecting to the last byte (default 300)
-    #[argh(option, default = "crate::fetch::DEFAULT_ATTEMPT_SECS")]
+    #[argh(option, default = "crate::net::fetch::DEFAULT_ATTEMPT_SECS")]
     pub fetch_timeout: u64,
     /// bytes per second each --fetch-min-rate-window of a transfer must average (default 1024; 0: no floor)
-    #[argh(option, default = "crate::fetch::DEFAULT_MIN_RATE")]
+    #[argh(option, default = "crate::net::fetch::DEFAULT_MIN_RATE")]
     pub fetch_min_rate: u64,
     /// seconds over which --fetch-min-rate is averaged (default 30)
-    #[argh(option, default = "crate::fetch::DEFAULT_RATE_WINDOW_SECS")]
+    #[argh(option, default = "crate::net::fetch::DEFAULT_RATE_WINDOW_SECS")]
     pub fetch_min_rate_window: u64,
 }
 
@@ -275,13 +276,13 @@ reprovision_args! {{
         #[argh(option, default = "1000")]
         pub fetch_backoff_ms: u64,
         /// seconds one download attempt may take, from connecting to the last byte (default 300)
-        #[argh(option, default = "crate::fetch::DEFAULT_ATTEMPT_SECS")]
+        #[argh(option, default = "crate::net::fetch::DEFAULT_ATTEMPT_SECS")]
         pub fetch_timeout: u64,
         /// bytes per second each --fetch-min-rate-window of a transfer must average (default 1024; 0: no floor)
-        #[argh(option, default = "crate::fetch::DEFAULT_MIN_RATE")]
+        #[argh(option, default = "crate::net::fetch::DEFAULT_MIN_RATE")]
         pub fetch_min_rate: u64,
         /// seconds over which --fetch-min-rate is averaged (default 30)
-        #[argh(option, default = "crate::fetch::DEFAULT_RATE_WINDOW_SECS")]
+        #[argh(option, default = "crate::net::fetch::DEFAULT_RATE_WINDOW_SECS")]
         pub fetch_min_rate_window: u64,
 } [root, secret_dir, flow, node_name, kubeconfig, label, mcd_binary, mcd_extract_command,
     payload_entry, entry_timeout, reboot, dry_run, verbose, api_tries, api_retry_delay,
@@ -583,6 +584,82 @@ pub fn last_wins(args: Vec<String>) -> Vec<String> {
         }
     }
     out
+}
+
+pub fn at_most(flag: &str, value: u64, max: u64) -> Result<()> {
+    if value > max {
+        return Err(Error::config(format!("{flag} {value}: at most {max}")));
+    }
+    Ok(())
+}
+
+/// A file named by `--keyring` or `--ca-file`, and where that name came from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// Given on the command line: read as given.
+    Host(PathBuf),
+    /// Set in the config file or on the kernel command line (`from`): read under `--root`.
+    Node { path: String, from: String },
+}
+
+/// A node setting reaches argh as `\0<from>\0<path>`: no argument from argv can hold a NUL
+/// byte, so only ours are read as node paths, and whichever one `last_wins` keeps says so.
+impl argh::FromArgValue for Input {
+    fn from_arg_value(v: &str) -> std::result::Result<Self, String> {
+        match v.strip_prefix('\0').and_then(|r| r.split_once('\0')) {
+            Some((from, path)) => Ok(Input::Node {
+                path: path.to_string(),
+                from: from.to_string(),
+            }),
+            None => Ok(Input::Host(PathBuf::from(v))),
+        }
+    }
+}
+
+impl Input {
+    pub(crate) fn marker(path: &str, from: &str) -> String {
+        format!("\0{from}\0{path}")
+    }
+
+    /// How messages name it: `/etc/k.asc`, or `/sysroot/etc/k.asc (from /sysroot/etc/...conf)`.
+    pub fn label(&self, root: &Root) -> String {
+        match self {
+            Input::Host(p) => p.display().to_string(),
+            Input::Node { path, from } => format!("{} (from {from})", root.show(path)),
+        }
+    }
+
+    /// `--keyring /etc/k.asc` or `keyring /sysroot/etc/k.asc (from ...)`.
+    pub fn name(&self, root: &Root, key: &str) -> String {
+        match self {
+            Input::Host(_) => format!("--{key} {}", self.label(root)),
+            Input::Node { .. } => format!("{key} {}", self.label(root)),
+        }
+    }
+
+    /// A bad file given on the command line is a usage error; one on the node is the node's
+    /// failure, as for every other node file.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Input::Host(_) => Kind::Config,
+            Input::Node { .. } => Kind::Failed,
+        }
+    }
+
+    /// The whole file, at most `cap` bytes; a node path never resolves outside `root`.
+    pub fn read(&self, root: &Root, cap: u64, key: &str) -> Result<Vec<u8>> {
+        match self {
+            Input::Host(p) => read_host_file(p, cap, &format!("--{key}")),
+            Input::Node { path, from } => match root.read(path, cap) {
+                Ok(Some(b)) => Ok(b),
+                Ok(None) => Err(Error::failed(format!(
+                    "{}: does not exist",
+                    self.name(root, key)
+                ))),
+                Err(e) => Err(e.context(format!("{key} (from {from})"))),
+            },
+        }
+    }
 }
 
 #[cfg(test)]

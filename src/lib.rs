@@ -1,36 +1,31 @@
 //! nodestrap: prepares a machine to join a Kubernetes cluster before anything else runs.
 //!
 //! A library as well as the binary so the fuzz targets (fuzz/) can call the parsers; the
-//! binary (src/main.rs) only dispatches.
+//! binary (src/main.rs) only dispatches. The layout and its import rule are in README.md
+//! ("Layout") and checked by `.ci/check-layout`:
+//!
+//! - families, one folder each: `torcx`, `inplace`, `activation` (and `sysext` next). A family
+//!   never imports another family.
+//! - floors under them: `net` may use `node` and `crypto`; `node` only `crypto`; `crypto`
+//!   nothing of ours above the ground.
+//! - the ground, usable by all: `error`, `logger`, `output`, `yaml`; it imports only itself.
+//! - `cli` (every command's options) sits over the floors; families read their options from it.
 
-pub mod activate;
-pub mod bootstrap;
-pub mod cli;
-pub mod config;
-pub mod dbus;
-pub mod envfile;
-pub mod error;
-pub mod fetch;
-pub mod hook;
-pub mod initcluster;
-pub mod initsecret;
-pub mod joinservice;
-pub mod kube;
-pub mod kubeadm;
-pub mod logger;
-pub mod mappings;
-pub mod mco;
-pub mod mtls;
-pub mod nodelock;
-pub mod output;
-pub mod payload;
-pub mod progress;
-pub mod reboot;
-pub mod reprovision;
-pub mod root;
-pub mod runscript;
-pub mod stop;
+// Families.
+pub mod activation;
+pub mod inplace;
 pub mod torcx;
-pub mod verify;
-pub mod wire;
+
+// Floors.
+pub mod crypto;
+pub mod net;
+pub mod node;
+
+// The command line.
+pub mod cli;
+
+// The ground.
+pub mod error;
+pub mod logger;
+pub mod output;
 pub mod yaml;

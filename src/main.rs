@@ -1,9 +1,10 @@
 //! nodestrap: the command-line entry point; the work is in the library (src/lib.rs).
 
 use argh::FromArgs;
-use nodestrap::{
-    activate, bootstrap, cli, config, error, hook, initcluster, joinservice, logger, reprovision,
-};
+use nodestrap::activation::{activate, init_cluster, join_service};
+use nodestrap::inplace::reprovision;
+use nodestrap::torcx::{bootstrap, config, hook};
+use nodestrap::{cli, error, logger};
 
 fn main() {
     std::process::exit(run());
@@ -46,8 +47,8 @@ fn run() -> i32 {
         }
         // Activation's commands, like the hook, take the command line only.
         cli::Cmd::Activate(x) => return with_log(&x.verbose, || activate::run(x)),
-        cli::Cmd::JoinService(x) => return with_log(&x.verbose, || joinservice::run(x)),
-        cli::Cmd::InitCluster(x) => return with_log(&x.verbose, || initcluster::run(x)),
+        cli::Cmd::JoinService(x) => return with_log(&x.verbose, || join_service::run(x)),
+        cli::Cmd::InitCluster(x) => return with_log(&x.verbose, || init_cluster::run(x)),
         cli::Cmd::Preflight(_) | cli::Cmd::Reprovision(_) => unreachable!("handled above"),
     };
     let merged = match config::merge(b, &user) {

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::mtls::{peer, spki_sha256};
+use nodestrap::activation::mtls::{peer, spki_sha256};
 
 fuzz_target!(|der: &[u8]| {
     let spki = spki_sha256(der);

@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::envfile::EnvFile;
+use nodestrap::node::envfile::EnvFile;
 
 fuzz_target!(|text: &str| {
     let Ok(mut e) = EnvFile::parse(text, "fuzz.env") else {

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::kube::fuzz_parse_exec_output;
+use nodestrap::net::kube::fuzz_parse_exec_output;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(n) = fuzz_parse_exec_output(data, 1_800_000_000) {

@@ -6,7 +6,7 @@
 mod yaml_budget;
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::kube::Kubeconfig;
+use nodestrap::net::kube::Kubeconfig;
 
 fuzz_target!(|text: &str| {
     yaml_budget::assert_tree_within_input(text);

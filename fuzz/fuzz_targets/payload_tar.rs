@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::payload::{unpack_tar_gz, Limits, Summary};
+use nodestrap::inplace::payload::{unpack_tar_gz, Limits, Summary};
 
 /// Small caps: a deflate bomb or a long run of entries is refused in a few milliseconds.
 const LIMITS: Limits = Limits {

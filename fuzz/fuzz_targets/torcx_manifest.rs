@@ -3,7 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::torcx::{plain_name, PackageList, Source, VENDOR_STORE};
+use nodestrap::node::root::plain_name;
+use nodestrap::torcx::store::{PackageList, Source, VENDOR_STORE};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(list) = PackageList::parse(data, "manifest.json") else {

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::torcx::Profile;
+use nodestrap::torcx::store::Profile;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(p) = Profile::parse(data, "profile.json") else {

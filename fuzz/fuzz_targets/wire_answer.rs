@@ -3,8 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::mtls::{answer_error, fuzz_read_answer};
-use nodestrap::wire::Ticket;
+use nodestrap::activation::mtls::{answer_error, fuzz_read_answer};
+use nodestrap::activation::wire::Ticket;
 
 // The pin of the tests' CA would need its key; any well-formed pin exercises every check.
 const PIN: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";

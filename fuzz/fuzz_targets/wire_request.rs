@@ -3,8 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::mtls::read_request;
-use nodestrap::wire::{as_flag, InitRequest};
+use nodestrap::activation::mtls::read_request;
+use nodestrap::activation::wire::{as_flag, InitRequest};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(req) = read_request(&mut &data[..]) else {

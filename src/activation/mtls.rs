@@ -15,10 +15,10 @@ use rustls::pki_types::pem::{PemObject, SectionKind};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig, StreamOwned};
-use sha2::Digest as _;
 
+use crate::crypto::digest::{hex, sha256};
 use crate::error::{Error, Result};
-use crate::root::{hex, Root, CONFIG_CAP};
+use crate::node::root::{Root, CONFIG_CAP};
 
 /// Largest request or answer body read (a ticket with control-plane keys is a few KiB).
 const BODY_CAP: usize = 1 << 20;
@@ -218,7 +218,7 @@ fn rest_len(b: &[u8]) -> Option<usize> {
 
 pub fn spki_sha256(cert_der: &[u8]) -> Option<String> {
     let (_, spki) = subject_and_spki(cert_der)?;
-    Some(format!("sha256:{}", hex(&sha2::Sha256::digest(spki))))
+    Some(format!("sha256:{}", hex(&sha256(spki))))
 }
 
 pub fn peer(cert_der: &[u8]) -> Option<Peer> {
@@ -228,7 +228,7 @@ pub fn peer(cert_der: &[u8]) -> Option<Peer> {
     let mut p = Peer {
         cn: String::new(),
         orgs: Vec::new(),
-        spki: format!("sha256:{}", hex(&sha2::Sha256::digest(spki))),
+        spki: format!("sha256:{}", hex(&sha256(spki))),
     };
     let mut rdns = subject;
     while !rdns.is_empty() {
@@ -496,7 +496,7 @@ fn read_message(r: &mut impl BufRead, to_eof: bool) -> io::Result<(String, Vec<u
             r.read_exact(&mut b)?;
             b
         }
-        None if to_eof => crate::root::read_capped(r, BODY_CAP as u64)?,
+        None if to_eof => crate::node::root::read_capped(r, BODY_CAP as u64)?,
         None => Vec::new(),
     };
     Ok((first, body))
@@ -679,7 +679,7 @@ pub fn answer_error(status: u16, body: &[u8]) -> (String, String) {
     let msg = v["error"]
         .as_str()
         .map(str::to_string)
-        .or_else(|| crate::fetch::server_message(body))
+        .or_else(|| crate::net::fetch::server_message(body))
         .unwrap_or_default();
     (code, format!("HTTP {status}: {msg}"))
 }

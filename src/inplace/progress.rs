@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 
-use crate::fetch::{Backoff, Http, Request, Retry, Tls};
+use crate::net::fetch::{Backoff, Http, Request, Retry, Tls};
 
 pub struct Reporter {
     target: Option<(Http, String, Option<String>)>,

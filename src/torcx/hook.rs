@@ -8,14 +8,15 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::bootstrap::{self, Manifests, OsInfo, OS_RELEASE, RUNTIME};
 use crate::cli::Hook;
-use crate::dbus::{self, Update};
 use crate::error::{Error, Result};
-use crate::kube::{ApiRetry, Kube};
-use crate::mappings::Mappings;
-use crate::root::Root;
-use crate::torcx;
+use crate::net::kube::{api_client, check_key, node_name};
+use crate::node::dbus::{self, Update};
+use crate::node::root::Root;
+use crate::torcx::mappings::Mappings;
+use crate::torcx::options;
+use crate::torcx::runtime::{self, Manifests, OsInfo, OS_RELEASE, RUNTIME};
+use crate::torcx::store;
 
 /// The node's own kubelet.env: the only source of the Kubernetes version here (asking the API
 /// server raced the version operator, tectonic-torcx commit 8530cae).
@@ -28,7 +29,7 @@ pub fn run(a: &Hook) -> Result<()> {
         std::env::var("NODE").ok().as_deref(),
     )?;
     check_key("--node-annotation", &a.node_annotation)?;
-    let template = bootstrap::check_common(&a.common())?;
+    let template = options::check_common(&a.common())?;
     for (flag, p) in [
         ("--kubeconfig", a.kubeconfig.as_deref()),
         ("--version-manifest", Some(a.version_manifest.as_path())),
@@ -44,12 +45,12 @@ pub fn run(a: &Hook) -> Result<()> {
     // no-escape resolution as node paths.
     let pod = Root::open(Path::new("/"))?;
     let root = Root::open(&a.root)?;
-    let keyring = bootstrap::read_keyring(&a.common(), &pod)?;
-    let http = bootstrap::manifest_client(&a.common(), &root)?;
+    let keyring = options::read_keyring(&a.common(), &pod)?;
+    let http = options::manifest_client(&a.common(), &root)?;
     let kube = api_client(
         a.kubeconfig.as_deref(),
         &pod,
-        bootstrap::api_retry(&a.common()),
+        options::api_retry(&a.common()),
     )?;
 
     // 1. OS version and board.
@@ -62,7 +63,7 @@ pub fn run(a: &Hook) -> Result<()> {
     );
 
     // 2. Kubernetes version: the node's kubelet.env only.
-    let k8s = bootstrap::kubelet_env_version(&root, KUBELET_ENV)?.ok_or_else(|| {
+    let k8s = runtime::kubelet_env_version(&root, KUBELET_ENV)?.ok_or_else(|| {
         Error::failed(format!(
             "unable to determine the cluster version: {} does not exist (the hook reads it only from there)",
             root.show(KUBELET_ENV)
@@ -74,7 +75,7 @@ pub fn run(a: &Hook) -> Result<()> {
     let text = pod
         .read_text(&path)?
         .ok_or_else(|| Error::failed(format!("runtime mappings {path} do not exist")))?;
-    let wanted = bootstrap::pick_versions(&Mappings::parse(&text, &path)?, &k8s)?;
+    let wanted = runtime::pick_versions(&Mappings::parse(&text, &path)?, &k8s)?;
 
     // 4. Next OS version: GetStatus only, never AttemptUpdate.
     let next = match dbus::update_status()? {
@@ -110,7 +111,7 @@ pub fn run(a: &Hook) -> Result<()> {
         board: &os.board,
         keyring: keyring.as_ref(),
     };
-    let chosen = bootstrap::stage_runtime(
+    let chosen = runtime::stage_runtime(
         &root,
         &m,
         &os.version,
@@ -122,7 +123,7 @@ pub fn run(a: &Hook) -> Result<()> {
 
     // 6. GC, only once the next version is known: stores older than the current OS.
     match &next {
-        Some(next) => match torcx::gc_stores(&root, &os.version, next) {
+        Some(next) => match store::gc_stores(&root, &os.version, next) {
             Ok(done) => {
                 for (store, e) in &done.skipped {
                     log::warn!("old torcx store {store} not removed, skipped: {e}");
@@ -176,76 +177,6 @@ pub fn run(a: &Hook) -> Result<()> {
     Ok(())
 }
 
-/// The API client: `--kubeconfig` (a pod path), else the pod's service account.
-pub(crate) fn api_client(kubeconfig: Option<&Path>, pod: &Root, retry: ApiRetry) -> Result<Kube> {
-    match kubeconfig {
-        Some(p) => {
-            let p = p.to_string_lossy();
-            Kube::from_kubeconfig(pod, &p, retry)?
-                .ok_or_else(|| Error::config(format!("--kubeconfig {p}: does not exist")))
-        }
-        None => Kube::in_cluster(retry),
-    }
-}
-
-/// `--node-name`, else `NODE` (the downward API's spec.nodeName); a DNS subdomain, since it
-/// goes into the request path.
-pub(crate) fn node_name(flag: Option<&str>, env: Option<&str>) -> Result<String> {
-    let (n, from) = match (
-        flag.filter(|n| !n.is_empty()),
-        env.filter(|n| !n.is_empty()),
-    ) {
-        (Some(n), _) => (n, "--node-name"),
-        (None, Some(n)) => (n, "NODE"),
-        (None, None) => {
-            return Err(Error::config(
-                "no node name: give --node-name or set NODE (the downward API's spec.nodeName)",
-            ))
-        }
-    };
-    if !dns_subdomain(n) {
-        return Err(Error::config(format!(
-            "{from} {n:?}: not a valid node name (a DNS subdomain)"
-        )));
-    }
-    Ok(n.to_string())
-}
-
-pub(crate) fn dns_subdomain(s: &str) -> bool {
-    s.len() <= 253
-        && s.split('.').all(|l| {
-            !l.is_empty()
-                && l.len() <= 63
-                && l.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-        })
-}
-
-/// A Kubernetes annotation or label key: `[prefix/]name`, prefix a DNS subdomain, name at most 63
-/// alphanumerics, `-`, `_`, `.`, beginning and ending alphanumeric.
-pub(crate) fn check_key(flag: &str, key: &str) -> Result<()> {
-    let (prefix, name) = match key.rsplit_once('/') {
-        Some((p, n)) => (Some(p), n),
-        None => (None, key),
-    };
-    let name_ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if name_ok && prefix.is_none_or(dns_subdomain) {
-        Ok(())
-    } else {
-        Err(Error::config(format!(
-            "{flag} {key:?}: not a valid key ([prefix/]name)"
-        )))
-    }
-}
-
 /// As PID 1 of a container the default action of SIGTERM is to ignore it: exit 0 on it (and
 /// SIGINT) instead. Only installed once the work is done, so a signal never ends a half-done
 /// run as a success.
@@ -266,47 +197,4 @@ fn exit_on_sigterm() {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn node_name_from_flag_else_env() {
-        assert_eq!(node_name(Some("n1"), Some("n2")).unwrap(), "n1");
-        assert_eq!(node_name(Some(""), Some("n2")).unwrap(), "n2");
-        assert_eq!(
-            node_name(None, Some("ip-10-0-0-1.ec2.internal")).unwrap(),
-            "ip-10-0-0-1.ec2.internal"
-        );
-        for (flag, env) in [(None, None), (Some(""), Some(""))] {
-            assert_eq!(node_name(flag, env).unwrap_err().exit_code(), 2);
-        }
-        for bad in ["a/b", "../x", "N1", "a?b", "-a", "a..b"] {
-            assert_eq!(
-                node_name(Some(bad), None).unwrap_err().exit_code(),
-                2,
-                "{bad}"
-            );
-        }
-    }
-
-    #[test]
-    fn annotation_keys() {
-        for ok in [
-            crate::cli::DEFAULT_HOOK_ANNOTATION,
-            "ok",
-            "example.com/pre-hook_ok.v1",
-        ] {
-            check_key("--node-annotation", ok).unwrap();
-        }
-        for bad in [
-            "",
-            "/x",
-            "a/",
-            "Example.com/x",
-            "a b",
-            "x/-y",
-            "a/b/c",
-            &"x".repeat(64),
-        ] {
-            assert!(check_key("--node-annotation", bad).is_err(), "{bad:?}");
-        }
-    }
 }

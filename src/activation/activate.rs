@@ -17,15 +17,15 @@ use std::time::{Duration, Instant};
 
 use rustls::{ClientConfig, ServerConfig};
 
+use crate::activation::init_secret::SecretHash;
+use crate::activation::kubeadm::{self, InitSpec, JoinSpec};
+use crate::activation::mtls::{self, Endpoint};
+use crate::activation::nodelock::{self, NodeLock, Role, State};
+use crate::activation::wire::{InitRequest, Ticket, INIT_PATH, TICKET_PATH};
 use crate::cli::{Activate, RebootMode};
 use crate::error::{Error, Result};
-use crate::initsecret::SecretHash;
-use crate::kubeadm::{self, InitSpec, JoinSpec};
-use crate::mtls::{self, Endpoint};
-use crate::nodelock::{self, NodeLock, Role, State};
-use crate::root::Root;
-use crate::stop::{self, Stop};
-use crate::wire::{InitRequest, Ticket, INIT_PATH, TICKET_PATH};
+use crate::node::root::Root;
+use crate::node::signals::{self, Stop};
 
 const MANIFESTS: &str = "/etc/kubernetes/manifests";
 const ADMIN_CONF: &str = "/etc/kubernetes/admin.conf";
@@ -86,7 +86,7 @@ pub fn run(a: &Activate) -> Result<()> {
         return Err(Error::config("--kubeadm: empty"));
     }
     let root = Root::open(&a.root)?;
-    let rebooter = crate::reboot::for_run(&root, a.reboot == RebootMode::Auto, false);
+    let rebooter = crate::node::reboot::for_run(&root, a.reboot == RebootMode::Auto, false);
 
     // 2. Where this node stands: only a node without a marker is fresh.
     match nodelock::read(&root)? {
@@ -147,12 +147,12 @@ pub fn run(a: &Activate) -> Result<()> {
 
     // 5. The race. The supervisor turns SIGTERM into a stop: the init server finishes an init
     //    in flight first, the join client stops between rounds.
-    stop::catch_sigterm();
+    signals::catch_sigterm();
     let (init, join) = std::thread::scope(|s| {
         let i = s.spawn(|| racer(&ctx, || init_server(&ctx, &listener)));
         let j = s.spawn(|| racer(&ctx, || join_client(&ctx)));
         while !(i.is_finished() && j.is_finished()) {
-            if stop::signalled() && !ctx.stop.requested() {
+            if signals::signalled() && !ctx.stop.requested() {
                 log::info!("stop signal: stopping once any init in flight has finished");
                 ctx.stop.request();
             }
@@ -725,7 +725,7 @@ fn ensure_kubelet(a: &Activate, root: &Root) -> Result<()> {
             log::info!("kubelet started by --kubelet-command");
         }
         None if root.is_host() => {
-            let job = crate::dbus::systemd_start("kubelet.service")?;
+            let job = crate::node::dbus::systemd_start("kubelet.service")?;
             log::info!("kubelet.service started through systemd (job {job})");
         }
         None => log::info!("--root is not /: the kubelet is left alone (no --kubelet-command)"),

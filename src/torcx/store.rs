@@ -4,10 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::crypto::digest::Digest;
 use crate::error::{Context, Error, Result};
-use crate::fetch::{write_verified, Http, Staging};
-use crate::root::{Dir, Root};
-use crate::verify::Digest;
+use crate::net::fetch::{write_verified, Http, Staging};
+use crate::node::root::{plain_name, Dir, Root};
 
 pub const PACKAGE_LIST_KIND: &str = "torcx-package-list-v0";
 pub const PROFILE_KIND: &str = "profile-manifest-v0";
@@ -62,17 +62,6 @@ pub enum Source {
         url: String,
         digest: Digest,
     },
-}
-
-/// Names that become file names (`<name>:<version>.torcx.tgz`, profile names) must be plain.
-pub fn plain_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 128
-        && s != "."
-        && s != ".."
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._+-".contains(&b))
-        && !s.starts_with(['.', '-'])
 }
 
 impl PackageList {
@@ -343,7 +332,7 @@ pub fn set_profile_image(root: &Root, profile: &str, image: &str, reference: &st
         )));
     }
     let path = format!("{PROFILES_DIR}/{profile}.json");
-    let mut p = match root.read(&path, crate::root::CONFIG_CAP)? {
+    let mut p = match root.read(&path, crate::node::root::CONFIG_CAP)? {
         Some(b) => Profile::parse(&b, &root.show(&path))?,
         None => Profile {
             kind: PROFILE_KIND.into(),
@@ -369,7 +358,7 @@ pub fn set_profile_image(root: &Root, profile: &str, image: &str, reference: &st
 /// (`docker:com.coreos.cl.torcx.tgz -> docker:17.06.torcx.tgz`), so a vendor runtime that is the
 /// chosen version does not count as a change.
 pub fn applied_reference(root: &Root, image: &str) -> Result<Option<Option<String>>> {
-    let Some(b) = root.read(APPLIED_PROFILE, crate::root::CONFIG_CAP)? else {
+    let Some(b) = root.read(APPLIED_PROFILE, crate::node::root::CONFIG_CAP)? else {
         return Ok(None);
     };
     let reference = Profile::parse(&b, &root.show(APPLIED_PROFILE))?

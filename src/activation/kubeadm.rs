@@ -10,8 +10,8 @@ use std::mem::MaybeUninit;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+use crate::activation::nodelock::Role;
 use crate::error::{Error, Result};
-use crate::nodelock::Role;
 
 /// How much of a command's output is kept (its end).
 const TAIL: usize = 16 << 10;

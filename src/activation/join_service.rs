@@ -13,14 +13,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rustls::ServerConfig;
 use serde::{Deserialize, Serialize};
 
+use crate::activation::kubeadm;
+use crate::activation::mtls::{self, Peer};
+use crate::activation::nodelock::Role;
+use crate::activation::wire::{
+    self, File, Ticket, TicketRequest, CONTROL_PLANE_FILES, TICKET_PATH,
+};
 use crate::cli::JoinService;
 use crate::error::{Error, Result};
-use crate::kubeadm;
-use crate::mtls::{self, Peer};
-use crate::nodelock::Role;
-use crate::root::Root;
-use crate::stop;
-use crate::wire::{self, File, Ticket, TicketRequest, CONTROL_PLANE_FILES, TICKET_PATH};
+use crate::node::root::Root;
+use crate::node::signals;
 
 /// The certificate organisation that makes a node a control plane.
 const CONTROL_PLANE_ORG: &str = "nodestrap:control-plane";
@@ -136,11 +138,11 @@ pub fn run(a: &JoinService) -> Result<()> {
         "join service listening on {bound}: nodes need a certificate from {}",
         show(&a.node_ca)
     );
-    stop::catch_sigterm();
+    signals::catch_sigterm();
     let server = svc.server.clone();
     mtls::serve(
         &listener,
-        stop::signalled,
+        signals::signalled,
         |tcp, addr| preauth(&server, tcp, addr),
         |asked| {
             svc.answer(asked);

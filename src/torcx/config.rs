@@ -4,13 +4,11 @@
 //! Each setting becomes a synthetic `--key=value` placed before the user's arguments, so
 //! `cli::last_wins` gives: command line > kernel arguments > config file > defaults.
 
-use std::path::PathBuf;
-
 use argh::FromArgs;
 
-use crate::cli::{self, Bootstrap, Cli, Cmd};
+use crate::cli::{self, Bootstrap, Cli, Cmd, Input};
 use crate::error::{excerpt, Error, Kind, Result};
-use crate::root::{read_host_file, Root};
+use crate::node::root::{read_host_file, Root};
 
 pub const DEFAULT_CONFIG: &str = "/etc/nodestrap/bootstrap.conf";
 const CONFIG_CAP: u64 = 64 << 10;
@@ -50,75 +48,6 @@ const COMMAND_LINE_ONLY: &[&str] = &["root", "config", "cmdline", "dry-run", "he
 const ALIASES: &[(&str, &str)] = &[("manifest-url", "torcx-manifest-url")];
 /// Files nodestrap reads: node paths when set on the node (Ignition writes them to its disk).
 const NODE_FILE_KEYS: &[&str] = &["keyring", "ca-file"];
-
-/// A file named by `--keyring` or `--ca-file`, and where that name came from.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Input {
-    /// Given on the command line: read as given.
-    Host(PathBuf),
-    /// Set in the config file or on the kernel command line (`from`): read under `--root`.
-    Node { path: String, from: String },
-}
-
-/// A node setting reaches argh as `\0<from>\0<path>`: no argument from argv can hold a NUL
-/// byte, so only ours are read as node paths, and whichever one `last_wins` keeps says so.
-impl argh::FromArgValue for Input {
-    fn from_arg_value(v: &str) -> std::result::Result<Self, String> {
-        match v.strip_prefix('\0').and_then(|r| r.split_once('\0')) {
-            Some((from, path)) => Ok(Input::Node {
-                path: path.to_string(),
-                from: from.to_string(),
-            }),
-            None => Ok(Input::Host(PathBuf::from(v))),
-        }
-    }
-}
-
-impl Input {
-    fn marker(path: &str, from: &str) -> String {
-        format!("\0{from}\0{path}")
-    }
-
-    /// How messages name it: `/etc/k.asc`, or `/sysroot/etc/k.asc (from /sysroot/etc/...conf)`.
-    pub fn label(&self, root: &Root) -> String {
-        match self {
-            Input::Host(p) => p.display().to_string(),
-            Input::Node { path, from } => format!("{} (from {from})", root.show(path)),
-        }
-    }
-
-    /// `--keyring /etc/k.asc` or `keyring /sysroot/etc/k.asc (from ...)`.
-    pub fn name(&self, root: &Root, key: &str) -> String {
-        match self {
-            Input::Host(_) => format!("--{key} {}", self.label(root)),
-            Input::Node { .. } => format!("{key} {}", self.label(root)),
-        }
-    }
-
-    /// A bad file given on the command line is a usage error; one on the node is the node's
-    /// failure, as for every other node file.
-    pub fn kind(&self) -> Kind {
-        match self {
-            Input::Host(_) => Kind::Config,
-            Input::Node { .. } => Kind::Failed,
-        }
-    }
-
-    /// The whole file, at most `cap` bytes; a node path never resolves outside `root`.
-    pub fn read(&self, root: &Root, cap: u64, key: &str) -> Result<Vec<u8>> {
-        match self {
-            Input::Host(p) => read_host_file(p, cap, &format!("--{key}")),
-            Input::Node { path, from } => match root.read(path, cap) {
-                Ok(Some(b)) => Ok(b),
-                Ok(None) => Err(Error::failed(format!(
-                    "{}: does not exist",
-                    self.name(root, key)
-                ))),
-                Err(e) => Err(e.context(format!("{key} (from {from})"))),
-            },
-        }
-    }
-}
 
 /// One `key=value` from a source, the key in its canonical spelling.
 #[derive(Debug, PartialEq)]
@@ -362,7 +291,7 @@ fn check_value(key: &str, value: &str) -> std::result::Result<(), String> {
     let Cmd::Bootstrap(b) = parsed.cmd else {
         unreachable!("parsed as bootstrap")
     };
-    crate::bootstrap::check_options(&b)
+    crate::torcx::options::check_options(&b)
         .map(|_| ())
         .map_err(|e| e.to_string())
 }

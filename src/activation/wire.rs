@@ -6,8 +6,8 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::hook::dns_subdomain;
-use crate::nodelock::Role;
+use crate::activation::nodelock::Role;
+use crate::net::kube::dns_subdomain;
 
 pub const INIT_PATH: &str = "/v1/init";
 pub const TICKET_PATH: &str = "/v1/ticket";
@@ -153,7 +153,7 @@ impl Ticket {
             ));
         }
         // The token itself is never repeated in a message.
-        if !crate::kubeadm::valid_token(&self.token) {
+        if !crate::activation::kubeadm::valid_token(&self.token) {
             return Err("token: not a bootstrap token ([a-z0-9]{6}.[a-z0-9]{16})".into());
         }
         let h = &self.discovery_token_ca_cert_hash;
@@ -211,9 +211,9 @@ impl Ticket {
                     .find(|f| f.name == "ca.crt")
                     .expect("checked")
                     .data;
-                let der = crate::mtls::certs(ca.as_bytes(), "ca.crt")
+                let der = crate::activation::mtls::certs(ca.as_bytes(), "ca.crt")
                     .map_err(|e| format!("control_plane_files: {e}"))?;
-                if crate::mtls::spki_sha256(&der[0]).as_deref() != Some(pinned_hash) {
+                if crate::activation::mtls::spki_sha256(&der[0]).as_deref() != Some(pinned_hash) {
                     return Err("control_plane_files: ca.crt is not the pinned cluster CA".into());
                 }
             }

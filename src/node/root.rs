@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, FileType, FlockOperation, Mode, OFlags, ResolveFlags};
 
+use crate::crypto::digest::hex;
 use crate::error::{Context, Error, Result};
 
 /// A size cap for configuration files read whole into memory.
@@ -540,21 +541,23 @@ impl Drop for TempFile<'_> {
     }
 }
 
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
 /// Open a file given on the command line (not a node path): keyring, CA file.
 pub fn read_host_file(path: &Path, cap: u64, what: &str) -> Result<Vec<u8>> {
     let f = rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
         .map_err(|e| Error::config(format!("{what} {}: {}", path.display(), io::Error::from(e))))?;
     read_capped(File::from(f), cap)
         .map_err(|e| Error::config(format!("{what} {}: {e}", path.display())))
+}
+
+/// Names that become file names (`<name>:<version>.torcx.tgz`, profile names) must be plain.
+pub fn plain_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s != "."
+        && s != ".."
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._+-".contains(&b))
+        && !s.starts_with(['.', '-'])
 }
 
 #[cfg(test)]

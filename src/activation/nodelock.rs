@@ -11,7 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::root::Root;
+use crate::node::root::Root;
 
 /// The durable marker (a node path).
 pub const STATE_PATH: &str = "/var/lib/nodestrap/node-state.json";

@@ -1,14 +1,15 @@
 //! A small Kubernetes API client: a kubeconfig or the pod's service account, `GET /version`,
 //! ConfigMaps and merge-`PATCH` of a Node. Credentials never reach a log line.
 
+use std::path::Path;
 use std::time::Duration;
 
 use base64::Engine as _;
 use ureq::tls::{ClientCert, PemItem};
 
 use crate::error::{Error, Result};
-use crate::fetch::{Backoff, Http, Request, Retry, Tls};
-use crate::root::Root;
+use crate::net::fetch::{Backoff, Http, Request, Retry, Tls};
+use crate::node::root::Root;
 use crate::yaml;
 
 const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -52,12 +53,13 @@ impl Kube {
             } else {
                 format!("{base}/{p}")
             };
-            root.read(&np, crate::root::CONFIG_CAP)?.ok_or_else(|| {
-                Error::failed(format!(
-                    "{name}: names {}, which does not exist",
-                    root.show(&np)
-                ))
-            })
+            root.read(&np, crate::node::root::CONFIG_CAP)?
+                .ok_or_else(|| {
+                    Error::failed(format!(
+                        "{name}: names {}, which does not exist",
+                        root.show(&np)
+                    ))
+                })
         };
         let kc = Kubeconfig::parse(&text, &name)?;
         let mut tls = Tls::default();
@@ -179,9 +181,9 @@ impl Kube {
         let dir = std::env::var(SA_DIR_ENV).unwrap_or_else(|_| SA_DIR.into());
         let read = |name: &str| -> Result<Vec<u8>> {
             let p = format!("{dir}/{name}");
-            crate::root::read_host_file(
+            crate::node::root::read_host_file(
                 std::path::Path::new(&p),
-                crate::root::CONFIG_CAP,
+                crate::node::root::CONFIG_CAP,
                 "service account",
             )
             .map_err(|e| e.with_kind(crate::error::Kind::Failed))
@@ -531,7 +533,7 @@ impl Kubeconfig {
         }
         let tls_server_name = yaml::opt_str(c, "tls-server-name", name)?.filter(|t| !t.is_empty());
         if let Some(t) = &tls_server_name {
-            if !crate::hook::dns_subdomain(t) {
+            if !dns_subdomain(t) {
                 return Err(Error::failed(format!(
                     "{name}: {what_cluster}: tls-server-name {:?} is not a DNS name",
                     crate::error::excerpt(t, 80)
@@ -851,6 +853,98 @@ fn context_refs(ctx: &yaml_rust2::Yaml, name: &str) -> Result<(String, String)> 
     Ok((cluster, user))
 }
 
+/// The API client: `--kubeconfig` (a pod path), else the pod's service account.
+pub fn api_client(kubeconfig: Option<&Path>, pod: &Root, retry: ApiRetry) -> Result<Kube> {
+    match kubeconfig {
+        Some(p) => {
+            let p = p.to_string_lossy();
+            Kube::from_kubeconfig(pod, &p, retry)?
+                .ok_or_else(|| Error::config(format!("--kubeconfig {p}: does not exist")))
+        }
+        None => Kube::in_cluster(retry),
+    }
+}
+
+/// A node's name as the API addresses it: a DNS subdomain (RFC 1123), since it goes into
+/// request paths.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeName(String);
+
+impl NodeName {
+    pub fn parse(s: &str) -> Option<NodeName> {
+        dns_subdomain(s).then(|| NodeName(s.to_string()))
+    }
+}
+
+impl std::ops::Deref for NodeName {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for NodeName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// `--node-name`, else `NODE` (the downward API's spec.nodeName).
+pub fn node_name(flag: Option<&str>, env: Option<&str>) -> Result<NodeName> {
+    let (n, from) = match (
+        flag.filter(|n| !n.is_empty()),
+        env.filter(|n| !n.is_empty()),
+    ) {
+        (Some(n), _) => (n, "--node-name"),
+        (None, Some(n)) => (n, "NODE"),
+        (None, None) => {
+            return Err(Error::config(
+                "no node name: give --node-name or set NODE (the downward API's spec.nodeName)",
+            ))
+        }
+    };
+    NodeName::parse(n).ok_or_else(|| {
+        Error::config(format!(
+            "{from} {n:?}: not a valid node name (a DNS subdomain)"
+        ))
+    })
+}
+
+pub fn dns_subdomain(s: &str) -> bool {
+    s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}
+
+/// A Kubernetes annotation or label key: `[prefix/]name`, prefix a DNS subdomain, name at most 63
+/// alphanumerics, `-`, `_`, `.`, beginning and ending alphanumeric.
+pub fn check_key(flag: &str, key: &str) -> Result<()> {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if name_ok && prefix.is_none_or(dns_subdomain) {
+        Ok(())
+    } else {
+        Err(Error::config(format!(
+            "{flag} {key:?}: not a valid key ([prefix/]name)"
+        )))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -916,5 +1010,48 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("kc: invalid YAML"));
+    }
+
+    #[test]
+    fn node_name_from_flag_else_env() {
+        assert_eq!(&*node_name(Some("n1"), Some("n2")).unwrap(), "n1");
+        assert_eq!(&*node_name(Some(""), Some("n2")).unwrap(), "n2");
+        assert_eq!(
+            &*node_name(None, Some("ip-10-0-0-1.ec2.internal")).unwrap(),
+            "ip-10-0-0-1.ec2.internal"
+        );
+        for (flag, env) in [(None, None), (Some(""), Some(""))] {
+            assert_eq!(node_name(flag, env).unwrap_err().exit_code(), 2);
+        }
+        for bad in ["a/b", "../x", "N1", "a?b", "-a", "a..b"] {
+            assert_eq!(
+                node_name(Some(bad), None).unwrap_err().exit_code(),
+                2,
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn annotation_keys() {
+        for ok in [
+            "container-linux-update.v1.coreos.com/tectonic-torcx-pre-hook-ok",
+            "ok",
+            "example.com/pre-hook_ok.v1",
+        ] {
+            check_key("--node-annotation", ok).unwrap();
+        }
+        for bad in [
+            "",
+            "/x",
+            "a/",
+            "Example.com/x",
+            "a b",
+            "x/-y",
+            "a/b/c",
+            &"x".repeat(64),
+        ] {
+            assert!(check_key("--node-annotation", bad).is_err(), "{bad:?}");
+        }
     }
 }

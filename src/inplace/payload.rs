@@ -526,7 +526,8 @@ fn check_empty_dir(dest: BorrowedFd<'_>) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::root::{hex, Root};
+    use crate::crypto::digest::hex;
+    use crate::node::root::Root;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     use std::path::{Path, PathBuf};
     use tar::{Builder, EntryType, Header};

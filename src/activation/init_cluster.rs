@@ -6,11 +6,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::activation::mtls::{self, CallError, Endpoint, Identity};
+use crate::activation::wire::{self, InitRequest, INIT_PATH};
 use crate::cli::InitCluster;
 use crate::error::{Error, Result};
-use crate::mtls::{self, CallError, Endpoint, Identity};
-use crate::root::{read_host_file, Root};
-use crate::wire::{self, InitRequest, INIT_PATH};
+use crate::node::root::{read_host_file, Root};
 
 /// Pause between tries while the node cannot be reached.
 const RETRY: Duration = Duration::from_secs(3);

@@ -104,7 +104,7 @@ fn classify(e: zbus::Error) -> Result<Update> {
 fn verdict(s: &Status) -> Result<Option<Update>> {
     match s.operation.as_str() {
         NEED_REBOOT if s.new_version.is_empty() || s.new_version == "0.0.0" => Ok(Some(Update::PendingUnknown)),
-        NEED_REBOOT if crate::torcx::plain_name(&s.new_version) => Ok(Some(Update::Pending(s.new_version.clone()))),
+        NEED_REBOOT if crate::node::root::plain_name(&s.new_version) => Ok(Some(Update::Pending(s.new_version.clone()))),
         NEED_REBOOT => Err(Error::failed(format!(
             "update_engine reports {NEED_REBOOT} with new_version {:?}, which is not a plain version",
             s.new_version

@@ -12,20 +12,19 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sha2::Digest as _;
 
 use crate::cli::Reprovision;
-use crate::envfile::EnvFile;
+use crate::crypto::digest::{self, Algo, Digest};
 use crate::error::{Context, Error, Result};
-use crate::fetch::{Backoff, Http, Request, Retry, Staging, Tls};
-use crate::hook;
-use crate::kube::{ApiRetry, Kube};
-use crate::mco;
-use crate::progress::Reporter;
-use crate::reboot::{self, Rebooter, Requested};
-use crate::root::{Dir, Root, CONFIG_CAP};
-use crate::runscript::{self, Script};
-use crate::verify::{Algo, Digest};
+use crate::inplace::mco;
+use crate::inplace::progress::Reporter;
+use crate::net::fetch::{Backoff, Http, Request, Retry, Staging, Tls};
+use crate::net::kube::{api_client, check_key, node_name, NodeName};
+use crate::net::kube::{ApiRetry, Kube};
+use crate::node::envfile::EnvFile;
+use crate::node::exec::{self, Script};
+use crate::node::reboot::{self, Rebooter, Requested};
+use crate::node::root::{Dir, Root, CONFIG_CAP};
 
 /// Where the state file and the scratch folders live on the node.
 const WORK: &str = "/var/lib/nodestrap/reprovision";
@@ -201,14 +200,11 @@ impl Secrets {
 
     /// What this reprovision is for: a run for another URL or worker is a new reprovision.
     fn target(&self) -> String {
-        let mut h = sha2::Sha256::new();
-        h.update(self.flow.name());
-        h.update("\n");
-        h.update(&self.url);
+        let mut text = format!("{}\n{}", self.flow.name(), self.url);
         if let Some((w, c, r)) = &self.ids {
-            h.update(format!("\n{w}\n{c}\n{r}"));
+            text.push_str(&format!("\n{w}\n{c}\n{r}"));
         }
-        format!("sha256:{}", crate::root::hex(&h.finalize()))
+        format!("sha256:{}", digest::hex(&digest::sha256(text.as_bytes())))
     }
 
     /// The payload URL with the ids the bootstrap API wants as query parameters.
@@ -276,7 +272,7 @@ struct Setup {
     /// Registry, mirrors, progress: the system roots and ca.crt.
     open: Http,
     open_tls: Tls,
-    node: Option<String>,
+    node: Option<NodeName>,
     kube: Option<Kube>,
 }
 
@@ -288,9 +284,9 @@ fn setup(a: &Reprovision, need_node: bool) -> Result<Setup> {
         ("--fetch-backoff-ms", a.fetch_backoff_ms, 60_000),
         ("--entry-timeout", a.entry_timeout, 86_400),
     ] {
-        crate::bootstrap::at_most(flag, v, max)?;
+        crate::cli::at_most(flag, v, max)?;
     }
-    let limits = crate::fetch::AttemptLimits::from_options(
+    let limits = crate::net::fetch::AttemptLimits::from_options(
         a.fetch_timeout,
         a.fetch_min_rate,
         a.fetch_min_rate_window,
@@ -306,7 +302,7 @@ fn setup(a: &Reprovision, need_node: bool) -> Result<Setup> {
             )));
         }
     }
-    hook::check_key("--label", &a.label)?;
+    check_key("--label", &a.label)?;
     if !matches!(a.reboot.as_str(), "auto" | "host" | "never") {
         return Err(Error::config(format!(
             "--reboot {:?}: expected auto, host or never",
@@ -325,7 +321,7 @@ fn setup(a: &Reprovision, need_node: bool) -> Result<Setup> {
             a.payload_entry
         )));
     }
-    let node = match hook::node_name(
+    let node = match node_name(
         a.node_name.as_deref(),
         std::env::var("NODE").ok().as_deref(),
     ) {
@@ -357,7 +353,7 @@ fn setup(a: &Reprovision, need_node: bool) -> Result<Setup> {
                 tries: a.api_tries,
                 delay: Duration::from_secs(a.api_retry_delay),
             };
-            match hook::api_client(a.kubeconfig.as_deref(), &pod, retry) {
+            match api_client(a.kubeconfig.as_deref(), &pod, retry) {
                 Ok(k) => Some(k),
                 Err(e) if need_node => return Err(e),
                 Err(e) => {
@@ -506,10 +502,10 @@ fn hash_into(
         hex: String::new(),
     }
     .hasher();
-    let n = match crate::fetch::copy_hashing(&mut &mut *body, &mut h, &mut &mut *out) {
+    let n = match digest::copy_hashing(&mut &mut *body, &mut h, &mut &mut *out) {
         Ok(n) => n,
-        Err(crate::fetch::CopyError::Read(e)) => return Err(Staging::Read(e)),
-        Err(crate::fetch::CopyError::Write(e)) => return Err(Staging::Write(e.into())),
+        Err(digest::CopyError::Read(e)) => return Err(Staging::Read(e)),
+        Err(digest::CopyError::Write(e)) => return Err(Staging::Write(e.into())),
     };
     let got = h.finish_hex();
     match want {
@@ -976,7 +972,7 @@ fn rebooter(a: &Reprovision, root: &Root) -> Box<dyn Rebooter> {
 /// reboot is queued, a SIGTERM that came during the hand-off, or any later one, ends the wait
 /// at once with exit 0.
 fn hold_sigterm() {
-    crate::stop::catch_sigterm();
+    crate::node::signals::catch_sigterm();
 }
 
 // RHCOS --------------------------------------------------------------------------------------
@@ -1087,7 +1083,7 @@ fn run_mcd(a: &Reprovision, mcd: &Path) -> Result<()> {
         "running {} firstboot-complete-machineconfig --root-mount {root}",
         mcd.display()
     );
-    runscript::run(
+    exec::run(
         &Script {
             program: mcd.to_path_buf(),
             args: vec![
@@ -1140,7 +1136,7 @@ fn extract_mcd(a: &Reprovision, work: &Dir, image: &str) -> Result<PathBuf> {
         .collect();
     let (program, args) = words.split_first().expect("setup checked it is not empty");
     log::info!("extracting machine-config-daemon from {image} with {program}");
-    runscript::run(
+    exec::run(
         &Script {
             program: PathBuf::from(program),
             args: args.to_vec(),
@@ -1269,11 +1265,11 @@ fn unpack_and_run(
 ) -> Result<()> {
     let archive = work.open(PAYLOAD_FILE)?;
     let dest = work.create_private_dir(PAYLOAD_DIR)?;
-    let sum = crate::payload::unpack_tar_gz(
+    let sum = crate::inplace::payload::unpack_tar_gz(
         archive,
         &dest,
         &s.secrets.url,
-        &crate::payload::Limits::default(),
+        &crate::inplace::payload::Limits::default(),
     )?;
     log::info!(
         "payload unpacked into {}: {} files, {} directories, {} symlinks, {} hard links, {} bytes",
@@ -1315,7 +1311,7 @@ fn unpack_and_run(
         a.payload_entry,
         a.entry_timeout
     );
-    runscript::run(
+    exec::run(
         &Script {
             program: entry,
             args: Vec::new(),

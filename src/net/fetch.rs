@@ -2,7 +2,7 @@
 //! semantics (transport errors, 408, 429 and 5xx are retried; 404 and other 4xx are final),
 //! exponential backoff with full jitter, size caps, and progress lines on long downloads.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use ureq::tls::{Certificate, ClientCert, PemItem, RootCerts, TlsConfig};
 use ureq::Agent;
 
+use crate::crypto::digest::{copy_hashing, CopyError, Digest};
 use crate::error::{Error, Kind, Result};
-use crate::root::{read_host_file, Dir, Root};
-use crate::verify::{Digest, Hasher};
+use crate::node::root::{read_host_file, Dir, Root};
 
 /// CA bundles of the distributions we run on; the first that exists is the system trust store.
 const SYSTEM_BUNDLES: &[&str] = &[
@@ -564,40 +564,6 @@ pub fn server_message(body: &[u8]) -> Option<String> {
     Some(line.chars().take(200).collect())
 }
 
-pub enum CopyError {
-    Read(io::Error),
-    Write(io::Error),
-}
-
-/// Copy `r` into `w`, hashing every byte. TLS hands out 16 KiB records; the buffer is filled
-/// before it is hashed and written, because SHA-2 and write(2) both run far faster on large
-/// chunks (SHA-512 here: 1.6 s per 512 MiB in 256 KiB updates, 2.3 s in 8 KiB ones).
-pub fn copy_hashing(
-    r: &mut impl Read,
-    h: &mut Hasher,
-    w: &mut impl Write,
-) -> std::result::Result<u64, CopyError> {
-    let mut buf = vec![0u8; 256 << 10];
-    let mut total = 0u64;
-    loop {
-        let mut filled = 0;
-        while filled < buf.len() {
-            match r.read(&mut buf[filled..]) {
-                Ok(0) => break,
-                Ok(k) => filled += k,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(CopyError::Read(e)),
-            }
-        }
-        if filled == 0 {
-            return Ok(total);
-        }
-        h.update(&buf[..filled]);
-        w.write_all(&buf[..filled]).map_err(CopyError::Write)?;
-        total += filled as u64;
-    }
-}
-
 pub enum Staging {
     /// Reading the source failed (for a download: worth another attempt).
     Read(io::Error),
@@ -757,6 +723,7 @@ impl<R: Read> Read for Progress<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write as _;
 
     #[test]
     fn full_jitter_stays_under_the_cap() {

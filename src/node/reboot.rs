@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::root::Root;
+use crate::node::root::Root;
 
 /// What became of a reboot request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,10 +39,10 @@ pub trait Rebooter {
 
 /// After a queued reboot: until SIGTERM (then `Ok`, promptly) or `limit` (then an error).
 pub fn wait_to_be_stopped(limit: Duration) -> Result<()> {
-    crate::stop::catch_sigterm();
+    crate::node::signals::catch_sigterm();
     let start = std::time::Instant::now();
     while start.elapsed() < limit {
-        if crate::stop::signalled() {
+        if crate::node::signals::signalled() {
             log::info!("stopped by SIGTERM while the node reboots");
             return Ok(());
         }
@@ -60,7 +60,7 @@ struct Systemd;
 impl Rebooter for Systemd {
     fn request(&self, reason: &str) -> Result<Requested> {
         log::warn!("rebooting now: {reason}");
-        let job = crate::dbus::systemd_reboot()?;
+        let job = crate::node::dbus::systemd_reboot()?;
         log::info!("reboot queued as systemd job {job}; waiting to be stopped");
         Ok(Requested::Queued(job))
     }

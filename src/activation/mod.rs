@@ -1,0 +1,13 @@
+//! A fresh node initializes or joins a cluster: `activate` runs the init/join race under a
+//! one-way node lock, `join-service` hands join tickets to nodes that authenticate, and
+//! `init-cluster` asks a waiting node to initialize. Contracts: docs/activate.md,
+//! docs/join-service.md, docs/init-cluster.md.
+
+pub mod activate;
+pub mod init_cluster;
+pub mod init_secret;
+pub mod join_service;
+pub mod kubeadm;
+pub mod mtls;
+pub mod nodelock;
+pub mod wire;

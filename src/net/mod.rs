@@ -1,0 +1,6 @@
+//! The network floor: the HTTPS fetcher (retries, deadlines, verify-while-streaming) and the
+//! Kubernetes API client (kubeconfig as kubectl reads it, node-name rules). Uses `node` and
+//! `crypto`.
+
+pub mod fetch;
+pub mod kube;

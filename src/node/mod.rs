@@ -1,0 +1,10 @@
+//! The node floor: the real root's handle (dirfd-relative, atomic replace), env files and
+//! os-release, D-Bus, reboots through one executor, one command runner, one signal module.
+//! Uses only `crypto`.
+
+pub mod dbus;
+pub mod envfile;
+pub mod exec;
+pub mod reboot;
+pub mod root;
+pub mod signals;

@@ -1,0 +1,12 @@
+//! The torcx era (CoreOS Container Linux, Tectonic): `bootstrap` stages the Docker torcx image
+//! the cluster wants before the first boot's units run; `hook` is the update operator's
+//! pre-reboot hook that stages it for the next OS version. Contracts: docs/bootstrap.md and
+//! docs/hook.md.
+
+pub mod bootstrap;
+pub mod config;
+pub mod hook;
+pub mod mappings;
+pub mod options;
+pub mod runtime;
+pub mod store;
