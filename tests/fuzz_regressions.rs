@@ -2,8 +2,8 @@
 //! working out what they could not yet reach), fed to the same entry points. Each stays after
 //! its fix so the finding cannot come back.
 
-use nodestrap::kube::Kubeconfig;
-use nodestrap::mappings::Mappings;
+use nodestrap::net::kube::Kubeconfig;
+use nodestrap::torcx::mappings::Mappings;
 
 /// `levels` anchors, each a list of ten aliases of the one before: yaml-rust2's loader copies
 /// the whole anchored tree for every alias, so 10^(levels+1) nodes from ~60 bytes a level.

@@ -381,7 +381,7 @@ fn exec_plugins_as_kubectl_runs_them() {
     assert_eq!(w.agree("failing plugin"), Outcome::Failed);
     w.nodestrap()
         .1
-        .assert_fails(1, "/etc/kubernetes/./failing\": exit status: 1");
+        .assert_fails(1, "/etc/kubernetes/./failing\": exit status 1");
 
     // An expired credential is refused, never sent.
     let p = plugin(

@@ -3,168 +3,40 @@
 //! configuration files, and bootstrap tokens (format check, and scrubbing them from any text
 //! that could reach a log or an answer).
 
-use std::ffi::CString;
-use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom};
-use std::mem::MaybeUninit;
-use std::os::fd::AsRawFd;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::activation::nodelock::Role;
 use crate::error::{Error, Result};
+use crate::node::exec::{self, Command};
 
-/// How much of a command's output is kept (its end).
-const TAIL: usize = 16 << 10;
+/// kubeadm and the token command print a few lines; their stdout is read whole up to this.
+const STDOUT_CAP: usize = 1 << 20;
 
 #[derive(Debug)]
 pub struct Ran {
     pub ok: bool,
-    /// `exit status 1`, `killed by signal 9`…
+    /// `exit status 1`, `killed by signal SIGKILL (9)`…
     pub status: String,
     pub stdout: Vec<u8>,
     /// The end of stderr then stdout, tokens scrubbed.
     pub tail: String,
 }
 
-/// An anonymous in-memory file for a child's output: no reader threads, and nothing the child
-/// leaves behind can block us by holding a pipe open.
-fn capture() -> Result<File> {
-    rustix::fs::memfd_create("nodestrap-output", rustix::fs::MemfdFlags::CLOEXEC)
-        .map(File::from)
-        .map_err(|e| Error::failed(format!("memfd_create: {e}")))
-}
-
-/// The last `TAIL` bytes written to `f`.
-fn tail_of(f: &mut File) -> Vec<u8> {
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut keep = Vec::new();
-    let _ = f.seek(SeekFrom::Start(len.saturating_sub(TAIL as u64)));
-    let _ = f.read_to_end(&mut keep);
-    keep
-}
-
-extern "C" {
-    /// The process environment (musl and glibc define it), handed on to commands as it is.
-    static environ: *const *mut libc::c_char;
-}
-
-/// Start `argv` (the program looked up in PATH) in a process group of its own, stdin from
-/// /dev/null, stdout and stderr into `out` and `err`, SIGPIPE back to its default. Through
-/// posix_spawnp rather than std's `Command`: the same for about 35 KB less in this
-/// size-capped static binary.
-fn spawn(argv: &[String], out: &File, err: &File) -> io::Result<libc::pid_t> {
-    let mut cargs = Vec::with_capacity(argv.len());
-    for a in argv {
-        cargs.push(CString::new(a.as_bytes()).map_err(io::Error::other)?);
-    }
-    let mut ptrs: Vec<*mut libc::c_char> = cargs.iter().map(|c| c.as_ptr().cast_mut()).collect();
-    ptrs.push(std::ptr::null_mut());
-    let mut pid = 0;
-    // SAFETY: the action and attribute objects are initialised before use and destroyed
-    // after; every pointer given to posix_spawnp (argv, the fds, environ) outlives the call.
-    let rc = unsafe {
-        let mut fa = MaybeUninit::<libc::posix_spawn_file_actions_t>::uninit();
-        let mut at = MaybeUninit::<libc::posix_spawnattr_t>::uninit();
-        let mut sigs = MaybeUninit::<libc::sigset_t>::uninit();
-        libc::posix_spawn_file_actions_init(fa.as_mut_ptr());
-        libc::posix_spawnattr_init(at.as_mut_ptr());
-        libc::sigemptyset(sigs.as_mut_ptr());
-        libc::sigaddset(sigs.as_mut_ptr(), libc::SIGPIPE);
-        let (fa, at) = (fa.as_mut_ptr(), at.as_mut_ptr());
-        let flags = libc::POSIX_SPAWN_SETPGROUP | libc::POSIX_SPAWN_SETSIGDEF;
-        let steps = [
-            libc::posix_spawn_file_actions_addopen(fa, 0, c"/dev/null".as_ptr(), libc::O_RDONLY, 0),
-            libc::posix_spawn_file_actions_adddup2(fa, out.as_raw_fd(), 1),
-            libc::posix_spawn_file_actions_adddup2(fa, err.as_raw_fd(), 2),
-            libc::posix_spawnattr_setsigdefault(at, sigs.as_ptr()),
-            libc::posix_spawnattr_setpgroup(at, 0),
-            libc::posix_spawnattr_setflags(at, flags as libc::c_short),
-        ];
-        let rc = match steps.iter().find(|&&r| r != 0) {
-            Some(&r) => r,
-            None => libc::posix_spawnp(&mut pid, ptrs[0], fa, at, ptrs.as_ptr(), environ),
-        };
-        libc::posix_spawn_file_actions_destroy(fa);
-        libc::posix_spawnattr_destroy(at);
-        rc
-    };
-    if rc != 0 {
-        return Err(io::Error::from_raw_os_error(rc));
-    }
-    Ok(pid)
-}
-
-/// `waitpid`: the raw status once `pid` has exited (`None` while it runs, with `hang` false).
-fn reap(pid: libc::pid_t, hang: bool) -> io::Result<Option<libc::c_int>> {
-    let mut status = 0;
-    loop {
-        // SAFETY: waiting for our own child.
-        let r = unsafe { libc::waitpid(pid, &mut status, if hang { 0 } else { libc::WNOHANG }) };
-        match r {
-            0 => return Ok(None),
-            r if r > 0 => return Ok(Some(status)),
-            _ => {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
-        }
-    }
-}
-
-/// Run `argv` (no shell), at most `timeout`. An error only when it cannot be started or runs
-/// too long; a failing exit is `Ran { ok: false, .. }`.
+/// Run `argv` (no shell; the program looked up in PATH, our environment) for at most
+/// `timeout`. An error only when it cannot be started or runs too long; a failing exit is
+/// `Ran { ok: false, .. }`.
 pub fn run(argv: &[String], timeout: Duration) -> Result<Ran> {
-    let (prog, args) = argv
-        .split_first()
-        .ok_or_else(|| Error::config("empty command"))?;
-    let (mut out, mut err) = (capture()?, capture()?);
-    let pid =
-        spawn(argv, &out, &err).map_err(|e| Error::failed(format!("{prog}: cannot start: {e}")))?;
-    let start = Instant::now();
-    let status = loop {
-        match reap(pid, false) {
-            Ok(Some(s)) => break Some(s),
-            Ok(None) if start.elapsed() >= timeout => break None,
-            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
-            Err(e) => return Err(Error::failed(format!("{prog}: waiting: {e}"))),
-        }
+    let c = Command::new(argv, timeout)?;
+    let label = match argv {
+        [prog, sub, ..] if !sub.starts_with('-') => format!("{prog} {sub}"),
+        _ => c.program.display().to_string(),
     };
-    // Also after a normal exit: nothing it started may linger.
-    // SAFETY: signalling the process group our child leads.
-    unsafe { libc::kill(-pid, libc::SIGKILL) };
-    let Some(status) = status else {
-        let _ = reap(pid, true);
-        return Err(Error::failed(format!(
-            "{prog} {}: killed after {} s (time limit)",
-            args.first().map(String::as_str).unwrap_or(""),
-            timeout.as_secs()
-        )));
-    };
-    let stdout = tail_of(&mut out);
-    let mut text = String::from_utf8_lossy(&tail_of(&mut err)).into_owned();
-    text.push_str(&String::from_utf8_lossy(&stdout));
-    let tail = scrub(&text);
-    let mut cut = tail.len().saturating_sub(TAIL);
-    while !tail.is_char_boundary(cut) {
-        cut += 1;
-    }
-    let tail = tail[cut..].to_string();
-    let (ok, status) = if libc::WIFEXITED(status) {
-        let c = libc::WEXITSTATUS(status);
-        (c == 0, format!("exit status {c}"))
-    } else {
-        (
-            false,
-            format!("killed by signal {}", libc::WTERMSIG(status)),
-        )
-    };
+    let r = exec::capture(&c, &label, STDOUT_CAP)?;
     Ok(Ran {
-        ok,
-        status,
-        stdout,
-        tail,
+        ok: r.exit.success(),
+        status: r.exit.to_string(),
+        stdout: r.stdout,
+        tail: scrub(&r.tail),
     })
 }
 
@@ -346,43 +218,26 @@ mod tests {
     }
 
     #[test]
-    fn runner_bounds_time_and_keeps_the_tail() {
+    fn runs_through_the_one_runner_and_scrubs_tokens() {
         let sh = |s: &str| vec!["/bin/sh".to_string(), "-c".to_string(), s.to_string()];
         let r = run(
-            &sh("echo out; echo err >&2; exit 3"),
+            &sh("echo out; echo 'token abcdef.0123456789abcdef' >&2; exit 3"),
             Duration::from_secs(10),
         )
         .unwrap();
+        assert!(!r.ok && r.status == "exit status 3", "{}", r.status);
         assert!(
-            !r.ok && r.status == "exit status 3" && r.tail == "err\nout\n",
-            "{} {:?}",
-            r.status,
+            !r.tail.contains("0123456789abcdef") && r.tail.ends_with("out\n"),
+            "{:?}",
             r.tail
         );
-        let t = Instant::now();
-        // A child that outlives the shell keeps the pipe open: the group is killed too.
-        let e = run(&sh("sleep 30 & sleep 30"), Duration::from_millis(300)).unwrap_err();
-        assert!(e.to_string().contains("time limit"), "{e}");
-        assert!(t.elapsed() < Duration::from_secs(10));
-        let r = run(
-            &sh("head -c 100000 /dev/zero | tr '\\0' x"),
-            Duration::from_secs(10),
-        )
-        .unwrap();
-        assert!(r.ok && r.stdout.len() == TAIL && r.tail.len() <= TAIL);
+        let e = run(&sh("sleep 30"), Duration::from_millis(300)).unwrap_err();
+        assert!(e.to_string().contains("timed out after 0.3 s"), "{e}");
         assert!(run(
             &["/nonexistent/kubeadm".to_string()],
             Duration::from_secs(1)
         )
         .is_err());
-        // Found through PATH from the environment; a closed pipe kills quietly (SIGPIPE is
-        // back to its default, though Rust ignores it in this process); stdin is empty.
-        let argv: Vec<String> = ["sh", "-c", "yes | head -c 1 >/dev/null; cat; echo done"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let r = run(&argv, Duration::from_secs(10)).unwrap();
-        assert!(r.ok && r.tail == "done\n", "{:?}", r.tail);
         assert_eq!(last_lines("a\n\nb\n  \nc\nd\n", 3), "b | c | d");
         assert_eq!(last_lines("only\n", 3), "only");
     }

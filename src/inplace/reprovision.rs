@@ -22,7 +22,7 @@ use crate::net::fetch::{Backoff, Http, Request, Retry, Staging, Tls};
 use crate::net::kube::{api_client, check_key, node_name, NodeName};
 use crate::net::kube::{ApiRetry, Kube};
 use crate::node::envfile::EnvFile;
-use crate::node::exec::{self, Script};
+use crate::node::exec::{self, Command, Env};
 use crate::node::reboot::{self, Rebooter, Requested};
 use crate::node::root::{Dir, Root, CONFIG_CAP};
 
@@ -632,14 +632,27 @@ pub fn preflight(a: &Reprovision) -> Result<()> {
 struct State {
     flow: String,
     target: String,
-    /// `configured` (the node has its new configuration), `handed-off` (about to hand over to
-    /// the MCD or the reboot), `reboot-pending` (the MCD applied it, or the reboot was accepted
-    /// or left to the node: nothing more to do in this boot), `done` (the node came back).
-    phase: String,
+    phase: Phase,
     #[serde(rename = "bootId")]
     boot_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     config: Option<String>,
+}
+
+/// How far a reprovision got, in the order it goes; persisted by these names (state files of
+/// earlier releases hold the same strings).
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, PartialEq, Eq, Debug)]
+#[serde(rename_all = "kebab-case")]
+enum Phase {
+    /// The node has its new configuration.
+    Configured,
+    /// About to hand over to the MCD or the reboot.
+    HandedOff,
+    /// The MCD applied it, or the reboot was accepted or left to the node: nothing more to do
+    /// in this boot.
+    RebootPending,
+    /// The node came back with it.
+    Done,
 }
 
 fn boot_id() -> Result<String> {
@@ -702,7 +715,7 @@ pub fn run(a: &Reprovision) -> Result<()> {
         same
     });
     if let Some(st) = &prev {
-        if st.phase == "done" {
+        if st.phase == Phase::Done {
             log::info!(
                 "node {node} was already reprovisioned for this target ({}); nothing to do",
                 st.config.as_deref().unwrap_or(flow.name())
@@ -716,8 +729,8 @@ pub fn run(a: &Reprovision) -> Result<()> {
         // A hand-off the MCD already took (it renamed the config away) counts even when this
         // process was killed before it could record `reboot-pending`.
         let taken =
-            st.phase == "handed-off" && flow == Flow::Rhcos && finished_on_disk(&s.root, flow);
-        if (st.phase == "reboot-pending" || taken) && st.boot_id == boot {
+            st.phase == Phase::HandedOff && flow == Flow::Rhcos && finished_on_disk(&s.root, flow);
+        if (st.phase == Phase::RebootPending || taken) && st.boot_id == boot {
             // The MCD applied the config (or systemd accepted the reboot) in this boot: the
             // node is going down. Fetching, patching and running the MCD again would only
             // race it.
@@ -732,11 +745,11 @@ pub fn run(a: &Reprovision) -> Result<()> {
             }
             return Ok(());
         }
-        let after_hand_off = st.phase == "handed-off" || st.phase == "reboot-pending";
+        let after_hand_off = st.phase == Phase::HandedOff || st.phase == Phase::RebootPending;
         if after_hand_off && st.boot_id != boot && finished_on_disk(&s.root, flow) {
             let work = work_dir(&s.root)?;
             let done = State {
-                phase: "done".into(),
+                phase: Phase::Done,
                 boot_id: boot.clone(),
                 ..st.clone()
             };
@@ -814,7 +827,7 @@ pub fn run(a: &Reprovision) -> Result<()> {
             &State {
                 flow: flow.name().into(),
                 target: target.clone(),
-                phase: "configured".into(),
+                phase: Phase::Configured,
                 boot_id: boot.clone(),
                 config: rendered.clone(),
             },
@@ -842,7 +855,7 @@ pub fn run(a: &Reprovision) -> Result<()> {
     let handed = State {
         flow: flow.name().into(),
         target,
-        phase: "handed-off".into(),
+        phase: Phase::HandedOff,
         boot_id: boot,
         config: rendered.clone(),
     };
@@ -856,7 +869,7 @@ pub fn run(a: &Reprovision) -> Result<()> {
     // hand off a second time, even if this process is killed before it ends.
     let pending = || {
         let st = State {
-            phase: "reboot-pending".into(),
+            phase: Phase::RebootPending,
             ..handed.clone()
         };
         if let Err(e) = write_state(&work, &st) {
@@ -1083,8 +1096,8 @@ fn run_mcd(a: &Reprovision, mcd: &Path) -> Result<()> {
         "running {} firstboot-complete-machineconfig --root-mount {root}",
         mcd.display()
     );
-    exec::run(
-        &Script {
+    exec::stream_to_log(
+        &Command {
             program: mcd.to_path_buf(),
             args: vec![
                 "firstboot-complete-machineconfig".into(),
@@ -1094,7 +1107,7 @@ fn run_mcd(a: &Reprovision, mcd: &Path) -> Result<()> {
                 mco::ENCAPSULATED.into(),
             ],
             cwd: PathBuf::from("/"),
-            env: base_env(),
+            env: Env::Only(base_env()),
             timeout: Duration::from_secs(a.entry_timeout),
             grace: KILL_GRACE,
         },
@@ -1136,12 +1149,12 @@ fn extract_mcd(a: &Reprovision, work: &Dir, image: &str) -> Result<PathBuf> {
         .collect();
     let (program, args) = words.split_first().expect("setup checked it is not empty");
     log::info!("extracting machine-config-daemon from {image} with {program}");
-    exec::run(
-        &Script {
+    exec::stream_to_log(
+        &Command {
             program: PathBuf::from(program),
             args: args.to_vec(),
             cwd: PathBuf::from("/"),
-            env: base_env(),
+            env: Env::Only(base_env()),
             timeout: EXTRACT_TIMEOUT,
             grace: KILL_GRACE,
         },
@@ -1311,12 +1324,12 @@ fn unpack_and_run(
         a.payload_entry,
         a.entry_timeout
     );
-    exec::run(
-        &Script {
+    exec::stream_to_log(
+        &Command {
             program: entry,
             args: Vec::new(),
             cwd: dir,
-            env,
+            env: Env::Only(env),
             timeout: Duration::from_secs(a.entry_timeout),
             grace: KILL_GRACE,
         },
@@ -1336,6 +1349,32 @@ mod tests {
             "https://mirror.example:5000/v2/"
         );
         assert_eq!(v2_url("http://10.0.0.1:5000"), "http://10.0.0.1:5000/v2/");
+    }
+
+    #[test]
+    fn state_files_of_earlier_releases_still_read() {
+        for (text, phase) in [
+            ("configured", Phase::Configured),
+            ("handed-off", Phase::HandedOff),
+            ("reboot-pending", Phase::RebootPending),
+            ("done", Phase::Done),
+        ] {
+            let old = format!(
+                r#"{{"flow": "rhcos", "target": "sha256:ab", "phase": "{text}", "bootId": "b1", "config": "rendered-worker-1"}}"#
+            );
+            let st: State = serde_json::from_str(&old).unwrap();
+            assert_eq!(st.phase, phase);
+            // Written back as it was read.
+            let again: serde_json::Value = serde_json::to_value(&st).unwrap();
+            assert_eq!(
+                again,
+                serde_json::from_str::<serde_json::Value>(&old).unwrap()
+            );
+        }
+        assert!(serde_json::from_str::<State>(
+            r#"{"flow": "rhcos", "target": "t", "phase": "halfway", "bootId": "b"}"#
+        )
+        .is_err());
     }
 
     #[test]

@@ -9,6 +9,7 @@ use ureq::tls::{ClientCert, PemItem};
 
 use crate::error::{Error, Result};
 use crate::net::fetch::{Backoff, Http, Request, Retry, Tls};
+use crate::node::exec::{self, Command, Env};
 use crate::node::root::Root;
 use crate::yaml;
 
@@ -640,13 +641,12 @@ enum ExecCredential {
 
 /// How long a plugin may take, and how much it may print.
 const EXEC_TIMEOUT: Duration = Duration::from_secs(60);
-const EXEC_OUTPUT_CAP: u64 = 1 << 20;
+const EXEC_OUTPUT_CAP: usize = 1 << 20;
 
 /// Run the plugin as kubectl does: no shell, our environment plus its `env` and
 /// `KUBERNETES_EXEC_INFO`, stdin closed (never interactive), stderr passed through; its stdout
 /// is an `ExecCredential` of the same apiVersion. Any failure names the command.
 fn run_exec(e: &Exec, kc: &Kubeconfig, name: &str) -> Result<ExecCredential> {
-    use std::io::Read as _;
     let what = format!("{name}: exec plugin {:?}", e.command);
     let mut spec = serde_json::json!({"interactive": false});
     if e.provide_cluster_info {
@@ -661,69 +661,30 @@ fn run_exec(e: &Exec, kc: &Kubeconfig, name: &str) -> Result<ExecCredential> {
     }
     let info =
         serde_json::json!({"apiVersion": e.api_version, "kind": "ExecCredential", "spec": spec});
-    let mut child = std::process::Command::new(&e.command)
-        .args(&e.args)
-        .envs(e.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .env("KUBERNETES_EXEC_INFO", info.to_string())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|err| {
-            let hint = e
-                .install_hint
-                .as_deref()
-                .map(|h| format!(" ({})", crate::error::excerpt(h.trim(), 200)))
-                .unwrap_or_default();
-            Error::failed(format!("{what}: cannot run it: {err}{hint}"))
-        })?;
-    // A watchdog ends a plugin that outlives its deadline; reading stops with its stdout.
-    let pid = child.id() as libc::pid_t;
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watch = {
-        let done = done.clone();
-        std::thread::spawn(move || {
-            let start = std::time::Instant::now();
-            while !done.load(std::sync::atomic::Ordering::SeqCst) {
-                if start.elapsed() >= EXEC_TIMEOUT {
-                    // SAFETY: kill(2) on our own child, which is not reaped before `done`.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                    return true;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            false
-        })
+    let mut env = e.env.clone();
+    env.push(("KUBERNETES_EXEC_INFO".into(), info.to_string()));
+    let c = Command {
+        program: e.command.clone().into(),
+        args: e.args.clone(),
+        // Where kubectl runs it: in our working directory.
+        cwd: std::env::current_dir().unwrap_or_else(|_| "/".into()),
+        env: Env::Inherit(env),
+        timeout: EXEC_TIMEOUT,
+        grace: Duration::from_secs(1),
     };
-    let mut out = Vec::new();
-    let read = child
-        .stdout
-        .take()
-        .map(|o| o.take(EXEC_OUTPUT_CAP + 1).read_to_end(&mut out));
-    if out.len() as u64 > EXEC_OUTPUT_CAP {
-        let _ = child.kill();
+    let ran = exec::capture(&c, &what, EXEC_OUTPUT_CAP).map_err(|err| {
+        let hint = e
+            .install_hint
+            .as_deref()
+            .map(|h| format!(" ({})", crate::error::excerpt(h.trim(), 200)))
+            .unwrap_or_default();
+        Error::failed(format!("{err}{hint}"))
+    })?;
+    if !ran.exit.success() {
+        let said = crate::error::excerpt(ran.tail.trim(), 200);
+        return Err(Error::failed(format!("{what}: {}: {said}", ran.exit)));
     }
-    let status = child.wait();
-    done.store(true, std::sync::atomic::Ordering::SeqCst);
-    let killed = watch.join().unwrap_or(false);
-    if killed {
-        return Err(Error::failed(format!(
-            "{what}: no answer within {} s",
-            EXEC_TIMEOUT.as_secs()
-        )));
-    }
-    if out.len() as u64 > EXEC_OUTPUT_CAP {
-        return Err(Error::failed(format!(
-            "{what}: output over the {EXEC_OUTPUT_CAP}-byte limit"
-        )));
-    }
-    if let Some(Err(err)) = read {
-        return Err(Error::failed(format!("{what}: reading its output: {err}")));
-    }
-    match status {
-        Ok(s) if s.success() => {}
-        Ok(s) => return Err(Error::failed(format!("{what}: {s}"))),
-        Err(err) => return Err(Error::failed(format!("{what}: {err}"))),
-    }
+    let out = ran.stdout;
     parse_exec_output(&out, &e.api_version, now_unix())
         .map_err(|m| Error::failed(format!("{what}: {m}")))
 }

@@ -1,15 +1,18 @@
-//! Running a payload's entry script: a clean environment, stdin from `/dev/null`, its output
-//! logged line by line as it comes (stdout at info, stderr at warn), and one deadline for the
-//! whole process group, enforced with SIGTERM and then SIGKILL.
+//! The one way nodestrap runs another program: no shell, stdin from `/dev/null`, a process
+//! group of its own, and one deadline for the whole group (SIGTERM, then SIGKILL after a
+//! grace). Two ways to take its output:
+//! - `stream`: each line as it comes (a payload's entry script, the machine-config daemon),
+//!   stdout at info and stderr at warn with `stream_to_log`;
+//! - `capture`: stdout up to a cap and a bounded tail of stderr then stdout, for programs whose
+//!   answer we read (kubeadm, a token command, a kubeconfig's exec plugin).
 //!
-//! No threads: both pipes and a pidfd of the child are watched with `poll(2)`. The child leads
-//! its own process group and is reaped only after the last signal to that group, so the group
-//! id can't have been reused by then.
+//! No threads: both pipes and a pidfd of the child are watched with `poll(2)`. The child is
+//! reaped only after the last signal to its group, so the group id can't have been reused.
 
 use std::os::fd::OwnedFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags, Timespec};
@@ -20,16 +23,43 @@ use crate::error::{Error, Result};
 
 /// A program to run, with everything it gets from us.
 #[derive(Debug, Clone)]
-pub struct Script {
+pub struct Command {
+    /// Looked up in `PATH` when it has no `/`.
     pub program: PathBuf,
     pub args: Vec<String>,
     pub cwd: PathBuf,
-    /// Its whole environment (nothing is inherited). Values are never logged.
-    pub env: Vec<(String, String)>,
+    pub env: Env,
     /// For the whole run, from start to the end of its output.
     pub timeout: Duration,
     /// After the timeout the group gets SIGTERM, then SIGKILL this much later.
     pub grace: Duration,
+}
+
+/// The environment a program gets. Values are never logged.
+#[derive(Debug, Clone)]
+pub enum Env {
+    /// Ours, plus these.
+    Inherit(Vec<(String, String)>),
+    /// Only these (a payload's script must not see the pod's secrets).
+    Only(Vec<(String, String)>),
+}
+
+impl Command {
+    /// `argv[0]` with the rest as arguments; our environment, `/` as working directory, and a
+    /// grace of 5 s after `timeout`.
+    pub fn new(argv: &[String], timeout: Duration) -> Result<Command> {
+        let (program, args) = argv
+            .split_first()
+            .ok_or_else(|| Error::config("empty command"))?;
+        Ok(Command {
+            program: PathBuf::from(program),
+            args: args.to_vec(),
+            cwd: PathBuf::from("/"),
+            env: Env::Inherit(Vec::new()),
+            timeout,
+            grace: Duration::from_secs(5),
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,44 +68,206 @@ pub enum Stream {
     Stderr,
 }
 
-/// Longer lines are logged in pieces of this many bytes.
+/// How a program ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal { number: i32, core: bool },
+}
+
+impl Exit {
+    fn of(st: ExitStatus) -> Exit {
+        match st.code() {
+            Some(c) => Exit::Code(c),
+            None => Exit::Signal {
+                number: st.signal().unwrap_or(0),
+                core: st.core_dumped(),
+            },
+        }
+    }
+
+    pub fn success(self) -> bool {
+        self == Exit::Code(0)
+    }
+}
+
+/// `exit status 1`, `killed by signal SIGKILL (9)`.
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Exit::Code(c) => write!(f, "exit status {c}"),
+            Exit::Signal { number, core } => write!(
+                f,
+                "killed by signal {} ({number}{})",
+                signal_name(number),
+                if core { ", core dumped" } else { "" }
+            ),
+        }
+    }
+}
+
+/// What `capture` keeps of a run.
+#[derive(Debug)]
+pub struct Captured {
+    pub exit: Exit,
+    /// Stdout, at most the cap given.
+    pub stdout: Vec<u8>,
+    /// The last `TAIL` bytes of stderr, then of stdout: for messages.
+    pub tail: String,
+}
+
+/// How much of each stream `capture` keeps for messages (its end).
+pub const TAIL: usize = 16 << 10;
+/// Longer lines are streamed in pieces of this many bytes.
 const MAX_LINE: usize = 4096;
-/// How long the output is still read once the group was killed.
+/// How long the output is still read once the program exited (`capture`) or its group was
+/// killed (both).
 const DRAIN: Duration = Duration::from_millis(200);
 
-/// Run `s`, logging each line of its stdout (info) and stderr (warn) as `{label}: {line}`.
+/// Run `c`, logging each line of its stdout (info) and stderr (warn) as `{label}: {line}`.
 /// `Ok` only when it exits with status 0 within its timeout.
-pub fn run(s: &Script, label: &str) -> Result<()> {
-    run_with(s, label, &mut |stream, line| match stream {
+pub fn stream_to_log(c: &Command, label: &str) -> Result<()> {
+    stream(c, label, &mut |stream, line| match stream {
         Stream::Stdout => log::info!("{label}: {line}"),
         Stream::Stderr => log::warn!("{label}: {line}"),
     })
 }
 
-/// `run`, handing each output line to `sink` instead of the log.
-pub fn run_with(s: &Script, label: &str, sink: &mut dyn FnMut(Stream, &str)) -> Result<()> {
-    let names: Vec<&str> = s.env.iter().map(|(k, _)| k.as_str()).collect();
+/// Run `c`, handing each output line to `sink`. It runs until it exits and its output ends:
+/// processes it leaves behind holding its output count against its timeout.
+pub fn stream(c: &Command, label: &str, sink: &mut dyn FnMut(Stream, &str)) -> Result<()> {
+    let mut out = LineSink {
+        lines: [Lines::new(Stream::Stdout), Lines::new(Stream::Stderr)],
+        sink,
+    };
+    match run(c, label, &mut out, true)? {
+        Exit::Code(0) => Ok(()),
+        Exit::Code(code) => Err(Error::failed(format!("{label}: exited with status {code}"))),
+        e => Err(Error::failed(format!("{label}: {e}"))),
+    }
+}
+
+/// Run `c` and keep at most `stdout_cap` bytes of its stdout (more is an error) and a tail
+/// of both streams. Once it exits, what it started is killed with its group. An error only
+/// when it cannot be started, runs too long or writes too much; a failing exit is in
+/// `Captured::exit`.
+pub fn capture(c: &Command, label: &str, stdout_cap: usize) -> Result<Captured> {
+    let mut out = Capture {
+        stdout: Vec::new(),
+        cap: stdout_cap,
+        over: false,
+        tails: [Vec::new(), Vec::new()],
+    };
+    let exit = run(c, label, &mut out, false)?;
+    if out.over {
+        return Err(Error::failed(format!(
+            "{label}: output over the {stdout_cap}-byte limit"
+        )));
+    }
+    let [out_tail, err_tail] = out.tails;
+    let mut tail = String::from_utf8_lossy(&err_tail).into_owned();
+    tail.push_str(&String::from_utf8_lossy(&out_tail));
+    Ok(Captured {
+        exit,
+        stdout: out.stdout,
+        tail,
+    })
+}
+
+/// Where a run's output goes.
+trait Output {
+    fn data(&mut self, stream: Stream, data: &[u8]);
+    /// The stream ended (or the run did).
+    fn end(&mut self, stream: Stream);
+    /// Stop reading: a capture has seen too much.
+    fn full(&self) -> bool {
+        false
+    }
+}
+
+struct LineSink<'a> {
+    lines: [Lines; 2],
+    sink: &'a mut dyn FnMut(Stream, &str),
+}
+
+impl Output for LineSink<'_> {
+    fn data(&mut self, stream: Stream, data: &[u8]) {
+        self.lines[stream as usize].feed(data, self.sink);
+    }
+    fn end(&mut self, stream: Stream) {
+        self.lines[stream as usize].flush(self.sink);
+    }
+}
+
+struct Capture {
+    stdout: Vec<u8>,
+    cap: usize,
+    over: bool,
+    /// The end of stdout and stderr, each at most `TAIL` bytes.
+    tails: [Vec<u8>; 2],
+}
+
+impl Output for Capture {
+    fn data(&mut self, stream: Stream, data: &[u8]) {
+        if stream == Stream::Stdout {
+            let room = self.cap.saturating_sub(self.stdout.len());
+            self.stdout.extend_from_slice(&data[..data.len().min(room)]);
+            self.over |= data.len() > room;
+        }
+        let tail = &mut self.tails[stream as usize];
+        tail.extend_from_slice(data);
+        if tail.len() > TAIL {
+            let mut cut = tail.len() - TAIL;
+            // Not inside a UTF-8 character.
+            while cut < tail.len() && (tail[cut] & 0xc0) == 0x80 {
+                cut += 1;
+            }
+            tail.drain(..cut);
+        }
+    }
+    fn end(&mut self, _: Stream) {}
+    fn full(&self) -> bool {
+        self.over
+    }
+}
+
+/// Start `c` and pump its output into `out` until it is done; `to_eof`: wait for the end of
+/// its output too (else only drain it briefly once the program exited, then kill its group).
+fn run(c: &Command, label: &str, out: &mut dyn Output, to_eof: bool) -> Result<Exit> {
+    let (names, env) = match &c.env {
+        Env::Inherit(e) => ("our environment plus", e),
+        Env::Only(e) => ("only", e),
+    };
     log::debug!(
-        "{label}: running {} in {} with {}",
-        s.program.display(),
-        s.cwd.display(),
-        if names.is_empty() {
-            "no environment".to_string()
+        "{label}: running {} in {} with {names} {}",
+        c.program.display(),
+        c.cwd.display(),
+        if env.is_empty() {
+            "nothing".to_string()
         } else {
-            format!("environment {}", names.join(", "))
+            env.iter()
+                .map(|(k, _)| k.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         }
     );
-    let mut child = Command::new(&s.program)
-        .args(&s.args)
-        .current_dir(&s.cwd)
-        .env_clear()
-        .envs(s.env.iter().map(|(k, v)| (k, v)))
+    let mut cmd = std::process::Command::new(&c.program);
+    cmd.args(&c.args)
+        .current_dir(&c.cwd)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .map_err(|e| Error::failed(format!("{label}: starting {}: {e}", s.program.display())))?;
+        .process_group(0);
+    if let Env::Only(_) = c.env {
+        cmd.env_clear();
+    }
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
+    let mut child = cmd.spawn().map_err(|e| {
+        Error::failed(format!(
+            "{label}: cannot run it ({}): {e}",
+            c.program.display()
+        ))
+    })?;
     let pipes = [
         child.stdout.take().map(OwnedFd::from),
         child.stderr.take().map(OwnedFd::from),
@@ -94,55 +286,61 @@ pub fn run_with(s: &Script, label: &str, sink: &mut dyn FnMut(Stream, &str)) -> 
     };
     let mut run = Running {
         pipes,
-        lines: [Lines::new(Stream::Stdout), Lines::new(Stream::Stderr)],
         pidfd,
         exited: false,
-        sink,
+        out,
     };
-    let deadline = Instant::now() + s.timeout;
-    match run.pump(deadline, true) {
-        Ok(true) => {}
+    let deadline = Instant::now() + c.timeout;
+    match run.pump(deadline, to_eof) {
+        Ok(true) if to_eof => {}
+        Ok(true) => {
+            // Exited: what it wrote last, then nothing it started may linger.
+            let _ = run.pump(Instant::now() + DRAIN, true);
+            kill_group(pgid);
+            run.end();
+        }
         Ok(false) => {
             let exited = run.exited;
-            run.stop(&mut child, pgid, s.grace);
-            let why = if exited {
-                " (the script exited, but processes it started kept its output open)"
+            let full = run.out.full();
+            run.stop(&mut child, pgid, c.grace);
+            if full {
+                // `capture` names the limit.
             } else {
-                ""
-            };
-            return Err(Error::failed(format!(
-                "{label}: timed out after {}{why}",
-                secs(s.timeout)
-            )));
+                let why = if exited {
+                    " (the script exited, but processes it started kept its output open)"
+                } else {
+                    ""
+                };
+                return Err(Error::failed(format!(
+                    "{label}: timed out after {}{why}",
+                    secs(c.timeout)
+                )));
+            }
         }
         Err(e) => {
             kill_and_reap(&mut child, pgid);
-            run.flush();
+            run.end();
             return Err(Error::failed(format!("{label}: reading its output: {e}")));
         }
     }
     let status = child
         .wait()
         .map_err(|e| Error::failed(format!("{label}: waiting for it: {e}")))?;
-    match failure(status) {
-        None => Ok(()),
-        Some(why) => Err(Error::failed(format!("{label}: {why}"))),
-    }
+    Ok(Exit::of(status))
 }
 
 struct Running<'a> {
     /// Stdout and stderr, `None` once at EOF.
     pipes: [Option<OwnedFd>; 2],
-    lines: [Lines; 2],
     pidfd: OwnedFd,
     /// The child has exited (it is not reaped yet).
     exited: bool,
-    sink: &'a mut dyn FnMut(Stream, &str),
+    out: &'a mut dyn Output,
 }
 
 impl Running<'_> {
-    /// Log output until the child has exited and, with `to_eof`, both pipes are at EOF
-    /// (`true`), or until `until` (`false`).
+    /// Read output until the child has exited and, with `to_eof`, both pipes are at EOF
+    /// (`true`), or until `until` or a full capture (`false`).
     fn pump(&mut self, until: Instant, to_eof: bool) -> std::io::Result<bool> {
         let mut buf = [0u8; 16 << 10];
         loop {
@@ -150,7 +348,7 @@ impl Running<'_> {
                 return Ok(true);
             }
             let now = Instant::now();
-            if now >= until {
+            if now >= until || self.out.full() {
                 return Ok(false);
             }
             let left = Timespec::try_from(until - now).unwrap_or(Timespec {
@@ -184,17 +382,17 @@ impl Running<'_> {
             if ready[2] {
                 self.exited = true;
             }
-            for (i, &r) in ready[..2].iter().enumerate() {
-                if !r {
+            for (i, stream) in [Stream::Stdout, Stream::Stderr].into_iter().enumerate() {
+                if !ready[i] {
                     continue;
                 }
                 let Some(fd) = &self.pipes[i] else { continue };
                 match rustix::io::read(fd, &mut buf) {
                     Ok(0) => {
                         self.pipes[i] = None;
-                        self.lines[i].flush(self.sink);
+                        self.out.end(stream);
                     }
-                    Ok(n) => self.lines[i].feed(&buf[..n], self.sink),
+                    Ok(n) => self.out.data(stream, &buf[..n]),
                     Err(Errno::INTR) | Err(Errno::AGAIN) => {}
                     Err(e) => return Err(e.into()),
                 }
@@ -203,7 +401,7 @@ impl Running<'_> {
     }
 
     /// After the timeout: SIGTERM to the group, up to `grace` for the child to go (its output
-    /// still logged), SIGKILL to whatever is left of the group, then reap.
+    /// still read), SIGKILL to whatever is left of the group, then reap.
     fn stop(&mut self, child: &mut Child, pgid: Pid, grace: Duration) {
         let _ = rustix::process::kill_process_group(pgid, Signal::TERM);
         // Reading errors don't matter any more: the group is killed next.
@@ -211,20 +409,24 @@ impl Running<'_> {
         kill_and_reap(child, pgid);
         // What the group wrote before it died; a process outside it may hold the pipes.
         let _ = self.pump(Instant::now() + DRAIN, true);
-        self.flush();
+        self.end();
     }
 
-    fn flush(&mut self) {
-        for l in &mut self.lines {
-            l.flush(self.sink);
-        }
+    fn end(&mut self) {
+        self.out.end(Stream::Stdout);
+        self.out.end(Stream::Stderr);
     }
 }
 
 /// SIGKILL to the whole group (the leader not reaped yet, so `pgid` is still ours), then reap.
 fn kill_and_reap(child: &mut Child, pgid: Pid) {
-    let _ = rustix::process::kill_process_group(pgid, Signal::KILL);
+    kill_group(pgid);
     let _ = child.wait();
+}
+
+/// SIGKILL to the whole group.
+fn kill_group(pgid: Pid) {
+    let _ = rustix::process::kill_process_group(pgid, Signal::KILL);
 }
 
 /// Bytes of one stream, cut into lines.
@@ -286,23 +488,6 @@ fn utf8_cut(piece: &[u8]) -> usize {
     }
 }
 
-/// Why an exit status is a failure; `None` for status 0.
-fn failure(st: ExitStatus) -> Option<String> {
-    if let Some(code) = st.code() {
-        return (code != 0).then(|| format!("exited with status {code}"));
-    }
-    let sig = st.signal().unwrap_or(0);
-    let core = if st.core_dumped() {
-        ", core dumped"
-    } else {
-        ""
-    };
-    Some(format!(
-        "killed by signal {} ({sig}{core})",
-        signal_name(sig)
-    ))
-}
-
 fn signal_name(sig: i32) -> &'static str {
     const NAMES: [&str; 16] = [
         "?", "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE",
@@ -328,25 +513,25 @@ mod tests {
     use super::*;
     use Stream::{Stderr, Stdout};
 
-    fn sh(script: &str, timeout: Duration, grace: Duration) -> Script {
-        Script {
+    fn sh(script: &str, timeout: Duration, grace: Duration) -> Command {
+        Command {
             program: "/bin/sh".into(),
             args: vec!["-c".into(), script.into()],
             cwd: "/".into(),
-            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+            env: Env::Only(vec![("PATH".into(), "/usr/bin:/bin".into())]),
             timeout,
             grace,
         }
     }
 
-    fn quick(script: &str) -> Script {
+    fn quick(script: &str) -> Command {
         sh(script, Duration::from_secs(20), Duration::from_secs(1))
     }
 
     /// Runs `s` and returns its result as text and the lines it logged.
-    fn collect(s: &Script) -> (Result<(), String>, Vec<(Stream, String)>) {
+    fn collect(s: &Command) -> (Result<(), String>, Vec<(Stream, String)>) {
         let mut got = Vec::new();
-        let r = run_with(s, "t", &mut |st, l| got.push((st, l.to_string())));
+        let r = stream(s, "t", &mut |st, l| got.push((st, l.to_string())));
         (r.map_err(|e| e.to_string()), got)
     }
 
@@ -385,14 +570,14 @@ mod tests {
 
     #[test]
     fn environment_is_only_what_is_given() {
-        let s = Script {
+        let s = Command {
             program: "/usr/bin/env".into(),
             args: vec![],
             cwd: "/".into(),
-            env: vec![
+            env: Env::Only(vec![
                 ("PATH".into(), "/usr/bin:/bin".into()),
                 ("NODESTRAP_X".into(), "a value with spaces".into()),
-            ],
+            ]),
             timeout: Duration::from_secs(20),
             grace: Duration::from_secs(1),
         };
@@ -424,7 +609,7 @@ mod tests {
         let (r, _) = collect(&s);
         let e = r.unwrap_err();
         assert!(
-            e.starts_with("t: starting /nonexistent/entry.sh: No such file"),
+            e.starts_with("t: cannot run it (/nonexistent/entry.sh): No such file"),
             "{e}"
         );
     }
@@ -512,6 +697,68 @@ mod tests {
         assert_eq!(err, lines(&[(Stderr, "err")]));
         let out: Vec<_> = got.into_iter().filter(|(s, _)| *s == Stdout).collect();
         assert_eq!(out, want);
+    }
+
+    fn argv(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn capture_keeps_the_tail_and_bounds_stdout() {
+        let t = |timeout| Command::new(&argv(&["/bin/sh"]), timeout).unwrap();
+        let sh = |s: &str, timeout| Command {
+            args: argv(&["-c", s]),
+            ..t(timeout)
+        };
+        let ten = Duration::from_secs(10);
+        let r = capture(&sh("echo out; echo err >&2; exit 3", ten), "t", 1 << 20).unwrap();
+        assert_eq!((r.exit, r.tail.as_str()), (Exit::Code(3), "err\nout\n"));
+        assert_eq!(r.exit.to_string(), "exit status 3");
+        // A child that outlives the shell is killed with the group once the shell exits.
+        let start = Instant::now();
+        let r = capture(&sh("sleep 30 & echo done", ten), "t", 1 << 20).unwrap();
+        assert!(r.exit.success() && r.stdout == b"done\n");
+        assert!(start.elapsed() < Duration::from_secs(2));
+        // A program that runs too long.
+        let e = capture(&sh("sleep 30", Duration::from_millis(300)), "t", 100).unwrap_err();
+        assert_eq!(e.to_string(), "t: timed out after 0.3 s");
+        // Too much output is refused; the tail stays bounded.
+        let big = "head -c 100000 /dev/zero | tr '\\0' x";
+        let e = capture(&sh(big, ten), "t", 1000).unwrap_err();
+        assert_eq!(e.to_string(), "t: output over the 1000-byte limit");
+        let r = capture(&sh(big, ten), "t", 1 << 20).unwrap();
+        assert!(r.stdout.len() == 100_000 && r.tail.len() == TAIL);
+        // Found through PATH; a closed pipe kills quietly (SIGPIPE back to its default,
+        // though Rust ignores it in this process); stdin is empty; our environment is kept.
+        let mut c = Command::new(
+            &argv(&[
+                "sh",
+                "-c",
+                "yes | head -c 1 >/dev/null; cat; echo $NODESTRAP_T $HOME",
+            ]),
+            ten,
+        )
+        .unwrap();
+        c.env = Env::Inherit(vec![("NODESTRAP_T".into(), "added".into())]);
+        let r = capture(&c, "t", 100).unwrap();
+        let home = std::env::var("HOME").unwrap_or_default();
+        assert_eq!(
+            String::from_utf8_lossy(&r.stdout),
+            format!("added {home}\n")
+        );
+        let e = capture(&t(ten), "t", 1).map(|_| ()).and_then(|_| {
+            capture(
+                &Command::new(&argv(&["/nonexistent/x"]), ten).unwrap(),
+                "t",
+                1,
+            )
+            .map(|_| ())
+        });
+        assert!(e
+            .unwrap_err()
+            .to_string()
+            .starts_with("t: cannot run it (/nonexistent/x)"));
+        assert!(Command::new(&[], ten).is_err());
     }
 
     #[test]

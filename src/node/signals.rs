@@ -1,6 +1,7 @@
-//! Stopping long-running services (activate, join-service) cleanly: SIGTERM/SIGINT only set a
-//! flag (all a signal handler may safely do); a supervising thread turns it into a `Stop`
-//! request, which wakes every thread waiting on it.
+//! The one signal module. Stopping cleanly (activate, join-service, reprovision, a queued
+//! reboot): SIGTERM/SIGINT only set a flag (all a signal handler may safely do); a supervising
+//! thread turns it into a `Stop` request, which wakes every thread waiting on it. Or, for the
+//! hook once its work is done, exit 0.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -13,9 +14,27 @@ pub fn catch_sigterm() {
     extern "C" fn on_signal(_: libc::c_int) {
         SIGNALLED.store(true, Ordering::SeqCst);
     }
-    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe { install(on_signal) }
+}
+
+/// Exit 0 on SIGTERM and SIGINT. As PID 1 of a container (the hook) the default action of
+/// SIGTERM is to ignore it; install this only once the work is done, so that a signal never
+/// ends a half-done run as a success.
+pub fn exit_on_sigterm() {
+    extern "C" fn on_signal(_: libc::c_int) {
+        // Async-signal-safe; stdout is line-buffered and the summary line is already out.
+        unsafe { libc::_exit(0) }
+    }
+    // SAFETY: the handler only calls _exit, which is async-signal-safe.
+    unsafe { install(on_signal) }
+}
+
+/// # Safety
+/// `handler` may only do what is async-signal-safe.
+unsafe fn install(handler: extern "C" fn(libc::c_int)) {
+    let handler = handler as libc::sighandler_t;
     for sig in [libc::SIGTERM, libc::SIGINT] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         if unsafe { libc::signal(sig, handler) } == libc::SIG_ERR {
             log::warn!("cannot install a handler for signal {sig}");
         }

@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::net::kube::{api_client, check_key, node_name};
 use crate::node::dbus::{self, Update};
 use crate::node::root::Root;
+use crate::node::signals;
 use crate::torcx::mappings::Mappings;
 use crate::torcx::options;
 use crate::torcx::runtime::{self, Manifests, OsInfo, OS_RELEASE, RUNTIME};
@@ -168,30 +169,13 @@ pub fn run(a: &Hook) -> Result<()> {
     // 9. Stay up so the DaemonSet does not restart us; the operator removes its label (and
     //    so this pod) once the node may reboot.
     if a.sleep > 0 {
-        exit_on_sigterm();
+        signals::exit_on_sigterm();
         log::info!("done; idle until SIGTERM");
         loop {
             std::thread::sleep(Duration::from_secs(a.sleep));
         }
     }
     Ok(())
-}
-
-/// As PID 1 of a container the default action of SIGTERM is to ignore it: exit 0 on it (and
-/// SIGINT) instead. Only installed once the work is done, so a signal never ends a half-done
-/// run as a success.
-fn exit_on_sigterm() {
-    extern "C" fn on_signal(_: libc::c_int) {
-        // Async-signal-safe; stdout is line-buffered and the summary line is already out.
-        unsafe { libc::_exit(0) }
-    }
-    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-    for sig in [libc::SIGTERM, libc::SIGINT] {
-        // SAFETY: the handler only calls _exit, which is async-signal-safe.
-        if unsafe { libc::signal(sig, handler) } == libc::SIG_ERR {
-            log::warn!("cannot install a handler for signal {sig}");
-        }
-    }
 }
 
 #[cfg(test)]
