@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 
-use crate::net::fetch::{Backoff, Http, Request, Retry, Tls};
+use crate::net::fetch::{Http, Request, Retry, Tls};
 
 pub struct Reporter {
     target: Option<(Http, String, Option<String>)>,
@@ -25,14 +25,9 @@ impl Reporter {
         node: &str,
         flow: &'static str,
     ) -> Reporter {
-        let retry = Retry {
-            attempts: 3,
-            backoff: Backoff::Exponential {
-                initial: Duration::from_millis(500),
-                cap: Duration::from_secs(4),
-            },
-            budget: Duration::from_secs(30),
-        };
+        let retry = Retry::exponential(3, Duration::from_millis(500))
+            .capped_at(Duration::from_secs(4))
+            .within(Duration::from_secs(30));
         Reporter {
             target: url.map(|u| {
                 (

@@ -18,9 +18,9 @@ use crate::crypto::digest::{self, Algo, Digest};
 use crate::error::{Context, Error, Result};
 use crate::inplace::mco;
 use crate::inplace::progress::Reporter;
-use crate::net::fetch::{Backoff, Http, Request, Retry, Staging, Tls};
+use crate::net::fetch::{Http, Request, Retry, Staging, Tls};
+use crate::net::kube::Kube;
 use crate::net::kube::{api_client, check_key, node_name, NodeName};
-use crate::net::kube::{ApiRetry, Kube};
 use crate::node::envfile::EnvFile;
 use crate::node::exec::{self, Command, Env};
 use crate::node::reboot::{self, Rebooter, Requested};
@@ -338,21 +338,11 @@ fn setup(a: &Reprovision, need_node: bool) -> Result<Setup> {
         .map_err(|e| e.with_kind(crate::error::Kind::Config))?;
     let mut open_tls = Tls::system(&root)?;
     open_tls.add_pem(&secrets.ca, "ca.crt of --secret-dir")?;
-    let retry = Retry {
-        attempts: a.fetch_attempts.max(1),
-        backoff: Backoff::Exponential {
-            initial: Duration::from_millis(a.fetch_backoff_ms),
-            cap: Duration::from_secs(60),
-        },
-        budget: Duration::from_secs(600),
-    };
+    let retry = Retry::exponential(a.fetch_attempts, Duration::from_millis(a.fetch_backoff_ms));
     let kube = match &node {
         Some(_) => {
             let pod = Root::open(Path::new("/"))?;
-            let retry = ApiRetry {
-                tries: a.api_tries,
-                delay: Duration::from_secs(a.api_retry_delay),
-            };
+            let retry = Retry::fixed(a.api_tries, Duration::from_secs(a.api_retry_delay));
             match api_client(a.kubeconfig.as_deref(), &pod, retry) {
                 Ok(k) => Some(k),
                 Err(e) if need_node => return Err(e),

@@ -98,6 +98,9 @@ pub enum Backoff {
     Fixed(Duration),
 }
 
+/// When to try again. Built one way for every retrying client: `Retry::exponential` (the
+/// fetcher's default, with `capped_at` and `within` to adjust) or `Retry::fixed`
+/// (tectonic-torcx's API-server rule).
 #[derive(Debug, Clone, Copy)]
 pub struct Retry {
     pub attempts: u32,
@@ -107,6 +110,43 @@ pub struct Retry {
 }
 
 impl Retry {
+    /// `attempts` (at least 1), pauses with full jitter below `initial`, doubling up to 60 s;
+    /// no new attempt after 600 s (`--fetch-attempts`, `--fetch-backoff-ms`).
+    pub fn exponential(attempts: u32, initial: Duration) -> Retry {
+        Retry {
+            attempts: attempts.max(1),
+            backoff: Backoff::Exponential {
+                initial,
+                cap: Duration::from_secs(60),
+            },
+            budget: Duration::from_secs(600),
+        }
+    }
+
+    /// `tries` (at least 1) exactly `delay` apart, without an overall budget (`--api-tries`,
+    /// `--api-retry-delay`; tectonic-torcx: 3 tries, 10 s).
+    pub fn fixed(tries: u32, delay: Duration) -> Retry {
+        Retry {
+            attempts: tries.max(1),
+            backoff: Backoff::Fixed(delay),
+            budget: Duration::MAX,
+        }
+    }
+
+    /// Pauses of at most `cap` (exponential backoff only).
+    pub fn capped_at(mut self, cap: Duration) -> Retry {
+        if let Backoff::Exponential { initial, .. } = self.backoff {
+            self.backoff = Backoff::Exponential { initial, cap };
+        }
+        self
+    }
+
+    /// No new attempt after `budget`.
+    pub fn within(mut self, budget: Duration) -> Retry {
+        self.budget = budget;
+        self
+    }
+
     fn delay(&self, failures: u32) -> Duration {
         match self.backoff {
             Backoff::Fixed(d) => d,

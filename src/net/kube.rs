@@ -8,7 +8,7 @@ use base64::Engine as _;
 use ureq::tls::{ClientCert, PemItem};
 
 use crate::error::{Error, Result};
-use crate::net::fetch::{Backoff, Http, Request, Retry, Tls};
+use crate::net::fetch::{Http, Request, Retry, Tls};
 use crate::node::exec::{self, Command, Env};
 use crate::node::root::Root;
 use crate::yaml;
@@ -31,18 +31,11 @@ pub struct Kube {
     pub source: String,
 }
 
-/// How many tries and how far apart (tectonic-torcx: 3 tries, 10 s).
-#[derive(Clone, Copy)]
-pub struct ApiRetry {
-    pub tries: u32,
-    pub delay: Duration,
-}
-
 impl Kube {
     /// Client from a kubeconfig that lives on the node (`node_path` under `root`); files it
     /// names (CA, certificate, key, token) are node paths too, relative ones next to it.
     /// `Ok(None)` when the kubeconfig does not exist.
-    pub fn from_kubeconfig(root: &Root, node_path: &str, retry: ApiRetry) -> Result<Option<Kube>> {
+    pub fn from_kubeconfig(root: &Root, node_path: &str, retry: Retry) -> Result<Option<Kube>> {
         let name = root.show(node_path);
         let Some(text) = root.read_text(node_path)? else {
             return Ok(None);
@@ -161,7 +154,7 @@ impl Kube {
     }
 
     /// Client from the pod's service account, as client-go's in-cluster config does.
-    pub fn in_cluster(retry: ApiRetry) -> Result<Kube> {
+    pub fn in_cluster(retry: Retry) -> Result<Kube> {
         let host = std::env::var("KUBERNETES_SERVICE_HOST")
             .ok()
             .filter(|h| !h.is_empty())
@@ -211,21 +204,14 @@ impl Kube {
         tls: Tls,
         token: Option<String>,
         source: String,
-        retry: ApiRetry,
+        retry: Retry,
     ) -> Result<Kube> {
         if !(server.starts_with("https://") || server.starts_with("http://")) {
             return Err(Error::failed(format!(
                 "{source}: server {server:?} is not an http(s) URL"
             )));
         }
-        let http = Http::new(
-            &tls,
-            Retry {
-                attempts: retry.tries.max(1),
-                backoff: Backoff::Fixed(retry.delay),
-                budget: Duration::MAX,
-            },
-        );
+        let http = Http::new(&tls, retry);
         Ok(Kube {
             http,
             server: server.trim_end_matches('/').to_string(),
@@ -300,7 +286,7 @@ impl Kube {
     }
 
     /// JSON merge patch of a Node. A 409 Conflict is tried again a few times at short
-    /// intervals; transport errors and 5xx follow the `ApiRetry` rule.
+    /// intervals; transport errors and 5xx follow the `Retry` given.
     pub fn patch_node(&self, name: &str, patch: &serde_json::Value) -> Result<serde_json::Value> {
         let url = format!("{}/api/v1/nodes/{name}", self.server);
         let body = patch.to_string().into_bytes();
@@ -815,7 +801,7 @@ fn context_refs(ctx: &yaml_rust2::Yaml, name: &str) -> Result<(String, String)> 
 }
 
 /// The API client: `--kubeconfig` (a pod path), else the pod's service account.
-pub fn api_client(kubeconfig: Option<&Path>, pod: &Root, retry: ApiRetry) -> Result<Kube> {
+pub fn api_client(kubeconfig: Option<&Path>, pod: &Root, retry: Retry) -> Result<Kube> {
     match kubeconfig {
         Some(p) => {
             let p = p.to_string_lossy();

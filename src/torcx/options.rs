@@ -6,8 +6,7 @@ use std::time::Duration;
 use crate::cli::{at_most, Bootstrap, Common, Input, DEFAULT_MANIFEST_URL};
 use crate::crypto::openpgp::Keyring;
 use crate::error::{Error, Result};
-use crate::net::fetch::{AttemptLimits, Backoff, Http, Retry, Tls};
-use crate::net::kube::ApiRetry;
+use crate::net::fetch::{AttemptLimits, Http, Retry, Tls};
 use crate::node::root::{plain_name, Root};
 
 /// Step 0 for everything given on the command line; returns the manifest URL template.
@@ -81,11 +80,8 @@ pub fn read_keyring(a: &Common, root: &Root) -> Result<Option<Keyring>> {
     Ok(Some(k))
 }
 
-pub fn api_retry(a: &Common) -> ApiRetry {
-    ApiRetry {
-        tries: a.api_tries,
-        delay: Duration::from_secs(a.api_retry_delay),
-    }
+pub fn api_retry(a: &Common) -> Retry {
+    Retry::fixed(a.api_tries, Duration::from_secs(a.api_retry_delay))
 }
 
 /// The HTTPS client for manifests and images: system roots plus `--ca-file`.
@@ -104,21 +100,10 @@ pub fn manifest_client(a: &Common, root: &Root) -> Result<Http> {
     } else {
         log::debug!("trust anchors: {}", tls.sources.join(", "));
     }
-    let backoff = Backoff::Exponential {
-        initial: Duration::from_millis(a.fetch_backoff_ms),
-        cap: Duration::from_secs(60),
-    };
     let limits =
         AttemptLimits::from_options(a.fetch_timeout, a.fetch_min_rate, a.fetch_min_rate_window)?;
-    Ok(Http::new(
-        &tls,
-        Retry {
-            attempts: a.fetch_attempts.max(1),
-            backoff,
-            budget: Duration::from_secs(600),
-        },
-    )
-    .with_limits(limits))
+    let retry = Retry::exponential(a.fetch_attempts, Duration::from_millis(a.fetch_backoff_ms));
+    Ok(Http::new(&tls, retry).with_limits(limits))
 }
 
 pub fn render_url(template: &str, board: &str, os_version: &str) -> Result<String> {
