@@ -662,6 +662,71 @@ impl Input {
     }
 }
 
+/// The command line, with tectonic-torcx's multicall names (`tectonic-torcx-bootstrap`,
+/// `tectonic-torcx-hook-pre`) turned into their subcommands, normalised.
+pub fn args() -> Vec<String> {
+    let mut argv: Vec<String> = std::env::args().collect();
+    let prog = argv
+        .first()
+        .map(|a| a.rsplit('/').next().unwrap_or(a).to_string())
+        .unwrap_or_default();
+    match prog.as_str() {
+        "tectonic-torcx-bootstrap" => argv.insert(1, "bootstrap".into()),
+        "tectonic-torcx-hook-pre" => argv.insert(1, "hook".into()),
+        _ => {}
+    }
+    normalize(argv.get(1..).unwrap_or_default())
+}
+
+/// Start the log at `--verbose`, run `f`, and turn its result into the exit code.
+pub fn logged(verbose: &str, f: impl FnOnce() -> Result<()>) -> i32 {
+    let Some(level) = log_level(verbose) else {
+        return 2;
+    };
+    crate::logger::init(level);
+    exit_code(f())
+}
+
+fn log_level(verbose: &str) -> Option<log::LevelFilter> {
+    let l = crate::logger::parse_level(verbose);
+    if l.is_none() {
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "error: --verbose {verbose:?}: expected panic, fatal, error, warn, info, debug or trace"
+        );
+    }
+    l
+}
+
+pub fn exit_code(r: Result<()>) -> i32 {
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            log::error!("{e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// argh over normalised arguments; `Err` is the exit code once its output is printed.
+pub fn parse(args: &[String]) -> std::result::Result<Cli, i32> {
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    Cli::from_args(&["nodestrap"], &refs).map_err(|e| {
+        use std::io::Write as _;
+        // A closed stdout or stderr must not panic; the exit code still tells.
+        if e.status.is_ok() {
+            match std::io::stdout().write_all(e.output.as_bytes()) {
+                Ok(()) => 0,
+                Err(_) => 1,
+            }
+        } else {
+            let _ = std::io::stderr().write_all(e.output.as_bytes());
+            2
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,7 @@
 use std::io::Write as _;
 use std::time::Duration;
 
-use crate::cli::{Bootstrap, RebootMode};
+use crate::cli::{self, Bootstrap, RebootMode};
 use crate::error::{Error, Result};
 use crate::net::kube::Kube;
 use crate::node::dbus::{self, Update};
@@ -16,6 +16,33 @@ use crate::torcx::mappings::Mappings;
 use crate::torcx::options::{self, check_options};
 use crate::torcx::runtime::{self, Manifests, OsInfo, Wanted, OS_RELEASE, RUNTIME};
 use crate::torcx::store::{self};
+
+/// `nodestrap bootstrap` from the command line `args` (normalised) it was parsed from:
+/// settings from the node's config file and kernel command line are merged under the
+/// command line (--root, --config and --cmdline say where they are), then the run.
+pub fn main(b: &Bootstrap, args: &[String]) -> i32 {
+    let merged = match crate::torcx::config::merge(b, args) {
+        Ok(m) => m,
+        Err(e) => {
+            crate::logger::init(log::LevelFilter::Info);
+            log::error!("{e}");
+            return e.exit_code();
+        }
+    };
+    let cli = match cli::parse(&merged.args) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let cli::Cmd::Bootstrap(b) = &cli.cmd else {
+        unreachable!("merged arguments keep the subcommand")
+    };
+    cli::logged(&b.verbose, || {
+        for n in &merged.notes {
+            log::info!("{n}");
+        }
+        run(b)
+    })
+}
 
 const MAPPINGS_NS: &str = "tectonic-system";
 const MAPPINGS_CM: &str = "tectonic-torcx-runtime-mappings";

@@ -177,8 +177,3 @@ pub fn run(a: &Hook) -> Result<()> {
     }
     Ok(())
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-}

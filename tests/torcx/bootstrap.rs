@@ -1,5 +1,6 @@
 //! `nodestrap bootstrap` end to end: the built binary against a temp root and local servers.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::path::{Path, PathBuf};

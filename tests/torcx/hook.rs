@@ -2,6 +2,7 @@
 //! fake API server that checks credentials and records patches, and a private D-Bus with the
 //! test update_engine.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::io::{BufRead, BufReader};

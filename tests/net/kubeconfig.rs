@@ -4,6 +4,7 @@
 //! time; no API server package exists here). For each: do both reach the server, and with the
 //! same credential? Where nodestrap differs on purpose (README), the test says so.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::path::{Path, PathBuf};

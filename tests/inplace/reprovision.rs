@@ -4,6 +4,7 @@
 //! patch, a registry and mirrors, and stand-in machine-config-daemon and extraction programs
 //! that record what they were given.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::os::unix::fs::PermissionsExt;

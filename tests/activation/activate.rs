@@ -2,6 +2,7 @@
 //! mutual TLS with CAs made at test time, and stand-in kubeadm/kubelet programs that record
 //! their arguments (and the config files they were given) next to themselves.
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
