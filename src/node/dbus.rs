@@ -7,33 +7,36 @@ use zbus::Connection;
 
 use crate::error::{Error, Result};
 
-#[zbus::proxy(
-    interface = "com.coreos.update1.Manager",
-    default_service = "com.coreos.update1",
-    default_path = "/com/coreos/update1"
-)]
-trait UpdateEngine {
-    fn attempt_update(&self) -> zbus::Result<()>;
-    fn get_status(&self) -> zbus::Result<(i64, f64, String, String, i64)>;
-    #[zbus(signal)]
-    fn status_update(
-        &self,
-        last_checked_time: i64,
-        progress: f64,
-        current_operation: String,
-        new_version: String,
-        new_size: i64,
-    ) -> zbus::Result<()>;
+// Plain method calls and one match rule rather than zbus' generated proxies: the same wire
+// messages for less code in a size-capped binary.
+const UE_SERVICE: &str = "com.coreos.update1";
+const UE_PATH: &str = "/com/coreos/update1";
+const UE_IFACE: &str = "com.coreos.update1.Manager";
+const SD_SERVICE: &str = "org.freedesktop.systemd1";
+const SD_PATH: &str = "/org/freedesktop/systemd1";
+const SD_IFACE: &str = "org.freedesktop.systemd1.Manager";
+
+/// `GetStatus` and the `StatusUpdate` signal: (last checked time, progress, current
+/// operation, new version, new size).
+type RawStatus = (i64, f64, String, String, i64);
+
+async fn get_status(conn: &Connection) -> zbus::Result<RawStatus> {
+    conn.call_method(Some(UE_SERVICE), UE_PATH, Some(UE_IFACE), "GetStatus", &())
+        .await?
+        .body()
+        .deserialize()
 }
 
-#[zbus::proxy(
-    interface = "org.freedesktop.systemd1.Manager",
-    default_service = "org.freedesktop.systemd1",
-    default_path = "/org/freedesktop/systemd1"
-)]
-trait Systemd {
-    fn start_unit(&self, name: &str, mode: &str) -> zbus::Result<zbus::OwnedObjectPath>;
-    fn reload(&self) -> zbus::Result<()>;
+async fn call_systemd<B, R>(method: &str, body: &B) -> zbus::Result<R>
+where
+    B: serde::Serialize + zbus::zvariant::DynamicType,
+    R: for<'d> zbus::zvariant::DynamicDeserialize<'d>,
+{
+    let conn = Connection::system().await?;
+    conn.call_method(Some(SD_SERVICE), SD_PATH, Some(SD_IFACE), method, body)
+        .await?
+        .body()
+        .deserialize()
 }
 
 pub const NEED_REBOOT: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
@@ -46,8 +49,8 @@ pub struct Status {
     pub progress: f64,
 }
 
-impl From<(i64, f64, String, String, i64)> for Status {
-    fn from(t: (i64, f64, String, String, i64)) -> Self {
+impl From<RawStatus> for Status {
+    fn from(t: RawStatus) -> Self {
         Status {
             progress: t.1,
             operation: t.2,
@@ -118,8 +121,7 @@ fn verdict(s: &Status) -> Result<Option<Update>> {
 pub fn update_status() -> Result<Update> {
     let s = zbus::block_on(async {
         let conn = Connection::system().await?;
-        let ue = UpdateEngineProxy::new(&conn).await?;
-        Ok(Status::from(ue.get_status().await?))
+        Ok(Status::from(get_status(&conn).await?))
     });
     match s {
         Ok(s) => Ok(verdict(&s)?.unwrap_or(Update::None(s.operation))),
@@ -135,14 +137,27 @@ pub fn attempt_update(deadline: Duration, poll: Duration) -> Result<Update> {
         let rt =
             zruntime::SharedRuntime::current().map_err(|e| zbus::Error::InputOutput(e.into()))?;
         let conn = Connection::system().await?;
-        let ue = UpdateEngineProxy::new(&conn).await?;
-        let mut signals = ue.receive_status_update().await?;
-        ue.attempt_update().await?;
+        let rule = zbus::MatchRule::builder()
+            .msg_type(zbus::message::Type::Signal)
+            .sender(UE_SERVICE)
+            .path(UE_PATH)
+            .interface(UE_IFACE)
+            .member("StatusUpdate")
+            .build()?;
+        let mut signals = zbus::MessageStream::for_match_rule(rule, &conn, None).await?;
+        conn.call_method(
+            Some(UE_SERVICE),
+            UE_PATH,
+            Some(UE_IFACE),
+            "AttemptUpdate",
+            &(),
+        )
+        .await?;
         // Signals emitted before our call was answered describe the old state: drop them and
         // take a fresh GetStatus as the starting point.
         while let Ok(Some(_)) = rt.timeout(Duration::ZERO, next(&mut signals)).await {}
         let end = Instant::now() + deadline;
-        let mut status = Status::from(ue.get_status().await?);
+        let mut status = Status::from(get_status(&conn).await?);
         let mut last_logged = String::new();
         loop {
             if status.operation != last_logged {
@@ -159,15 +174,8 @@ pub fn attempt_update(deadline: Duration, poll: Duration) -> Result<Update> {
                 return Ok(status);
             }
             match rt.timeout(poll.min(end - now), next(&mut signals)).await {
-                Ok(Some(sig)) => {
-                    let a = sig.args()?;
-                    status = Status {
-                        operation: a.current_operation,
-                        new_version: a.new_version,
-                        progress: a.progress,
-                    };
-                }
-                Ok(None) | Err(_) => status = Status::from(ue.get_status().await?),
+                Ok(Some(sig)) => status = Status::from(sig?.body().deserialize::<RawStatus>()?),
+                Ok(None) | Err(_) => status = Status::from(get_status(&conn).await?),
             }
         }
     });
@@ -193,11 +201,8 @@ fn next<S: futures_core::Stream + Unpin>(
 
 /// `daemon-reload` through systemd on the system bus.
 pub fn systemd_reload() -> Result<()> {
-    zbus::block_on(async {
-        let conn = Connection::system().await?;
-        SystemdProxy::new(&conn).await?.reload().await
-    })
-    .map_err(|e| Error::failed(format!("systemd Reload over D-Bus: {e}")))
+    zbus::block_on(call_systemd::<_, ()>("Reload", &()))
+        .map_err(|e| Error::failed(format!("systemd Reload over D-Bus: {e}")))
 }
 
 /// Queue `reboot.target`; the job cannot be cancelled by later jobs.
@@ -211,13 +216,10 @@ pub fn systemd_start(unit: &str) -> Result<String> {
 }
 
 fn start_unit(unit: &str, mode: &str) -> Result<String> {
-    zbus::block_on(async {
-        let conn = Connection::system().await?;
-        let job = SystemdProxy::new(&conn)
-            .await?
-            .start_unit(unit, mode)
-            .await?;
-        Ok::<_, zbus::Error>(job.to_string())
-    })
+    zbus::block_on(call_systemd::<_, zbus::OwnedObjectPath>(
+        "StartUnit",
+        &(unit, mode),
+    ))
+    .map(|job| job.to_string())
     .map_err(|e| Error::failed(format!("systemd StartUnit({unit}) over D-Bus: {e}")))
 }
