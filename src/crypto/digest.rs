@@ -1,10 +1,15 @@
 //! Digests: `sha512-<hex>` (torcx, Ignition) and `sha256:<hex>` notations, computed while a
 //! payload streams (coreos-installer's verify-while-reading shape). The one place that names
-//! the SHA-2 implementation nodestrap's own code uses.
+//! the SHA-2 implementation nodestrap's own code uses: ring's, chosen by measurement (bench/,
+//! README "Benchmarks"): as fast as the sha2 crate at opt-level 3 for SHA-512 and 4x faster
+//! than it at the binary's opt-level "z" for SHA-256, since its assembly does not depend on
+//! the optimisation level; and already in the binary for TLS. (sequoia-openpgp brings the sha2
+//! crate along for its own signatures.)
 
 use std::io::{self, Read, Write};
+use std::sync::mpsc;
 
-use sha2::Digest as _;
+use ring::digest;
 
 /// A digest in Ignition/torcx notation: `sha512-<hex>` (also `sha256-`, `sha384-`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,9 +47,9 @@ impl Digest {
 
     pub fn hasher(&self) -> Hasher {
         match self.algo {
-            Algo::Sha256 => Hasher::Sha256(sha2::Sha256::new()),
-            Algo::Sha384 => Hasher::Sha384(sha2::Sha384::new()),
-            Algo::Sha512 => Hasher::Sha512(sha2::Sha512::new()),
+            Algo::Sha256 => Hasher(digest::Context::new(&digest::SHA256)),
+            Algo::Sha384 => Hasher(digest::Context::new(&digest::SHA384)),
+            Algo::Sha512 => Hasher(digest::Context::new(&digest::SHA512)),
         }
     }
 
@@ -74,26 +79,14 @@ impl std::fmt::Display for Digest {
     }
 }
 
-pub enum Hasher {
-    Sha256(sha2::Sha256),
-    Sha384(sha2::Sha384),
-    Sha512(sha2::Sha512),
-}
+pub struct Hasher(digest::Context);
 
 impl Hasher {
     pub fn update(&mut self, b: &[u8]) {
-        match self {
-            Hasher::Sha256(h) => h.update(b),
-            Hasher::Sha384(h) => h.update(b),
-            Hasher::Sha512(h) => h.update(b),
-        }
+        self.0.update(b)
     }
     pub fn finish_hex(self) -> String {
-        match self {
-            Hasher::Sha256(h) => hex(&h.finalize()),
-            Hasher::Sha384(h) => hex(&h.finalize()),
-            Hasher::Sha512(h) => hex(&h.finalize()),
-        }
+        hex(self.0.finish().as_ref())
     }
 }
 
@@ -102,33 +95,82 @@ pub enum CopyError {
     Write(io::Error),
 }
 
-/// Copy `r` into `w`, hashing every byte. TLS hands out 16 KiB records; the buffer is filled
-/// before it is hashed and written, because SHA-2 and write(2) both run far faster on large
-/// chunks (SHA-512 here: 1.6 s per 512 MiB in 256 KiB updates, 2.3 s in 8 KiB ones).
+/// Bytes read, written and hashed at a time. TLS hands out 16 KiB records; SHA-2 and
+/// write(2) both run far faster on large chunks (SHA-512 here: 1.6 s per 512 MiB in 256 KiB
+/// updates, 2.3 s in 8 KiB ones).
+const CHUNK: usize = 256 << 10;
+/// Chunks in flight: one being read, one being hashed, one spare. Memory stays flat in the
+/// payload size (768 KiB).
+const CHUNKS: usize = 3;
+
+/// Copy `r` into `w`, hashing every byte. Hashing runs on a second thread, one chunk behind
+/// reading and writing: SHA-512 costs as much as decrypting, copying and writing together, so
+/// a download is hashed at the speed of one of the two rather than their sum (bench/fetch).
+/// A thread that cannot be started is a read error (a download is tried again).
 pub fn copy_hashing(
     r: &mut impl Read,
     h: &mut Hasher,
     w: &mut impl Write,
 ) -> std::result::Result<u64, CopyError> {
-    let mut buf = vec![0u8; 256 << 10];
-    let mut total = 0u64;
-    loop {
-        let mut filled = 0;
-        while filled < buf.len() {
-            match r.read(&mut buf[filled..]) {
-                Ok(0) => break,
-                Ok(k) => filled += k,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(CopyError::Read(e)),
+    std::thread::scope(|scope| {
+        let (to_hash, hash_queue) = mpsc::sync_channel::<Vec<u8>>(CHUNKS);
+        let (give_back, returned) = mpsc::sync_channel::<Vec<u8>>(CHUNKS);
+        let hashing = std::thread::Builder::new()
+            .name("hash".into())
+            .spawn_scoped(scope, move || {
+                for chunk in hash_queue {
+                    h.update(&chunk);
+                    if give_back.send(chunk).is_err() {
+                        break;
+                    }
+                }
+            });
+        let hashing = hashing.map_err(|e| {
+            CopyError::Read(io::Error::new(
+                e.kind(),
+                format!("starting the hashing thread: {e}"),
+            ))
+        })?;
+        let mut spare: Vec<Vec<u8>> = (0..CHUNKS).map(|_| Vec::new()).collect();
+        let mut total = 0u64;
+        loop {
+            let mut chunk = match spare.pop() {
+                Some(c) => c,
+                // The hasher gives every chunk back unless it is gone, which it is not
+                // while `to_hash` lives.
+                None => returned.recv().unwrap_or_default(),
+            };
+            let filled = fill(r, &mut chunk).map_err(CopyError::Read)?;
+            if filled == 0 {
+                break;
+            }
+            w.write_all(&chunk).map_err(CopyError::Write)?;
+            total += filled as u64;
+            if to_hash.send(chunk).is_err() {
+                break;
             }
         }
-        if filled == 0 {
-            return Ok(total);
+        drop(to_hash);
+        let _ = hashing.join();
+        Ok(total)
+    })
+}
+
+/// Read into `chunk` until it holds `CHUNK` bytes or `r` ends; `chunk` is cut to what was
+/// read, and that length returned.
+fn fill(r: &mut impl Read, chunk: &mut Vec<u8>) -> io::Result<usize> {
+    chunk.resize(CHUNK, 0);
+    let mut filled = 0;
+    while filled < CHUNK {
+        match r.read(&mut chunk[filled..]) {
+            Ok(0) => break,
+            Ok(k) => filled += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
         }
-        h.update(&buf[..filled]);
-        w.write_all(&buf[..filled]).map_err(CopyError::Write)?;
-        total += filled as u64;
     }
+    chunk.truncate(filled);
+    Ok(filled)
 }
 
 /// Lowercase hex.
@@ -143,7 +185,9 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// SHA-256 of a whole buffer.
 pub fn sha256(b: &[u8]) -> [u8; 32] {
-    sha2::Sha256::digest(b).into()
+    let mut out = [0u8; 32];
+    out.copy_from_slice(digest::digest(&digest::SHA256, b).as_ref());
+    out
 }
 
 #[cfg(test)]
@@ -161,5 +205,54 @@ mod tests {
         assert!(Digest::parse(&format!("sha256-{}", "g".repeat(64))).is_none());
         let up = Digest::parse(&format!("sha256-{}", "AB".repeat(32))).unwrap();
         assert_eq!(up.hex, "ab".repeat(32));
+    }
+
+    #[test]
+    fn copy_hashing_hashes_and_writes_every_byte_in_order() {
+        let data: Vec<u8> = (0..3 * CHUNK + 5)
+            .map(|i| (i * 7 + i / 251) as u8)
+            .collect();
+        for len in [0, 1, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 5] {
+            let src = &data[..len];
+            let want = hex(ring::digest::digest(&digest::SHA512, src).as_ref());
+            // A reader that hands out odd-sized pieces, as TLS does.
+            struct Pieces<'a>(&'a [u8], usize);
+            impl Read for Pieces<'_> {
+                fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+                    self.1 = self.1 % 5 + 1;
+                    let n = b.len().min(self.0.len()).min(self.1 * 4099);
+                    b[..n].copy_from_slice(&self.0[..n]);
+                    self.0 = &self.0[n..];
+                    Ok(n)
+                }
+            }
+            let mut h = Digest::parse(&format!("sha512-{want}")).unwrap().hasher();
+            let mut out = Vec::new();
+            let n = match copy_hashing(&mut Pieces(src, 0), &mut h, &mut out) {
+                Ok(n) => n,
+                Err(_) => panic!("copy of {len} bytes failed"),
+            };
+            assert_eq!((n, out.as_slice()), (len as u64, src), "{len}");
+            assert_eq!(h.finish_hex(), want, "{len}");
+        }
+        // A failing reader or writer is told apart.
+        struct Broken;
+        impl Read for Broken {
+            fn read(&mut self, _: &mut [u8]) -> io::Result<usize> {
+                Err(io::Error::other("reset"))
+            }
+        }
+        let mut h = Digest::parse(&format!("sha256-{}", "0".repeat(64)))
+            .unwrap()
+            .hasher();
+        assert!(matches!(
+            copy_hashing(&mut Broken, &mut h, &mut io::sink()),
+            Err(CopyError::Read(_))
+        ));
+        let mut full = [0u8; 10];
+        assert!(matches!(
+            copy_hashing(&mut &data[..100], &mut h, &mut &mut full[..]),
+            Err(CopyError::Write(_))
+        ));
     }
 }
