@@ -1,4 +1,4 @@
-# Used by tests/bench-fetch.sh: a local "release server" for torcx images.
+# Used by bench/fetch: a local "release server" for torcx images.
 # Source it from the repository's top, then: ns_begin TAG; ns_publish OS FILE VERSION;
 # ns_node ROOT OS TAG MINOR VERSION; ns_args ROOT.
 # Everything (CA, server certificate, OpenPGP key) is made for the run; nginx serves WORK/www
