@@ -7,10 +7,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo fmt --check
 .ci/licenses --check
-# Both release binaries, static and under 4 MiB (.ci/build-release checks and prints sizes).
+# The import rule of README.md's Layout: families over floors, no cycles.
+.ci/check-layout
+# Both release binaries, static-pie, stripped and under 4 MiB (.ci/build-release checks them and
+# prints their sizes and each crate's cost).
 builds=$(.ci/build-release)
 x86=$(sed -n 's/^x86_64-unknown-linux-musl=//p' <<<"$builds")
 arm=$(sed -n 's/^aarch64-unknown-linux-musl=//p' <<<"$builds")
+# docs/: each command's options are its --help; links and citations resolve.
+.ci/check-docs "$x86"
 # Unit tests, then the integration tests against each release binary: the arm64 one under
 # qemu-user (NODESTRAP_RUNNER), so its board fallback and syscalls are exercised, not only built.
 NODESTRAP_BIN=$x86 cargo test --locked

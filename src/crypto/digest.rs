@@ -1,10 +1,10 @@
 //! Digests: `sha512-<hex>` (torcx, Ignition) and `sha256:<hex>` notations, computed while a
 //! payload streams (coreos-installer's verify-while-reading shape). The one place that names
-//! the SHA-2 implementation nodestrap's own code uses: ring's, chosen by measurement (bench/,
-//! README "Benchmarks"): as fast as the sha2 crate at opt-level 3 for SHA-512 and 4x faster
-//! than it at the binary's opt-level "z" for SHA-256, since its assembly does not depend on
-//! the optimisation level; and already in the binary for TLS. (sequoia-openpgp brings the sha2
-//! crate along for its own signatures.)
+//! the SHA-2 implementation nodestrap's own code uses: ring's, chosen by measurement
+//! (docs/build.md, "One SHA-2"): as fast as the sha2 crate at opt-level 3 for SHA-512 and 4x
+//! faster than it at the binary's opt-level "z" for SHA-256, since its assembly does not depend
+//! on the optimisation level; and already in the binary for TLS. (sequoia-openpgp brings the
+//! sha2 crate along for its own signatures.)
 
 use std::io::{self, Read, Write};
 use std::sync::mpsc;

@@ -1,5 +1,5 @@
 //! RHCOS: the Ignition config a machine-config-server serves, completed the way IBM's in-place
-//! bootstrapper does it (ignition.md 4–5) and wrapped as the MachineConfig that
+//! bootstrapper does it (docs/reprovision.md, RHCOS) and wrapped as the MachineConfig that
 //! `machine-config-daemon firstboot-complete-machineconfig` reads.
 
 use std::io::Read;

@@ -1,10 +1,10 @@
-//! `nodestrap reprovision` and `nodestrap preflight`: IBM's in-place bootstrapper (ignition.md
-//! 5). An operator cordons a node and labels it; a DaemonSet pod with the host's root and a
+//! `nodestrap reprovision` and `nodestrap preflight`: IBM's in-place bootstrapper
+//! (docs/reprovision.md). An operator cordons a node and labels it; a DaemonSet pod with the host's root and a
 //! Secret mounted re-bootstraps the node in place and reboots it into its new configuration.
 //!
 //! RHCOS: the machine-config-server's Ignition config, completed with the kubeconfig and the
 //! node annotations, is handed to `machine-config-daemon firstboot-complete-machineconfig`
-//! (ignition.md 4), which writes it out and reboots. RHEL: a bootstrap payload is unpacked and
+//! which writes it out and reboots. RHEL: a bootstrap payload is unpacked and
 //! its entry script run, then the node reboots. A state file under the root makes a re-run
 //! after a crash converge and a run on a finished node do nothing.
 

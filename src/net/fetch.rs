@@ -207,7 +207,7 @@ impl AttemptLimits {
     }
 }
 
-/// Defaults of `--fetch-timeout`, `--fetch-min-rate` and `--fetch-min-rate-window` (README).
+/// Defaults of `--fetch-timeout`, `--fetch-min-rate` and `--fetch-min-rate-window` (docs/bootstrap.md, "Deadlines").
 pub const DEFAULT_ATTEMPT_SECS: u64 = 300;
 pub const DEFAULT_MIN_RATE: u64 = 1024;
 pub const DEFAULT_RATE_WINDOW_SECS: u64 = 30;

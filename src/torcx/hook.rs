@@ -1,4 +1,4 @@
-//! `nodestrap hook`: tectonic-torcx's pre-reboot hook for the update operator (torcx.md 7),
+//! `nodestrap hook`: tectonic-torcx's pre-reboot hook for the update operator (docs/hook.md),
 //! run in the cluster as a DaemonSet on nodes about to reboot into a new OS version. It
 //! stages the runtime for that version with bootstrap's own code, drops stores of older OS
 //! versions, and annotates the Node. It never updates the OS, writes kubelet.env, reboots,

@@ -1,5 +1,5 @@
 //! What bootstrap and the hook share: the node's OS (os-release), the versions wanted, signed
-//! manifests, and staging the runtime image under the profile (torcx.md 2.2 steps 5-8).
+//! manifests, and staging the runtime image under the profile (docs/bootstrap.md, steps 5-8).
 
 use crate::crypto::openpgp::Keyring;
 use crate::error::{Error, Result};

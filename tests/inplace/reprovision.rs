@@ -42,7 +42,7 @@ fn decode(source: &str) -> Vec<u8> {
         .unwrap()
 }
 
-/// What a machine-config-server serves for a worker (ignition.md 4.4–4.5).
+/// What a machine-config-server serves for a worker (docs/reprovision.md, RHCOS).
 fn served_config() -> Value {
     let mc = json!({"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfig",
         "metadata": {"name": RENDERED},

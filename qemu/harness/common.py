@@ -1,0 +1,92 @@
+"""What every part of the QEMU harness shares: the run's constants, console and command
+helpers, reading a node's disk, and the Scenario record."""
+import os
+import re
+import socket
+import subprocess
+import time
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # qemu/
+TOP = os.path.dirname(HERE)
+OS_VERSION = "2345.3.0"  # qemu/guest/layout's VERSION_ID
+NEXT_OS = "2401.0.0"
+API_VERSION = "v1.10.2+coreos.0"
+INSTALLER_TAG = "v1.9.6_coreos.0"
+DOCKER = "17.06"
+GUEST_HOST = "10.0.2.2"
+RHCOS_NODE = "node-rhcos"  # qemu/rhcos/ipb-reprovision.service's NODE
+IPB_LABEL = "ibm-cloud.kubernetes.io/ipb-schedule"
+RENDERED = "rendered-worker-6f0c1d2e3a"
+MCO_IMAGE = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "cd" * 32  # the host's 127.0.0.1 as QEMU's user network shows it to the guest
+KUBELET_RE = re.compile(r"nodestrap-qemu: kubelet started (.*)")
+QUIET = os.environ.get("NODESTRAP_QEMU_QUIET") == "1"
+# NODESTRAP_QEMU_DEADLINE: seconds the whole run may take (CI sets one); boots past it fail.
+DEADLINE = time.time() + float(os.environ.get("NODESTRAP_QEMU_DEADLINE", "1e9"))
+
+# One line per event worth seeing in the timeline.
+TIMELINE = [
+    (re.compile(r"Linux version \S+"), "kernel"),
+    (re.compile(r"Finished (ignition-files\.service|nodestrap-initrd\.service|k8s-node-bootstrap\.service)"), "systemd"),
+    (re.compile(r"Failed to start (\S+\.service)"), "systemd"),
+    (re.compile(r"Started (k8s-node-bootstrap\.service|kubelet\.service|bootkube\.service)"), "systemd"),
+    (re.compile(r"nodestrap\[\d+\]: (.*)"), "nodestrap"),
+    (re.compile(r"Switching root"), "initrd"),
+    (re.compile(r"torcx-generator: (.*)"), "torcx"),
+    (re.compile(r"nodestrap-generator: (.*)"), "initrd"),
+    (re.compile(r"nodestrap-resolv\[\d+\]: (.*)"), "initrd"),
+    (re.compile(r"nodestrap-qemu: (.*)"), "guest"),
+    (re.compile(r"fake_update_engine\.py\[\d+\]: (.*)"), "update"),
+    (re.compile(r"reboot: (Restarting system|Power down)"), "power"),
+    (re.compile(r"(A (?:stop|start) job is running for .*?) \("), "waiting"),
+]
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+SIG_FAIL = "signature check against keyring"
+
+
+def say(msg):
+    print(msg, flush=True)
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, text=True, **kw)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+def disk_file(raw, node_path):
+    r = subprocess.run(["debugfs", "-R", "cat " + node_path, raw], capture_output=True)
+    return r.stdout if r.returncode == 0 and b"File not found" not in r.stderr else None
+
+
+def disk_ls(raw, node_dir):
+    r = subprocess.run(["debugfs", "-R", "ls -p " + node_dir, raw], capture_output=True, text=True)
+    names = []
+    for line in r.stdout.splitlines():
+        parts = line.strip("/").split("/")
+        if len(parts) >= 5 and parts[4] not in (".", ".."):
+            names.append(parts[4])
+    return sorted(names)
+
+class Scenario:
+    def __init__(self, name, doc, initrd, boots, tag, os_after, api_up=True, upgrade_os=False,
+                 update_engine=None, master=False, tamper=False, stores=(OS_VERSION,), runner=None):
+        self.__dict__.update(locals())
+        del self.__dict__["self"]
+
+def note(events, now, boots, line):
+    """Add the console line to the timeline if it is an event worth seeing."""
+    for rx, kind in TIMELINE:
+        m = rx.search(line)
+        if m:
+            text = m.group(0) if kind == "systemd" else m.group(1) if m.groups() else m.group(0)
+            if events and events[-1][1:] == (boots, kind, text):
+                return  # the console repeats status lines
+            events.append((now, boots, kind, text))
+            if not QUIET:
+                say("%7.1fs  boot %d  %-9s %s" % (now, boots, kind, text[:150]))
+            return

@@ -1,0 +1,217 @@
+"""The torcx family: firstboot, initrd, tampered, apiserver-down, os-update."""
+import hashlib
+import json
+import os
+import re
+import subprocess
+import time
+
+from harness.common import *  # noqa: F401,F403
+from harness.vm import Boot
+from harness.inplace import run_reprovision
+
+
+SCENARIOS = [
+    Scenario("firstboot", "Ignition delivers the units; bootstrap on the real root; one reboot",
+             initrd=False, boots=2, tag="v1.10.2_coreos.0", os_after=OS_VERSION),
+    Scenario("initrd", "the dracut hook stages everything before switch-root; no reboot",
+             initrd=True, boots=1, tag="v1.10.2_coreos.0", os_after=OS_VERSION, master=True),
+    Scenario("tampered", "bad manifest signature: nothing staged, unit retries, converges once fixed",
+             initrd=True, boots=2, tag="v1.10.2_coreos.0", os_after=OS_VERSION, tamper=True),
+    Scenario("apiserver-down", "no API server: the version comes from the image's installer kubelet.env",
+             initrd=True, boots=1, tag=INSTALLER_TAG, os_after=OS_VERSION, api_up=False),
+    Scenario("os-update", "update_engine reports an update: both stores staged, one reboot",
+             initrd=False, boots=2, tag="v1.10.2_coreos.0", os_after=NEXT_OS, upgrade_os=True,
+             update_engine=("UPDATE_ENGINE_ARGS=--on-attempt UPDATE_STATUS_CHECKING_FOR_UPDATE,"
+                            "UPDATE_STATUS_UPDATE_AVAILABLE,UPDATE_STATUS_DOWNLOADING,UPDATE_STATUS_VERIFYING,"
+                            "UPDATE_STATUS_FINALIZING,UPDATE_STATUS_UPDATED_NEED_REBOOT --new-version %s --step 1\n"
+                            "NEW_VERSION=%s\n" % (NEXT_OS, NEXT_OS)),
+             stores=(OS_VERSION, NEXT_OS)),
+    Scenario("reprovision-rhcos", "an RHCOS-like node re-bootstraps in place through the machine-config-daemon",
+             initrd=False, boots=2, tag=None, os_after=None),
+]
+
+
+def run_scenario(s, sc, accel, boot_timeout):
+    """Returns (ok, boots, seconds to kubelet or None, problems)."""
+    if sc.name == "reprovision-rhcos":
+        return run_reprovision(s, sc, accel, boot_timeout)
+    say("\n=== %s: %s" % (sc.name, sc.doc))
+    files = s.node_files(sc.name, api_up=sc.api_up, upgrade_os=sc.upgrade_os,
+                         update_engine=sc.update_engine, master=sc.master,
+                         installer_files=sc.api_up)
+    config = s.path(sc.name + ".ign")
+    with open(config, "w") as f:
+        run([os.path.join(TOP, "ignition/render"), "master" if sc.master else "worker"] + files, stdout=f)
+    run(["ignition-validate", config])
+    disk = s.path(sc.name + ".qcow2")
+    run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", s.images["NODE_IMAGE"], "-F", "raw", disk])
+    base = ["root=LABEL=root", "rw", "console=ttyS0", "loglevel=5", "panic=-1", "rd.shell=0",
+            "rd.emergency=poweroff", "systemd.show_status=1"]
+    if not sc.initrd:
+        base.append("rd.nodestrap=0")
+    if os.environ.get("NODESTRAP_QEMU_DEBUG") == "1":
+        base.append("systemd.journald.forward_to_console=1")
+    problems = []
+    events = []  # (seconds, boot, kind, text)
+    t0 = time.time()
+    kubelet = None
+    sig_failures = 0
+    healed = False
+    if sc.tamper:
+        s.tamper(True)
+    boots = 0
+    b = None
+    try:
+        while kubelet is None and not problems:
+            boots += 1
+            if boots > sc.boots + 1:
+                problems.append("more than %d boots" % sc.boots)
+                break
+            kargs = base + (["ignition.firstboot", "ignition.platform.id=qemu"] if boots == 1 else [])
+            log = s.path("%s-boot%d.log" % (sc.name, boots))
+            b = Boot(s, boots, disk, config, kargs, accel, log)
+            deadline = min(time.time() + boot_timeout, DEADLINE)
+            rebooted = False
+            while True:
+                exited = b.proc.poll() is not None
+                for line in b.lines():
+                    line = ANSI.sub("", line)
+                    now = time.time() - t0
+                    note(events, now, boots, line)
+                    if "reboot: Restarting system" in line:
+                        rebooted = True
+                    if sc.tamper and "nodestrap[" in line and SIG_FAIL in line:
+                        sig_failures += 1
+                        # Failed in the initramfs and twice on the real root: the unit keeps
+                        # retrying and nothing was staged. Now serve the good signature.
+                        if sig_failures >= 3 and not healed:
+                            s.tamper(False)
+                            healed = True
+                            events.append((now, boots, "harness", "signature fixed"))
+                            say("%7.1fs  boot %d  harness   signature fixed on the server after %d failures"
+                                % (now, boots, sig_failures))
+                    m = KUBELET_RE.search(line)
+                    if m and kubelet is None:
+                        kubelet = (now, m.group(1))
+                # A master goes on until tectonic ran (bootkube and tectonic come after the
+                # kubelet started), a worker stops at the kubelet.
+                if kubelet and (not sc.master or any(e[3] == "tectonic ran" for e in events)
+                                or time.time() - t0 - kubelet[0] > 120):
+                    b.kill()
+                    break
+                if exited:
+                    if not rebooted:
+                        problems.append("boot %d ended without a reboot or the kubelet (see %s)" % (boots, log))
+                    break
+                if time.time() > deadline:
+                    b.kill()
+                    problems.append("boot %d: no kubelet within %d s or past the run's deadline (see %s)"
+                                    % (boots, boot_timeout, log))
+                    break
+                time.sleep(0.5)
+    finally:
+        if b is not None:
+            b.kill()
+        if sc.tamper and not healed:
+            s.tamper(False)
+    if problems:
+        for p in problems:
+            say("  problem: " + p)
+        tail = open(log, errors="replace").read().splitlines()[-40:]
+        say("  last lines of %s:\n    %s" % (log, "\n    ".join(tail)))
+        return False, boots, None, problems
+    problems += check(s, sc, boots, kubelet[1], events, disk)
+    for p in problems:
+        say("  problem: " + p)
+    return not problems, boots, kubelet[0], problems
+
+
+def check(s, sc, boots, kubelet_line, events, disk):
+    """What the scenario promises, from the markers and from the disk the node left."""
+    p = []
+    if boots != sc.boots:
+        p.append("%d boots, expected %d" % (boots, sc.boots))
+    fields = dict(re.findall(r"(\S+?)=('[^']*'|\S+)", kubelet_line))
+    want = {"KUBELET_IMAGE_TAG": sc.tag, "torcx-docker": DOCKER, "os": sc.os_after,
+            "KUBELET_IMAGE_URL": "quay.io/coreos/hyperkube"}
+    for k, v in want.items():
+        if fields.get(k) != v:
+            p.append("kubelet started with %s=%s, expected %s" % (k, fields.get(k), v))
+    if "Docker version %s " % DOCKER not in fields.get("docker", ""):
+        p.append("torcx's docker binary says %s, expected %s" % (fields.get("docker"), DOCKER))
+    texts = [(boot, kind, t) for _, boot, kind, t in events]
+    staged_in_initrd = any(k == "nodestrap" and "bootstrap done" in t and b == 1 for b, k, t in texts)
+    if sc.initrd and not sc.tamper and not staged_in_initrd:
+        p.append("the initramfs did not report 'bootstrap done'")
+    gen = [b for b, k, t in texts if k == "initrd" and "nodestrap-initrd.service enabled" in t]
+    if sc.initrd and gen != [1]:
+        p.append("nodestrap-generator enabled the initramfs unit in boots %r, expected [1]" % gen)
+    if not sc.initrd and gen:
+        p.append("nodestrap-generator enabled the initramfs unit despite rd.nodestrap=0 (boots %r)" % gen)
+    if sc.initrd and not any(k == "initrd" and "resolv.conf from systemd-networkd: 10.0.2.3" in t for _, k, t in texts):
+        p.append("the initramfs did not get /etc/resolv.conf from systemd-networkd's DHCP lease")
+    if sc.api_up is False and not any(re.match(r"Kubernetes version \S+ \(from KUBELET_IMAGE_TAG in ", t)
+                                      for _, k, t in texts if k == "nodestrap"):
+        p.append("no log line says the version came from the installer kubelet.env")
+    if sc.tamper:
+        fails = [t for b, k, t in texts if k == "nodestrap" and SIG_FAIL in t]
+        if len(fails) < 3:
+            p.append("expected the signature failure in the initramfs and at least twice on the root, saw %d" % len(fails))
+        # Until the server signed correctly: nothing staged, no kubelet.env, no kubelet.
+        for _, boot, kind, t in events:
+            if kind == "harness":
+                break
+            if kind == "nodestrap" and re.search(r"downloaded|now names|wrote |bootstrap done", t) or (
+                    kind == "systemd" and t.startswith("Started kubelet")):
+                p.append("before the signature was fixed: %s" % t)
+    if sc.master:
+        # bootkube waits for the kubelet to be started (systemd's "Started kubelet.service"),
+        # tectonic for bootkube to have completed.
+        seen = []
+        for _, _, kind, t in events:
+            if kind == "systemd" and t.startswith("Started kubelet.service"):
+                seen.append("kubelet")
+            elif kind == "guest" and t in ("bootkube ran", "tectonic ran"):
+                seen.append(t.split()[0])
+        for before, after in (("kubelet", "bootkube"), ("bootkube", "tectonic")):
+            if after not in seen:
+                p.append("%s never ran" % after)
+            elif before not in seen or seen.index(before) > seen.index(after):
+                p.append("%s ran before %s" % (after, before))
+    # The disk: kubelet.env, profile, store, and no temp files left anywhere nodestrap wrote.
+    raw = disk + ".raw"
+    run(["qemu-img", "convert", "-U", "-O", "raw", disk, raw])
+    try:
+        # The VM was stopped with the root mounted: replay the journal (on the copy) first, as
+        # the next mount would. 0 and 1 (errors corrected, e.g. free counts) are fine.
+        fsck = subprocess.run(["e2fsck", "-fy", raw], capture_output=True, text=True)
+        if fsck.returncode not in (0, 1):
+            p.append("e2fsck on the node's disk: exit %d: %s" % (fsck.returncode, fsck.stdout[-500:]))
+        env = (disk_file(raw, "/etc/kubernetes/kubelet.env") or b"").decode()
+        if "KUBELET_IMAGE_TAG=%s" % sc.tag not in env:
+            p.append("kubelet.env on disk: %r" % env)
+        nxt = (disk_file(raw, "/etc/torcx/next-profile") or b"").decode().strip()
+        prof = disk_file(raw, "/etc/torcx/profiles/%s.json" % (nxt or "tectonic"))
+        try:
+            images = json.loads(prof)["value"]["images"] if prof else []
+        except ValueError:
+            images = []
+        if nxt != "tectonic" or {"name": "docker", "reference": DOCKER} not in images:
+            p.append("profile on disk: next-profile %r, images %r" % (nxt, images))
+        for os_version in sc.stores:
+            d = "/var/lib/torcx/store/" + os_version
+            names = disk_ls(raw, d)
+            if names != ["docker:%s.torcx.tgz" % DOCKER]:
+                p.append("store %s holds %r" % (d, names))
+                continue
+            data = disk_file(raw, "%s/docker:%s.torcx.tgz" % (d, DOCKER)) or b""
+            if hashlib.sha512(data).hexdigest() != s.image_sha512:
+                p.append("%s/docker:%s.torcx.tgz does not match the published sha512" % (d, DOCKER))
+        for d in ("/etc/kubernetes", "/etc/torcx", "/etc/torcx/profiles"):
+            left = [n for n in disk_ls(raw, d) if ".nodestrap-" in n]
+            if left:
+                p.append("temp files left in %s: %r" % (d, left))
+    finally:
+        os.unlink(raw)
+    return p
