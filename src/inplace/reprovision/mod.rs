@@ -1,0 +1,384 @@
+//! `nodestrap reprovision` and `nodestrap preflight`: IBM's in-place bootstrapper
+//! (docs/reprovision.md). An operator cordons a node and labels it; a DaemonSet pod with the host's root and a
+//! Secret mounted re-bootstraps the node in place and reboots it into its new configuration.
+//!
+//! RHCOS: the machine-config-server's Ignition config, completed with the kubeconfig and the
+//! node annotations, is handed to `machine-config-daemon firstboot-complete-machineconfig`
+//! which writes it out and reboots. RHEL: a bootstrap payload is unpacked and
+//! its entry script run, then the node reboots. A state file under the root makes a re-run
+//! after a crash converge and a run on a finished node do nothing.
+
+mod preflight;
+mod rhcos;
+mod rhel;
+mod setup;
+mod state;
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::cli::Reprovision;
+use crate::error::{Error, Result};
+use crate::inplace::progress::Reporter;
+use crate::net::kube::Kube;
+use crate::node::reboot::{self, Rebooter, Requested};
+use crate::node::root::Root;
+
+pub use preflight::preflight;
+use preflight::*;
+use rhcos::*;
+use rhel::*;
+use setup::*;
+use state::*;
+
+/// `nodestrap reprovision`.
+pub fn run(a: &Reprovision) -> Result<()> {
+    // 0. Options, Secret, flow and clients (exit 2 on any configuration error).
+    let s = setup(a, true)?;
+    let node = s.node.clone().expect("need_node");
+    let kube = s.kube.as_ref().expect("need_node");
+    let flow = s.secrets.flow;
+    let target = s.secrets.target();
+    let boot = boot_id()?;
+    let progress = if a.dry_run {
+        Reporter::silent(&node, flow.name())
+    } else {
+        Reporter::new(
+            &s.open_tls,
+            s.secrets.progress_url.as_deref(),
+            s.secrets.progress_token.as_deref(),
+            &node,
+            flow.name(),
+        )
+    };
+
+    // 1. Where a previous run got to.
+    let prev = read_state(&s.root)?.filter(|st| {
+        let same = st.target == target && st.flow == flow.name();
+        if !same {
+            log::info!("state file is for another reprovision target; starting afresh");
+        }
+        same
+    });
+    if let Some(st) = &prev {
+        if st.phase == Phase::Done {
+            log::info!(
+                "node {node} was already reprovisioned for this target ({}); nothing to do",
+                st.config.as_deref().unwrap_or(flow.name())
+            );
+            summary(format_args!(
+                "nodestrap: reprovision already done node={node} flow={}",
+                flow.name()
+            ));
+            return Ok(());
+        }
+        // A hand-off the MCD already took (it renamed the config away) counts even when this
+        // process was killed before it could record `reboot-pending`.
+        let taken =
+            st.phase == Phase::HandedOff && flow == Flow::Rhcos && finished_on_disk(&s.root, flow);
+        if (st.phase == Phase::RebootPending || taken) && st.boot_id == boot {
+            // The MCD applied the config (or systemd accepted the reboot) in this boot: the
+            // node is going down. Fetching, patching and running the MCD again would only
+            // race it.
+            log::info!(
+                "node {node} was handed off in this boot and is rebooting into its new configuration; nothing to do"
+            );
+            if let Err(e) = crate::outln!(
+                "nodestrap: reprovision handed off node={node} flow={} (reboot pending)",
+                flow.name()
+            ) {
+                log::warn!("{e}");
+            }
+            return Ok(());
+        }
+        let after_hand_off = st.phase == Phase::HandedOff || st.phase == Phase::RebootPending;
+        if after_hand_off && st.boot_id != boot && finished_on_disk(&s.root, flow) {
+            let work = work_dir(&s.root)?;
+            let done = State {
+                phase: Phase::Done,
+                boot_id: boot.clone(),
+                ..st.clone()
+            };
+            if !a.dry_run {
+                write_state(&work, &done)?;
+            }
+            log::info!(
+                "node {node} rebooted into its new configuration since the hand-off; reprovision done"
+            );
+            summary(format_args!(
+                "nodestrap: reprovision done node={node} flow={}",
+                flow.name()
+            ));
+            return Ok(());
+        }
+    }
+    // RHEL: an entry script that succeeded is not run again; resume at the label.
+    // (`done`, and a hand-off followed by a reboot, returned above.)
+    let resume = flow == Flow::Rhel && prev.is_some();
+    let mut rendered = prev.as_ref().and_then(|p| p.config.clone());
+    let mut mcd = None;
+
+    if !resume {
+        // 2. Preflight: every dependency answers, or nothing is changed.
+        progress.report("preflight", "started", "checking dependencies");
+        let Preflight {
+            checks,
+            config,
+            payload_sha256,
+        } = preflight_checks(&s);
+        print_table(&checks)?;
+        let failed: Vec<String> = checks
+            .iter()
+            .filter(|c| !c.pass)
+            .map(|c| format!("{} {}: {}", c.check, c.target, c.detail))
+            .collect();
+        if !failed.is_empty() {
+            let msg = format!("preflight failed: {}", failed.join("; "));
+            progress.report("preflight", "failed", &msg);
+            return Err(Error::failed(format!("{msg}; nothing was changed")));
+        }
+        progress.report(
+            "preflight",
+            "succeeded",
+            &format!("{} checks passed", checks.len()),
+        );
+
+        // 3 and 4. Fetch, then configure.
+        let r = match flow {
+            Flow::Rhcos => rhcos_configure(a, &s, &progress, config.expect("rhcos preflight")).map(
+                |(name, bin)| {
+                    mcd = bin;
+                    Some(name)
+                },
+            ),
+            Flow::Rhel => rhel_configure(a, &s, &node, &progress, payload_sha256).map(|()| None),
+        };
+        rendered = match r {
+            Ok(r) => r,
+            Err(e) => {
+                progress.fail_once("configure", &e.to_string());
+                return Err(e);
+            }
+        };
+        if a.dry_run {
+            summary(format_args!(
+                "nodestrap: reprovision dry run node={node} flow={} (nothing changed)",
+                flow.name()
+            ));
+            return Ok(());
+        }
+        let work = work_dir(&s.root)?;
+        write_state(
+            &work,
+            &State {
+                flow: flow.name().into(),
+                target: target.clone(),
+                phase: Phase::Configured,
+                boot_id: boot.clone(),
+                config: rendered.clone(),
+            },
+        )?;
+    } else {
+        log::info!(
+            "the payload's entry script already succeeded in this boot; resuming at the label"
+        );
+        if a.dry_run {
+            summary(format_args!(
+                "nodestrap: reprovision dry run node={node} flow=rhel (nothing changed)"
+            ));
+            return Ok(());
+        }
+    }
+
+    // 5. The label goes before the reboot, so the kubelet never comes back with it and the
+    //    DaemonSet does not schedule here again. Its removal makes the DaemonSet delete this
+    //    pod: from here on SIGTERM is held off until the hand-off is complete.
+    hold_sigterm();
+    remove_label(kube, &node, &a.label)?;
+
+    // 6. Hand off: the state first, so a crash from here on is recognised after the reboot.
+    let work = work_dir(&s.root)?;
+    let handed = State {
+        flow: flow.name().into(),
+        target,
+        phase: Phase::HandedOff,
+        boot_id: boot,
+        config: rendered.clone(),
+    };
+    write_state(&work, &handed)?;
+    progress.report(
+        "reboot",
+        "started",
+        "handing the node over to its new configuration",
+    );
+    // Recorded as soon as the hand-off is accepted, so that a run again in this boot does not
+    // hand off a second time, even if this process is killed before it ends.
+    let pending = || {
+        let st = State {
+            phase: Phase::RebootPending,
+            ..handed.clone()
+        };
+        if let Err(e) = write_state(&work, &st) {
+            log::warn!("{e}");
+        }
+    };
+    let r = match flow {
+        Flow::Rhcos => mcd_hand_off(
+            a,
+            &s.root,
+            &mcd.expect("rhcos_configure found or extracted it"),
+        )
+        .inspect(|()| pending()),
+        // "succeeded" only once systemd accepted the job; then SIGTERM (the node going down)
+        // ends the wait at once with exit 0.
+        Flow::Rhel => rebooter(a, &s.root)
+            .request("reprovisioned in place (RHEL bootstrap payload applied)")
+            .and_then(|r| match r {
+                Requested::Queued(job) => {
+                    pending();
+                    progress.report(
+                        "reboot",
+                        "succeeded",
+                        &format!("reboot queued as systemd job {job}"),
+                    );
+                    reboot::wait_to_be_stopped(Duration::from_secs(600))
+                }
+                // Not accepted, so not "succeeded": the node still has to be rebooted.
+                Requested::Declined(why) => {
+                    pending();
+                    progress.report(
+                        "reboot",
+                        "skipped",
+                        &format!("not rebooting ({why}); the node must be rebooted to finish"),
+                    );
+                    Ok(())
+                }
+            }),
+    };
+    match r {
+        Ok(()) => {
+            if flow == Flow::Rhcos {
+                progress.report(
+                    "reboot",
+                    "succeeded",
+                    &format!(
+                        "machine-config-daemon applied {} and reboots the node",
+                        rendered.as_deref().unwrap_or("the config")
+                    ),
+                );
+            }
+            summary(format_args!(
+                "nodestrap: reprovision handed off node={node} flow={} config={}",
+                flow.name(),
+                rendered.as_deref().unwrap_or("-")
+            ));
+            Ok(())
+        }
+        Err(e) => {
+            progress.report("reboot", "failed", &e.to_string());
+            Err(e)
+        }
+    }
+}
+
+fn remove_label(kube: &Kube, node: &str, label: &str) -> Result<()> {
+    let patch = json!({"metadata": {"labels": {label: null}}});
+    let got = kube
+        .patch_node(node, &patch)
+        .map_err(|e| e.context(format!("removing label {label} from Node {node}")))?;
+    if got
+        .pointer("/metadata/labels")
+        .and_then(|l| l.get(label))
+        .is_some()
+    {
+        return Err(Error::failed(format!(
+            "Node {node}: the API server's answer still has label {label}"
+        )));
+    }
+    log::info!(
+        "Node {node}: label {label} removed (credentials from {})",
+        kube.source
+    );
+    Ok(())
+}
+
+fn rebooter(a: &Reprovision, root: &Root) -> Box<dyn Rebooter> {
+    match a.reboot.as_str() {
+        "host" => reboot::for_host_mount(a.dry_run),
+        "never" => reboot::for_run(root, false, a.dry_run),
+        _ => reboot::for_run(root, true, a.dry_run),
+    }
+}
+
+/// The DaemonSet deletes this pod as soon as the label is gone; kubelet's SIGTERM must not cut
+/// the hand-off short (the pod's grace period covers it). It only sets the stop flag (a
+/// handler, not SIG_IGN, so the programs we start get the default disposition back); once the
+/// reboot is queued, a SIGTERM that came during the hand-off, or any later one, ends the wait
+/// at once with exit 0.
+fn hold_sigterm() {
+    crate::node::signals::catch_sigterm();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v2_urls() {
+        assert_eq!(v2_url("quay.io"), "https://quay.io/v2/");
+        assert_eq!(
+            v2_url("https://mirror.example:5000/ocp4/release"),
+            "https://mirror.example:5000/v2/"
+        );
+        assert_eq!(v2_url("http://10.0.0.1:5000"), "http://10.0.0.1:5000/v2/");
+    }
+
+    #[test]
+    fn state_files_of_earlier_releases_still_read() {
+        for (text, phase) in [
+            ("configured", Phase::Configured),
+            ("handed-off", Phase::HandedOff),
+            ("reboot-pending", Phase::RebootPending),
+            ("done", Phase::Done),
+        ] {
+            let old = format!(
+                r#"{{"flow": "rhcos", "target": "sha256:ab", "phase": "{text}", "bootId": "b1", "config": "rendered-worker-1"}}"#
+            );
+            let st: State = serde_json::from_str(&old).unwrap();
+            assert_eq!(st.phase, phase);
+            // Written back as it was read.
+            let again: serde_json::Value = serde_json::to_value(&st).unwrap();
+            assert_eq!(
+                again,
+                serde_json::from_str::<serde_json::Value>(&old).unwrap()
+            );
+        }
+        assert!(serde_json::from_str::<State>(
+            r#"{"flow": "rhcos", "target": "t", "phase": "halfway", "bootId": "b"}"#
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn sha256_forms() {
+        let hex = "ab".repeat(32);
+        for v in [
+            hex.clone(),
+            format!("sha256:{hex}"),
+            format!("sha256-{hex}"),
+        ] {
+            assert_eq!(parse_sha256(&v).unwrap().hex, hex);
+        }
+        assert!(parse_sha256("sha512:ab").is_none());
+        assert!(parse_sha256(&"zz".repeat(32)).is_none());
+    }
+
+    #[test]
+    fn short_statuses() {
+        assert_eq!(
+            short_status("GET https://x: HTTP 405 Method Not Allowed: no"),
+            "HTTP 405 Method Not Allowed"
+        );
+    }
+}

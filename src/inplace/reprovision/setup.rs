@@ -1,0 +1,409 @@
+//! What every step starts from: the flow, the Secret's keys, and the clients (step 0).
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::cli::Reprovision;
+use crate::crypto::digest::{self, Algo, Digest};
+use crate::error::{Error, Result};
+use crate::inplace::mco;
+use crate::net::fetch::{Http, Request, Retry, Staging, Tls};
+use crate::net::kube::Kube;
+use crate::net::kube::{api_client, check_key, node_name, NodeName};
+use crate::node::envfile::EnvFile;
+use crate::node::root::{Dir, Root, CONFIG_CAP};
+
+/// Where the state file and the scratch folders live on the node.
+pub(super) const WORK: &str = "/var/lib/nodestrap/reprovision";
+pub(super) const STATE: &str = "state.json";
+pub(super) const PAYLOAD_FILE: &str = "payload.tar.gz";
+pub(super) const PAYLOAD_DIR: &str = "payload";
+pub(super) const MCD_DIR: &str = "mcd";
+pub(super) const OS_RELEASE: &[&str] = &["/etc/os-release", "/usr/lib/os-release"];
+/// The kernel's id of this boot; tests point it elsewhere to stand for a reboot.
+pub(super) const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+pub(super) const BOOT_ID_ENV: &str = "NODESTRAP_BOOT_ID";
+pub(super) const IGNITION_CAP: u64 = 64 << 20;
+pub(super) const PAYLOAD_CAP: u64 = 4 << 30;
+pub(super) const EXTRACT_TIMEOUT: Duration = Duration::from_secs(900);
+pub(super) const KILL_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum Flow {
+    Rhcos,
+    Rhel,
+}
+
+impl Flow {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Flow::Rhcos => "rhcos",
+            Flow::Rhel => "rhel",
+        }
+    }
+}
+
+/// The Secret, one file per key. Not `Debug`: it holds tokens.
+pub struct Secrets {
+    pub flow: Flow,
+    pub url: String,
+    pub token: String,
+    pub ca: Vec<u8>,
+    /// RHCOS: the kubeconfig the node gets (else its current one).
+    pub kubeconfig: Option<Vec<u8>>,
+    /// RHEL: worker, cluster, region.
+    pub ids: Option<(String, String, String)>,
+    pub payload_sha256: Option<Digest>,
+    pub progress_url: Option<String>,
+    pub progress_token: Option<String>,
+    pub registry_url: Option<String>,
+    pub mirror_urls: Vec<String>,
+}
+
+pub(super) struct SecretDir {
+    pub(super) root: Root,
+    pub(super) shown: String,
+}
+
+impl SecretDir {
+    pub(super) fn open(p: &Path) -> Result<SecretDir> {
+        let shown = format!("--secret-dir {}", p.display());
+        match std::fs::metadata(p) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err(Error::config(format!("{shown}: not a directory"))),
+            Err(e) => return Err(Error::config(format!("{shown}: {e}"))),
+        }
+        // Resolved inside the folder: a Secret volume's keys are symlinks into `..data/`.
+        Ok(SecretDir {
+            root: Root::open(p)?,
+            shown,
+        })
+    }
+
+    pub(super) fn raw(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let data = self
+            .root
+            .read(key, CONFIG_CAP)
+            .map_err(|e| Error::config(format!("{}: key {key}: {e}", self.shown)))?;
+        Ok(data.filter(|d| !d.iter().all(u8::is_ascii_whitespace)))
+    }
+
+    pub(super) fn text(&self, key: &str) -> Result<Option<String>> {
+        match self.raw(key)? {
+            None => Ok(None),
+            Some(d) => String::from_utf8(d)
+                .map(|s| Some(s.trim().to_string()))
+                .map_err(|_| Error::config(format!("{}: key {key}: not UTF-8 text", self.shown))),
+        }
+    }
+
+    pub(super) fn required<T>(&self, key: &str, v: Option<T>) -> Result<T> {
+        v.ok_or_else(|| {
+            Error::config(format!(
+                "{}: key {key} is missing or empty (required for this flow)",
+                self.shown
+            ))
+        })
+    }
+
+    pub(super) fn url(&self, key: &str) -> Result<Option<String>> {
+        match self.text(key)? {
+            Some(u) if u.starts_with("https://") && !u.contains(char::is_whitespace) => Ok(Some(u)),
+            Some(u) => Err(Error::config(format!(
+                "{}: key {key}: {u:?} is not an https:// URL (tokens are never sent in the clear)",
+                self.shown
+            ))),
+            None => Ok(None),
+        }
+    }
+
+    /// A worker, cluster or region id: it goes into a query string and the script's environment.
+    pub(super) fn id(&self, key: &str) -> Result<String> {
+        let v = self.required(key, self.text(key)?)?;
+        if v.len() > 128
+            || !v
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        {
+            return Err(Error::config(format!(
+                "{}: key {key}: {v:?} is not an id (letters, digits, '.', '_', '-')",
+                self.shown
+            )));
+        }
+        Ok(v)
+    }
+}
+
+impl Secrets {
+    pub fn read(dir: &Path, flow: Flow) -> Result<Secrets> {
+        let s = SecretDir::open(dir)?;
+        let (url_key, token_key) = match flow {
+            Flow::Rhcos => ("ignition-url", "ignition-token"),
+            Flow::Rhel => ("payload-url", "payload-token"),
+        };
+        let url = s.required(url_key, s.url(url_key)?)?;
+        let token = s.required(token_key, s.text(token_key)?)?;
+        let ca = s.required("ca.crt", s.raw("ca.crt")?)?;
+        let (kubeconfig, ids, payload_sha256) = match flow {
+            Flow::Rhcos => (s.raw("kubeconfig")?, None, None),
+            Flow::Rhel => {
+                let ids = (s.id("worker-id")?, s.id("cluster-id")?, s.id("region")?);
+                let sha = match s.text("payload-sha256")? {
+                    None => None,
+                    Some(v) => Some(parse_sha256(&v).ok_or_else(|| {
+                        Error::config(format!(
+                            "{}: key payload-sha256: {v:?} is not a sha256 (64 hex digits)",
+                            s.shown
+                        ))
+                    })?),
+                };
+                (None, Some(ids), sha)
+            }
+        };
+        let mirror_urls = s
+            .text("mirror-urls")?
+            .map(|t| {
+                t.lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Secrets {
+            flow,
+            url,
+            token,
+            ca,
+            kubeconfig,
+            ids,
+            payload_sha256,
+            progress_url: s.url("progress-url")?,
+            progress_token: s.text("progress-token")?,
+            registry_url: s.text("registry-url")?,
+            mirror_urls,
+        })
+    }
+
+    /// What this reprovision is for: a run for another URL or worker is a new reprovision.
+    pub(super) fn target(&self) -> String {
+        let mut text = format!("{}\n{}", self.flow.name(), self.url);
+        if let Some((w, c, r)) = &self.ids {
+            text.push_str(&format!("\n{w}\n{c}\n{r}"));
+        }
+        format!("sha256:{}", digest::hex(&digest::sha256(text.as_bytes())))
+    }
+
+    /// The payload URL with the ids the bootstrap API wants as query parameters.
+    pub(super) fn payload_url(&self) -> String {
+        let Some((w, c, r)) = &self.ids else {
+            return self.url.clone();
+        };
+        let sep = if self.url.contains('?') { '&' } else { '?' };
+        format!("{}{sep}workerID={w}&clusterID={c}&region={r}", self.url)
+    }
+}
+
+/// `abc…` (64 hex), `sha256:abc…` or `sha256-abc…`.
+pub(super) fn parse_sha256(v: &str) -> Option<Digest> {
+    let hex = v
+        .strip_prefix("sha256:")
+        .or_else(|| v.strip_prefix("sha256-"))
+        .unwrap_or(v);
+    Digest::parse(&format!("sha256-{hex}"))
+}
+
+/// Which flow: `--flow`, else the node's os-release `ID`.
+pub(super) fn flow(a: &Reprovision, root: &Root) -> Result<Flow> {
+    match a.flow.as_str() {
+        "rhcos" => return Ok(Flow::Rhcos),
+        "rhel" => return Ok(Flow::Rhel),
+        "auto" => {}
+        f => {
+            return Err(Error::config(format!(
+                "--flow {f:?}: expected auto, rhcos or rhel"
+            )))
+        }
+    }
+    for p in OS_RELEASE {
+        let Some(text) = root.read_text(p)? else {
+            continue;
+        };
+        let env = EnvFile::parse(&text, &root.show(p))?;
+        let id = env.get("ID").unwrap_or("");
+        let f = match id {
+            "rhcos" => Flow::Rhcos,
+            "rhel" => Flow::Rhel,
+            _ => {
+                return Err(Error::config(format!(
+                    "{}: ID={id:?} is neither rhcos nor rhel; give --flow",
+                    root.show(p)
+                )))
+            }
+        };
+        log::info!("flow {} (from ID={id} in {})", f.name(), root.show(p));
+        return Ok(f);
+    }
+    Err(Error::config(format!(
+        "no os-release under {}; give --flow",
+        root.show("/")
+    )))
+}
+
+/// Everything both commands need, checked before anything is fetched.
+pub(super) struct Setup {
+    pub(super) root: Root,
+    pub(super) secrets: Secrets,
+    /// Ignition server and payload: the Secret's ca.crt only.
+    pub(super) pinned: Http,
+    /// Registry, mirrors, progress: the system roots and ca.crt.
+    pub(super) open: Http,
+    pub(super) open_tls: Tls,
+    pub(super) node: Option<NodeName>,
+    pub(super) kube: Option<Kube>,
+}
+
+pub(super) fn setup(a: &Reprovision, need_node: bool) -> Result<Setup> {
+    for (flag, v, max) in [
+        ("--api-tries", a.api_tries as u64, 100),
+        ("--api-retry-delay", a.api_retry_delay, 3600),
+        ("--fetch-attempts", a.fetch_attempts as u64, 100),
+        ("--fetch-backoff-ms", a.fetch_backoff_ms, 60_000),
+        ("--entry-timeout", a.entry_timeout, 86_400),
+    ] {
+        crate::cli::at_most(flag, v, max)?;
+    }
+    let limits = crate::net::fetch::AttemptLimits::from_options(
+        a.fetch_timeout,
+        a.fetch_min_rate,
+        a.fetch_min_rate_window,
+    )?;
+    if a.mcd_extract_command.split_whitespace().next().is_none() {
+        return Err(Error::config("--mcd-extract-command is empty"));
+    }
+    if let Some(p) = &a.mcd_binary {
+        if !p.is_file() {
+            return Err(Error::config(format!(
+                "--mcd-binary {}: not an existing file",
+                p.display()
+            )));
+        }
+    }
+    check_key("--label", &a.label)?;
+    if !matches!(a.reboot.as_str(), "auto" | "host" | "never") {
+        return Err(Error::config(format!(
+            "--reboot {:?}: expected auto, host or never",
+            a.reboot
+        )));
+    }
+    let entry = Path::new(&a.payload_entry);
+    if a.payload_entry.is_empty()
+        || entry.is_absolute()
+        || entry
+            .components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
+        return Err(Error::config(format!(
+            "--payload-entry {:?}: expected a relative path inside the payload",
+            a.payload_entry
+        )));
+    }
+    let node = match node_name(
+        a.node_name.as_deref(),
+        std::env::var("NODE").ok().as_deref(),
+    ) {
+        Ok(n) => Some(n),
+        Err(e) if need_node => return Err(e),
+        Err(_) => None,
+    };
+    let root = Root::open(&a.root)?;
+    let flow = flow(a, &root)?;
+    let secrets = Secrets::read(&a.secret_dir, flow)?;
+    let mut pinned_tls = Tls::default();
+    pinned_tls
+        .add_pem(&secrets.ca, "ca.crt of --secret-dir")
+        .map_err(|e| e.with_kind(crate::error::Kind::Config))?;
+    let mut open_tls = Tls::system(&root)?;
+    open_tls.add_pem(&secrets.ca, "ca.crt of --secret-dir")?;
+    let retry = Retry::exponential(a.fetch_attempts, Duration::from_millis(a.fetch_backoff_ms));
+    let kube = match &node {
+        Some(_) => {
+            let pod = Root::open(Path::new("/"))?;
+            let retry = Retry::fixed(a.api_tries, Duration::from_secs(a.api_retry_delay));
+            match api_client(a.kubeconfig.as_deref(), &pod, retry) {
+                Ok(k) => Some(k),
+                Err(e) if need_node => return Err(e),
+                Err(e) => {
+                    log::warn!("no Kubernetes API client: {e}");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    Ok(Setup {
+        pinned: Http::new(&pinned_tls, retry).with_limits(limits),
+        open: Http::new(&open_tls, retry).with_limits(limits),
+        open_tls,
+        root,
+        secrets,
+        node,
+        kube,
+    })
+}
+
+pub(super) fn work_dir(root: &Root) -> Result<Dir> {
+    let d = root.dir(WORK, true)?.expect("created");
+    // Private: the state names the target, the payload may hold credentials.
+    d.chmod(0o700)?;
+    Ok(d)
+}
+
+/// The MCD renamed the encapsulated config away once it had applied it (before its reboot).
+pub(super) fn finished_on_disk(root: &Root, flow: Flow) -> bool {
+    match flow {
+        Flow::Rhcos => !root.exists(mco::ENCAPSULATED),
+        Flow::Rhel => true,
+    }
+}
+
+pub(super) fn bearer(req: &mut Request, token: &str) {
+    req.headers
+        .push(("Authorization", format!("Bearer {token}")));
+}
+
+/// Copy while hashing with SHA-256; a mismatch with `want` is `Staging::Mismatch`.
+pub(super) fn hash_into(
+    body: &mut dyn std::io::Read,
+    out: &mut dyn std::io::Write,
+    want: Option<(&Digest, &str)>,
+) -> std::result::Result<(u64, String), Staging> {
+    let mut h = Digest {
+        algo: Algo::Sha256,
+        hex: String::new(),
+    }
+    .hasher();
+    let n = match digest::copy_hashing(&mut &mut *body, &mut h, &mut &mut *out) {
+        Ok(n) => n,
+        Err(digest::CopyError::Read(e)) => return Err(Staging::Read(e)),
+        Err(digest::CopyError::Write(e)) => return Err(Staging::Write(e.into())),
+    };
+    let got = h.finish_hex();
+    match want {
+        Some((w, says)) if w.hex != got => Err(Staging::Mismatch(
+            format!("sha256-{got}"),
+            format!("{says} says {}", w.hex),
+        )),
+        _ => Ok((n, got)),
+    }
+}
+
+pub(super) fn base_env() -> Vec<(String, String)> {
+    vec![
+        (
+            "PATH".into(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        ),
+        ("LANG".into(), "C.UTF-8".into()),
+    ]
+}

@@ -1,0 +1,60 @@
+//! The state file: how far a reprovision got, in which boot.
+
+use super::setup::*;
+use crate::error::{Error, Result};
+use crate::node::root::{Dir, Root, CONFIG_CAP};
+
+/// `<root>/var/lib/nodestrap/reprovision/state.json`.
+#[derive(serde::Serialize, serde::Deserialize, Clone, PartialEq, Debug)]
+pub(super) struct State {
+    pub(super) flow: String,
+    pub(super) target: String,
+    pub(super) phase: Phase,
+    #[serde(rename = "bootId")]
+    pub(super) boot_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) config: Option<String>,
+}
+
+/// How far a reprovision got, in the order it goes; persisted by these names (state files of
+/// earlier releases hold the same strings).
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, PartialEq, Eq, Debug)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum Phase {
+    /// The node has its new configuration.
+    Configured,
+    /// About to hand over to the MCD or the reboot.
+    HandedOff,
+    /// The MCD applied it, or the reboot was accepted or left to the node: nothing more to do
+    /// in this boot.
+    RebootPending,
+    /// The node came back with it.
+    Done,
+}
+
+pub(super) fn boot_id() -> Result<String> {
+    let p = std::env::var(BOOT_ID_ENV).unwrap_or_else(|_| BOOT_ID.into());
+    std::fs::read_to_string(&p)
+        .map(|s| s.trim().to_string())
+        .map_err(|e| Error::failed(format!("{p}: {e}")))
+}
+
+pub(super) fn read_state(root: &Root) -> Result<Option<State>> {
+    let p = format!("{WORK}/{STATE}");
+    let Some(data) = root.read(&p, CONFIG_CAP)? else {
+        return Ok(None);
+    };
+    match serde_json::from_slice(&data) {
+        Ok(s) => Ok(Some(s)),
+        // A state we cannot read says nothing: start over (every step is safe to repeat).
+        Err(e) => {
+            log::warn!("{}: unreadable ({e}); starting over", root.show(&p));
+            Ok(None)
+        }
+    }
+}
+
+pub(super) fn write_state(work: &Dir, st: &State) -> Result<()> {
+    let data = serde_json::to_vec_pretty(st).expect("serialisable");
+    work.write_atomic(STATE, &data, 0o600)
+}
