@@ -6,7 +6,7 @@ import subprocess
 import time
 
 from harness.common import *  # noqa: F401,F403
-from harness.vm import Boot
+from harness.vm import boot_until
 
 
 def run_reprovision(s, sc, accel, boot_timeout):
@@ -22,45 +22,20 @@ def run_reprovision(s, sc, accel, boot_timeout):
     run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", s.images["NODE_IMAGE"], "-F", "raw", disk])
     base = ["root=LABEL=root", "rw", "console=ttyS0", "loglevel=5", "panic=-1", "rd.shell=0",
             "rd.emergency=poweroff", "systemd.show_status=1", "rd.nodestrap=0"]
-    events, problems = [], []
+    events = []
     t0 = time.time()
-    boots, finished, b, log = 0, None, None, None
-    try:
-        while finished is None and not problems:
-            boots += 1
-            if boots > sc.boots + 1:
-                problems.append("more than %d boots" % sc.boots)
-                break
-            kargs = base + (["ignition.firstboot", "ignition.platform.id=qemu"] if boots == 1 else [])
-            log = s.path("%s-boot%d.log" % (sc.name, boots))
-            b = Boot(s, boots, disk, config, kargs, accel, log)
-            deadline = min(time.time() + boot_timeout, DEADLINE)
-            rebooted = False
-            while True:
-                exited = b.proc.poll() is not None
-                for line in b.lines():
-                    line = ANSI.sub("", line)
-                    now = time.time() - t0
-                    note(events, now, boots, line)
-                    rebooted = rebooted or "reboot: Restarting system" in line
-                    if boots >= 2 and "nodestrap-qemu: reprovision exited 0" in line:
-                        finished = now
-                if finished is not None and any(e[1] == boots and e[3] == "rhcos-marker ran" for e in events):
-                    b.kill()
-                    break
-                if exited:
-                    if not rebooted:
-                        problems.append("boot %d ended without a reboot (see %s)" % (boots, log))
-                    break
-                if time.time() > deadline:
-                    b.kill()
-                    problems.append("boot %d: not finished within %d s or past the run's deadline (see %s)"
-                                    % (boots, boot_timeout, log))
-                    break
-                time.sleep(0.5)
-    finally:
-        if b is not None:
-            b.kill()
+    finished = []
+
+    def on_line(now, boots, line):
+        if boots >= 2 and "nodestrap-qemu: reprovision exited 0" in line and not finished:
+            finished.append(now)
+
+    def done(boots):
+        return bool(finished) and any(e[1] == boots and e[3] == "rhcos-marker ran" for e in events)
+
+    boots, problems, log = boot_until(s, sc, disk, config, accel, boot_timeout, base, t0, events,
+                                      on_line, done, "a reboot", "not finished")
+    finished = finished[0] if finished else None
     if not problems:
         problems += check_reprovision(s, sc, boots, events, disk)
     for p in problems:

@@ -7,7 +7,7 @@ import subprocess
 import time
 
 from harness.common import *  # noqa: F401,F403
-from harness.vm import Boot
+from harness.vm import boot_until
 from harness.inplace import run_reprovision
 
 
@@ -52,69 +52,41 @@ def run_scenario(s, sc, accel, boot_timeout):
         base.append("rd.nodestrap=0")
     if os.environ.get("NODESTRAP_QEMU_DEBUG") == "1":
         base.append("systemd.journald.forward_to_console=1")
-    problems = []
     events = []  # (seconds, boot, kind, text)
     t0 = time.time()
-    kubelet = None
-    sig_failures = 0
-    healed = False
+    kubelet = []  # (seconds, the line's details) once the kubelet started
+    tamper = {"failures": 0, "healed": False}
     if sc.tamper:
         s.tamper(True)
-    boots = 0
-    b = None
+
+    def on_line(now, boots, line):
+        if sc.tamper and "nodestrap[" in line and SIG_FAIL in line:
+            tamper["failures"] += 1
+            # Failed in the initramfs and twice on the real root: the unit keeps
+            # retrying and nothing was staged. Now serve the good signature.
+            if tamper["failures"] >= 3 and not tamper["healed"]:
+                s.tamper(False)
+                tamper["healed"] = True
+                events.append((now, boots, "harness", "signature fixed"))
+                say("%7.1fs  boot %d  harness   signature fixed on the server after %d failures"
+                    % (now, boots, tamper["failures"]))
+        m = KUBELET_RE.search(line)
+        if m and not kubelet:
+            kubelet.append((now, m.group(1)))
+
+    def done(boots):
+        # A master goes on until tectonic ran (bootkube and tectonic come after the kubelet
+        # started), a worker stops at the kubelet.
+        return bool(kubelet) and (not sc.master or any(e[3] == "tectonic ran" for e in events)
+                                  or time.time() - t0 - kubelet[0][0] > 120)
+
     try:
-        while kubelet is None and not problems:
-            boots += 1
-            if boots > sc.boots + 1:
-                problems.append("more than %d boots" % sc.boots)
-                break
-            kargs = base + (["ignition.firstboot", "ignition.platform.id=qemu"] if boots == 1 else [])
-            log = s.path("%s-boot%d.log" % (sc.name, boots))
-            b = Boot(s, boots, disk, config, kargs, accel, log)
-            deadline = min(time.time() + boot_timeout, DEADLINE)
-            rebooted = False
-            while True:
-                exited = b.proc.poll() is not None
-                for line in b.lines():
-                    line = ANSI.sub("", line)
-                    now = time.time() - t0
-                    note(events, now, boots, line)
-                    if "reboot: Restarting system" in line:
-                        rebooted = True
-                    if sc.tamper and "nodestrap[" in line and SIG_FAIL in line:
-                        sig_failures += 1
-                        # Failed in the initramfs and twice on the real root: the unit keeps
-                        # retrying and nothing was staged. Now serve the good signature.
-                        if sig_failures >= 3 and not healed:
-                            s.tamper(False)
-                            healed = True
-                            events.append((now, boots, "harness", "signature fixed"))
-                            say("%7.1fs  boot %d  harness   signature fixed on the server after %d failures"
-                                % (now, boots, sig_failures))
-                    m = KUBELET_RE.search(line)
-                    if m and kubelet is None:
-                        kubelet = (now, m.group(1))
-                # A master goes on until tectonic ran (bootkube and tectonic come after the
-                # kubelet started), a worker stops at the kubelet.
-                if kubelet and (not sc.master or any(e[3] == "tectonic ran" for e in events)
-                                or time.time() - t0 - kubelet[0] > 120):
-                    b.kill()
-                    break
-                if exited:
-                    if not rebooted:
-                        problems.append("boot %d ended without a reboot or the kubelet (see %s)" % (boots, log))
-                    break
-                if time.time() > deadline:
-                    b.kill()
-                    problems.append("boot %d: no kubelet within %d s or past the run's deadline (see %s)"
-                                    % (boots, boot_timeout, log))
-                    break
-                time.sleep(0.5)
+        boots, problems, log = boot_until(s, sc, disk, config, accel, boot_timeout, base, t0, events,
+                                          on_line, done, "a reboot or the kubelet", "no kubelet")
     finally:
-        if b is not None:
-            b.kill()
-        if sc.tamper and not healed:
+        if sc.tamper and not tamper["healed"]:
             s.tamper(False)
+    kubelet = kubelet[0] if kubelet else None
     if problems:
         for p in problems:
             say("  problem: " + p)

@@ -6,6 +6,8 @@ import subprocess
 import tempfile
 import time
 
+from harness.common import ANSI, DEADLINE, note
+
 
 class Boot:
     """One QEMU run until it powers off or reboots (-no-reboot makes a guest reboot exit)."""
@@ -65,3 +67,50 @@ def probe_accel(images):
         p.kill()
         p.wait()
     return "kvm" if ok else "tcg"
+
+
+def boot_until(s, sc, disk, config, accel, boot_timeout, base, t0, events, on_line, done,
+               awaited, missing):
+    """Boots the node again after each reboot (the first boot with Ignition's kernel arguments)
+    until `done(boot)` says the scenario reached its end. Every console line, without colours,
+    goes to the timeline and to `on_line(seconds, boot, line)`. A boot that ends without a
+    reboot (`awaited` names what else would have done), one that outlives `boot_timeout` or
+    the run's deadline (`missing` says what was missing), or one boot more than the scenario
+    allows is a problem. Returns (boots, problems, the last boot's console log)."""
+    problems, boots, b, log = [], 0, None, None
+    try:
+        while not problems:
+            boots += 1
+            if boots > sc.boots + 1:
+                problems.append("more than %d boots" % sc.boots)
+                break
+            kargs = base + (["ignition.firstboot", "ignition.platform.id=qemu"] if boots == 1 else [])
+            log = s.path("%s-boot%d.log" % (sc.name, boots))
+            b = Boot(s, boots, disk, config, kargs, accel, log)
+            deadline = min(time.time() + boot_timeout, DEADLINE)
+            rebooted = False
+            while True:
+                exited = b.proc.poll() is not None
+                for line in b.lines():
+                    line = ANSI.sub("", line)
+                    now = time.time() - t0
+                    note(events, now, boots, line)
+                    rebooted = rebooted or "reboot: Restarting system" in line
+                    on_line(now, boots, line)
+                if done(boots):
+                    b.kill()
+                    return boots, problems, log
+                if exited:
+                    if not rebooted:
+                        problems.append("boot %d ended without %s (see %s)" % (boots, awaited, log))
+                    break
+                if time.time() > deadline:
+                    b.kill()
+                    problems.append("boot %d: %s within %d s or past the run's deadline (see %s)"
+                                    % (boots, missing, boot_timeout, log))
+                    break
+                time.sleep(0.5)
+    finally:
+        if b is not None:
+            b.kill()
+    return boots, problems, log
