@@ -32,11 +32,17 @@ pub fn run(argv: &[String], timeout: Duration) -> Result<Ran> {
         _ => c.program.display().to_string(),
     };
     let r = exec::capture(&c, &label, STDOUT_CAP)?;
+    // The last 16 KiB of stderr then stdout, as answers and logs promise.
+    let tail = scrub(&r.tail);
+    let mut cut = tail.len().saturating_sub(exec::TAIL);
+    while !tail.is_char_boundary(cut) {
+        cut += 1;
+    }
     Ok(Ran {
         ok: r.exit.success(),
         status: r.exit.to_string(),
         stdout: r.stdout,
-        tail: scrub(&r.tail),
+        tail: tail[cut..].to_string(),
     })
 }
 
