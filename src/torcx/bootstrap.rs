@@ -389,20 +389,18 @@ mod tests {
     #[test]
     fn url_templates() {
         assert_eq!(
-            options::render_url(DEFAULT_MANIFEST_URL, "amd64-usr", "1632.3.0").unwrap(),
+            options::ManifestUrl::parse(DEFAULT_MANIFEST_URL).unwrap().render("amd64-usr", "1632.3.0").unwrap(),
             "https://tectonic-torcx.release.core-os.net/manifests/amd64-usr/1632.3.0/torcx_manifest.json"
         );
         assert_eq!(
-            options::render_url(
-                "https://h/${COREOS_BOARD}/${VERSION_ID}/m.json",
-                "arm64-usr",
-                "1.2.3"
-            )
-            .unwrap(),
+            options::ManifestUrl::parse("https://h/${COREOS_BOARD}/${VERSION_ID}/m.json")
+                .unwrap()
+                .render("arm64-usr", "1.2.3")
+                .unwrap(),
             "https://h/arm64-usr/1.2.3/m.json"
         );
-        assert!(options::render_url("https://h/{{.Channel}}/m.json", "b", "v").is_err());
-        assert!(options::render_url("file:///m.json", "b", "v").is_err());
+        assert!(options::ManifestUrl::parse("https://h/{{.Channel}}/m.json").is_err());
+        assert!(options::ManifestUrl::parse("file:///m.json").is_err());
     }
 
     #[test]

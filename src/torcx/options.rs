@@ -11,7 +11,7 @@ use crate::node::root::{plain_name, Root};
 
 /// Step 0 for everything given on the command line; returns the manifest URL template.
 /// Also checks each config file and kernel command line value (`config::check_value`).
-pub fn check_options(a: &Bootstrap) -> Result<String> {
+pub fn check_options(a: &Bootstrap) -> Result<ManifestUrl> {
     let template = check_common(&a.common())?;
     // Empty --kubeconfig means none (the API server is not asked); empty --kubelet-env-path
     // means kubelet.env is not written.
@@ -46,7 +46,7 @@ pub fn check_options(a: &Bootstrap) -> Result<String> {
 }
 
 /// Checks of the options the hook shares; returns the manifest URL template.
-pub fn check_common(a: &Common) -> Result<String> {
+pub fn check_common(a: &Common) -> Result<ManifestUrl> {
     if !plain_name(a.torcx_profile) {
         return Err(Error::config(format!(
             "--torcx-profile {:?} is not a plain name",
@@ -58,13 +58,13 @@ pub fn check_common(a: &Common) -> Result<String> {
     } else {
         a.torcx_manifest_url
     };
-    render_url(template, "amd64-usr", "1.0.0")?;
+    let template = ManifestUrl::parse(template)?;
     at_most("--api-tries", a.api_tries as u64, 100)?;
     at_most("--api-retry-delay", a.api_retry_delay, 3600)?;
     at_most("--fetch-attempts", a.fetch_attempts as u64, 100)?;
     at_most("--fetch-backoff-ms", a.fetch_backoff_ms, 60_000)?;
     AttemptLimits::from_options(a.fetch_timeout, a.fetch_min_rate, a.fetch_min_rate_window)?;
-    Ok(template.to_string())
+    Ok(template)
 }
 
 /// The keyring that signs manifests, or `None` (with a warning) under --no-verify-signatures.
@@ -106,7 +106,26 @@ pub fn manifest_client(a: &Common, root: &Root) -> Result<Http> {
     Ok(Http::new(&tls, retry).with_limits(limits))
 }
 
-pub fn render_url(template: &str, board: &str, os_version: &str) -> Result<String> {
+/// `--torcx-manifest-url`: an http(s) URL with placeholders for the board and the OS version
+/// (Go template or shell spelling, as tectonic-torcx took them), and nothing else to fill in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestUrl(String);
+
+impl ManifestUrl {
+    /// Checked by rendering it once: an unknown placeholder or another scheme is refused here,
+    /// before anything is fetched.
+    pub fn parse(template: &str) -> Result<ManifestUrl> {
+        render_url(template, "amd64-usr", "1.0.0")?;
+        Ok(ManifestUrl(template.to_string()))
+    }
+
+    /// The manifest's URL for `board` and `os_version`.
+    pub fn render(&self, board: &str, os_version: &str) -> Result<String> {
+        render_url(&self.0, board, os_version)
+    }
+}
+
+fn render_url(template: &str, board: &str, os_version: &str) -> Result<String> {
     let mut u = template.to_string();
     for (k, v) in [
         ("{{.Board}}", board),

@@ -7,7 +7,7 @@ use crate::net::fetch::{Http, Request};
 use crate::node::envfile::EnvFile;
 use crate::node::root::{plain_name, Root};
 use crate::torcx::mappings::Mappings;
-use crate::torcx::options::render_url;
+use crate::torcx::options::ManifestUrl;
 use crate::torcx::store::{self, PackageList, Source, Staged};
 
 pub const OS_RELEASE: &str = "/usr/lib/os-release";
@@ -152,14 +152,14 @@ pub fn pick_versions(mappings: &Mappings, k8s: &str) -> Result<Wanted> {
 /// Fetches and authenticates package lists.
 pub struct Manifests<'a> {
     pub http: &'a Http,
-    pub template: &'a str,
+    pub template: &'a ManifestUrl,
     pub board: &'a str,
     pub keyring: Option<&'a Keyring>,
 }
 
 impl Manifests<'_> {
     fn url(&self, os_version: &str) -> Result<String> {
-        render_url(self.template, self.board, os_version)
+        self.template.render(self.board, os_version)
     }
 
     fn get(&self, os_version: &str) -> Result<PackageList> {
