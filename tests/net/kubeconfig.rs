@@ -2,7 +2,7 @@
 //! kubectl (Debian 13's, which .ci/setup unpacks to /usr/local/lib/nodestrap-ci/kubectl) and by
 //! `nodestrap bootstrap`, against one stand-in API server (real TLS, a client CA made at test
 //! time; no API server package exists here). For each: do both reach the server, and with the
-//! same credential? Where nodestrap differs on purpose (README), the test says so.
+//! same credential? Where nodestrap differs on purpose (docs/bootstrap.md), the test says so.
 
 #[path = "../support/mod.rs"]
 mod support;
