@@ -4,7 +4,7 @@
 //! binary (src/main.rs) only dispatches. The layout and its import rule are in README.md
 //! ("Layout") and checked by `.ci/check-layout`:
 //!
-//! - families, one folder each: `torcx`, `inplace`, `activation` (and `sysext` next). A family
+//! - families, one folder each: `torcx`, `inplace`, `activation`, `sysext`. A family
 //!   never imports another family.
 //! - floors under them: `net` may use `node` and `crypto`; `node` only `crypto`; `crypto`
 //!   nothing of ours above the ground.
@@ -14,6 +14,7 @@
 // Families.
 pub mod activation;
 pub mod inplace;
+pub mod sysext;
 pub mod torcx;
 
 // Floors.

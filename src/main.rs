@@ -2,8 +2,9 @@
 //! (src/lib.rs), one folder per product family over shared floors (README.md, "Layout").
 
 use nodestrap::activation::{activate, init_cluster, join_service};
-use nodestrap::cli::{self, logged, Cmd};
+use nodestrap::cli::{self, logged, Cmd, Payload};
 use nodestrap::inplace::reprovision;
+use nodestrap::sysext;
 use nodestrap::torcx::{bootstrap, hook};
 
 fn main() {
@@ -19,7 +20,11 @@ fn run() -> i32 {
     };
     match cli.cmd {
         // Bootstrap also reads settings from the node (config file, kernel command line).
-        Cmd::Bootstrap(b) => bootstrap::main(&b, &args),
+        // The payload family may be chosen there, so it is dispatched once they are merged.
+        Cmd::Bootstrap(b) => cli::bootstrap(&b, &args, &|b| match b.payload {
+            Payload::Torcx => bootstrap::run(b),
+            Payload::Sysext => sysext::bootstrap::run(b),
+        }),
         // Every other command takes its command line only.
         Cmd::Hook(h) => logged(&h.verbose, || hook::run(&h)),
         Cmd::Preflight(p) => {

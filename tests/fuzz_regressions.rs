@@ -3,7 +3,7 @@
 //! its fix so the finding cannot come back.
 
 use nodestrap::net::kube::Kubeconfig;
-use nodestrap::torcx::mappings::Mappings;
+use nodestrap::node::mappings::Mappings;
 
 /// `levels` anchors, each a list of ten aliases of the one before: yaml-rust2's loader copies
 /// the whole anchored tree for every alias, so 10^(levels+1) nodes from ~60 bytes a level.

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::torcx::config::{fuzz_parse_file, KEYS};
+use nodestrap::cli::settings::{fuzz_parse_file, KEYS};
 
 fuzz_target!(|text: &str| {
     let Ok(settings) = fuzz_parse_file(text, "bootstrap.conf") else {

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::torcx::config::{fuzz_parse_cmdline, KEYS};
+use nodestrap::cli::settings::{fuzz_parse_cmdline, KEYS};
 
 fuzz_target!(|text: &str| {
     let Ok(settings) = fuzz_parse_cmdline(text) else {

@@ -5,7 +5,7 @@
 mod yaml_budget;
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::torcx::mappings::{major_minor, Mappings};
+use nodestrap::node::mappings::{major_minor, Mappings};
 
 fuzz_target!(|text: &str| {
     // Versions come from the same untrusted places (kubelet.env, the API server).

@@ -469,19 +469,20 @@ impl Http {
         digest: &Digest,
         cap: u64,
     ) -> Result<u64> {
-        self.stream(&Request::get(url), cap, |body| {
+        self.stream(&Request::get(url), cap, |body, _| {
             write_verified(dir, name, digest, &mut &mut *body)
         })
     }
 
-    /// A request whose body is handed to `consume` as it arrives (with progress lines):
+    /// A request whose body is handed to `consume` as it arrives (with progress lines), with
+    /// its length when the server declared one:
     /// transport errors and reading failures are tried again from scratch, a digest mismatch
     /// or a write failure is final.
     pub fn stream<T>(
         &self,
         req: &Request,
         cap: u64,
-        mut consume: impl FnMut(&mut dyn Read) -> std::result::Result<T, Staging>,
+        mut consume: impl FnMut(&mut dyn Read, Option<u64>) -> std::result::Result<T, Staging>,
     ) -> Result<T> {
         let what = format!("{} {}", req.method, req.url);
         self.retrying(&what, |deadline| {
@@ -500,7 +501,7 @@ impl Http {
             }
             let body = resp.body_mut().with_config().limit(cap).reader();
             let mut progress = Progress::new(RateFloor::new(body, self.limits), req.url, total);
-            match consume(&mut progress) {
+            match consume(&mut progress, total) {
                 Ok(n) => Attempt::Done(n),
                 Err(Staging::Read(e)) if over_limit(&e) => Attempt::Final(Error::failed(format!(
                     "{what}: body over the {cap}-byte limit"

@@ -2,5 +2,6 @@
 //! Kubernetes API client (kubeconfig as kubectl reads it, node-name rules). Uses `node` and
 //! `crypto`.
 
+pub mod cluster;
 pub mod fetch;
 pub mod kube;

@@ -5,6 +5,8 @@
 pub mod dbus;
 pub mod envfile;
 pub mod exec;
+pub mod mappings;
+pub mod marker;
 pub mod reboot;
 pub mod root;
 pub mod signals;

@@ -425,6 +425,47 @@ impl Dir {
         Ok(File::from(fd))
     }
 
+    /// Point the symlink `name` at `target` in one step: a new link under a temp name renamed
+    /// over it, then the directory fsynced. A crash leaves the old link or the new one.
+    pub fn replace_symlink(&self, target: &str, name: &str) -> Result<()> {
+        let mut rnd = [0u8; 6];
+        rustix::rand::getrandom(&mut rnd, rustix::rand::GetRandomFlags::empty()).ok();
+        let tmp = format!(".{name}.nodestrap-{}", hex(&rnd));
+        rustix::fs::symlinkat(target, &self.fd, tmp.as_str())
+            .with_ctx(|| format!("creating a link in {}", self.shown))?;
+        if let Err(e) = rustix::fs::renameat(&self.fd, tmp.as_str(), &self.fd, name) {
+            let _ = rustix::fs::unlinkat(&self.fd, tmp.as_str(), AtFlags::empty());
+            return Err(Error::from(e).context(format!("switching {}", self.show(name))));
+        }
+        self.fsync()
+    }
+
+    /// What `name` is, without following it.
+    pub fn kind_of(&self, name: &str) -> Option<FileType> {
+        rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW)
+            .ok()
+            .map(|st| FileType::from_raw_mode(st.st_mode))
+    }
+
+    /// The target of the symlink `name`, or `None`.
+    pub fn link_target(&self, name: &str) -> Option<String> {
+        let t = rustix::fs::readlinkat(&self.fd, name, Vec::new()).ok()?;
+        Some(t.to_string_lossy().into_owned())
+    }
+
+    /// Bytes an unprivileged writer may still use on this directory's file system.
+    pub fn free_bytes(&self) -> Result<u64> {
+        let st = rustix::fs::fstatvfs(&self.fd).with_ctx(|| self.shown.clone())?;
+        Ok(st.f_bavail.saturating_mul(st.f_frsize))
+    }
+
+    /// Whether this directory's file system is mounted read-only (an extension that ships /opt
+    /// turns /opt/extensions read-only).
+    pub fn read_only(&self) -> bool {
+        rustix::fs::fstatvfs(&self.fd)
+            .is_ok_and(|st| st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
+    }
+
     pub fn symlink(&self, target: &str, name: &str) -> Result<()> {
         match rustix::fs::symlinkat(target, &self.fd, name) {
             Ok(()) | Err(rustix::io::Errno::EXIST) => Ok(()),
@@ -488,6 +529,18 @@ pub struct TempFile<'a> {
 impl TempFile<'_> {
     pub fn file(&mut self) -> &mut File {
         self.file.as_mut().expect("open until persisted")
+    }
+
+    /// The temp file opened again for reading (to check what was written before it is named).
+    pub fn reopen(&self) -> Result<File> {
+        let fd = rustix::fs::openat(
+            &self.dir.fd,
+            self.tmp.as_str(),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .with_ctx(|| self.dir.show(&self.tmp))?;
+        Ok(File::from(fd))
     }
 
     /// fsync the data, rename over the final name, fsync the directory.

@@ -3,46 +3,19 @@
 //! wait, retries on 5xx, and a reboot only when one is really needed.
 //! The steps the pre-reboot hook shares are in `options` and `runtime`.
 
-use std::io::Write as _;
 use std::time::Duration;
 
-use crate::cli::{self, Bootstrap, RebootMode};
+use crate::cli::check::check_options;
+use crate::cli::{Bootstrap, RebootMode};
 use crate::error::{Error, Result};
+use crate::net::cluster;
 use crate::net::kube::Kube;
 use crate::node::dbus::{self, Update};
-use crate::node::envfile::EnvFile;
-use crate::node::root::{Persist, Root};
-use crate::torcx::mappings::Mappings;
-use crate::torcx::options::{self, check_options};
+use crate::node::mappings::Mappings;
+use crate::node::marker;
+use crate::node::root::Root;
 use crate::torcx::runtime::{self, Manifests, OsInfo, Wanted, OS_RELEASE, RUNTIME};
 use crate::torcx::store::{self};
-
-/// `nodestrap bootstrap` from the command line `args` (normalised) it was parsed from:
-/// settings from the node's config file and kernel command line are merged under the
-/// command line (--root, --config and --cmdline say where they are), then the run.
-pub fn main(b: &Bootstrap, args: &[String]) -> i32 {
-    let merged = match crate::torcx::config::merge(b, args) {
-        Ok(m) => m,
-        Err(e) => {
-            crate::logger::init(log::LevelFilter::Info);
-            log::error!("{e}");
-            return e.exit_code();
-        }
-    };
-    let cli = match cli::parse(&merged.args) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
-    let cli::Cmd::Bootstrap(b) = &cli.cmd else {
-        unreachable!("merged arguments keep the subcommand")
-    };
-    cli::logged(&b.verbose, || {
-        for n in &merged.notes {
-            log::info!("{n}");
-        }
-        run(b)
-    })
-}
 
 const MAPPINGS_NS: &str = "tectonic-system";
 const MAPPINGS_CM: &str = "tectonic-torcx-runtime-mappings";
@@ -55,16 +28,16 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     let template = check_options(a)?;
     let torcx_on = !a.torcx_skip_setup;
     let keyring = if torcx_on {
-        options::read_keyring(&a.common(), &root)?
+        a.common().keyring(&root)?
     } else {
         None
     };
     let http = if torcx_on {
-        Some(options::manifest_client(&a.common(), &root)?)
+        Some(a.common().http(&root)?)
     } else {
         None
     };
-    let api_retry = options::api_retry(&a.common());
+    let api_retry = a.common().api_retry();
     let rebooter = crate::node::reboot::for_run(&root, a.reboot == RebootMode::Auto, a.dry_run);
 
     // 1. OS version and board.
@@ -89,7 +62,15 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     } else {
         None
     };
-    let k8s = kube_version(&root, a, kube.as_ref())?;
+    let k8s = cluster::version(
+        &root,
+        &cluster::Sources {
+            forced: a.force_kube_version.as_deref(),
+            kube: kube.as_ref(),
+            kubeconfig: &a.kubeconfig,
+            installer_env: &a.installer_kubelet_env,
+        },
+    )?;
 
     // 3. Runtime mappings: the ConfigMap, else the node's file.
     let wanted = if torcx_on {
@@ -149,7 +130,18 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     }
 
     // 10. kubelet.env: the done marker.
-    let marker = write_kubelet_env(&root, a, &k8s)?;
+    let tag = k8s.replace('+', "_");
+    let set = [("KUBELET_IMAGE_TAG", tag.as_str())];
+    let marker = marker::write(
+        &root,
+        &marker::Plan {
+            path: &a.kubelet_env_path,
+            template: &a.installer_kubelet_env,
+            need: marker::Template::Required,
+            set: &set,
+        },
+        a.dry_run,
+    )?;
 
     // 11. Report, and reboot only when needed. From here on the marker exists: whatever fails
     //     (stdout gone, the reboot refused) takes it back, so the unit runs again rather than
@@ -175,61 +167,6 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     finish().map_err(|e| match marker {
         Some(m) => m.take_back(e),
         None => e,
-    })
-}
-
-/// kubelet.env written by this run, taken back when the run fails after writing it.
-struct Marker<'a> {
-    root: &'a Root,
-    path: &'a str,
-}
-
-impl Marker<'_> {
-    /// Remove the marker (and fsync its directory); the run's error says so.
-    fn take_back(&self, e: Error) -> Error {
-        match self.root.remove(self.path) {
-            Ok(()) => e.context(format!(
-                "removed {} again so bootstrap runs again",
-                self.root.show(self.path)
-            )),
-            Err(r) => {
-                log::error!("{r}");
-                e.context(format!(
-                    "could NOT remove {}; remove it before kubelet starts",
-                    self.root.show(self.path)
-                ))
-            }
-        }
-    }
-}
-
-fn kube_version(root: &Root, a: &Bootstrap, kube: Option<&Kube>) -> Result<String> {
-    if let Some(v) = &a.force_kube_version {
-        log::info!("Kubernetes version {v} (from --force-kube-version)");
-        return Ok(v.clone());
-    }
-    match kube {
-        Some(k) => match k.server_version() {
-            Ok(v) => {
-                let from = format!(
-                    "the API server, GET /version, credentials from {}",
-                    k.source
-                );
-                log::info!("Kubernetes version {v} (from {from})");
-                return runtime::checked_version(v, &from);
-            }
-            Err(e) => log::warn!("API server version unavailable: {e}"),
-        },
-        None => log::info!(
-            "no kubeconfig at {}: not asking the API server",
-            root.show(&a.kubeconfig)
-        ),
-    }
-    runtime::kubelet_env_version(root, &a.installer_kubelet_env)?.ok_or_else(|| {
-        Error::failed(format!(
-            "unable to determine the cluster version: API server unavailable and {} does not exist",
-            root.show(&a.installer_kubelet_env)
-        ))
     })
 }
 
@@ -288,48 +225,6 @@ fn os_update(a: &Bootstrap, root: &Root) -> Result<Update> {
     Ok(u)
 }
 
-/// Write kubelet.env last; `Some` once it is in place (not in a dry run or without a path).
-fn write_kubelet_env<'a>(
-    root: &'a Root,
-    a: &'a Bootstrap,
-    k8s: &str,
-) -> Result<Option<Marker<'a>>> {
-    if a.kubelet_env_path.is_empty() {
-        log::info!("--kubelet-env-path is empty: not writing kubelet.env");
-        return Ok(None);
-    }
-    let name = root.show(&a.installer_kubelet_env);
-    let text = root.read_text(&a.installer_kubelet_env)?.ok_or_else(|| {
-        Error::failed(format!(
-            "{name} does not exist: it is the template for kubelet.env"
-        ))
-    })?;
-    let mut env = EnvFile::parse(&text, &name)?;
-    env.set("KUBELET_IMAGE_TAG", &k8s.replace('+', "_"));
-    let out = root.show(&a.kubelet_env_path);
-    if a.dry_run {
-        crate::outln!("plan: write {out}:\n{}", env.render().trim_end())?;
-        return Ok(None);
-    }
-    let marker = Marker {
-        root,
-        path: &a.kubelet_env_path,
-    };
-    let (dir, file) = root.parent_of(&a.kubelet_env_path)?;
-    let mut t = dir.create_temp(&file, 0o644)?;
-    t.write_all(env.render().as_bytes())
-        .map_err(|e| Error::failed(format!("writing {out}: {e}")))?;
-    match t.persist_steps() {
-        Ok(()) => {}
-        Err((Persist::NotRenamed, e)) => return Err(e),
-        // Visible but perhaps not durable: a done marker that may vanish or survive a crash
-        // at random is no marker at all.
-        Err((Persist::Renamed, e)) => return Err(marker.take_back(e)),
-    }
-    log::info!("wrote {out} (from {name}, KUBELET_IMAGE_TAG for {k8s})");
-    Ok(Some(marker))
-}
-
 pub fn reboot_reasons(
     update: &Update,
     applied: Option<&Option<String>>,
@@ -384,23 +279,24 @@ fn install_cleanup(root: &Root, dry_run: bool) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::check::ManifestUrl;
     use crate::cli::DEFAULT_MANIFEST_URL;
 
     #[test]
     fn url_templates() {
         assert_eq!(
-            options::ManifestUrl::parse(DEFAULT_MANIFEST_URL).unwrap().render("amd64-usr", "1632.3.0").unwrap(),
+            ManifestUrl::parse(DEFAULT_MANIFEST_URL).unwrap().render("amd64-usr", "1632.3.0").unwrap(),
             "https://tectonic-torcx.release.core-os.net/manifests/amd64-usr/1632.3.0/torcx_manifest.json"
         );
         assert_eq!(
-            options::ManifestUrl::parse("https://h/${COREOS_BOARD}/${VERSION_ID}/m.json")
+            ManifestUrl::parse("https://h/${COREOS_BOARD}/${VERSION_ID}/m.json")
                 .unwrap()
                 .render("arm64-usr", "1.2.3")
                 .unwrap(),
             "https://h/arm64-usr/1.2.3/m.json"
         );
-        assert!(options::ManifestUrl::parse("https://h/{{.Channel}}/m.json").is_err());
-        assert!(options::ManifestUrl::parse("file:///m.json").is_err());
+        assert!(ManifestUrl::parse("https://h/{{.Channel}}/m.json").is_err());
+        assert!(ManifestUrl::parse("file:///m.json").is_err());
     }
 
     #[test]

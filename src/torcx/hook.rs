@@ -8,14 +8,15 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::cli::check::check_common;
 use crate::cli::Hook;
 use crate::error::{Error, Result};
+use crate::net::cluster;
 use crate::net::kube::{api_client, check_key, node_name};
 use crate::node::dbus::{self, Update};
+use crate::node::mappings::Mappings;
 use crate::node::root::Root;
 use crate::node::signals;
-use crate::torcx::mappings::Mappings;
-use crate::torcx::options;
 use crate::torcx::runtime::{self, Manifests, OsInfo, OS_RELEASE, RUNTIME};
 use crate::torcx::store;
 
@@ -30,7 +31,7 @@ pub fn run(a: &Hook) -> Result<()> {
         std::env::var("NODE").ok().as_deref(),
     )?;
     check_key("--node-annotation", &a.node_annotation)?;
-    let template = options::check_common(&a.common())?;
+    let template = check_common(&a.common())?;
     for (flag, p) in [
         ("--kubeconfig", a.kubeconfig.as_deref()),
         ("--version-manifest", Some(a.version_manifest.as_path())),
@@ -46,13 +47,9 @@ pub fn run(a: &Hook) -> Result<()> {
     // no-escape resolution as node paths.
     let pod = Root::open(Path::new("/"))?;
     let root = Root::open(&a.root)?;
-    let keyring = options::read_keyring(&a.common(), &pod)?;
-    let http = options::manifest_client(&a.common(), &root)?;
-    let kube = api_client(
-        a.kubeconfig.as_deref(),
-        &pod,
-        options::api_retry(&a.common()),
-    )?;
+    let keyring = a.common().keyring(&pod)?;
+    let http = a.common().http(&root)?;
+    let kube = api_client(a.kubeconfig.as_deref(), &pod, a.common().api_retry())?;
 
     // 1. OS version and board.
     let os = OsInfo::read(&root)?;
@@ -64,7 +61,7 @@ pub fn run(a: &Hook) -> Result<()> {
     );
 
     // 2. Kubernetes version: the node's kubelet.env only.
-    let k8s = runtime::kubelet_env_version(&root, KUBELET_ENV)?.ok_or_else(|| {
+    let k8s = cluster::kubelet_env_version(&root, KUBELET_ENV)?.ok_or_else(|| {
         Error::failed(format!(
             "unable to determine the cluster version: {} does not exist (the hook reads it only from there)",
             root.show(KUBELET_ENV)

@@ -4,9 +4,6 @@
 //! docs/hook.md.
 
 pub mod bootstrap;
-pub mod config;
 pub mod hook;
-pub mod mappings;
-pub mod options;
 pub mod runtime;
 pub mod store;

@@ -1,13 +1,13 @@
 //! What bootstrap and the hook share: the node's OS (os-release), the versions wanted, signed
 //! manifests, and staging the runtime image under the profile (docs/bootstrap.md, steps 5-8).
 
+use crate::cli::check::ManifestUrl;
 use crate::crypto::openpgp::Keyring;
 use crate::error::{Error, Result};
 use crate::net::fetch::{Http, Request};
 use crate::node::envfile::EnvFile;
+use crate::node::mappings::Mappings;
 use crate::node::root::{plain_name, Root};
-use crate::torcx::mappings::Mappings;
-use crate::torcx::options::ManifestUrl;
 use crate::torcx::store::{self, PackageList, Source, Staged};
 
 pub const OS_RELEASE: &str = "/usr/lib/os-release";
@@ -65,37 +65,6 @@ fn arch_board() -> Result<&'static str> {
         "aarch64" => Ok("arm64-usr"),
         a => Err(Error::failed(format!(
             "no COREOS_BOARD in os-release and no board for architecture {a}"
-        ))),
-    }
-}
-
-/// The Kubernetes version a kubelet.env names (`KUBELET_IMAGE_TAG`); `None` if it does not exist.
-pub fn kubelet_env_version(root: &Root, node_path: &str) -> Result<Option<String>> {
-    let name = root.show(node_path);
-    let Some(text) = root.read_text(node_path)? else {
-        return Ok(None);
-    };
-    let env = EnvFile::parse(&text, &name)?;
-    let tag = env
-        .get("KUBELET_IMAGE_TAG")
-        .filter(|t| !t.is_empty())
-        .ok_or_else(|| {
-            Error::failed(format!(
-                "unable to determine the cluster version: {name} has no KUBELET_IMAGE_TAG"
-            ))
-        })?;
-    // Docker tags cannot hold '+', so the installer wrote '_'.
-    let v = tag.replace('_', "+");
-    log::info!("Kubernetes version {v} (from KUBELET_IMAGE_TAG in {name})");
-    checked_version(v, &format!("KUBELET_IMAGE_TAG in {name}")).map(Some)
-}
-
-/// A version the mappings can be looked up by (`v1.10.2+coreos.0`), or an error naming its source.
-pub fn checked_version(v: String, from: &str) -> Result<String> {
-    match crate::torcx::mappings::major_minor(&v) {
-        Some(_) => Ok(v),
-        None => Err(Error::failed(format!(
-            "Kubernetes version {v:?} from {from} is not a version like v1.10.2"
         ))),
     }
 }

@@ -83,6 +83,19 @@ impl Mappings {
     }
 }
 
+impl Mappings {
+    /// Every runtime and its preferred versions for Kubernetes `k8s_version`'s minor, in file
+    /// order; `None` when the minor (or the `k8s` table) has no entry.
+    pub fn runtimes_for(&self, k8s_version: &str) -> Option<&[(String, Vec<String>)]> {
+        let minor = major_minor(k8s_version)?;
+        let (_, minors) = self.versions.iter().find(|(h, _)| h == "k8s")?;
+        minors
+            .iter()
+            .find(|(m, _)| *m == minor)
+            .map(|(_, w)| w.as_slice())
+    }
+}
+
 /// `v1.10.2+coreos.0` → `1.10`. The version must be semver-shaped: MAJOR.MINOR.PATCH with
 /// optional pre-release and build parts.
 pub fn major_minor(v: &str) -> Option<String> {

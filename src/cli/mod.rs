@@ -5,8 +5,15 @@ use std::path::PathBuf;
 
 use argh::FromArgs;
 
+use std::time::Duration;
+
+use crate::crypto::openpgp::Keyring;
 use crate::error::{Error, Kind, Result};
+use crate::net::fetch::{AttemptLimits, Http, Retry, Tls};
 use crate::node::root::{read_host_file, Root};
+
+pub mod check;
+pub mod settings;
 
 pub const DEFAULT_MANIFEST_URL: &str =
     "https://tectonic-torcx.release.core-os.net/manifests/{{.Board}}/{{.OSVersion}}/torcx_manifest.json";
@@ -32,8 +39,8 @@ pub enum Cmd {
 
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "bootstrap")]
-/// Stage the container runtime the cluster needs for this node's OS (and a pending OS update),
-/// write kubelet.env, and reboot if that is needed for the runtime to apply.
+/// Stage what the cluster needs on this node (a torcx runtime image for this OS and a pending OS
+/// update, or systemd-sysext images), write kubelet.env, and reboot only if that is needed.
 pub struct Bootstrap {
     /// the node's root; every node path resolves under it (default /)
     #[argh(option, default = "PathBuf::from(\"/\")")]
@@ -44,6 +51,13 @@ pub struct Bootstrap {
     /// also take nodestrap.<key>=<value> settings from the kernel command line (/proc/cmdline)
     #[argh(switch)]
     pub cmdline: bool,
+    /// payload family: torcx (runtime image under a torcx profile) or sysext (default torcx)
+    #[argh(option, default = "Payload::Torcx")]
+    pub payload: Payload,
+    /// sysext: URL of the directory holding SHA256SUMS, its signature and the images; ${NAME}
+    /// or {{.Name}} is the extension's name
+    #[argh(option, default = "String::new()")]
+    pub sysext_url: String,
     /// kubeconfig for the API server (node path, default /etc/kubernetes/kubeconfig)
     #[argh(option, default = "\"/etc/kubernetes/kubeconfig\".into()")]
     pub kubeconfig: String,
@@ -492,6 +506,115 @@ macro_rules! common {
 }
 common!(Bootstrap);
 common!(Hook);
+
+/// What `bootstrap` stages (docs/bootstrap.md, "Payload").
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Payload {
+    /// A Docker torcx image under a torcx profile (CoreOS Container Linux, Tectonic).
+    Torcx,
+    /// systemd-sysext images for Kubernetes and a container runtime (today's Flatcar).
+    Sysext,
+}
+
+impl argh::FromArgValue for Payload {
+    fn from_arg_value(v: &str) -> Result<Self, String> {
+        match v {
+            "torcx" => Ok(Payload::Torcx),
+            "sysext" => Ok(Payload::Sysext),
+            _ => Err(format!("expected torcx or sysext, got {v:?}")),
+        }
+    }
+}
+
+impl Common<'_> {
+    /// The keyring that signs manifests, or `None` (with a warning) under --no-verify-signatures.
+    pub fn keyring(&self, root: &Root) -> Result<Option<Keyring>> {
+        if self.no_verify_signatures {
+            log::warn!("--no-verify-signatures: manifests will NOT be authenticated; anyone on the path can choose what runs on this node");
+            return Ok(None);
+        }
+        let data = self.keyring.read(root, 16 << 20, "keyring")?;
+        let name = self.keyring.label(root);
+        let k = Keyring::parse(&data, &name).map_err(|e| e.with_kind(self.keyring.kind()))?;
+        log::debug!("keyring {name}: {}", k.fingerprints().join(", "));
+        Ok(Some(k))
+    }
+
+    pub fn api_retry(&self) -> Retry {
+        Retry::fixed(self.api_tries, Duration::from_secs(self.api_retry_delay))
+    }
+
+    /// The HTTPS client for manifests and images: system roots plus `--ca-file`.
+    pub fn http(&self, root: &Root) -> Result<Http> {
+        let mut tls = Tls::system(root)?;
+        match self.ca_file {
+            Some(Input::Host(p)) => tls.add_file(p, "--ca-file")?,
+            Some(ca) => {
+                let pem = ca.read(root, 16 << 20, "ca-file")?;
+                tls.add_pem(&pem, &ca.name(root, "ca-file"))?;
+            }
+            None => {}
+        }
+        if tls.sources.is_empty() {
+            log::warn!(
+                "no trust anchors: no system CA bundle found and no --ca-file; HTTPS will fail"
+            );
+        } else {
+            log::debug!("trust anchors: {}", tls.sources.join(", "));
+        }
+        let limits = self.limits()?;
+        let retry = Retry::exponential(
+            self.fetch_attempts,
+            Duration::from_millis(self.fetch_backoff_ms),
+        );
+        Ok(Http::new(&tls, retry).with_limits(limits))
+    }
+
+    /// The fetch options' own checks (exit 2), shared by every payload family.
+    pub fn check_fetch(&self) -> Result<()> {
+        at_most("--api-tries", self.api_tries as u64, 100)?;
+        at_most("--api-retry-delay", self.api_retry_delay, 3600)?;
+        at_most("--fetch-attempts", self.fetch_attempts as u64, 100)?;
+        at_most("--fetch-backoff-ms", self.fetch_backoff_ms, 60_000)?;
+        self.limits().map(|_| ())
+    }
+
+    fn limits(&self) -> Result<AttemptLimits> {
+        AttemptLimits::from_options(
+            self.fetch_timeout,
+            self.fetch_min_rate,
+            self.fetch_min_rate_window,
+        )
+    }
+}
+
+/// `nodestrap bootstrap` from the command line `args` (normalised) it was parsed from:
+/// settings from the node's config file and kernel command line are merged under the command
+/// line (--root, --config and --cmdline say where they are); each value is checked as it is
+/// read, so an error names the file line or kernel argument; then `run`.
+pub fn bootstrap(b: &Bootstrap, args: &[String], run: &dyn Fn(&Bootstrap) -> Result<()>) -> i32 {
+    let merged = match settings::merge(b, args) {
+        Ok(m) => m,
+        Err(e) => {
+            crate::logger::init(log::LevelFilter::Info);
+            log::error!("{e}");
+            return e.exit_code();
+        }
+    };
+    let cli = match parse(&merged.args) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let Cmd::Bootstrap(b) = &cli.cmd else {
+        unreachable!("merged arguments keep the subcommand")
+    };
+    logged(&b.verbose, || {
+        for n in &merged.notes {
+            log::info!("{n}");
+        }
+        run(b)
+    })
+}
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RebootMode {

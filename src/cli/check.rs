@@ -1,13 +1,9 @@
-//! The options bootstrap and the hook share, checked before anything is read, and what they
-//! make of them: the manifest URL template, the keyring, the HTTP and API clients.
+//! Option checks made before anything is read (exit 2), and the option types that carry a
+//! rule: the torcx manifest URL template and the sysext source URL template.
 
-use std::time::Duration;
-
-use crate::cli::{at_most, Bootstrap, Common, Input, DEFAULT_MANIFEST_URL};
-use crate::crypto::openpgp::Keyring;
+use crate::cli::{at_most, Bootstrap, Common, Payload, DEFAULT_MANIFEST_URL};
 use crate::error::{Error, Result};
-use crate::net::fetch::{AttemptLimits, Http, Retry, Tls};
-use crate::node::root::{plain_name, Root};
+use crate::node::root::plain_name;
 
 /// Step 0 for everything given on the command line; returns the manifest URL template.
 /// Also checks each config file and kernel command line value (`config::check_value`).
@@ -35,13 +31,16 @@ pub fn check_options(a: &Bootstrap) -> Result<ManifestUrl> {
         }
     }
     if let Some(v) = &a.force_kube_version {
-        if crate::torcx::mappings::major_minor(v).is_none() {
+        if crate::node::mappings::major_minor(v).is_none() {
             return Err(Error::config(format!(
                 "--force-kube-version {v:?}: expected a version like v1.10.2"
             )));
         }
     }
     at_most("--update-timeout", a.update_timeout, 7 * 24 * 3600)?;
+    if a.payload == Payload::Sysext || !a.sysext_url.is_empty() {
+        SysextUrl::parse(&a.sysext_url)?;
+    }
     Ok(template)
 }
 
@@ -59,51 +58,8 @@ pub fn check_common(a: &Common) -> Result<ManifestUrl> {
         a.torcx_manifest_url
     };
     let template = ManifestUrl::parse(template)?;
-    at_most("--api-tries", a.api_tries as u64, 100)?;
-    at_most("--api-retry-delay", a.api_retry_delay, 3600)?;
-    at_most("--fetch-attempts", a.fetch_attempts as u64, 100)?;
-    at_most("--fetch-backoff-ms", a.fetch_backoff_ms, 60_000)?;
-    AttemptLimits::from_options(a.fetch_timeout, a.fetch_min_rate, a.fetch_min_rate_window)?;
+    a.check_fetch()?;
     Ok(template)
-}
-
-/// The keyring that signs manifests, or `None` (with a warning) under --no-verify-signatures.
-pub fn read_keyring(a: &Common, root: &Root) -> Result<Option<Keyring>> {
-    if a.no_verify_signatures {
-        log::warn!("--no-verify-signatures: torcx manifests will NOT be authenticated; anyone on the path can choose what runs on this node");
-        return Ok(None);
-    }
-    let data = a.keyring.read(root, 16 << 20, "keyring")?;
-    let name = a.keyring.label(root);
-    let k = Keyring::parse(&data, &name).map_err(|e| e.with_kind(a.keyring.kind()))?;
-    log::debug!("keyring {name}: {}", k.fingerprints().join(", "));
-    Ok(Some(k))
-}
-
-pub fn api_retry(a: &Common) -> Retry {
-    Retry::fixed(a.api_tries, Duration::from_secs(a.api_retry_delay))
-}
-
-/// The HTTPS client for manifests and images: system roots plus `--ca-file`.
-pub fn manifest_client(a: &Common, root: &Root) -> Result<Http> {
-    let mut tls = Tls::system(root)?;
-    match a.ca_file {
-        Some(Input::Host(p)) => tls.add_file(p, "--ca-file")?,
-        Some(ca) => {
-            let pem = ca.read(root, 16 << 20, "ca-file")?;
-            tls.add_pem(&pem, &ca.name(root, "ca-file"))?;
-        }
-        None => {}
-    }
-    if tls.sources.is_empty() {
-        log::warn!("no trust anchors: no system CA bundle found and no --ca-file; HTTPS will fail");
-    } else {
-        log::debug!("trust anchors: {}", tls.sources.join(", "));
-    }
-    let limits =
-        AttemptLimits::from_options(a.fetch_timeout, a.fetch_min_rate, a.fetch_min_rate_window)?;
-    let retry = Retry::exponential(a.fetch_attempts, Duration::from_millis(a.fetch_backoff_ms));
-    Ok(Http::new(&tls, retry).with_limits(limits))
 }
 
 /// `--torcx-manifest-url`: an http(s) URL with placeholders for the board and the OS version
@@ -146,4 +102,52 @@ fn render_url(template: &str, board: &str, os_version: &str) -> Result<String> {
         )));
     }
     Ok(u)
+}
+
+/// `--sysext-url`: the http(s) URL of a directory holding `SHA256SUMS`, its detached signature
+/// and the images, with the extension's name as its one placeholder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SysextUrl(String);
+
+impl SysextUrl {
+    pub fn parse(template: &str) -> Result<SysextUrl> {
+        if template.is_empty() {
+            return Err(Error::config(
+                "--payload sysext needs --sysext-url (the directory holding SHA256SUMS and the images)",
+            ));
+        }
+        let u = SysextUrl(template.to_string());
+        u.dir("kubernetes")?;
+        Ok(u)
+    }
+
+    /// The directory's URL for extension `name`, with a trailing slash.
+    pub fn dir(&self, name: &str) -> Result<String> {
+        let mut u = self.0.replace("${NAME}", name).replace("{{.Name}}", name);
+        if u.contains("{{") || u.contains("${") {
+            return Err(Error::config(format!(
+                "--sysext-url {:?}: unknown placeholder (known: ${{NAME}} {{{{.Name}}}})",
+                self.0
+            )));
+        }
+        let rest = u
+            .strip_prefix("https://")
+            .or_else(|| u.strip_prefix("http://"));
+        if !rest.is_some_and(|r| !r.is_empty() && !r.starts_with('/')) {
+            return Err(Error::config(format!(
+                "--sysext-url {:?}: not an http(s) URL",
+                self.0
+            )));
+        }
+        if u.contains(['?', '#']) {
+            return Err(Error::config(format!(
+                "--sysext-url {:?}: a directory URL takes no query or fragment",
+                self.0
+            )));
+        }
+        if !u.ends_with('/') {
+            u.push('/');
+        }
+        Ok(u)
+    }
 }

@@ -20,6 +20,8 @@ const KERNEL: &str = "the kernel command line";
 
 /// Bootstrap options a config file or kernel argument may set.
 pub const KEYS: &[&str] = &[
+    "payload",
+    "sysext-url",
     "kubeconfig",
     "force-kube-version",
     "version-manifest",
@@ -291,7 +293,7 @@ fn check_value(key: &str, value: &str) -> std::result::Result<(), String> {
     let Cmd::Bootstrap(b) = parsed.cmd else {
         unreachable!("parsed as bootstrap")
     };
-    crate::torcx::options::check_options(&b)
+    crate::cli::check::check_options(&b)
         .map(|_| ())
         .map_err(|e| e.to_string())
 }

@@ -1,0 +1,428 @@
+//! `nodestrap bootstrap --payload sysext`: the Kubernetes image for the cluster's version and a
+//! container runtime image, verified, staged in Flatcar's layout, and merged (on the running
+//! system) or left for the real root's systemd-sysext to merge at boot (from the initramfs).
+//! kubelet.env, the done marker, comes last (docs/bootstrap.md, "sysext").
+
+use crate::cli::check::{check_options, SysextUrl};
+use crate::cli::Bootstrap;
+use crate::crypto::openpgp::Keyring;
+use crate::error::{Error, Result};
+use crate::net::cluster;
+use crate::net::fetch::{Http, Request};
+use crate::net::kube::Kube;
+use crate::node::mappings::Mappings;
+use crate::node::marker;
+use crate::node::root::Root;
+use crate::sysext::choose;
+use crate::sysext::host::Host;
+use crate::sysext::merge::{self, Expect};
+use crate::sysext::stage::{self, Link};
+use crate::sysext::sums::{Image, Sums};
+
+const KUBERNETES: &str = "kubernetes";
+/// Flatcar's own runtimes: while one is active, a second containerd is not merged over it.
+const FLATCAR_RUNTIMES: [&str; 2] = ["containerd-flatcar", "docker-flatcar"];
+const SIGNATURE_CAP: u64 = 64 << 10;
+/// The unit that merges the staged images when the real root boots.
+const SYSEXT_UNIT: &str = "systemd-sysext.service";
+
+/// What happens to one extension name.
+#[derive(Debug, Clone, PartialEq)]
+enum Outcome {
+    Stage(Image),
+    /// The user's opt-out, a foreign link, or Flatcar's own runtime: never overridden.
+    Left(&'static str),
+    /// The mappings name no runtime.
+    Nothing,
+}
+
+impl Outcome {
+    fn word(&self) -> String {
+        match self {
+            Outcome::Stage(i) => i.label(),
+            Outcome::Left(w) => w.to_string(),
+            Outcome::Nothing => "none".into(),
+        }
+    }
+}
+
+/// One image to stage, with the directory it comes from and the link it replaces.
+struct Step {
+    img: Image,
+    dir_url: String,
+    before: Link,
+}
+
+pub fn run(a: &Bootstrap) -> Result<()> {
+    // 0. Everything that can be checked without the node or the network: exit 2 if wrong.
+    let root = Root::open(&a.root)?;
+    check_options(a)?;
+    let url = SysextUrl::parse(&a.sysext_url)?;
+    let common = a.common();
+    let keyring = common.keyring(&root)?;
+    let http = common.http(&root)?;
+    let live = root.is_host();
+
+    // 1. The node as systemd-sysext sees it.
+    let host = Host::read(&root)?;
+    log::info!(
+        "node ID={} VERSION_ID={} SYSEXT_LEVEL={} architecture {} (from {})",
+        host.id,
+        host.version_id.as_deref().unwrap_or("(none)"),
+        host.sysext_level.as_deref().unwrap_or("(none)"),
+        host.arch,
+        host.source
+    );
+
+    // 2. The cluster's version, from the same sources as the torcx payload.
+    let kube = if a.kubeconfig.is_empty() || a.force_kube_version.is_some() {
+        None
+    } else {
+        Kube::from_kubeconfig(&root, &a.kubeconfig, common.api_retry())?
+    };
+    let k8s = cluster::version(
+        &root,
+        &cluster::Sources {
+            forced: a.force_kube_version.as_deref(),
+            kube: kube.as_ref(),
+            kubeconfig: &a.kubeconfig,
+            installer_env: &a.installer_kubelet_env,
+        },
+    )?;
+
+    // 3-4. Choose: Kubernetes by the cluster's version, the runtime by the mappings.
+    let lists = Lists {
+        http: &http,
+        url: &url,
+        keyring: keyring.as_ref(),
+        arch: host.arch,
+    };
+    let mut steps = Vec::new();
+    let kubernetes = match left_alone(&root, KUBERNETES)? {
+        Some(o) => o,
+        None => {
+            let (list, dir_url) = lists.get(KUBERNETES)?;
+            let (img, why) =
+                choose::kubernetes(&k8s, &list.images(KUBERNETES, host.arch), &dir_url)?;
+            log::info!(
+                "{KUBERNETES} {} chosen for a {k8s} cluster ({why})",
+                img.label()
+            );
+            steps.push(Step {
+                img: img.clone(),
+                dir_url,
+                before: Link::of(&root, KUBERNETES)?,
+            });
+            Outcome::Stage(img)
+        }
+    };
+    let (runtime_name, runtime) = choose_runtime(&root, a, &k8s, &lists, &mut steps)?;
+
+    // 5. The plan, for --dry-run.
+    if a.dry_run {
+        for s in &steps {
+            crate::outln!(
+                "plan: fetch {}{} -> {}, check it as systemd-sysext would, link {}/{}.raw to it",
+                s.dir_url,
+                s.img.file,
+                stage::image_path(&s.img),
+                stage::LINKS,
+                s.img.name
+            )?;
+            let (ma, mi) = s.img.version.minor();
+            crate::outln!(
+                "plan: sysupdate transfer /etc/sysupdate.{}.d/{}-{}{ma}.{mi}.transfer (and .conf) following the {ma}.{mi} patch stream",
+                s.img.name,
+                s.img.name,
+                if s.img.v_prefix { "v" } else { "" }
+            )?;
+        }
+        if !steps.is_empty() {
+            crate::outln!(
+                "plan: {}",
+                if live {
+                    "systemd-sysext refresh, daemon-reload, then prove the merge"
+                } else {
+                    "leave the merge to the real root's systemd-sysext at boot"
+                }
+            )?;
+        }
+        write_marker(&root, a, &kubernetes, &k8s)?;
+        return summary(
+            &k8s,
+            &kubernetes,
+            runtime_name,
+            &runtime,
+            "planned",
+            "planned",
+        );
+    }
+
+    // 6. Fetch and check every image before any link changes; a failure takes back the
+    //    images this run added.
+    let mut added: Vec<&Step> = Vec::new();
+    for s in &steps {
+        let existed = root.exists(&stage::image_path(&s.img));
+        if let Err(e) = stage::fetch_image(&root, &http, &s.dir_url, &s.img, &host) {
+            return Err(take_back_images(&root, &added, e));
+        }
+        if !existed {
+            added.push(s);
+        }
+    }
+
+    // 7. Switch the links, then merge (running system) or leave it to the boot (initramfs).
+    for (n, s) in steps.iter().enumerate() {
+        if let Err(e) = stage::switch_link(&root, &s.img) {
+            let e = restore(&root, &steps[..n], e);
+            return Err(take_back_images(&root, &added, e));
+        }
+    }
+    let activation = if steps.is_empty() {
+        "unchanged"
+    } else if live {
+        let expect: Vec<Expect> = steps
+            .iter()
+            .map(|s| Expect {
+                name: &s.img.name,
+                label: s.img.label(),
+                version: s.img.version.to_string(),
+            })
+            .collect();
+        if let Err(e) = merge::refresh().and_then(|()| merge::prove(&expect)) {
+            let e = restore(&root, &steps, e);
+            let e = match merge::refresh() {
+                Ok(()) => e.context("the previous extensions are merged again".to_string()),
+                Err(r) => e.context(format!(
+                    "refreshing with the previous links failed too: {r}"
+                )),
+            };
+            return Err(e);
+        }
+        "merged"
+    } else {
+        if !sysext_unit_enabled(&root) {
+            log::warn!(
+                "{SYSEXT_UNIT} is not enabled in {}: nothing will merge the staged images at boot (enable it, as Flatcar does)",
+                root.show("/etc/systemd/system/sysinit.target.wants")
+            );
+        }
+        log::info!("staged for the real root: its {SYSEXT_UNIT} merges them at boot");
+        "staged"
+    };
+
+    // 8. sysupdate follows the chosen minors from now on; older versions beyond the kept ones go.
+    for s in &steps {
+        let t = stage::write_transfer(&root, &s.img, &s.dir_url, keyring.is_some())?;
+        log::info!("wrote {t}: systemd-sysupdate keeps {} patched", s.img.name);
+        let keep = [s.img.file.as_str()];
+        stage::prune(&root, &s.img.name, host.arch, &keep)?;
+    }
+
+    // 9. The done marker, last; taken back if even the report fails, so the unit runs again.
+    let m = write_marker(&root, a, &kubernetes, &k8s)?;
+    summary(
+        &k8s,
+        &kubernetes,
+        runtime_name,
+        &runtime,
+        "done",
+        activation,
+    )
+    .map_err(|e| match m {
+        Some(m) => m.take_back(e),
+        None => e,
+    })
+}
+
+fn summary(
+    k8s: &str,
+    kubernetes: &Outcome,
+    runtime_name: &str,
+    runtime: &Outcome,
+    state: &str,
+    activation: &str,
+) -> Result<()> {
+    crate::outln!(
+        "nodestrap: sysext {state} k8s={k8s} {KUBERNETES}={} {runtime_name}={} activation={activation}",
+        kubernetes.word(),
+        runtime.word()
+    )
+}
+
+/// The runtime step: its name (for the summary) and what happens to it.
+fn choose_runtime(
+    root: &Root,
+    a: &Bootstrap,
+    k8s: &str,
+    lists: &Lists,
+    steps: &mut Vec<Step>,
+) -> Result<(&'static str, Outcome)> {
+    let name = root.show(&a.version_manifest);
+    let Some(text) = root.read_text(&a.version_manifest)? else {
+        log::info!("no runtime extension: no runtime mappings at {name}");
+        return Ok(("runtime", Outcome::Nothing));
+    };
+    let m = Mappings::parse(&text, &name)?;
+    let Some((runtime, wanted)) = choose::runtime(&m, k8s)? else {
+        return Ok(("runtime", Outcome::Nothing));
+    };
+    let rt: &'static str = if runtime == "docker" {
+        "docker"
+    } else {
+        "containerd"
+    };
+    for f in FLATCAR_RUNTIMES {
+        if Link::of(root, f)?.active() {
+            log::info!(
+                "{rt} not staged: Flatcar's own {f} is active in {} and ships the same units; mask it (link {f}.raw to /dev/null) to use {rt} from {}",
+                root.show(stage::LINKS),
+                name
+            );
+            return Ok((rt, Outcome::Left("flatcar")));
+        }
+    }
+    if let Some(o) = left_alone(root, rt)? {
+        return Ok((rt, o));
+    }
+    let (list, dir_url) = lists.get(rt)?;
+    let img = choose::runtime_image(rt, &wanted, &list.images(rt, lists.arch), &dir_url)?;
+    log::info!(
+        "{rt} {} chosen (mapped for Kubernetes {k8s} by {name})",
+        img.label()
+    );
+    steps.push(Step {
+        img: img.clone(),
+        dir_url,
+        before: Link::of(root, rt)?,
+    });
+    Ok((rt, Outcome::Stage(img)))
+}
+
+/// `Some` when the user's link for `name` must be respected.
+fn left_alone(root: &Root, name: &str) -> Result<Option<Outcome>> {
+    Ok(match Link::of(root, name)? {
+        Link::Masked(why) => {
+            log::info!("{name} not staged: the user opted out ({why})");
+            warn_lower_copies(root, name);
+            Some(Outcome::Left("masked"))
+        }
+        Link::Foreign(why) => {
+            log::warn!("{name} not staged: {why}, which nodestrap did not make; left alone");
+            Some(Outcome::Left("foreign"))
+        }
+        _ => None,
+    })
+}
+
+/// A /dev/null link does not hide a copy in a lower search directory (sysext.md §1.3).
+fn warn_lower_copies(root: &Root, name: &str) {
+    for d in ["/run/extensions", "/var/lib/extensions"] {
+        let p = format!("{d}/{name}.raw");
+        if root.exists(&p) {
+            log::warn!(
+                "{} exists: systemd-sysext merges it despite the opt-out in /etc/extensions",
+                root.show(&p)
+            );
+        }
+    }
+}
+
+fn sysext_unit_enabled(root: &Root) -> bool {
+    [
+        "/etc/systemd/system/sysinit.target.wants/systemd-sysext.service",
+        "/usr/lib/systemd/system/sysinit.target.wants/systemd-sysext.service",
+    ]
+    .iter()
+    .any(|p| root.exists(p))
+}
+
+fn write_marker<'a>(
+    root: &'a Root,
+    a: &Bootstrap,
+    kubernetes: &Outcome,
+    k8s: &str,
+) -> Result<Option<marker::Marker<'a>>> {
+    let version = match kubernetes {
+        Outcome::Stage(i) => i.label(),
+        _ => k8s.to_string(),
+    };
+    let set = [("KUBELET_VERSION", version.as_str())];
+    marker::write(
+        root,
+        &marker::Plan {
+            path: &a.kubelet_env_path,
+            template: &a.installer_kubelet_env,
+            need: marker::Template::IfPresent,
+            set: &set,
+        },
+        a.dry_run,
+    )
+}
+
+/// Put back the links `steps` switched; the error says what was restored.
+fn restore(root: &Root, steps: &[Step], e: Error) -> Error {
+    let mut e = e;
+    for s in steps {
+        if let Err(r) = stage::restore_link(root, &s.img.name, &s.before) {
+            e = e.context(format!("restoring the link of {} failed: {r}", s.img.name));
+        }
+    }
+    e
+}
+
+/// Remove the images this run added (verified ones, but not wanted after a failure).
+fn take_back_images(root: &Root, added: &[&Step], e: Error) -> Error {
+    for s in added {
+        if let Err(r) = root.remove(&stage::image_path(&s.img)) {
+            log::error!("{r}");
+        }
+    }
+    e
+}
+
+/// The signed lists of the source.
+struct Lists<'a> {
+    http: &'a Http,
+    url: &'a SysextUrl,
+    keyring: Option<&'a Keyring>,
+    arch: &'a str,
+}
+
+impl Lists<'_> {
+    /// `SHA256SUMS` of `name`'s directory, its signature checked before it is parsed, and its
+    /// freshness; with the directory's URL.
+    fn get(&self, name: &str) -> Result<(Sums, String)> {
+        let dir = self.url.dir(name)?;
+        let url = format!("{dir}SHA256SUMS");
+        let body = self
+            .http
+            .fetch(&Request::get(&url), crate::sysext::sums::MAX_BYTES)?;
+        match self.keyring {
+            Some(k) => {
+                let sig_url = format!("{url}.gpg");
+                let sig =
+                    match self
+                        .http
+                        .fetch_passing(&Request::get(&sig_url), SIGNATURE_CAP, &[404])?
+                    {
+                        Ok(s) => s,
+                        // As systemd-pull does: a detached armored signature when there is no .gpg.
+                        Err(_) => self
+                            .http
+                            .fetch(&Request::get(&format!("{url}.asc")), SIGNATURE_CAP)?,
+                    };
+                let by = k.verify_detached(&body, &sig, &url)?;
+                log::info!("{url}: good signature by {by}");
+            }
+            None => log::warn!("{url}: signature NOT checked (--no-verify-signatures)"),
+        }
+        let sums = Sums::parse(&body, &url)?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        sums.check_fresh(now, &url)?;
+        Ok((sums, dir))
+    }
+}

@@ -1,0 +1,180 @@
+//! On the running system: `systemd-sysext refresh`, a daemon-reload so that units inside the
+//! images are seen, and proof that each extension is merged at the version chosen. The exit
+//! code of systemd-sysext proves nothing (it exits 0 when it skipped every image), so the proof
+//! is its `status --json`, `/usr` being an overlay, and the merged binary's own version.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::node::dbus;
+use crate::node::exec::{self, Command};
+
+const SYSEXT: &str = "systemd-sysext";
+const TIMEOUT: Duration = Duration::from_secs(120);
+const OUTPUT_CAP: usize = 1 << 20;
+
+/// An extension expected in the merged /usr after a refresh.
+pub struct Expect<'a> {
+    pub name: &'a str,
+    /// The version as its image's file name spells it (`v1.32.4`, `1.7.24`).
+    pub label: String,
+    pub version: String,
+}
+
+/// `systemd-sysext refresh`, then daemon-reload.
+pub fn refresh() -> Result<()> {
+    let c = Command::new(&[SYSEXT.into(), "refresh".into()], TIMEOUT)?;
+    let out = exec::capture(&c, SYSEXT, OUTPUT_CAP)?;
+    for l in String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .chain(out.tail.lines())
+    {
+        if !l.trim().is_empty() {
+            log::info!("{SYSEXT} refresh: {l}");
+        }
+    }
+    if !out.exit.success() {
+        return Err(Error::failed(format!(
+            "{SYSEXT} refresh: {}: {}",
+            out.exit,
+            out.tail.trim()
+        )));
+    }
+    // Units inside the images (kubelet's, containerd's) exist for systemd only after a reload;
+    // systemd 252 never reloads by itself.
+    dbus::systemd_reload()?;
+    log::info!("systemd reloaded: units inside the extensions are visible");
+    Ok(())
+}
+
+/// Prove every extension in `want` is merged into /usr at its version.
+pub fn prove(want: &[Expect]) -> Result<()> {
+    let merged = status_usr()?;
+    if !usr_is_overlay()? {
+        return Err(Error::failed(
+            "/usr is not an overlay after systemd-sysext refresh: nothing is merged",
+        ));
+    }
+    for e in want {
+        if !merged.iter().any(|m| m == e.name) {
+            return Err(Error::failed(format!(
+                "{SYSEXT} status does not list {} for /usr after refresh (merged: {}): it skipped the image; run `SYSTEMD_LOG_LEVEL=debug {SYSEXT} refresh` for its reason",
+                e.name,
+                if merged.is_empty() { "none".into() } else { merged.join(", ") }
+            )));
+        }
+        if let Some(argv) = version_probe(e.name) {
+            let c = Command::new(&argv, Duration::from_secs(30))?;
+            let out = exec::capture(&c, &argv[0], 64 << 10)?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            if !out.exit.success() || !text.contains(&e.version) {
+                return Err(Error::failed(format!(
+                    "{} after the merge: expected version {}, got {} ({})",
+                    argv.join(" "),
+                    e.label,
+                    text.trim(),
+                    out.exit
+                )));
+            }
+            log::info!(
+                "{} merged into /usr: {} says {}",
+                e.name,
+                argv.join(" "),
+                text.lines().next().unwrap_or("").trim()
+            );
+        } else {
+            log::info!("{} merged into /usr ({SYSEXT} status)", e.name);
+        }
+    }
+    Ok(())
+}
+
+/// The program whose `--version` tells which image of `name` is merged.
+fn version_probe(name: &str) -> Option<Vec<String>> {
+    let bin = match name {
+        "kubernetes" => "/usr/bin/kubelet",
+        "containerd" => "/usr/bin/containerd",
+        "docker" => "/usr/bin/docker",
+        _ => return None,
+    };
+    Some(vec![bin.into(), "--version".into()])
+}
+
+/// The extensions `systemd-sysext status --json=short` lists for /usr.
+fn status_usr() -> Result<Vec<String>> {
+    let c = Command::new(
+        &[SYSEXT.into(), "status".into(), "--json=short".into()],
+        TIMEOUT,
+    )?;
+    let out = exec::capture(&c, SYSEXT, OUTPUT_CAP)?;
+    if !out.exit.success() {
+        return Err(Error::failed(format!(
+            "{SYSEXT} status: {}: {}",
+            out.exit,
+            out.tail.trim()
+        )));
+    }
+    parse_status(&out.stdout)
+}
+
+/// `[{"hierarchy":"/usr","extensions":["a","b"],…}]`; `extensions` is the string "none" when
+/// nothing is merged.
+pub fn parse_status(json: &[u8]) -> Result<Vec<String>> {
+    let bad = |why: &str| Error::failed(format!("{SYSEXT} status --json: {why}"));
+    let v: serde_json::Value =
+        serde_json::from_slice(json).map_err(|e| bad(&format!("not JSON: {e}")))?;
+    let list = v.as_array().ok_or_else(|| bad("not an array"))?;
+    let usr = list
+        .iter()
+        .find(|h| h.get("hierarchy").and_then(|h| h.as_str()) == Some("/usr"));
+    let Some(usr) = usr else {
+        return Ok(Vec::new());
+    };
+    match usr.get("extensions") {
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .map(|n| {
+                n.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| bad("a name is not a string"))
+            })
+            .collect(),
+        Some(serde_json::Value::String(s)) if s == "none" => Ok(Vec::new()),
+        _ => Err(bad("/usr has no extensions field")),
+    }
+}
+
+/// Whether the last mount on /usr in this mount namespace is an overlay.
+fn usr_is_overlay() -> Result<bool> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| Error::failed(format!("/proc/self/mountinfo: {e}")))?;
+    Ok(usr_fstype(&text).as_deref() == Some("overlay"))
+}
+
+fn usr_fstype(mountinfo: &str) -> Option<String> {
+    mountinfo
+        .lines()
+        .rfind(|l| l.split(' ').nth(4) == Some("/usr"))
+        .and_then(|l| l.split(" - ").nth(1)?.split(' ').next().map(str::to_string))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_as_252_and_257_print_it() {
+        let j = br#"[{"hierarchy":"/opt","extensions":"none","since":null},{"hierarchy":"/usr","extensions":["containerd","kubernetes"],"since":1795417018415437}]"#;
+        assert_eq!(parse_status(j).unwrap(), vec!["containerd", "kubernetes"]);
+        let none = br#"[{"hierarchy":"/usr","extensions":"none","since":null}]"#;
+        assert!(parse_status(none).unwrap().is_empty());
+        assert!(parse_status(b"{}").is_err());
+    }
+
+    #[test]
+    fn last_usr_mount_wins() {
+        let m = "22 1 8:1 / / rw - ext4 /dev/vda rw\n30 22 8:1 /usr /usr rw - ext4 /dev/vda rw\n41 30 0:40 / /usr ro,nodev,relatime - overlay overlay ro,lowerdir=/run/systemd/sysext/meta/usr:/run/systemd/sysext/extensions/k/usr:/usr\n";
+        assert_eq!(usr_fstype(m).as_deref(), Some("overlay"));
+        assert_eq!(usr_fstype("22 1 8:1 / / rw - ext4 /dev/vda rw\n"), None);
+    }
+}

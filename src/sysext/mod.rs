@@ -1,0 +1,13 @@
+//! The systemd-sysext era (today's Flatcar): `bootstrap --payload sysext` picks the Kubernetes
+//! extension image by the cluster's version and a container runtime image by the runtime
+//! mappings, verifies them by a signed SHA256SUMS, checks them as systemd-sysext will, stages
+//! them in Flatcar's layout, and merges them live or leaves them for the boot to merge.
+//! Contract: docs/bootstrap.md ("sysext").
+
+pub mod bootstrap;
+pub mod choose;
+pub mod host;
+pub mod image;
+pub mod merge;
+pub mod stage;
+pub mod sums;
