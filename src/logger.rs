@@ -5,6 +5,23 @@
 use std::io::Write;
 use std::os::fd::AsFd;
 
+/// `crate::debug!` for nodestrap's own lines: release builds compile every `crate::debug!` out
+/// (`release_max_level_info`, for other crates' sake); this one is filtered at run time only.
+#[macro_export]
+macro_rules! debug {
+    ($($arg:tt)+) => {
+        if log::Level::Debug <= log::max_level() {
+            log::logger().log(
+                &log::Record::builder()
+                    .args(format_args!($($arg)+))
+                    .level(log::Level::Debug)
+                    .target(module_path!())
+                    .build(),
+            );
+        }
+    };
+}
+
 struct Logger {
     journal: bool,
 }

@@ -22,6 +22,12 @@ nodestrap_for_arch() {
     return 1
 }
 
+# The sysext payload mounts each image read-only through a loop device to check it as
+# systemd-sysext will (squashfs, erofs); overlay for the merge the real root does later.
+installkernel() {
+    hostonly='' instmods loop squashfs erofs overlay
+}
+
 install() {
     # The binary for the initramfs' architecture: packaging puts nodestrap.<arch> (or one
     # nodestrap) into the module folder, as Ignition's packaging does; a host-installed one is

@@ -536,7 +536,7 @@ impl Common<'_> {
         let data = self.keyring.read(root, 16 << 20, "keyring")?;
         let name = self.keyring.label(root);
         let k = Keyring::parse(&data, &name).map_err(|e| e.with_kind(self.keyring.kind()))?;
-        log::debug!("keyring {name}: {}", k.fingerprints().join(", "));
+        crate::debug!("keyring {name}: {}", k.fingerprints().join(", "));
         Ok(Some(k))
     }
 
@@ -560,7 +560,7 @@ impl Common<'_> {
                 "no trust anchors: no system CA bundle found and no --ca-file; HTTPS will fail"
             );
         } else {
-            log::debug!("trust anchors: {}", tls.sources.join(", "));
+            crate::debug!("trust anchors: {}", tls.sources.join(", "));
         }
         let limits = self.limits()?;
         let retry = Retry::exponential(

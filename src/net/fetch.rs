@@ -7,6 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rustls::crypto::CryptoProvider;
+
 use ureq::tls::{Certificate, ClientCert, PemItem, RootCerts, TlsConfig};
 use ureq::Agent;
 
@@ -316,7 +318,7 @@ impl Http {
         proxy: Option<ureq::Proxy>,
         alias: Option<Alias>,
     ) -> Http {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = tls_provider();
         let tls_config = TlsConfig::builder()
             .root_certs(RootCerts::new_with_certs(&tls.roots))
             .client_cert(tls.client.clone())
@@ -604,6 +606,95 @@ pub fn server_message(body: &[u8]) -> Option<String> {
     let line = text.lines().map(str::trim).find(|l| !l.is_empty())?;
     Some(line.chars().take(200).collect())
 }
+
+/// rustls on ring, every connection's: the default provider's key exchange groups, signature
+/// algorithms and AES-GCM suites (TLS 1.3 and 1.2), without ChaCha20-Poly1305. Every TLS server
+/// offers AES-GCM, and the ChaCha20 code (for CPUs without AES instructions) costs about 30 KB of
+/// the 4 MiB budget; built field by field so the default suite list is never linked.
+pub fn tls_provider() -> Arc<CryptoProvider> {
+    use rustls::crypto::ring::cipher_suite as cs;
+    Arc::new(CryptoProvider {
+        cipher_suites: vec![
+            cs::TLS13_AES_256_GCM_SHA384,
+            cs::TLS13_AES_128_GCM_SHA256,
+            cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+            cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+            cs::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+            cs::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+        ],
+        kx_groups: rustls::crypto::ring::ALL_KX_GROUPS.to_vec(),
+        signature_verification_algorithms: SIG_ALGS,
+        secure_random: &RingRandom,
+        key_provider: &RingKeys,
+    })
+}
+
+#[derive(Debug)]
+struct RingRandom;
+
+impl rustls::crypto::SecureRandom for RingRandom {
+    fn fill(&self, buf: &mut [u8]) -> std::result::Result<(), rustls::crypto::GetRandomFailed> {
+        use ring::rand::SecureRandom as _;
+        ring::rand::SystemRandom::new()
+            .fill(buf)
+            .map_err(|_| rustls::crypto::GetRandomFailed)
+    }
+}
+
+#[derive(Debug)]
+struct RingKeys;
+
+impl rustls::crypto::KeyProvider for RingKeys {
+    fn load_private_key(
+        &self,
+        key: rustls::pki_types::PrivateKeyDer<'static>,
+    ) -> std::result::Result<Arc<dyn rustls::sign::SigningKey>, rustls::Error> {
+        rustls::crypto::ring::sign::any_supported_type(&key)
+    }
+}
+
+/// The certificate signature algorithms webpki has on ring, by TLS signature scheme (the same
+/// table rustls's ring provider uses).
+static SIG_ALGS: rustls::crypto::WebPkiSupportedAlgorithms = {
+    use rustls::SignatureScheme as S;
+    use webpki::ring as w;
+    rustls::crypto::WebPkiSupportedAlgorithms {
+        all: &[
+            w::ECDSA_P256_SHA256,
+            w::ECDSA_P256_SHA384,
+            w::ECDSA_P384_SHA256,
+            w::ECDSA_P384_SHA384,
+            w::ED25519,
+            w::RSA_PSS_2048_8192_SHA256_LEGACY_KEY,
+            w::RSA_PSS_2048_8192_SHA384_LEGACY_KEY,
+            w::RSA_PSS_2048_8192_SHA512_LEGACY_KEY,
+            w::RSA_PKCS1_2048_8192_SHA256,
+            w::RSA_PKCS1_2048_8192_SHA384,
+            w::RSA_PKCS1_2048_8192_SHA512,
+            w::RSA_PKCS1_2048_8192_SHA256_ABSENT_PARAMS,
+            w::RSA_PKCS1_2048_8192_SHA384_ABSENT_PARAMS,
+            w::RSA_PKCS1_2048_8192_SHA512_ABSENT_PARAMS,
+        ],
+        mapping: &[
+            // TLS 1.2 does not tie the curve to the scheme; TLS 1.3 does.
+            (
+                S::ECDSA_NISTP384_SHA384,
+                &[w::ECDSA_P384_SHA384, w::ECDSA_P256_SHA384],
+            ),
+            (
+                S::ECDSA_NISTP256_SHA256,
+                &[w::ECDSA_P256_SHA256, w::ECDSA_P384_SHA256],
+            ),
+            (S::ED25519, &[w::ED25519]),
+            (S::RSA_PSS_SHA512, &[w::RSA_PSS_2048_8192_SHA512_LEGACY_KEY]),
+            (S::RSA_PSS_SHA384, &[w::RSA_PSS_2048_8192_SHA384_LEGACY_KEY]),
+            (S::RSA_PSS_SHA256, &[w::RSA_PSS_2048_8192_SHA256_LEGACY_KEY]),
+            (S::RSA_PKCS1_SHA512, &[w::RSA_PKCS1_2048_8192_SHA512]),
+            (S::RSA_PKCS1_SHA384, &[w::RSA_PKCS1_2048_8192_SHA384]),
+            (S::RSA_PKCS1_SHA256, &[w::RSA_PKCS1_2048_8192_SHA256]),
+        ],
+    }
+};
 
 pub enum Staging {
     /// Reading the source failed (for a download: worth another attempt).

@@ -105,7 +105,7 @@ impl Kube {
                 ExecCredential::Cert(c, k) if tls.client.is_none() => {
                     tls.client = Some(client_cert(&c, &k, &format!("{name} exec plugin"))?)
                 }
-                _ => log::debug!(
+                _ => crate::debug!(
                     "{name}: exec plugin's credential not used: the kubeconfig names one"
                 ),
             }

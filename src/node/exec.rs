@@ -238,7 +238,7 @@ fn run(c: &Command, label: &str, out: &mut dyn Output, to_eof: bool) -> Result<E
         Env::Inherit(e) => ("our environment plus", e),
         Env::Only(e) => ("only", e),
     };
-    log::debug!(
+    crate::debug!(
         "{label}: running {} in {} with {names} {}",
         c.program.display(),
         c.cwd.display(),

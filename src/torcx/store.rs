@@ -221,14 +221,14 @@ fn stage_into(
             Ok(Some(f)) => f,
             Ok(None) => continue,
             Err(e) => {
-                log::debug!("not copying from it: {e}");
+                crate::debug!("not copying from it: {e}");
                 continue;
             }
         };
         match write_verified(dir, file, digest, &mut f) {
             Ok(_) => return Ok(Staged::Copied(root.show(&other))),
             Err(Staging::Mismatch(..)) => {
-                log::debug!("{} does not match {digest}", root.show(&other))
+                crate::debug!("{} does not match {digest}", root.show(&other))
             }
             // Another store is only a shortcut: a copy that cannot be read is downloaded.
             Err(Staging::Read(e)) => log::warn!("not copying from {}: {e}", root.show(&other)),

@@ -25,6 +25,15 @@ impl Signer_ {
 
     /// An armored detached signature over `data`.
     pub fn sign(&self, data: &[u8]) -> Vec<u8> {
+        self.sign_as(data, true)
+    }
+
+    /// A binary detached signature over `data` (what `gpg --detach-sign` writes to a `.gpg`).
+    pub fn sign_binary(&self, data: &[u8]) -> Vec<u8> {
+        self.sign_as(data, false)
+    }
+
+    fn sign_as(&self, data: &[u8], armored: bool) -> Vec<u8> {
         let p = StandardPolicy::new();
         let keypair = self
             .cert
@@ -45,10 +54,14 @@ impl Signer_ {
         let mut sink = Vec::new();
         {
             let m = Message::new(&mut sink);
-            let m = Armorer::new(m)
-                .kind(openpgp::armor::Kind::Signature)
-                .build()
-                .unwrap();
+            let m = if armored {
+                Armorer::new(m)
+                    .kind(openpgp::armor::Kind::Signature)
+                    .build()
+                    .unwrap()
+            } else {
+                m
+            };
             let mut s = Signer::new(m, keypair).unwrap().detached().build().unwrap();
             s.write_all(data).unwrap();
             s.finalize().unwrap();

@@ -1,0 +1,856 @@
+//! `nodestrap bootstrap --payload sysext` end to end: real squashfs images made with mksquashfs
+//! at test time, SHA256SUMS signed with a key made at test time (and checked by gpg, as
+//! systemd-sysupdate checks it), served over HTTPS; what nodestrap stages is then merged by the
+//! real systemd-sysext of this machine in a private mount namespace. The programs inside the
+//! images (`kubelet`, `containerd`) are stand-in scripts that print a version: the real
+//! containerd and kubectl are merged in the QEMU scenarios (qemu/harness/sysext.py).
+//! Needs root (loop devices and mounts), mksquashfs, gpg, unshare and systemd-sysext.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sha2::Digest as _;
+use support::*;
+
+const ANY: &str = "ID=_any\nARCHITECTURE=x86-64\nEXTENSION_RELOAD_MANAGER=1\n";
+const MAPPINGS: &str =
+    "kind: VersionManifestV1\nversions:\n  k8s:\n    \"1.32\":\n      containerd: [\"1.7\"]\n    \"1.31\":\n      containerd: [\"1.7\"]\n";
+const EMPTY_SHA: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+fn sha256(b: &[u8]) -> String {
+    sha2::Sha256::digest(b)
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}
+
+/// A squashfs sysext image: `extension-release.<release_name>` holding `release`, and `files`
+/// (path, content, mode). `pad` bytes of incompressible data make it bigger.
+fn squashfs(
+    work: &Path,
+    release_name: &str,
+    release: &str,
+    files: &[(&str, String, u32)],
+    pad: usize,
+) -> Vec<u8> {
+    let tree = unique_dir("tree");
+    let rel = tree.join("usr/lib/extension-release.d");
+    std::fs::create_dir_all(&rel).unwrap();
+    std::fs::write(
+        rel.join(format!("extension-release.{release_name}")),
+        release,
+    )
+    .unwrap();
+    for (p, content, mode) in files {
+        let f = tree.join(p);
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        std::fs::write(&f, content).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(*mode)).unwrap();
+    }
+    if pad > 0 {
+        let mut data = Vec::with_capacity(pad);
+        let mut h = sha2::Sha512::digest(release.as_bytes()).to_vec();
+        while data.len() < pad {
+            h = sha2::Sha512::digest(&h).to_vec();
+            data.extend_from_slice(&h);
+        }
+        std::fs::create_dir_all(tree.join("usr/share/pad")).unwrap();
+        std::fs::write(tree.join("usr/share/pad/data"), data).unwrap();
+    }
+    let out = work.join(format!(
+        "img-{}.raw",
+        sha256(release.as_bytes()) + &sha256(format!("{files:?}{pad}").as_bytes())[..8]
+    ));
+    let st = Command::new("mksquashfs")
+        .arg(&tree)
+        .arg(&out)
+        .args(["-all-root", "-noappend", "-quiet", "-no-progress"])
+        .output()
+        .expect("mksquashfs (Debian package squashfs-tools) must be installed");
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&tree);
+    std::fs::read(out).unwrap()
+}
+
+fn kubernetes(work: &Path, v: &str, release: &str) -> Vec<u8> {
+    squashfs(
+        work,
+        "kubernetes",
+        release,
+        &[
+            ("usr/bin/kubelet", format!("#!/bin/sh\necho 'Kubernetes v{v}'\n"), 0o755),
+            (
+                "usr/lib/systemd/system/kubelet.service",
+                "[Service]\nEnvironmentFile=/etc/kubernetes/kubelet.env\nExecStart=/usr/bin/kubelet\n".into(),
+                0o644,
+            ),
+        ],
+        0,
+    )
+}
+
+fn containerd(work: &Path, v: &str, pad: usize) -> Vec<u8> {
+    squashfs(
+        work,
+        "containerd",
+        ANY,
+        &[(
+            "usr/bin/containerd",
+            format!("#!/bin/sh\necho 'containerd github.com/containerd/containerd {v}'\n"),
+            0o755,
+        )],
+        pad,
+    )
+}
+
+struct World {
+    root: PathBuf,
+    work: PathBuf,
+    files: Server,
+    signer: Signer_,
+    keyring: PathBuf,
+    ca_file: PathBuf,
+    extra: Vec<String>,
+}
+
+impl World {
+    /// A Debian 13 node (os-release), cluster v1.32.4 (from the installer's kubelet.env), and a
+    /// source offering kubernetes v1.31.9, v1.32.1, v1.32.3 and containerd 1.7.20, 1.7.24.
+    fn new() -> World {
+        let root = unique_dir("sysroot");
+        let work = unique_dir("sysext-work");
+        let ca = Ca::new("nodestrap test CA");
+        let files = Server::start(&ca.server(), None);
+        let signer = Signer_::new("sysext signer <sysext@nodestrap.invalid>");
+        let keyring = work.join("keyring.asc");
+        std::fs::write(&keyring, signer.keyring()).unwrap();
+        let ca_file = work.join("ca.pem");
+        std::fs::write(&ca_file, &ca.pem).unwrap();
+        let w = World {
+            root,
+            work,
+            files,
+            signer,
+            keyring,
+            ca_file,
+            extra: Vec::new(),
+        };
+        w.write(
+            "/etc/os-release",
+            "PRETTY_NAME=\"Debian GNU/Linux 13 (trixie)\"\nID=debian\nVERSION_ID=\"13\"\n",
+        );
+        w.write(
+            "/etc/kubernetes/installer/kubelet.env",
+            "KUBELET_IMAGE_TAG=v1.32.4\n",
+        );
+        w.write("/etc/kubernetes/installer/runtime-mappings.yaml", MAPPINGS);
+        let k: Vec<(String, Vec<u8>)> = ["1.31.9", "1.32.1", "1.32.3"]
+            .iter()
+            .map(|v| {
+                (
+                    format!("kubernetes-v{v}-x86-64.raw"),
+                    kubernetes(&w.work, v, ANY),
+                )
+            })
+            .collect();
+        w.publish("kubernetes", &k, "");
+        let c: Vec<(String, Vec<u8>)> = ["1.7.20", "1.7.24"]
+            .iter()
+            .map(|v| {
+                (
+                    format!("containerd-v{v}-x86-64.raw"),
+                    containerd(&w.work, v, 0),
+                )
+            })
+            .collect();
+        w.publish("containerd", &c, "");
+        w
+    }
+
+    /// Serve `images` of `name` with a SHA256SUMS (plus `extra` lines) signed by the world's key.
+    fn publish(&self, name: &str, images: &[(String, Vec<u8>)], extra: &str) -> String {
+        let mut sums = String::new();
+        for (f, b) in images {
+            sums.push_str(&format!("{}  {f}\n", sha256(b)));
+            self.files
+                .set(&format!("/ext/{name}/{f}"), Reply::ok(b.clone()));
+        }
+        sums.push_str(extra);
+        self.files
+            .set(&format!("/ext/{name}/SHA256SUMS"), Reply::ok(sums.clone()));
+        self.files.set(
+            &format!("/ext/{name}/SHA256SUMS.gpg"),
+            Reply::ok(self.signer.sign_binary(sums.as_bytes())),
+        );
+        sums
+    }
+
+    fn path(&self, node_path: &str) -> PathBuf {
+        under(&self.root, node_path)
+    }
+
+    fn write(&self, node_path: &str, content: &str) {
+        write_under(&self.root, node_path, content);
+    }
+
+    fn read(&self, node_path: &str) -> Option<String> {
+        std::fs::read_to_string(self.path(node_path)).ok()
+    }
+
+    fn link(&self, name: &str) -> Option<String> {
+        std::fs::read_link(self.path(&format!("/etc/extensions/{name}.raw")))
+            .ok()
+            .map(|p| p.display().to_string())
+    }
+
+    fn store(&self, name: &str) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.path(&format!("/opt/extensions/{name}")))
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    fn args_for(&self, root: &str) -> Vec<String> {
+        let mut a: Vec<String> = vec![
+            "bootstrap".into(),
+            format!("--root={root}"),
+            "--payload=sysext".into(),
+            format!("--sysext-url={}", self.files.url("/ext/${NAME}")),
+            format!("--keyring={}", self.keyring.display()),
+            format!("--ca-file={}", self.ca_file.display()),
+            "--kubeconfig=".into(),
+            "--fetch-attempts=2".into(),
+            "--fetch-backoff-ms=10".into(),
+        ];
+        a.extend(self.extra.iter().cloned());
+        a
+    }
+
+    fn run(&self) -> Run {
+        nodestrap(&self.args_for(&self.root.display().to_string()), None, &[])
+    }
+
+    /// The failure contract: nothing in the store or the search directory, no marker.
+    fn assert_nothing_staged(&self) {
+        assert_eq!(self.store("kubernetes"), Vec::<String>::new());
+        assert_eq!(self.store("containerd"), Vec::<String>::new());
+        assert!(self.link("kubernetes").is_none() && self.link("containerd").is_none());
+        assert!(self.read("/etc/kubernetes/kubelet.env").is_none());
+    }
+}
+
+/// Run `script` with sh in a private mount namespace laid out as sysext.md §4 found systemd-sysext
+/// needs it: `/` shared inside the namespace, a tmpfs on /run, and overlays on /etc and
+/// /var/lib so that nothing of the host changes; `opt` is bound on /opt.
+fn in_namespace(opt: &Path, script: &str, env: &[(&str, &str)]) -> (bool, String) {
+    let scratch = unique_dir("ns");
+    let prelude = format!(
+        "set -e\nS={s}\nmount --make-rshared /\nmount -t tmpfs tmpfs $S\nmkdir -p $S/eu/extensions $S/ew $S/vu $S/vw\nmount -t tmpfs tmpfs /run\nmount -t overlay overlay -o lowerdir=/etc,upperdir=$S/eu,workdir=$S/ew /etc\nmount -t overlay overlay -o lowerdir=/var/lib,upperdir=$S/vu,workdir=$S/vw /var/lib\nmount --bind {opt} /opt\n",
+        s = scratch.display(),
+        opt = opt.display()
+    );
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!("{prelude}{script}"))
+        .envs(env.iter().copied())
+        .output()
+        .expect("unshare (util-linux)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&scratch);
+    (out.status.success(), text)
+}
+
+#[test]
+fn initramfs_staging_is_merged_by_the_real_systemd_sysext() {
+    let w = World::new();
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stdout.contains("nodestrap: sysext done k8s=v1.32.4 kubernetes=v1.32.3 containerd=v1.7.24 activation=staged"),
+        "{}",
+        r.stdout
+    );
+    // Decisions and their sources are logged.
+    for needle in [
+        "from KUBELET_IMAGE_TAG in",
+        "good signature by",
+        "kubernetes v1.32.3 chosen for a v1.32.4 cluster (newest patch of the cluster's minor 1.32",
+        "containerd v1.7.24 chosen (mapped for Kubernetes v1.32.4 by",
+        "contents checked",
+    ] {
+        assert!(r.stderr.contains(needle), "{needle}: {}", r.stderr);
+    }
+    assert_eq!(w.store("kubernetes"), vec!["kubernetes-v1.32.3-x86-64.raw"]);
+    assert_eq!(
+        w.link("kubernetes").as_deref(),
+        Some("/opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw")
+    );
+    assert_eq!(
+        w.link("containerd").as_deref(),
+        Some("/opt/extensions/containerd/containerd-v1.7.24-x86-64.raw")
+    );
+    let t = w
+        .read("/etc/sysupdate.kubernetes.d/kubernetes-v1.32.transfer")
+        .unwrap();
+    for l in [
+        "Verify=yes",
+        "MatchPattern=kubernetes-v1.32.@v-%a.raw",
+        "CurrentSymlink=/etc/extensions/kubernetes.raw",
+        "InstancesMax=3",
+        "Path=/opt/extensions/kubernetes",
+    ] {
+        assert!(t.contains(l), "{l}: {t}");
+    }
+    assert_eq!(
+        w.read("/etc/sysupdate.kubernetes.d/kubernetes-v1.32.conf")
+            .unwrap(),
+        t
+    );
+    assert!(w
+        .read("/etc/kubernetes/kubelet.env")
+        .unwrap()
+        .contains("KUBELET_VERSION=v1.32.3"));
+
+    // The real consumer: this machine's systemd-sysext merges the staged layout.
+    let (ok, out) = in_namespace(
+        &w.path("/opt"),
+        &format!(
+            "cp -a {}/. /etc/extensions/\nsystemd-sysext merge\nsystemd-sysext status --json=short\necho; findmnt -n -o FSTYPE /usr\nkubelet --version\ncontainerd --version\n",
+            w.path("/etc/extensions").display()
+        ),
+        &[],
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains(r#""extensions":["containerd","kubernetes"]"#),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "overlay\nKubernetes v1.32.3\ncontainerd github.com/containerd/containerd 1.7.24"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn live_refresh_merges_reloads_and_proves_the_version() {
+    let w = World::new();
+    let mut bus = Bus::start();
+    bus.systemd(&[]);
+    // The node is this machine's root inside the namespace: Debian 12 (systemd 252).
+    let opt = unique_dir("opt");
+    let installer = w.path("/etc/kubernetes/installer/kubelet.env");
+    let mappings = w.path("/etc/kubernetes/installer/runtime-mappings.yaml");
+    let env_out = unique_dir("env").join("kubelet.env");
+    let mut args = w.args_for("/");
+    args.extend([
+        format!("--installer-kubelet-env={}", installer.display()),
+        format!("--version-manifest={}", mappings.display()),
+        format!("--kubelet-env-path={}", env_out.display()),
+    ]);
+    let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
+    let (ok, out) = in_namespace(
+        &opt,
+        &format!(
+            "{} {}\nsystemd-sysext status --json=short\necho\nkubelet --version\n",
+            bin(),
+            quoted.join(" ")
+        ),
+        &[("DBUS_SYSTEM_BUS_ADDRESS", &bus.address)],
+    );
+    assert!(ok, "{out}");
+    for needle in [
+        "systemd reloaded: units inside the extensions are visible",
+        "kubernetes merged into /usr: /usr/bin/kubelet --version says Kubernetes v1.32.3",
+        "containerd merged into /usr",
+        "nodestrap: sysext done k8s=v1.32.4 kubernetes=v1.32.3 containerd=v1.7.24 activation=merged",
+        r#""extensions":["containerd","kubernetes"]"#,
+    ] {
+        assert!(out.contains(needle), "{needle}: {out}");
+    }
+    assert!(std::fs::read_to_string(&env_out)
+        .unwrap()
+        .contains("KUBELET_VERSION=v1.32.3"));
+}
+
+#[test]
+fn a_tampered_list_stages_nothing() {
+    let w = World::new();
+    let sums = w.files.url("/ext/kubernetes/SHA256SUMS");
+    // Signed, then changed: one digest swapped.
+    let good = format!("{EMPTY_SHA}  kubernetes-v1.32.3-x86-64.raw\n");
+    let sig = w.signer.sign_binary(good.as_bytes());
+    w.files.set(
+        "/ext/kubernetes/SHA256SUMS",
+        Reply::ok(good.replace("e3b0", "e3b1")),
+    );
+    w.files
+        .set("/ext/kubernetes/SHA256SUMS.gpg", Reply::ok(sig.clone()));
+    w.run()
+        .assert_fails(1, &format!("{sums}: signature check against keyring"));
+    w.assert_nothing_staged();
+    // gpg, which systemd-sysupdate uses, refuses it too, and takes the untampered list.
+    let dir = unique_dir("gpg");
+    std::fs::write(dir.join("SHA256SUMS"), good.replace("e3b0", "e3b1")).unwrap();
+    std::fs::write(dir.join("SHA256SUMS.gpg"), &sig).unwrap();
+    let gpg = |d: &Path| {
+        let home = unique_dir("gnupg");
+        let ring = home.join("ring.gpg");
+        let imp = Command::new("gpg")
+            .args(["--batch", "--no-default-keyring", "--homedir"])
+            .arg(&home)
+            .arg("--keyring")
+            .arg(&ring)
+            .arg("--import")
+            .arg(&w.keyring)
+            .output()
+            .expect("gpg");
+        assert!(imp.status.success());
+        Command::new("gpg")
+            .args([
+                "--batch",
+                "--no-default-keyring",
+                "--trust-model=always",
+                "--homedir",
+            ])
+            .arg(&home)
+            .arg("--keyring")
+            .arg(&ring)
+            .arg("--verify")
+            .arg(d.join("SHA256SUMS.gpg"))
+            .arg(d.join("SHA256SUMS"))
+            .output()
+            .unwrap()
+            .status
+            .success()
+    };
+    assert!(!gpg(&dir));
+    std::fs::write(dir.join("SHA256SUMS"), &good).unwrap();
+    assert!(gpg(&dir));
+}
+
+#[test]
+fn a_list_past_its_best_before_date_is_refused() {
+    let w = World::new();
+    let k = vec![(
+        "kubernetes-v1.32.3-x86-64.raw".to_string(),
+        kubernetes(&w.work, "1.32.3", ANY),
+    )];
+    w.publish(
+        "kubernetes",
+        &k,
+        &format!("{EMPTY_SHA}  BEST-BEFORE-2020-01-31\n"),
+    );
+    w.run()
+        .assert_fails(1, "out of date: its BEST-BEFORE-2020-01-31 marker passed");
+    w.assert_nothing_staged();
+    // A future date is fine; an armored signature under .asc is taken when there is no .gpg.
+    let sums = w.publish(
+        "kubernetes",
+        &k,
+        &format!("{EMPTY_SHA}  BEST-BEFORE-2999-01-31\n"),
+    );
+    w.files
+        .set("/ext/kubernetes/SHA256SUMS.gpg", Reply::status(404));
+    w.files.set(
+        "/ext/kubernetes/SHA256SUMS.asc",
+        Reply::ok(w.signer.sign(sums.as_bytes())),
+    );
+    w.run().assert_ok();
+}
+
+#[test]
+fn a_wrong_digest_leaves_no_file() {
+    let w = World::new();
+    let k = kubernetes(&w.work, "1.32.3", ANY);
+    w.publish(
+        "kubernetes",
+        &[("kubernetes-v1.32.3-x86-64.raw".into(), k)],
+        "",
+    );
+    w.files.set(
+        "/ext/kubernetes/kubernetes-v1.32.3-x86-64.raw",
+        Reply::ok(kubernetes(&w.work, "1.32.9", ANY)),
+    );
+    w.run().assert_fails(1, "hash mismatch: computed sha256-");
+    w.assert_nothing_staged();
+    assert_eq!(
+        std::fs::read_dir(w.path("/opt/extensions/kubernetes"))
+            .unwrap()
+            .count(),
+        0,
+        "no temp file"
+    );
+}
+
+#[test]
+fn images_systemd_sysext_would_refuse_are_refused_first_and_the_previous_stays() {
+    let w = World::new();
+    // A first bootstrap on a 1.31 cluster.
+    w.write(
+        "/etc/kubernetes/installer/kubelet.env",
+        "KUBELET_IMAGE_TAG=v1.31.2\n",
+    );
+    w.run().assert_ok();
+    let before = w.link("kubernetes");
+    assert_eq!(
+        before.as_deref(),
+        Some("/opt/extensions/kubernetes/kubernetes-v1.31.9-x86-64.raw")
+    );
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    w.write(
+        "/etc/kubernetes/installer/kubelet.env",
+        "KUBELET_IMAGE_TAG=v1.32.4\n",
+    );
+    let cases: [(&str, &str, Vec<(&str, String, u32)>, &str); 5] = [
+        (
+            "kubernetes",
+            "ID=fedora\nVERSION_ID=40\n",
+            vec![],
+            "extension 'kubernetes' is for OS 'fedora', but deployed on top of 'debian'",
+        ),
+        (
+            "kubernetes",
+            "ID=_any\nARCHITECTURE=arm64\n",
+            vec![],
+            "is for architecture 'arm64', but deployed on top of 'x86-64'",
+        ),
+        (
+            "kubernetes",
+            "ID=debian\nVERSION_ID=12\n",
+            vec![],
+            "is for OS '12', but deployed on top of '13'",
+        ),
+        (
+            "other",
+            ANY,
+            vec![],
+            "it has no /usr/lib/extension-release.d/extension-release.kubernetes",
+        ),
+        (
+            "kubernetes",
+            ANY,
+            vec![("opt/k/bin", "x".to_string(), 0o644)],
+            "it ships /opt",
+        ),
+    ];
+    for (rel_name, release, files, needle) in cases {
+        let img = squashfs(&w.work, rel_name, release, &files, 0);
+        w.publish(
+            "kubernetes",
+            &[("kubernetes-v1.32.3-x86-64.raw".into(), img)],
+            "",
+        );
+        w.run().assert_fails(1, needle);
+        assert_eq!(w.link("kubernetes"), before, "{needle}");
+        assert_eq!(
+            w.store("kubernetes"),
+            vec!["kubernetes-v1.31.9-x86-64.raw"],
+            "{needle}"
+        );
+        assert!(w.read("/etc/kubernetes/kubelet.env").is_none());
+    }
+    // Not a file system at all.
+    w.publish(
+        "kubernetes",
+        &[("kubernetes-v1.32.3-x86-64.raw".into(), vec![7u8; 8192])],
+        "",
+    );
+    w.run()
+        .assert_fails(1, "not a squashfs, erofs or ext4 file system");
+    // An erofs image is taken as systemd-sysext takes it.
+    let tree = unique_dir("erofs");
+    std::fs::create_dir_all(tree.join("usr/lib/extension-release.d")).unwrap();
+    std::fs::write(
+        tree.join("usr/lib/extension-release.d/extension-release.kubernetes"),
+        ANY,
+    )
+    .unwrap();
+    let img = w.work.join("erofs.raw");
+    let st = Command::new("mkfs.erofs")
+        .arg(&img)
+        .arg(&tree)
+        .output()
+        .expect("mkfs.erofs (erofs-utils)");
+    assert!(st.status.success());
+    w.publish(
+        "kubernetes",
+        &[(
+            "kubernetes-v1.32.3-x86-64.raw".into(),
+            std::fs::read(&img).unwrap(),
+        )],
+        "",
+    );
+    w.run().assert_ok();
+}
+
+#[test]
+fn the_user_opt_out_and_flatcar_runtimes_are_respected() {
+    let w = World::new();
+    std::fs::create_dir_all(w.path("/etc/extensions")).unwrap();
+    std::os::unix::fs::symlink("/dev/null", w.path("/etc/extensions/containerd.raw")).unwrap();
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stdout.contains("kubernetes=v1.32.3 containerd=masked"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stderr
+            .contains("containerd not staged: the user opted out"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(w.link("containerd").as_deref(), Some("/dev/null"));
+    assert!(w.store("containerd").is_empty());
+
+    // Flatcar's own containerd is active: the bakery's is not merged over it.
+    let w = World::new();
+    std::fs::create_dir_all(w.path("/etc/extensions")).unwrap();
+    std::os::unix::fs::symlink(
+        "/usr/share/flatcar/sysext/containerd-flatcar.raw",
+        w.path("/etc/extensions/containerd-flatcar.raw"),
+    )
+    .unwrap();
+    let r = w.run();
+    r.assert_ok();
+    assert!(r.stdout.contains("containerd=flatcar"), "{}", r.stdout);
+    assert!(w.link("containerd").is_none());
+    assert_eq!(
+        w.link("containerd-flatcar").as_deref(),
+        Some("/usr/share/flatcar/sysext/containerd-flatcar.raw")
+    );
+}
+
+#[test]
+fn a_cluster_one_minor_newer_switches_keeps_old_ones_and_prunes() {
+    let w = World::new();
+    // Older versions from earlier boots.
+    w.write(
+        "/etc/kubernetes/installer/kubelet.env",
+        "KUBELET_IMAGE_TAG=v1.31.2\n",
+    );
+    w.run().assert_ok();
+    for v in ["1.29.1", "1.30.4"] {
+        std::fs::write(
+            w.path(&format!(
+                "/opt/extensions/kubernetes/kubernetes-v{v}-x86-64.raw"
+            )),
+            kubernetes(&w.work, v, ANY),
+        )
+        .unwrap();
+    }
+    assert!(w
+        .path("/etc/sysupdate.kubernetes.d/kubernetes-v1.31.transfer")
+        .exists());
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    w.write(
+        "/etc/kubernetes/installer/kubelet.env",
+        "KUBELET_IMAGE_TAG=v1.32.0\n",
+    );
+    let r = w.run();
+    r.assert_ok();
+    assert_eq!(
+        w.link("kubernetes").as_deref(),
+        Some("/opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw")
+    );
+    // Three kept: the new one, and the two newest older ones.
+    assert_eq!(
+        w.store("kubernetes"),
+        vec![
+            "kubernetes-v1.30.4-x86-64.raw",
+            "kubernetes-v1.31.9-x86-64.raw",
+            "kubernetes-v1.32.3-x86-64.raw"
+        ]
+    );
+    assert!(!w
+        .path("/etc/sysupdate.kubernetes.d/kubernetes-v1.31.transfer")
+        .exists());
+    assert!(w
+        .path("/etc/sysupdate.kubernetes.d/kubernetes-v1.32.transfer")
+        .exists());
+}
+
+#[test]
+fn version_skew_decides_and_none_names_the_offer() {
+    let w = World::new();
+    // 1.34: no 1.34 or 1.33 image; 1.32 is two minors older and allowed.
+    w.write(
+        "/etc/kubernetes/installer/kubelet.env",
+        "KUBELET_IMAGE_TAG=v1.34.1\n",
+    );
+    w.write(
+        "/etc/kubernetes/installer/runtime-mappings.yaml",
+        "kind: VersionManifestV1\nversions:\n  k8s: {}\n",
+    );
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stderr
+            .contains("offers no 1.34; 1.32 is 2 minor(s) older than the API server"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stdout.contains("kubernetes=v1.32.3 runtime=none"),
+        "{}",
+        r.stdout
+    );
+    // 1.36: nothing within three minors.
+    let w = World::new();
+    w.write(
+        "/etc/kubernetes/installer/kubelet.env",
+        "KUBELET_IMAGE_TAG=v1.36.0\n",
+    );
+    w.run().assert_fails(1, "no Kubernetes image for a 1.36 cluster: a kubelet must be 1.36 or at most 3 minors older, and https://127.0.0.1");
+    w.run().assert_fails(1, "offers v1.31.9, v1.32.1, v1.32.3");
+    w.assert_nothing_staged();
+}
+
+#[test]
+fn dry_run_prints_the_plan_and_writes_nothing() {
+    let mut w = World::new();
+    w.extra.push("--dry-run".into());
+    let r = w.run();
+    r.assert_ok();
+    for needle in [
+        "plan: fetch https://127.0.0.1",
+        "/ext/kubernetes/kubernetes-v1.32.3-x86-64.raw -> /opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw",
+        "plan: sysupdate transfer /etc/sysupdate.kubernetes.d/kubernetes-v1.32.transfer",
+        "plan: leave the merge to the real root's systemd-sysext at boot",
+        "KUBELET_VERSION=v1.32.3",
+        "nodestrap: sysext planned k8s=v1.32.4 kubernetes=v1.32.3 containerd=v1.7.24",
+    ] {
+        assert!(r.stdout.contains(needle), "{needle}: {}", r.stdout);
+    }
+    assert!(!w.path("/opt/extensions").exists());
+    w.assert_nothing_staged();
+}
+
+#[test]
+fn a_full_or_read_only_target_is_refused_with_the_numbers() {
+    let w = World::new();
+    let c = vec![(
+        "containerd-v1.7.24-x86-64.raw".to_string(),
+        containerd(&w.work, "1.7.24", 3 << 20),
+    )];
+    w.publish("containerd", &c, "");
+    let quoted: Vec<String> = w
+        .args_for(&w.root.display().to_string())
+        .iter()
+        .map(|a| format!("'{a}'"))
+        .collect();
+    let store = w.path("/opt/extensions/containerd");
+    std::fs::create_dir_all(&store).unwrap();
+    let (ok, out) = in_namespace(
+        &unique_dir("opt"),
+        &format!(
+            "mount -t tmpfs -o size=2m tmpfs {}\n{} {}",
+            store.display(),
+            bin(),
+            quoted.join(" ")
+        ),
+        &[],
+    );
+    assert!(!ok);
+    assert!(out.contains("not enough space for"), "{out}");
+    assert!(
+        out.contains("32 MiB") || out.contains("33554432 more are kept free"),
+        "{out}"
+    );
+    let (ok, out) = in_namespace(
+        &unique_dir("opt"),
+        &format!(
+            "mount -t tmpfs -o ro tmpfs {}\n{} {}",
+            store.display(),
+            bin(),
+            quoted.join(" ")
+        ),
+        &[],
+    );
+    assert!(!ok);
+    assert!(
+        out.contains("is read-only: is an extension that ships /opt merged over it?"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_merge_that_does_not_prove_itself_is_rolled_back() {
+    let w = World::new();
+    let mut bus = Bus::start();
+    bus.systemd(&[]);
+    // v1.32.3's image carries a kubelet that says v1.32.9: systemd-sysext merges it, but the
+    // merged binary is not the version chosen.
+    let k = vec![
+        (
+            "kubernetes-v1.31.9-x86-64.raw".to_string(),
+            kubernetes(&w.work, "1.31.9", ANY),
+        ),
+        (
+            "kubernetes-v1.32.3-x86-64.raw".to_string(),
+            kubernetes(&w.work, "1.32.9", ANY),
+        ),
+    ];
+    w.publish("kubernetes", &k, "");
+    let opt = unique_dir("opt");
+    let env_dir = unique_dir("env");
+    let run = |tag: &str| {
+        let installer = env_dir.join(format!("installer-{tag}.env"));
+        std::fs::write(&installer, format!("KUBELET_IMAGE_TAG={tag}\n")).unwrap();
+        let mut args = w.args_for("/");
+        args.extend([
+            format!("--installer-kubelet-env={}", installer.display()),
+            "--version-manifest=/nonexistent/mappings.yaml".to_string(),
+            format!(
+                "--kubelet-env-path={}",
+                env_dir.join("kubelet.env").display()
+            ),
+        ]);
+        let q: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
+        format!("{} {}", bin(), q.join(" "))
+    };
+    let (ok, out) = in_namespace(
+        &opt,
+        &format!(
+            "{}\nrm {}\nif {}; then echo SECOND-OK; fi\nreadlink /etc/extensions/kubernetes.raw\nkubelet --version\n",
+            run("v1.31.2"),
+            env_dir.join("kubelet.env").display(),
+            run("v1.32.4")
+        ),
+        &[("DBUS_SYSTEM_BUS_ADDRESS", &bus.address)],
+    );
+    assert!(ok, "{out}");
+    assert!(!out.contains("SECOND-OK"), "{out}");
+    for needle in [
+        "/usr/bin/kubelet --version after the merge: expected version v1.32.3, got Kubernetes v1.32.9",
+        "restored to /opt/extensions/kubernetes/kubernetes-v1.31.9-x86-64.raw",
+        "the previous extensions are merged again",
+        "/opt/extensions/kubernetes/kubernetes-v1.31.9-x86-64.raw\nKubernetes v1.31.9",
+    ] {
+        assert!(out.contains(needle), "{needle}: {out}");
+    }
+    assert!(
+        !env_dir.join("kubelet.env").exists(),
+        "no done marker after a failed merge"
+    );
+}
