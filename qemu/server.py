@@ -27,7 +27,7 @@ ap.add_argument("--www", required=True)
 ap.add_argument("--cert", required=True)
 ap.add_argument("--key", required=True)
 ap.add_argument("--token", required=True, help="file holding the API server's bearer token")
-ap.add_argument("--git-version", required=True)
+ap.add_argument("--git-version", required=True, help="the version /version reports, or @FILE to read it per request")
 ap.add_argument("--configmaps", required=True, help="JSON file: {\"ns/name\": {key: value}}")
 ap.add_argument("--log", required=True)
 ap.add_argument("--ignition", help="file served at /ignition")
@@ -151,6 +151,8 @@ class Api(Base):
             return self.node(parts[3])
         if path == "/version":
             v = a.git_version
+            if v.startswith("@"):
+                v = open(v[1:]).read().strip()
             major, minor = v.lstrip("v").split(".")[:2]
             body = {"major": major, "minor": minor, "gitVersion": v, "gitCommit": "0" * 40,
                     "gitTreeState": "clean", "buildDate": "2018-03-21T15:13:31Z",

@@ -90,3 +90,13 @@ def note(events, now, boots, line):
             if not QUIET:
                 say("%7.1fs  boot %d  %-9s %s" % (now, boots, kind, text[:150]))
             return
+
+
+def timings(events, kubelet_at):
+    """For the benchmark: seconds from the first kernel start to the kubelet, and nodestrap's
+    own wall time (its first log line to its summary line), from the console timeline."""
+    kernel = next((t for t, _, k, _ in events if k == "kernel"), None)
+    start = next((t for t, _, k, _ in events if k == "nodestrap"), None)
+    end = next((t for t, _, k, x in events if k == "nodestrap" and re.search(r"nodestrap: \w+ done ", x)), None)
+    return {"kernel_to_kubelet": kubelet_at - kernel if kubelet_at is not None and kernel is not None else None,
+            "nodestrap": end - start if start is not None and end is not None else None}

@@ -96,6 +96,7 @@ def run_scenario(s, sc, accel, boot_timeout):
     problems += check(s, sc, boots, kubelet[1], events, disk)
     for p in problems:
         say("  problem: " + p)
+    sc.timings = timings(events, kubelet[0])
     return not problems, boots, kubelet[0], problems
 
 

@@ -18,6 +18,7 @@ class Run:
     def __init__(self, work, images):
         self.work = work
         self.images = images
+        self.on_stop = []  # more servers a scenario family started
         self.make_pki()
         self.token = secrets.token_hex(24)
         with open(self.path("token"), "w") as f:
@@ -217,6 +218,8 @@ class Run:
         return args
 
     def stop(self):
+        for f in self.on_stop:
+            f()
         self.server.terminate()
         self.server.wait()
         subprocess.run(["gpgconf", "--kill", "gpg-agent"], stderr=subprocess.DEVNULL)
