@@ -31,7 +31,7 @@ class Sx:
         self.__dict__.update(locals())
         del self.__dict__["self"]
         self.boots = 1
-        self.runner = run_sysext
+        self.runner = lambda *a: run_sysext(*a)  # defined below
 
 
 SCENARIOS = [
