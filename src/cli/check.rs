@@ -5,9 +5,23 @@ use crate::cli::{at_most, Bootstrap, Common, Payload, DEFAULT_MANIFEST_URL};
 use crate::error::{Error, Result};
 use crate::node::root::plain_name;
 
-/// Step 0 for everything given on the command line; returns the manifest URL template.
-/// Also checks each config file and kernel command line value (`config::check_value`).
+/// Step 0 for the merged options: each value, then the rules between options; returns the
+/// manifest URL template.
 pub fn check_options(a: &Bootstrap) -> Result<ManifestUrl> {
+    let template = check_values(a)?;
+    // Between options, so only once all sources are merged (a config file may name the payload
+    // on one line and its source on the next).
+    if a.payload == Payload::Sysext && a.sysext_url.is_empty() {
+        return Err(Error::config(
+            "--payload sysext needs --sysext-url (the directory holding SHA256SUMS and the images)",
+        ));
+    }
+    Ok(template)
+}
+
+/// Each option's value on its own; also how each config file and kernel command line value is
+/// checked (`settings::check_value`). Returns the manifest URL template.
+pub fn check_values(a: &Bootstrap) -> Result<ManifestUrl> {
     let template = check_common(&a.common())?;
     // Empty --kubeconfig means none (the API server is not asked); empty --kubelet-env-path
     // means kubelet.env is not written.
@@ -38,7 +52,7 @@ pub fn check_options(a: &Bootstrap) -> Result<ManifestUrl> {
         }
     }
     at_most("--update-timeout", a.update_timeout, 7 * 24 * 3600)?;
-    if a.payload == Payload::Sysext || !a.sysext_url.is_empty() {
+    if !a.sysext_url.is_empty() {
         SysextUrl::parse(&a.sysext_url)?;
     }
     Ok(template)

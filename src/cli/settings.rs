@@ -263,7 +263,7 @@ fn is_node_file(p: &str) -> bool {
 }
 
 /// Check one value the way it would be checked on the command line (argh's parse, then
-/// `check_options` with every other option at its default), so a bad one is reported with
+/// `check::check_values` with every other option at its default), so a bad one is reported with
 /// the file line or kernel argument it came from.
 fn check_value(key: &str, value: &str) -> std::result::Result<(), String> {
     if value.contains('\0') {
@@ -293,7 +293,7 @@ fn check_value(key: &str, value: &str) -> std::result::Result<(), String> {
     let Cmd::Bootstrap(b) = parsed.cmd else {
         unreachable!("parsed as bootstrap")
     };
-    crate::cli::check::check_options(&b)
+    crate::cli::check::check_values(&b)
         .map(|_| ())
         .map_err(|e| e.to_string())
 }

@@ -746,6 +746,41 @@ fn dry_run_prints_the_plan_and_writes_nothing() {
     w.assert_nothing_staged();
 }
 
+/// The payload chosen in the node's config file, as Ignition writes it (`payload` on one line,
+/// its source on the next): the rule between the two is checked once both are read.
+#[test]
+fn the_config_file_chooses_the_sysext_payload() {
+    let w = World::new();
+    w.write(
+        "/etc/nodestrap/keyring.asc",
+        &std::fs::read_to_string(&w.keyring).unwrap(),
+    );
+    w.write(
+        "/etc/nodestrap/ca.pem",
+        &std::fs::read_to_string(&w.ca_file).unwrap(),
+    );
+    let conf = format!(
+        "payload=sysext\nsysext-url={}\nkeyring=/etc/nodestrap/keyring.asc\n\
+         ca-file=/etc/nodestrap/ca.pem\nkubeconfig=\nfetch-attempts=2\n",
+        w.files.url("/ext/${NAME}")
+    );
+    w.write("/etc/nodestrap/bootstrap.conf", &conf);
+    let root = format!("--root={}", w.root.display());
+    let r = nodestrap(&["bootstrap".into(), root.clone(), "--dry-run".into()], None, &[]);
+    r.assert_ok();
+    assert!(
+        r.stdout
+            .contains("nodestrap: sysext planned k8s=v1.32.4 kubernetes=v1.32.3 containerd=v1.7.24"),
+        "{}",
+        r.stdout
+    );
+    // Without its source the payload is refused before anything is read, naming both options.
+    w.write("/etc/nodestrap/bootstrap.conf", "payload=sysext\n");
+    nodestrap(&["bootstrap".into(), root, "--dry-run".into()], None, &[])
+        .assert_fails(2, "--payload sysext needs --sysext-url");
+    w.assert_nothing_staged();
+}
+
 #[test]
 fn a_full_or_read_only_target_is_refused_with_the_numbers() {
     let w = World::new();
