@@ -33,7 +33,6 @@ const PKI: &str = "/etc/kubernetes/pki";
 /// kubeadm configs live in /run (tmpfs) only while kubeadm runs; the join one holds the token.
 const INIT_CONFIG: &str = "/run/nodestrap/kubeadm-init.yaml";
 const JOIN_CONFIG: &str = "/run/nodestrap/kubeadm-join.yaml";
-/// Handshake and request of one init connection.
 
 /// What one racer ended with. Errors are only the fatal ones, after the node lock.
 enum Side {

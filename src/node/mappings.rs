@@ -4,10 +4,13 @@
 use crate::error::{Error, Result};
 use crate::yaml;
 
+/// `(key, value)` pairs in file order: YAML maps whose order carries preference.
+type Ordered<T> = Vec<(String, T)>;
+
 #[derive(Debug)]
 pub struct Mappings {
     /// versions[have][minor][want] = [preferred...], in file order.
-    versions: Vec<(String, Vec<(String, Vec<(String, Vec<String>)>)>)>,
+    versions: Ordered<Ordered<Ordered<Vec<String>>>>,
     pub source: String,
 }
 

@@ -84,8 +84,7 @@ impl Run {
         let last = self
             .stderr
             .lines()
-            .filter(|l| l.starts_with("error") || l.starts_with("<3>"))
-            .last()
+            .rfind(|l| l.starts_with("error") || l.starts_with("<3>"))
             .unwrap_or("");
         assert!(
             last.contains(needle),

@@ -520,7 +520,9 @@ fn images_systemd_sysext_would_refuse_are_refused_first_and_the_previous_stays()
         "/etc/kubernetes/installer/kubelet.env",
         "KUBELET_IMAGE_TAG=v1.32.4\n",
     );
-    let cases: [(&str, &str, Vec<(&str, String, u32)>, &str); 5] = [
+    // (image name, extension-release, extra files (path, content, mode), the refusal).
+    type Extra = Vec<(&'static str, String, u32)>;
+    let cases: [(&str, &str, Extra, &str); 5] = [
         (
             "kubernetes",
             "ID=fedora\nVERSION_ID=40\n",
