@@ -768,11 +768,16 @@ fn the_config_file_chooses_the_sysext_payload() {
     );
     w.write("/etc/nodestrap/bootstrap.conf", &conf);
     let root = format!("--root={}", w.root.display());
-    let r = nodestrap(&["bootstrap".into(), root.clone(), "--dry-run".into()], None, &[]);
+    let r = nodestrap(
+        &["bootstrap".into(), root.clone(), "--dry-run".into()],
+        None,
+        &[],
+    );
     r.assert_ok();
     assert!(
-        r.stdout
-            .contains("nodestrap: sysext planned k8s=v1.32.4 kubernetes=v1.32.3 containerd=v1.7.24"),
+        r.stdout.contains(
+            "nodestrap: sysext planned k8s=v1.32.4 kubernetes=v1.32.3 containerd=v1.7.24"
+        ),
         "{}",
         r.stdout
     );
