@@ -30,6 +30,8 @@ fuzz/run -t "${NODESTRAP_FUZZ_SECONDS:-5}"
 # binary (qemu/build runs systemd-analyze verify on every unit).
 ignition/check
 deploy/check
+# The torcx generator stand-in the QEMU guests boot, against torcx's behaviour input by input.
+qemu/check-torcx-generator
 dracut/check-arch "$x86" "$arm"
 # CI boots under TCG (as a fresh machine without usable KVM would), within a bound that leaves
 # room in its 90 minutes.

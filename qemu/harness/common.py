@@ -31,7 +31,8 @@ TIMELINE = [
     (re.compile(r"Started (k8s-node-bootstrap\.service|kubelet\.service|bootkube\.service)"), "systemd"),
     (re.compile(r"nodestrap\[\d+\]: (.*)"), "nodestrap"),
     (re.compile(r"Switching root"), "initrd"),
-    (re.compile(r"torcx-generator: (.*)"), "torcx"),
+    # torcx's generator logs only to stderr (never the journal): its seal shows as torcx.target.
+    (re.compile(r"\] (.*torcx\.target.*)"), "torcx"),
     (re.compile(r"nodestrap-generator: (.*)"), "initrd"),
     (re.compile(r"nodestrap-resolv\[\d+\]: (.*)"), "initrd"),
     (re.compile(r"nodestrap-qemu: (.*)"), "guest"),
