@@ -41,6 +41,21 @@ impl OsInfo {
                 "{name}: VERSION_ID {version:?} is not a plain version"
             )));
         }
+        // torcx's generator takes the first `VERSION_ID=` line's value raw (parseOsVersionID:
+        // no unquoting, no trimming) to name the store it searches. Staged under any other
+        // name, the runtime would not be found at boot; staged under the quoted one, the next
+        // OS's store would be a guess. Container Linux never quotes it, so refuse and say why.
+        let raw = text
+            .split('\n')
+            .map(|l| l.strip_suffix('\r').unwrap_or(l))
+            .find_map(|l| l.strip_prefix("VERSION_ID="));
+        if let Some(raw) = raw.filter(|r| *r != version) {
+            return Err(Error::failed(format!(
+                "{name}: VERSION_ID is written {raw:?}: torcx reads it without removing quotes or \
+                 blanks and would search the store /var/lib/torcx/store/{raw}, not .../{version}; \
+                 write it unquoted (VERSION_ID={version}) as Container Linux does"
+            )));
+        }
         let (board, board_from_arch) = match env.get("COREOS_BOARD").filter(|b| !b.is_empty()) {
             Some(b) if plain_name(b) => (b.to_string(), false),
             Some(b) => {

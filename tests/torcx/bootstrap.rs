@@ -901,6 +901,28 @@ fn symlinks_pointing_outside_the_root_stay_inside() {
     assert!(!w.path("/etc/kubernetes/kubelet.env").exists());
 }
 
+/// torcx names the store it searches by VERSION_ID as written (quotes kept): a quoted one is
+/// refused with the directory torcx would search, and nothing is staged. The consumer's rule is
+/// proven by qemu/check-torcx-generator (test_a_quoted_version_id_is_taken_with_its_quotes).
+#[test]
+fn a_quoted_version_id_is_refused_naming_the_store_torcx_would_search() {
+    for (line, raw) in [
+        (format!("VERSION_ID=\"{CUR}\""), format!("\"{CUR}\"")),
+        (format!("VERSION_ID='{CUR}'"), format!("'{CUR}'")),
+    ] {
+        let w = World::new();
+        w.write(
+            "/usr/lib/os-release",
+            &format!("ID=flatcar\n{line}\nCOREOS_BOARD=amd64-usr\n"),
+        );
+        w.run().assert_fails(
+            1,
+            &format!("would search the store /var/lib/torcx/store/{raw}, not .../{CUR}"),
+        );
+        w.assert_nothing_written();
+    }
+}
+
 #[test]
 fn malformed_os_release() {
     let w = World::new();
