@@ -12,20 +12,20 @@ OS_VERSION = "2345.3.0"  # qemu/guest/layout's VERSION_ID
 NEXT_OS = "2401.0.0"
 API_VERSION = "v1.10.2+coreos.0"
 INSTALLER_TAG = "v1.9.6_coreos.0"
-DOCKER = "17.06"
+DOCKER = "20.10"  # qemu/build-docker's image: Debian 12's docker.io 20.10.24
 GUEST_HOST = "10.0.2.2"
 RHCOS_NODE = "node-rhcos"  # qemu/rhcos/ipb-reprovision.service's NODE
 IPB_LABEL = "ibm-cloud.kubernetes.io/ipb-schedule"
 RENDERED = "rendered-worker-6f0c1d2e3a"
 MCO_IMAGE = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "cd" * 32  # the host's 127.0.0.1 as QEMU's user network shows it to the guest
 KUBELET_RE = re.compile(r"nodestrap-qemu: kubelet started (.*)")
+DOCKER_RE = re.compile(r"nodestrap-qemu: docker (.*)")  # qemu/guest/files/docker-check
 QUIET = os.environ.get("NODESTRAP_QEMU_QUIET") == "1"
 # NODESTRAP_QEMU_DEADLINE: seconds the whole run may take (CI sets one); boots past it fail.
 DEADLINE = time.time() + float(os.environ.get("NODESTRAP_QEMU_DEADLINE", "1e9"))
 
 # One line per event worth seeing in the timeline.
 TIMELINE = [
-    (re.compile(r"Linux version \S+"), "kernel"),
     (re.compile(r"Finished (ignition-files\.service|nodestrap-initrd\.service|k8s-node-bootstrap\.service)"), "systemd"),
     (re.compile(r"Failed to start (\S+\.service)"), "systemd"),
     (re.compile(r"Started (k8s-node-bootstrap\.service|kubelet\.service|bootkube\.service)"), "systemd"),
@@ -79,8 +79,19 @@ class Scenario:
         self.__dict__.update(locals())
         del self.__dict__["self"]
 
+KERNEL_STAMP = re.compile(r"^\[\s*(\d+\.\d+)\] ")
+
+
 def note(events, now, boots, line):
-    """Add the console line to the timeline if it is an event worth seeing."""
+    """Add the console line to the timeline if it is an event worth seeing. The kernel's start
+    in each boot is its first console line's arrival less that line's printk timestamp
+    (loglevel=5 hides the "Linux version" banner)."""
+    m = KERNEL_STAMP.search(line)
+    if m and not any(b == boots and k == "kernel" for _, b, k, _ in events):
+        at = max(now - float(m.group(1)), events[-1][0] if events else 0.0)
+        events.append((at, boots, "kernel", "kernel started"))
+        if not QUIET:
+            say("%7.1fs  boot %d  %-9s %s" % (at, boots, "kernel", "kernel started"))
     for rx, kind in TIMELINE:
         m = rx.search(line)
         if m:
@@ -93,11 +104,13 @@ def note(events, now, boots, line):
             return
 
 
-def timings(events, kubelet_at):
-    """For the benchmark: seconds from the first kernel start to the kubelet, and nodestrap's
-    own wall time (its first log line to its summary line), from the console timeline."""
+def timings(events, kubelet_at, docker_at=None):
+    """For the benchmark: seconds from the first kernel start to the kubelet (and to `docker info`
+    answering, where the scenario runs docker), and nodestrap's own wall time (its first log
+    line to its summary line), from the console timeline."""
     kernel = next((t for t, _, k, _ in events if k == "kernel"), None)
     start = next((t for t, _, k, _ in events if k == "nodestrap"), None)
     end = next((t for t, _, k, x in events if k == "nodestrap" and re.search(r"nodestrap: \w+ done ", x)), None)
     return {"kernel_to_kubelet": kubelet_at - kernel if kubelet_at is not None and kernel is not None else None,
-            "nodestrap": end - start if start is not None and end is not None else None}
+            "nodestrap": end - start if start is not None and end is not None else None,
+            "kernel_to_docker": docker_at - kernel if docker_at is not None and kernel is not None else None}

@@ -47,7 +47,10 @@ def run_scenario(s, sc, accel, boot_timeout):
     disk = s.path(sc.name + ".qcow2")
     run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", s.images["NODE_IMAGE"], "-F", "raw", disk])
     base = ["root=LABEL=root", "rw", "console=ttyS0", "loglevel=5", "panic=-1", "rd.shell=0",
-            "rd.emergency=poweroff", "systemd.show_status=1"]
+            "rd.emergency=poweroff", "systemd.show_status=1",
+            # Debian's kernel enables AppArmor, and dockerd then refuses to start containers
+            # without a profile (Container Linux has no AppArmor).
+            "apparmor=0"]
     if not sc.initrd:
         base.append("rd.nodestrap=0")
     if os.environ.get("NODESTRAP_QEMU_DEBUG") == "1":
@@ -55,6 +58,7 @@ def run_scenario(s, sc, accel, boot_timeout):
     events = []  # (seconds, boot, kind, text)
     t0 = time.time()
     kubelet = []  # (seconds, the line's details) once the kubelet started
+    docker = []  # (seconds, details) once docker-check ran a container (or failed)
     tamper = {"failures": 0, "healed": False}
     if sc.tamper:
         s.tamper(True)
@@ -73,11 +77,14 @@ def run_scenario(s, sc, accel, boot_timeout):
         m = KUBELET_RE.search(line)
         if m and not kubelet:
             kubelet.append((now, m.group(1)))
+        m = DOCKER_RE.search(line)
+        if m and not docker:
+            docker.append((now, m.group(1)))
 
     def done(boots):
         # A master goes on until tectonic ran (bootkube and tectonic come after the kubelet
         # started), a worker stops at the kubelet.
-        return bool(kubelet) and (not sc.master or any(e[3] == "tectonic ran" for e in events)
+        return bool(kubelet) and bool(docker) and (not sc.master or any(e[3] == "tectonic ran" for e in events)
                                   or time.time() - t0 - kubelet[0][0] > 120)
 
     try:
@@ -87,6 +94,7 @@ def run_scenario(s, sc, accel, boot_timeout):
         if sc.tamper and not tamper["healed"]:
             s.tamper(False)
     kubelet = kubelet[0] if kubelet else None
+    docker = docker[0] if docker else None
     if problems:
         for p in problems:
             say("  problem: " + p)
@@ -94,10 +102,29 @@ def run_scenario(s, sc, accel, boot_timeout):
         say("  last lines of %s:\n    %s" % (log, "\n    ".join(tail)))
         return False, boots, None, problems
     problems += check(s, sc, boots, kubelet[1], events, disk)
+    problems += check_docker(docker[1])
     for p in problems:
         say("  problem: " + p)
-    sc.timings = timings(events, kubelet[0])
+    # docker-check reports when `docker info` first answered, in seconds of that boot's uptime.
+    info_at = re.search(r"info-at=([\d.]+)", docker[1])
+    boot_kernel = [t for t, _, k, _ in events if k == "kernel"]
+    docker_at = boot_kernel[-1] + float(info_at.group(1)) if info_at and boot_kernel else None
+    sc.timings = timings(events, kubelet[0], docker_at)
     return not problems, boots, kubelet[0], problems
+
+
+def check_docker(line):
+    """docker-check's line: the torcx image's dockerd answered `docker info` and ran a
+    container from the imported busybox root."""
+    fields = dict(re.findall(r"(\S+?)=(\S+)", line))
+    p = []
+    if line.startswith("failed"):
+        return ["the torcx image's docker: " + line]
+    if not fields.get("server", "").startswith(DOCKER + "."):
+        p.append("docker info reports server %s, expected %s.x" % (fields.get("server"), DOCKER))
+    if fields.get("container") != "container-ran-on-Linux":
+        p.append("the container printed %r, expected 'container-ran-on-Linux'" % fields.get("container"))
+    return p
 
 
 def check(s, sc, boots, kubelet_line, events, disk):
@@ -111,7 +138,7 @@ def check(s, sc, boots, kubelet_line, events, disk):
     for k, v in want.items():
         if fields.get(k) != v:
             p.append("kubelet started with %s=%s, expected %s" % (k, fields.get(k), v))
-    if "Docker version %s " % DOCKER not in fields.get("docker", ""):
+    if "Docker version %s." % DOCKER not in fields.get("docker", ""):
         p.append("torcx's docker binary says %s, expected %s" % (fields.get("docker"), DOCKER))
     texts = [(boot, kind, t) for _, boot, kind, t in events]
     staged_in_initrd = any(k == "nodestrap" and "bootstrap done" in t and b == 1 for b, k, t in texts)
