@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::crypto::openpgp::Keyring;
 use crate::error::{Error, Kind, Result};
+use crate::net::cluster::Fallback;
 use crate::net::fetch::{AttemptLimits, Http, Retry, Tls};
 use crate::node::root::{read_host_file, Root};
 
@@ -109,12 +110,18 @@ pub struct Bootstrap {
     /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
     #[argh(option, default = "\"info\".into()")]
     pub verbose: String,
-    /// API server tries for the version and the runtime mappings (default 3)
+    /// API server attempts without an answer before it counts as unreachable (default 3); busy answers (429, 5xx) are asked again until --deadline
     #[argh(option, default = "3")]
     pub api_tries: u32,
-    /// seconds between API server tries (default 10)
+    /// ceiling in seconds of the first pause between API server attempts; doubles per attempt with full jitter, capped at 60 s (default 10)
     #[argh(option, default = "10")]
     pub api_retry_delay: u64,
+    /// unreachable (the node's files decide only without a kubeconfig or an answer), never, or always-after-deadline (default unreachable)
+    #[argh(option, default = "Fallback::Unreachable")]
+    pub version_fallback: Fallback,
+    /// seconds the whole run may take: no network attempt starts or runs past it (default 1800)
+    #[argh(option, default = "DEFAULT_DEADLINE_SECS")]
+    pub deadline: u64,
     /// attempts per manifest, signature or image download (default 6)
     #[argh(option, default = "6")]
     pub fetch_attempts: u32,
@@ -182,12 +189,15 @@ pub struct Hook {
     /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
     #[argh(option, default = "\"info\".into()")]
     pub verbose: String,
-    /// API server tries per request (default 3)
+    /// API server attempts without an answer per request (default 3); busy answers (429, 5xx) are asked again until --deadline
     #[argh(option, default = "3")]
     pub api_tries: u32,
-    /// seconds between API server tries (default 10)
+    /// ceiling in seconds of the first pause between API server attempts; doubles per attempt with full jitter, capped at 60 s (default 10)
     #[argh(option, default = "10")]
     pub api_retry_delay: u64,
+    /// seconds the whole run may take: no network attempt starts or runs past it (default 1800)
+    #[argh(option, default = "DEFAULT_DEADLINE_SECS")]
+    pub deadline: u64,
     /// attempts per manifest, signature or image download (default 6)
     #[argh(option, default = "6")]
     pub fetch_attempts: u32,
@@ -277,10 +287,10 @@ reprovision_args! {{
         /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
         #[argh(option, default = "\"info\".into()")]
         pub verbose: String,
-        /// API server tries per request (default 3)
+        /// API server attempts without an answer per request (default 3)
         #[argh(option, default = "3")]
         pub api_tries: u32,
-        /// seconds between API server tries (default 10)
+        /// ceiling in seconds of the first pause between API server attempts; doubles per attempt with full jitter, capped at 60 s (default 10)
         #[argh(option, default = "10")]
         pub api_retry_delay: u64,
         /// attempts per download or check (default 6)
@@ -475,11 +485,23 @@ pub struct Common<'a> {
     pub torcx_profile: &'a str,
     pub api_tries: u32,
     pub api_retry_delay: u64,
+    pub deadline: u64,
     pub fetch_attempts: u32,
     pub fetch_backoff_ms: u64,
     pub fetch_timeout: u64,
     pub fetch_min_rate: u64,
     pub fetch_min_rate_window: u64,
+}
+
+/// `--deadline`'s default: half of k8s-node-bootstrap.service's TimeoutStartSec=1h, so that the
+/// unit's own retry gets a full run before systemd gives up on it.
+pub const DEFAULT_DEADLINE_SECS: u64 = 1800;
+
+/// When this process started (`args()` reads it first): `--deadline` counts from here.
+static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+pub fn started() -> std::time::Instant {
+    *STARTED.get_or_init(std::time::Instant::now)
 }
 
 macro_rules! common {
@@ -494,6 +516,7 @@ macro_rules! common {
                     torcx_profile: &self.torcx_profile,
                     api_tries: self.api_tries,
                     api_retry_delay: self.api_retry_delay,
+                    deadline: self.deadline,
                     fetch_attempts: self.fetch_attempts,
                     fetch_backoff_ms: self.fetch_backoff_ms,
                     fetch_timeout: self.fetch_timeout,
@@ -540,8 +563,16 @@ impl Common<'_> {
         Ok(Some(k))
     }
 
+    /// The API server's retry rule: attempts without an answer up to `--api-tries`, busy
+    /// answers until the run's deadline.
     pub fn api_retry(&self) -> Retry {
-        Retry::fixed(self.api_tries, Duration::from_secs(self.api_retry_delay))
+        Retry::exponential(self.api_tries, Duration::from_secs(self.api_retry_delay))
+            .until(self.run_deadline())
+    }
+
+    /// The moment `--deadline` ends the run's network attempts.
+    pub fn run_deadline(&self) -> std::time::Instant {
+        started() + Duration::from_secs(self.deadline)
     }
 
     /// The HTTPS client for manifests and images: system roots plus `--ca-file`.
@@ -566,7 +597,8 @@ impl Common<'_> {
         let retry = Retry::exponential(
             self.fetch_attempts,
             Duration::from_millis(self.fetch_backoff_ms),
-        );
+        )
+        .until(self.run_deadline());
         Ok(Http::new(&tls, retry).with_limits(limits))
     }
 
@@ -574,6 +606,10 @@ impl Common<'_> {
     pub fn check_fetch(&self) -> Result<()> {
         at_most("--api-tries", self.api_tries as u64, 100)?;
         at_most("--api-retry-delay", self.api_retry_delay, 3600)?;
+        at_most("--deadline", self.deadline, 7 * 24 * 3600)?;
+        if self.deadline == 0 {
+            return Err(Error::config("--deadline 0: at least 1"));
+        }
         at_most("--fetch-attempts", self.fetch_attempts as u64, 100)?;
         at_most("--fetch-backoff-ms", self.fetch_backoff_ms, 60_000)?;
         self.limits().map(|_| ())
@@ -788,6 +824,7 @@ impl Input {
 /// The command line, with tectonic-torcx's multicall names (`tectonic-torcx-bootstrap`,
 /// `tectonic-torcx-hook-pre`) turned into their subcommands, normalised.
 pub fn args() -> Vec<String> {
+    started();
     let mut argv: Vec<String> = std::env::args().collect();
     let prog = argv
         .first()

@@ -38,6 +38,8 @@ pub const KEYS: &[&str] = &[
     "verbose",
     "api-tries",
     "api-retry-delay",
+    "version-fallback",
+    "deadline",
     "fetch-attempts",
     "fetch-backoff-ms",
     "fetch-timeout",

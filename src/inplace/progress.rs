@@ -27,7 +27,8 @@ impl Reporter {
     ) -> Reporter {
         let retry = Retry::exponential(3, Duration::from_millis(500))
             .capped_at(Duration::from_secs(4))
-            .within(Duration::from_secs(30));
+            .within(Duration::from_secs(30))
+            .busy_attempts(3);
         Reporter {
             target: url.map(|u| {
                 (

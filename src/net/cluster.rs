@@ -1,11 +1,64 @@
 //! The cluster's Kubernetes version, from the same sources for every payload family: a forced
-//! version, else the API server's `/version` through the kubeconfig, else `KUBELET_IMAGE_TAG` in
-//! the installer's kubelet.env (docs/bootstrap.md, step 2).
+//! version, else the API server's `/version` through the kubeconfig, else (the fallback, when
+//! `--version-fallback` allows it) `KUBELET_IMAGE_TAG` in the installer's kubelet.env
+//! (docs/bootstrap.md, "The cluster's version").
+
+use std::fmt;
 
 use crate::error::{Error, Result};
+use crate::net::fetch::Failure;
 use crate::net::kube::Kube;
 use crate::node::envfile::EnvFile;
 use crate::node::root::Root;
+
+/// When the node's own files may stand in for the cluster's answer (`--version-fallback`).
+/// A busy API server (429, 503, other 5xx) is not an absent one: only `AfterDeadline` falls
+/// back from it, and only once the run's deadline has passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    /// No kubeconfig, or no answer at all (refused, not resolved, timed out): the default.
+    Unreachable,
+    /// Never: without the API server's answer the run fails.
+    Never,
+    /// Any failure, once retrying is over (for a busy server: at the run's deadline).
+    AfterDeadline,
+}
+
+impl Fallback {
+    pub const WORDS: &'static str = "unreachable, never or always-after-deadline";
+
+    pub fn parse(v: &str) -> Option<Fallback> {
+        match v {
+            "unreachable" => Some(Fallback::Unreachable),
+            "never" => Some(Fallback::Never),
+            "always-after-deadline" => Some(Fallback::AfterDeadline),
+            _ => None,
+        }
+    }
+
+    pub fn word(self) -> &'static str {
+        match self {
+            Fallback::Unreachable => "unreachable",
+            Fallback::Never => "never",
+            Fallback::AfterDeadline => "always-after-deadline",
+        }
+    }
+
+    /// Whether the API server's failure lets the node's files decide.
+    pub fn allows(self, f: Failure) -> bool {
+        match self {
+            Fallback::Never => false,
+            Fallback::AfterDeadline => true,
+            Fallback::Unreachable => f == Failure::Unreachable,
+        }
+    }
+}
+
+impl argh::FromArgValue for Fallback {
+    fn from_arg_value(v: &str) -> std::result::Result<Self, String> {
+        Fallback::parse(v).ok_or_else(|| format!("expected {}, got {v:?}", Fallback::WORDS))
+    }
+}
 
 /// Where the version may come from, in order.
 pub struct Sources<'a> {
@@ -17,37 +70,124 @@ pub struct Sources<'a> {
     pub kubeconfig: &'a str,
     /// `--installer-kubelet-env`.
     pub installer_env: &'a str,
+    /// `--version-fallback`.
+    pub fallback: Fallback,
 }
 
-/// The cluster's version, with one log line saying where it came from.
-pub fn version(root: &Root, s: &Sources) -> Result<String> {
+/// Where the version came from, for the log, the plan and the summary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    Forced,
+    /// The API server's `/version`, with where the credentials came from.
+    ApiServer(String),
+    /// The installer's kubelet.env, and why the API server did not decide.
+    Fallback {
+        file: String,
+        why: String,
+    },
+}
+
+impl Source {
+    /// One word for counting nodes: `forced`, `api-server` or `fallback`.
+    pub fn word(&self) -> &'static str {
+        match self {
+            Source::Forced => "forced",
+            Source::ApiServer(_) => "api-server",
+            Source::Fallback { .. } => "fallback",
+        }
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Forced => f.write_str("--force-kube-version"),
+            Source::ApiServer(creds) => {
+                write!(f, "the API server, GET /version, credentials from {creds}")
+            }
+            Source::Fallback { file, why } => {
+                write!(f, "KUBELET_IMAGE_TAG in {file}, a fallback: {why}")
+            }
+        }
+    }
+}
+
+/// The cluster's version and its source.
+#[derive(Debug, Clone)]
+pub struct Version {
+    pub value: String,
+    pub source: Source,
+}
+
+impl Version {
+    /// The plan's line on stdout, also under `--dry-run`: `nodestrap: k8s=<v> from=<word> (<source>)`.
+    pub fn report(&self) -> Result<()> {
+        crate::outln!(
+            "nodestrap: k8s={} from={} ({})",
+            self.value,
+            self.source.word(),
+            self.source
+        )
+    }
+}
+
+/// The cluster's version, with one log line saying where it came from (a warning when the
+/// node's files stand in for the cluster).
+pub fn version(root: &Root, s: &Sources) -> Result<Version> {
     if let Some(v) = s.forced {
         log::info!("Kubernetes version {v} (from --force-kube-version)");
-        return Ok(v.to_string());
+        return Ok(Version {
+            value: v.to_string(),
+            source: Source::Forced,
+        });
     }
-    match s.kube {
+    let why = match s.kube {
         Some(k) => match k.server_version() {
             Ok(v) => {
-                let from = format!(
-                    "the API server, GET /version, credentials from {}",
-                    k.source
-                );
-                log::info!("Kubernetes version {v} (from {from})");
-                return checked_version(v, &from);
+                let source = Source::ApiServer(k.source.clone());
+                log::info!("Kubernetes version {v} (from {source})");
+                let value = checked_version(v, &source.to_string())?;
+                return Ok(Version { value, source });
             }
-            Err(e) => log::warn!("API server version unavailable: {e}"),
+            Err((e, failure)) if s.fallback.allows(failure) => match failure {
+                Failure::Unreachable => format!("the API server is unreachable: {e}"),
+                Failure::Busy => format!(
+                    "the API server was busy until the run's deadline (--version-fallback always-after-deadline): {e}"
+                ),
+                Failure::Final => format!(
+                    "the API server refused (--version-fallback always-after-deadline): {e}"
+                ),
+            },
+            Err((e, failure)) => {
+                let state = match failure {
+                    Failure::Unreachable => "unreachable",
+                    Failure::Busy => "busy until the run's deadline (--deadline)",
+                    Failure::Final => "refusing",
+                };
+                return Err(e.context(format!(
+                    "unable to determine the cluster version: the API server is {state}, and --version-fallback {} does not let {} decide",
+                    s.fallback.word(),
+                    root.show(s.installer_env)
+                )));
+            }
         },
-        None => log::info!(
-            "no kubeconfig at {}: not asking the API server",
-            root.show(s.kubeconfig)
-        ),
-    }
-    kubelet_env_version(root, s.installer_env)?.ok_or_else(|| {
+        None if s.fallback == Fallback::Never => {
+            return Err(Error::failed(format!(
+                "unable to determine the cluster version: no kubeconfig at {}, and --version-fallback never",
+                root.show(s.kubeconfig)
+            )))
+        }
+        None => format!("no kubeconfig at {}", root.show(s.kubeconfig)),
+    };
+    let file = root.show(s.installer_env);
+    let value = kubelet_env_version(root, s.installer_env)?.ok_or_else(|| {
         Error::failed(format!(
-            "unable to determine the cluster version: API server unavailable and {} does not exist",
-            root.show(s.installer_env)
+            "unable to determine the cluster version: {why}; and {file} does not exist"
         ))
-    })
+    })?;
+    let source = Source::Fallback { file, why };
+    log::warn!("Kubernetes version {value} from {source}");
+    Ok(Version { value, source })
 }
 
 /// The Kubernetes version a kubelet.env names (`KUBELET_IMAGE_TAG`); `None` if it does not exist.
@@ -67,7 +207,6 @@ pub fn kubelet_env_version(root: &Root, node_path: &str) -> Result<Option<String
         })?;
     // Docker tags cannot hold '+', so the installer wrote '_'.
     let v = tag.replace('_', "+");
-    log::info!("Kubernetes version {v} (from KUBELET_IMAGE_TAG in {name})");
     checked_version(v, &format!("KUBELET_IMAGE_TAG in {name}")).map(Some)
 }
 

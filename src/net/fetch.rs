@@ -92,75 +92,114 @@ impl Tls {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-pub enum Backoff {
-    /// Full jitter: sleep a random time in [0, min(cap, initial * 2^n)).
-    Exponential { initial: Duration, cap: Duration },
-    /// Always the same pause (tectonic-torcx's API-server rule: 3 tries 10 s apart).
-    Fixed(Duration),
-}
-
-/// When to try again. Built one way for every retrying client: `Retry::exponential` (the
-/// fetcher's default, with `capped_at` and `within` to adjust) or `Retry::fixed`
-/// (tectonic-torcx's API-server rule).
+/// When to try again, built one way for every retrying client: `Retry::exponential`, adjusted
+/// with `capped_at`, `within` and `until`. Pauses are exponential with full jitter; a server's
+/// `Retry-After` (429, 503) is waited out first. Attempts bound only the failures that got no
+/// answer; busy answers (408, 429, 5xx) are bounded by time alone, so that a healthy server
+/// that sheds load cannot make a node give up after a fixed number of tries.
 #[derive(Debug, Clone, Copy)]
 pub struct Retry {
+    /// Attempts that failed without a busy answer, at most (at least 1).
     pub attempts: u32,
-    pub backoff: Backoff,
-    /// No new attempt starts once this much time has gone by.
+    /// Busy answers, at most: unbounded but for time, except for best-effort clients.
+    pub busy_attempts: u32,
+    /// The first pause is at most this long; each failure doubles it, up to `cap`.
+    pub initial: Duration,
+    pub cap: Duration,
+    /// No new attempt of one request starts once this much time has gone by.
     pub budget: Duration,
+    /// Nor after this moment: the run's deadline.
+    pub until: Option<Instant>,
 }
 
 impl Retry {
     /// `attempts` (at least 1), pauses with full jitter below `initial`, doubling up to 60 s;
-    /// no new attempt after 600 s (`--fetch-attempts`, `--fetch-backoff-ms`).
+    /// no new attempt of a request after 600 s (`--fetch-attempts`, `--fetch-backoff-ms`;
+    /// `--api-tries`, `--api-retry-delay`).
     pub fn exponential(attempts: u32, initial: Duration) -> Retry {
         Retry {
             attempts: attempts.max(1),
-            backoff: Backoff::Exponential {
-                initial,
-                cap: Duration::from_secs(60),
-            },
+            busy_attempts: u32::MAX,
+            initial,
+            cap: Duration::from_secs(60),
             budget: Duration::from_secs(600),
+            until: None,
         }
     }
 
-    /// `tries` (at least 1) exactly `delay` apart, without an overall budget (`--api-tries`,
-    /// `--api-retry-delay`; tectonic-torcx: 3 tries, 10 s).
-    pub fn fixed(tries: u32, delay: Duration) -> Retry {
-        Retry {
-            attempts: tries.max(1),
-            backoff: Backoff::Fixed(delay),
-            budget: Duration::MAX,
-        }
-    }
-
-    /// Pauses of at most `cap` (exponential backoff only).
-    pub fn capped_at(mut self, cap: Duration) -> Retry {
-        if let Backoff::Exponential { initial, .. } = self.backoff {
-            self.backoff = Backoff::Exponential { initial, cap };
-        }
+    /// At most `n` busy answers too: for reports that must not hold the node up.
+    pub fn busy_attempts(mut self, n: u32) -> Retry {
+        self.busy_attempts = n.max(1);
         self
     }
 
-    /// No new attempt after `budget`.
+    /// Pauses of at most `cap` (a `Retry-After` above it is cut to it).
+    pub fn capped_at(mut self, cap: Duration) -> Retry {
+        self.cap = cap;
+        self
+    }
+
+    /// No new attempt of one request after `budget`.
     pub fn within(mut self, budget: Duration) -> Retry {
         self.budget = budget;
         self
     }
 
-    fn delay(&self, failures: u32) -> Duration {
-        match self.backoff {
-            Backoff::Fixed(d) => d,
-            Backoff::Exponential { initial, cap } => {
-                let ceil = initial.saturating_mul(1u32 << failures.min(20)).min(cap);
-                let mut r = [0u8; 8];
-                rustix::rand::getrandom(&mut r, rustix::rand::GetRandomFlags::empty()).ok();
-                let frac = (u64::from_le_bytes(r) >> 11) as f64 / (1u64 << 53) as f64;
-                ceil.mul_f64(frac)
-            }
+    /// No new attempt after `deadline`, and none running past it (`--deadline`): the run's
+    /// deadline replaces the budget of each request.
+    pub fn until(mut self, deadline: Instant) -> Retry {
+        self.until = Some(deadline);
+        self.budget = Duration::MAX;
+        self
+    }
+
+    /// The pause after the `failures`-th failed attempt (0-based): the server's `Retry-After`
+    /// (cut to the cap) plus a random part below the exponential ceiling, so that nodes told
+    /// the same `Retry-After` do not come back in one wave.
+    pub fn delay(&self, failures: u32, retry_after: Option<Duration>) -> Duration {
+        let ceil = self
+            .initial
+            .saturating_mul(1u32 << failures.min(20))
+            .min(self.cap);
+        let mut r = [0u8; 8];
+        rustix::rand::getrandom(&mut r, rustix::rand::GetRandomFlags::empty()).ok();
+        let frac = (u64::from_le_bytes(r) >> 11) as f64 / (1u64 << 53) as f64;
+        retry_after.unwrap_or_default().min(self.cap) + ceil.mul_f64(frac)
+    }
+
+    /// Time left for one request started at `start`: the smaller of its budget and the run's.
+    fn left(&self, start: Instant) -> Duration {
+        let own = self.budget.saturating_sub(start.elapsed());
+        match self.until {
+            Some(u) => own.min(u.saturating_duration_since(Instant::now())),
+            None => own,
         }
     }
+}
+
+/// Why a request failed for good, for callers that decide differently on each (the cluster
+/// version's fallback, docs/bootstrap.md "The cluster's version").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// No answer: connection refused, name not resolved, TLS or transfer broken, or no
+    /// answer in time; tried up to the attempts or the deadline.
+    Unreachable,
+    /// The server answered busy (408, 429, 5xx) until the deadline.
+    Busy,
+    /// An answer that trying again cannot change: 404 and other 4xx, a certificate the trust
+    /// anchors reject, a body over its limit, a digest mismatch, a write that failed.
+    Final,
+}
+
+/// The `Retry-After` of a 429 or 503 answer: delay-seconds or an HTTP-date (RFC 9110 §10.2.3).
+/// A date in the past means now; a value that is neither is ignored.
+pub fn retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let v = value.trim();
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(Duration::from_secs(v.parse().unwrap_or(u64::MAX)));
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    Some(at.duration_since(now).unwrap_or_default())
 }
 
 /// Bounds on one attempt, so that a server that trickles bytes cannot hold a run for ever
@@ -245,7 +284,10 @@ impl ureq::unversioned::resolver::Resolver for Alias {
 /// What one attempt says about trying again.
 enum Attempt<T> {
     Done(T),
+    /// No answer, or a broken one: counts against the attempts.
     Retry(Error),
+    /// 408, 429 or 5xx, with the server's `Retry-After`: bounded by time only.
+    Busy(Error, Option<Duration>),
     Final(Error),
 }
 
@@ -358,24 +400,59 @@ impl Http {
 
     /// Run `op` until it is done, fails for good, or attempts or time run out. `op` gets the
     /// time its attempt may take: the per-attempt deadline or what is left of the budget.
-    fn retrying<T>(&self, what: &str, mut op: impl FnMut(Duration) -> Attempt<T>) -> Result<T> {
+    fn retrying<T>(
+        &self,
+        what: &str,
+        mut op: impl FnMut(Duration) -> Attempt<T>,
+    ) -> std::result::Result<T, (Error, Failure)> {
         let start = Instant::now();
-        let mut n = 0;
+        let (mut n, mut failed, mut busy) = (0, 0, 0);
         loop {
             n += 1;
-            let left = self.retry.budget.saturating_sub(start.elapsed());
-            let e = match op(self.limits.deadline.min(left)) {
-                Attempt::Done(t) => return Ok(t),
-                Attempt::Final(e) => return Err(e),
-                Attempt::Retry(e) => e,
-            };
-            let delay = self.retry.delay(n - 1);
-            if n >= self.retry.attempts || start.elapsed() + delay >= self.retry.budget {
-                return Err(e.context(format!("{what}: giving up after {n} attempts")));
+            let left = self.retry.left(start);
+            if left.is_zero() {
+                return Err((
+                    Error::failed(format!(
+                        "{what}: giving up after {} attempts: the deadline passed",
+                        n - 1
+                    )),
+                    Failure::Unreachable,
+                ));
             }
+            let (e, failure, after) = match op(self.limits.deadline.min(left)) {
+                Attempt::Done(t) => return Ok(t),
+                Attempt::Final(e) => return Err((e, Failure::Final)),
+                Attempt::Retry(e) => {
+                    failed += 1;
+                    (e, Failure::Unreachable, None)
+                }
+                Attempt::Busy(e, after) => {
+                    busy += 1;
+                    (e, Failure::Busy, after)
+                }
+            };
+            let delay = self.retry.delay(n - 1, after);
+            if failed >= self.retry.attempts || busy >= self.retry.busy_attempts {
+                return Err((
+                    e.context(format!(
+                        "{what}: giving up after {n} attempts ({failed} without an answer)"
+                    )),
+                    failure,
+                ));
+            }
+            if delay >= self.retry.left(start) {
+                return Err((
+                    e.context(format!(
+                        "{what}: giving up after {n} attempts: the deadline comes before the next"
+                    )),
+                    failure,
+                ));
+            }
+            let told = after
+                .map(|a| format!(" (Retry-After {} s)", a.as_secs()))
+                .unwrap_or_default();
             log::warn!(
-                "{what}: attempt {n}/{} failed: {e}; retrying in {:.1}s",
-                self.retry.attempts,
+                "{what}: attempt {n} failed: {e}; retrying in {:.1}s{told}",
                 delay.as_secs_f64()
             );
             std::thread::sleep(delay);
@@ -427,9 +504,28 @@ impl Http {
         self.fetch_passing(req, cap, &[])?
     }
 
+    /// `fetch`, saying why it failed for good.
+    pub fn fetch_why(
+        &self,
+        req: &Request,
+        cap: u64,
+    ) -> std::result::Result<Vec<u8>, (Error, Failure)> {
+        self.fetch_inner(req, cap, &[])?
+            .map_err(|e| (e, Failure::Final))
+    }
+
     /// `fetch`, but an answer with a status in `pass` is handed back as the inner `Err`
     /// at once, for the caller's own retry rule (409 Conflict on a patch).
     pub fn fetch_passing(&self, req: &Request, cap: u64, pass: &[u16]) -> Result<Result<Vec<u8>>> {
+        self.fetch_inner(req, cap, pass).map_err(|(e, _)| e)
+    }
+
+    fn fetch_inner(
+        &self,
+        req: &Request,
+        cap: u64,
+        pass: &[u16],
+    ) -> std::result::Result<Result<Vec<u8>>, (Error, Failure)> {
         let what = format!("{} {}", req.method, req.url);
         self.retrying(&what, |deadline| {
             let mut resp = match self.call(req, deadline) {
@@ -438,8 +534,8 @@ impl Http {
             };
             match status_failure(&what, &mut resp) {
                 None => {}
-                Some((status, e)) if pass.contains(&status) => return Attempt::Done(Err(e)),
-                Some((status, e)) => return verdict(status, e),
+                Some(r) if pass.contains(&r.status) => return Attempt::Done(Err(r.error)),
+                Some(r) => return verdict(r),
             }
             if let Some(t) = resp.body().content_length().filter(|t| *t > cap) {
                 return Attempt::Final(Error::failed(format!(
@@ -492,8 +588,8 @@ impl Http {
                 Ok(r) => r,
                 Err(e) => return classify_transport(&what, e, deadline),
             };
-            if let Some((status, e)) = status_failure(&what, &mut resp) {
-                return verdict(status, e);
+            if let Some(r) = status_failure(&what, &mut resp) {
+                return verdict(r);
             }
             let total = resp.body().content_length();
             if let Some(t) = total.filter(|t| *t > cap) {
@@ -519,6 +615,7 @@ impl Http {
                 ))),
             }
         })
+        .map_err(|(e, _)| e)
     }
 }
 
@@ -526,10 +623,12 @@ impl Http {
 fn timeout_words(t: &ureq::Timeout, deadline: Duration) -> String {
     match t {
         ureq::Timeout::Global => format!(
-            "the attempt's deadline of {:.0} s passed (--fetch-timeout, or the end of the retry budget)",
+            "the attempt's deadline of {:.0} s passed (--fetch-timeout, or the run's --deadline)",
             deadline.as_secs_f64()
         ),
-        ureq::Timeout::PerRead => "no byte arrived for a whole rate window (--fetch-min-rate-window)".into(),
+        ureq::Timeout::PerRead => {
+            "no byte arrived for a whole rate window (--fetch-min-rate-window)".into()
+        }
         t => format!("timeout ({t})"),
     }
 }
@@ -565,12 +664,25 @@ fn classify_transport<T>(what: &str, e: ureq::Error, deadline: Duration) -> Atte
     }
 }
 
-/// `None` for 2xx; otherwise the status and an error with the server's own message.
-fn status_failure(what: &str, resp: &mut ureq::http::Response<ureq::Body>) -> Option<(u16, Error)> {
+/// An answer that is not 2xx: its status, its `Retry-After`, and an error with the server's
+/// own message.
+struct Refusal {
+    status: u16,
+    retry_after: Option<Duration>,
+    error: Error,
+}
+
+/// `None` for 2xx; otherwise the refusal.
+fn status_failure(what: &str, resp: &mut ureq::http::Response<ureq::Body>) -> Option<Refusal> {
     let status = resp.status();
     if status.is_success() {
         return None;
     }
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| retry_after(v, std::time::SystemTime::now()));
     let body = resp
         .body_mut()
         .with_config()
@@ -583,15 +695,20 @@ fn status_failure(what: &str, resp: &mut ureq::http::Response<ureq::Body>) -> Op
         status,
         detail.map(|d| format!(": {d}")).unwrap_or_default()
     );
-    Some((status.as_u16(), Error::failed(msg)))
+    Some(Refusal {
+        status: status.as_u16(),
+        retry_after,
+        error: Error::failed(msg),
+    })
 }
 
-/// `curl --retry`: 408, 429 and 5xx may pass; other statuses are final.
-fn verdict<T>(status: u16, e: Error) -> Attempt<T> {
-    if status == 408 || status == 429 || status >= 500 {
-        Attempt::Retry(e)
+/// `curl --retry`: 408, 429 and 5xx are a busy server, asked again (after its `Retry-After`);
+/// other statuses are final.
+fn verdict<T>(r: Refusal) -> Attempt<T> {
+    if r.status == 408 || r.status == 429 || r.status >= 500 {
+        Attempt::Busy(r.error, r.retry_after)
     } else {
-        Attempt::Final(e)
+        Attempt::Final(r.error)
     }
 }
 
@@ -859,24 +976,64 @@ mod tests {
 
     #[test]
     fn full_jitter_stays_under_the_cap() {
-        let r = Retry {
-            attempts: 10,
-            backoff: Backoff::Exponential {
-                initial: Duration::from_secs(1),
-                cap: Duration::from_secs(60),
-            },
-            budget: Duration::from_secs(600),
-        };
+        let r = Retry::exponential(10, Duration::from_secs(1));
         for n in 0..12 {
-            let d = r.delay(n);
+            let d = r.delay(n, None);
             assert!(
                 d <= Duration::from_secs(60).min(Duration::from_secs(1 << n)),
                 "{n}: {d:?}"
             );
         }
         // Random, not zero: 200 draws under a 60 s ceiling average near 30 s.
-        let mean = (0..200).map(|_| r.delay(10).as_secs_f64()).sum::<f64>() / 200.0;
+        let mean = (0..200)
+            .map(|_| r.delay(10, None).as_secs_f64())
+            .sum::<f64>()
+            / 200.0;
         assert!((20.0..40.0).contains(&mean), "mean {mean}");
+    }
+
+    #[test]
+    fn retry_after_is_waited_out_and_spread_above_it() {
+        let r = Retry::exponential(3, Duration::from_secs(2));
+        let draws: Vec<Duration> = (0..200)
+            .map(|_| r.delay(1, Some(Duration::from_secs(5))))
+            .collect();
+        // Never before the server asked, never more than the jitter's ceiling (4 s) past it.
+        assert!(draws
+            .iter()
+            .all(|d| *d >= Duration::from_secs(5) && *d < Duration::from_secs(9)));
+        // Spread, not one wave: the draws differ.
+        let (lo, hi) = (draws.iter().min().unwrap(), draws.iter().max().unwrap());
+        assert!(*hi - *lo > Duration::from_secs(1), "{lo:?}..{hi:?}");
+        // A Retry-After past the cap is cut to it.
+        let capped = r.capped_at(Duration::from_secs(3));
+        assert!(capped.delay(0, Some(Duration::from_secs(3600))) < Duration::from_secs(6));
+    }
+
+    #[test]
+    fn retry_after_takes_seconds_and_the_three_http_date_forms() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(784_111_777); // Sun, 06 Nov 1994 08:49:37 GMT
+        assert_eq!(retry_after("120", now), Some(Duration::from_secs(120)));
+        assert_eq!(retry_after(" 0 ", now), Some(Duration::ZERO));
+        for later in [
+            "Sun, 06 Nov 1994 08:50:07 GMT",
+            "Sunday, 06-Nov-94 08:50:07 GMT",
+            "Sun Nov  6 08:50:07 1994",
+        ] {
+            assert_eq!(
+                retry_after(later, now),
+                Some(Duration::from_secs(30)),
+                "{later}"
+            );
+        }
+        // A date already past means now; what is neither form is ignored.
+        assert_eq!(
+            retry_after("Sat, 05 Nov 1994 08:49:37 GMT", now),
+            Some(Duration::ZERO)
+        );
+        for bad in ["", "-5", "1.5", "soon", "Sun, 06 Nov 1994 25:00:00 GMT"] {
+            assert_eq!(retry_after(bad, now), None, "{bad:?}");
+        }
     }
 
     /// A plain-HTTP server on loopback that answers every connection with `reply`'s bytes,
@@ -903,15 +1060,75 @@ mod tests {
     fn client(budget: Duration) -> Http {
         Http::new(
             &Tls::default(),
-            Retry {
-                attempts: 5,
-                backoff: Backoff::Exponential {
-                    initial: Duration::from_millis(10),
-                    cap: Duration::from_millis(10),
-                },
-                budget,
-            },
+            Retry::exponential(5, Duration::from_millis(10))
+                .capped_at(Duration::from_millis(10))
+                .within(budget),
         )
+    }
+
+    /// A plain-HTTP server on loopback that answers the first `busy` requests 503 with
+    /// `Retry-After: 1`, then 200; it counts the requests.
+    fn busy_server(busy: usize) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::net::TcpListener;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/x", l.local_addr().unwrap());
+        let seen = Arc::new(AtomicUsize::new(0));
+        let count = seen.clone();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(mut c) = c else { continue };
+                let mut req = [0u8; 4096];
+                let _ = c.read(&mut req);
+                let reply: &[u8] = if count.fetch_add(1, Ordering::SeqCst) < busy {
+                    b"HTTP/1.1 503 Busy\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                } else {
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+                };
+                let _ = c.write_all(reply);
+            }
+        });
+        (url, seen)
+    }
+
+    #[test]
+    fn busy_answers_wait_for_retry_after_and_do_not_use_up_the_attempts() {
+        // One attempt without an answer allowed, three busy answers first: time, not the
+        // count, bounds busy answers, and each pause lasts at least the Retry-After.
+        let (url, seen) = busy_server(3);
+        let http = Http::new(
+            &Tls::default(),
+            Retry::exponential(1, Duration::from_millis(10)).within(Duration::from_secs(30)),
+        );
+        let start = Instant::now();
+        let body = http.fetch(&Request::get(&url), 1 << 20).unwrap();
+        assert_eq!(body, b"ok");
+        assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 4);
+        assert!(
+            start.elapsed() >= Duration::from_secs(3),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_server_busy_until_the_deadline_is_busy_not_unreachable() {
+        let (url, _) = busy_server(usize::MAX);
+        let http = Http::new(
+            &Tls::default(),
+            Retry::exponential(1, Duration::from_millis(10))
+                .until(Instant::now() + Duration::from_millis(2500)),
+        );
+        let (e, why) = http.fetch_why(&Request::get(&url), 1 << 20).unwrap_err();
+        assert_eq!(why, Failure::Busy, "{e}");
+        assert!(e.to_string().contains("HTTP 503"), "{e}");
+        // Nothing listens: unreachable, after the attempts.
+        let dead = format!("http://127.0.0.1:{}/x", {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        });
+        let (e, why) = http.fetch_why(&Request::get(&dead), 1 << 20).unwrap_err();
+        assert_eq!(why, Failure::Unreachable, "{e}");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use base64::Engine as _;
 use ureq::tls::{ClientCert, PemItem};
 
 use crate::error::{Error, Result};
-use crate::net::fetch::{Http, Request, Retry, Tls};
+use crate::net::fetch::{Failure, Http, Request, Retry, Tls};
 use crate::node::exec::{self, Command, Env};
 use crate::node::root::Root;
 use crate::yaml;
@@ -243,24 +243,38 @@ impl Kube {
     }
 
     fn get_json(&self, path: &str) -> Result<serde_json::Value> {
-        let url = format!("{}{path}", self.server);
-        let body = self.http.fetch(&self.request("GET", &url, None), 8 << 20)?;
-        serde_json::from_slice(&body)
-            .map_err(|e| Error::failed(format!("GET {url}: invalid JSON: {e}")))
+        self.get_json_why(path).map_err(|(e, _)| e)
     }
 
-    /// `GET /version` → `gitVersion`.
-    pub fn server_version(&self) -> Result<String> {
-        let v = self.get_json("/version")?;
+    /// `get_json`, saying whether the server answered (`Failure`).
+    fn get_json_why(&self, path: &str) -> std::result::Result<serde_json::Value, (Error, Failure)> {
+        let url = format!("{}{path}", self.server);
+        let body = self
+            .http
+            .fetch_why(&self.request("GET", &url, None), 8 << 20)?;
+        serde_json::from_slice(&body).map_err(|e| {
+            (
+                Error::failed(format!("GET {url}: invalid JSON: {e}")),
+                Failure::Final,
+            )
+        })
+    }
+
+    /// `GET /version` → `gitVersion`; a failure says whether the server answered.
+    pub fn server_version(&self) -> std::result::Result<String, (Error, Failure)> {
+        let v = self.get_json_why("/version")?;
         v.get("gitVersion")
             .and_then(|g| g.as_str())
             .filter(|g| !g.is_empty())
             .map(str::to_string)
             .ok_or_else(|| {
-                Error::failed(format!(
-                    "GET {}/version: no gitVersion in the answer",
-                    self.server
-                ))
+                (
+                    Error::failed(format!(
+                        "GET {}/version: no gitVersion in the answer",
+                        self.server
+                    )),
+                    Failure::Final,
+                )
             })
     }
 
@@ -269,19 +283,28 @@ impl Kube {
         self.get_json(&format!("/api/v1/nodes/{name}"))
     }
 
-    /// One key of a ConfigMap; a missing or empty key is an error.
-    pub fn configmap_key(&self, ns: &str, name: &str, key: &str) -> Result<String> {
+    /// One key of a ConfigMap; a missing or empty key is an error (`Failure::Final`), and so
+    /// is a missing ConfigMap (its 404 names it).
+    pub fn configmap_key(
+        &self,
+        ns: &str,
+        name: &str,
+        key: &str,
+    ) -> std::result::Result<String, (Error, Failure)> {
         let path = format!("/api/v1/namespaces/{ns}/configmaps/{name}");
-        let cm = self.get_json(&path)?;
+        let cm = self.get_json_why(&path)?;
         match cm
             .get("data")
             .and_then(|d| d.get(key))
             .and_then(|v| v.as_str())
         {
             Some(v) if !v.trim().is_empty() => Ok(v.to_string()),
-            _ => Err(Error::failed(format!(
-                "ConfigMap {ns}/{name}: key {key:?} is missing or empty"
-            ))),
+            _ => Err((
+                Error::failed(format!(
+                    "ConfigMap {ns}/{name}: key {key:?} is missing or empty"
+                )),
+                Failure::Final,
+            )),
         }
     }
 

@@ -80,15 +80,17 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     } else {
         Kube::from_kubeconfig(&root, &a.kubeconfig, common.api_retry())?
     };
-    let k8s = cluster::version(
+    let version = cluster::version(
         &root,
         &cluster::Sources {
             forced: a.force_kube_version.as_deref(),
             kube: kube.as_ref(),
             kubeconfig: &a.kubeconfig,
             installer_env: &a.installer_kubelet_env,
+            fallback: a.version_fallback,
         },
     )?;
+    let k8s = version.value.clone();
 
     // 3-4. Choose: Kubernetes by the cluster's version, the runtime by the mappings.
     let lists = Lists {
@@ -149,7 +151,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         }
         write_marker(&root, a, &kubernetes, &k8s)?;
         return summary(
-            &k8s,
+            &version,
             &kubernetes,
             runtime_name,
             &runtime,
@@ -222,7 +224,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     // 9. The done marker, last; taken back if even the report fails, so the unit runs again.
     let m = write_marker(&root, a, &kubernetes, &k8s)?;
     summary(
-        &k8s,
+        &version,
         &kubernetes,
         runtime_name,
         &runtime,
@@ -236,15 +238,17 @@ pub fn run(a: &Bootstrap) -> Result<()> {
 }
 
 fn summary(
-    k8s: &str,
+    version: &cluster::Version,
     kubernetes: &Outcome,
     runtime_name: &str,
     runtime: &Outcome,
     state: &str,
     activation: &str,
 ) -> Result<()> {
+    version.report()?;
     crate::outln!(
-        "nodestrap: sysext {state} k8s={k8s} {KUBERNETES}={} {runtime_name}={} activation={activation}",
+        "nodestrap: sysext {state} k8s={} {KUBERNETES}={} {runtime_name}={} activation={activation}",
+        version.value,
         kubernetes.word(),
         runtime.word()
     )

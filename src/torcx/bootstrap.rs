@@ -9,6 +9,7 @@ use crate::cli::check::check_options;
 use crate::cli::{Bootstrap, RebootMode};
 use crate::error::{Error, Result};
 use crate::net::cluster;
+use crate::net::fetch::Failure;
 use crate::net::kube::Kube;
 use crate::node::dbus::{self, Update};
 use crate::node::mappings::Mappings;
@@ -62,15 +63,17 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     } else {
         None
     };
-    let k8s = cluster::version(
+    let version = cluster::version(
         &root,
         &cluster::Sources {
             forced: a.force_kube_version.as_deref(),
             kube: kube.as_ref(),
             kubeconfig: &a.kubeconfig,
             installer_env: &a.installer_kubelet_env,
+            fallback: a.version_fallback,
         },
     )?;
+    let k8s = version.value.clone();
 
     // 3. Runtime mappings: the ConfigMap, else the node's file.
     let wanted = if torcx_on {
@@ -147,6 +150,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     //     (stdout gone, the reboot refused) takes it back, so the unit runs again rather than
     //     starting the kubelet on a half-done node.
     let finish = || -> Result<()> {
+        version.report()?;
         let reboot = if reasons.is_empty() {
             "no".to_string()
         } else {
@@ -170,19 +174,30 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     })
 }
 
+/// The ConfigMap, else the node's file: when the API server answered without usable mappings
+/// (404, 403, no key), or when it cannot answer and `--version-fallback` allows the node's
+/// files to stand in (a busy server is waited for, as for the version).
 fn runtime_versions(root: &Root, a: &Bootstrap, kube: Option<&Kube>, k8s: &str) -> Result<Wanted> {
     let from_api = kube.map(|k| k.configmap_key(MAPPINGS_NS, MAPPINGS_CM, MAPPINGS_KEY));
+    let name = root.show(&a.version_manifest);
     let mappings = match from_api {
         // Data the API gave us that does not parse is an error, not a reason to use older data.
         Some(Ok(text)) => Mappings::parse(
             &text,
             &format!("ConfigMap {MAPPINGS_NS}/{MAPPINGS_CM} key {MAPPINGS_KEY}"),
         )?,
+        Some(Err((e, failure)))
+            if failure != Failure::Final && !a.version_fallback.allows(failure) =>
+        {
+            return Err(e.context(format!(
+                "runtime mappings: the API server did not answer, and --version-fallback {} does not let {name} decide",
+                a.version_fallback.word()
+            )))
+        }
         other => {
-            if let Some(Err(e)) = other {
-                log::warn!("runtime mappings from the API unavailable: {e}");
+            if let Some(Err((e, _))) = other {
+                log::warn!("runtime mappings from the API unavailable, using {name}: {e}");
             }
-            let name = root.show(&a.version_manifest);
             let text = root.read_text(&a.version_manifest)?.ok_or_else(|| {
                 Error::failed(format!(
                     "no runtime mappings: API unavailable and {name} does not exist"
@@ -201,14 +216,19 @@ fn os_update(a: &Bootstrap, root: &Root) -> Result<Update> {
         if !root.is_host() {
             log::warn!("--upgrade-os with --root {}: the update_engine asked is the one on this system bus", root.show("/"));
         }
+        // The run's deadline bounds the wait too.
+        let left = a
+            .common()
+            .run_deadline()
+            .saturating_duration_since(std::time::Instant::now());
+        let wait = Duration::from_secs(a.update_timeout).min(left);
         log::info!(
-            "asking update_engine for an OS update (AttemptUpdate), waiting up to {}s",
-            a.update_timeout
+            "asking update_engine for an OS update (AttemptUpdate), waiting up to {}s (--update-timeout {}, --deadline {})",
+            wait.as_secs(),
+            a.update_timeout,
+            a.deadline
         );
-        dbus::attempt_update(
-            Duration::from_secs(a.update_timeout),
-            Duration::from_secs(5),
-        )?
+        dbus::attempt_update(wait, Duration::from_secs(5))?
     } else {
         dbus::update_status()?
     };

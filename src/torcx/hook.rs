@@ -67,6 +67,10 @@ pub fn run(a: &Hook) -> Result<()> {
             root.show(KUBELET_ENV)
         ))
     })?;
+    log::info!(
+        "Kubernetes version {k8s} (from KUBELET_IMAGE_TAG in {})",
+        root.show(KUBELET_ENV)
+    );
 
     // 3. Runtime mappings: the mounted ConfigMap only.
     let path = a.version_manifest.to_string_lossy();

@@ -20,6 +20,8 @@ pub struct Reply {
     pub stall: Option<usize>,
     /// Send the body one byte at a time, this far apart (a server that trickles).
     pub trickle: Option<std::time::Duration>,
+    /// Headers beyond Content-Length and Content-Type (`Retry-After`).
+    pub headers: Vec<(&'static str, String)>,
 }
 
 impl Reply {
@@ -30,6 +32,7 @@ impl Reply {
             truncate: None,
             stall: None,
             trickle: None,
+            headers: Vec::new(),
         }
     }
     pub fn stalled(body: impl Into<Vec<u8>>, at: usize) -> Reply {
@@ -54,6 +57,14 @@ impl Reply {
             truncate: None,
             stall: None,
             trickle: None,
+            headers: Vec::new(),
+        }
+    }
+    /// A busy server's answer: `status` (429, 503) with `Retry-After: retry_after`.
+    pub fn busy(status: u16, retry_after: &str) -> Reply {
+        Reply {
+            headers: vec![("Retry-After", retry_after.to_string())],
+            ..Reply::status(status)
         }
     }
     pub fn truncated(body: impl Into<Vec<u8>>, at: usize) -> Reply {
@@ -63,6 +74,7 @@ impl Reply {
             truncate: Some(at),
             stall: None,
             trickle: None,
+            headers: Vec::new(),
         }
     }
 }
@@ -74,6 +86,8 @@ pub struct Seen {
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
     pub client_cert: bool,
+    /// When the request arrived.
+    pub at: std::time::Instant,
 }
 
 impl Seen {
@@ -252,6 +266,7 @@ fn handle(
             headers,
             body,
             client_cert,
+            at: std::time::Instant::now(),
         };
         seen.lock().unwrap().push(s.clone());
         let reply = {
@@ -272,8 +287,13 @@ fn handle(
                 .or_else(|| r.standing.get(&path).cloned())
                 .unwrap_or_else(|| Reply::status(404))
         };
+        let extra: String = reply
+            .headers
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}\r\n"))
+            .collect();
         let head = format!(
-            "HTTP/1.1 {} X\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\n\r\n",
+            "HTTP/1.1 {} X\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\n{extra}\r\n",
             reply.status,
             reply.body.len()
         );

@@ -253,7 +253,7 @@ fn happy_path_without_api_server() {
     );
     // One decision line per step, each naming its source.
     for needle in [
-        "(from KUBELET_IMAGE_TAG in",
+        "from KUBELET_IMAGE_TAG in",
         "/usr/lib/os-release)",
         "no pending OS update: update_engine is not on the system bus",
         "good signature by",
@@ -365,7 +365,10 @@ fn bearer_token_kubeconfig_and_secrets_stay_out_of_logs() {
         api.seen()[0].header("authorization"),
         Some(&*format!("Bearer {token}"))
     );
-    // A wrong token: 401 is final, the installer file decides, and no token is ever logged.
+    // A wrong token: 401 is final, and an API server that refuses is not an absent one: the
+    // run fails without kubelet.env (docs/bootstrap.md, "The cluster's version"), unless
+    // --version-fallback always-after-deadline lets the installer file decide. No token is
+    // ever logged.
     let w2 = World::new();
     let kc = w.read("/etc/kubernetes/kubeconfig").unwrap();
     w2.write("/etc/kubernetes/kubeconfig", &kc);
@@ -375,14 +378,31 @@ fn bearer_token_kubeconfig_and_secrets_stay_out_of_logs() {
     let mut args = w2.args();
     args.push("--verbose=debug".into());
     let r2 = nodestrap(&args, None, &[]);
-    r2.assert_ok();
+    assert_eq!(r2.code, 1, "{}", r2.stderr);
     assert!(r2.stderr.contains("HTTP 401"), "{}", r2.stderr);
+    assert!(
+        r2.stderr.contains("the API server is refusing"),
+        "{}",
+        r2.stderr
+    );
+    assert!(w2.read("/etc/kubernetes/kubelet.env").is_none());
     assert_eq!(
         api.seen().len() - before,
-        2,
-        "401 is final: one /version and one ConfigMap request"
+        1,
+        "401 is final: one /version request"
     );
-    for out in [&r.stderr, &r.stdout, &r2.stderr, &r2.stdout] {
+    args.push("--version-fallback=always-after-deadline".into());
+    let r3 = nodestrap(&args, None, &[]);
+    r3.assert_ok();
+    assert!(
+        r3.stdout.contains("k8s=v1.9.6+coreos.0 from=fallback"),
+        "{}",
+        r3.stdout
+    );
+    assert!(r3.stdout.contains("HTTP 401"), "{}", r3.stdout);
+    for out in [
+        &r.stderr, &r.stdout, &r2.stderr, &r2.stdout, &r3.stderr, &r3.stdout,
+    ] {
         assert!(
             !out.contains(token) && !out.contains("wrong-token"),
             "a token reached the output:\n{out}"
@@ -454,15 +474,7 @@ fn mapping_file_keeps_1_10_apart_from_1_1() {
 #[test]
 fn api_server_down_falls_back_to_installer_env() {
     let w = World::new();
-    let (api, _ca) = w.with_api("v1.10.2+coreos.0", None);
-    let port = api.port;
-    drop(api);
-    // Point the kubeconfig at a port nothing listens on.
-    let kc = w
-        .read("/etc/kubernetes/kubeconfig")
-        .unwrap()
-        .replace(&format!(":{port}"), ":1");
-    w.write("/etc/kubernetes/kubeconfig", &kc);
+    unreachable_api(&w);
     let r = w.run();
     r.assert_ok();
     assert!(
@@ -470,10 +482,113 @@ fn api_server_down_falls_back_to_installer_env() {
         "{}",
         r.stdout
     );
+    // The fallback is said where an operator counts nodes: the log and the plan line.
     assert!(
-        r.stderr.contains("API server version unavailable"),
+        r.stderr
+            .contains("a fallback: the API server is unreachable"),
         "{}",
         r.stderr
+    );
+    assert!(
+        r.stdout
+            .contains("nodestrap: k8s=v1.9.6+coreos.0 from=fallback (KUBELET_IMAGE_TAG in"),
+        "{}",
+        r.stdout
+    );
+}
+
+/// The kubeconfig of `w` pointed at a port nothing listens on.
+fn unreachable_api(w: &World) {
+    let (api, _ca) = w.with_api("v1.10.2+coreos.0", None);
+    let port = api.port;
+    drop(api);
+    let kc = w
+        .read("/etc/kubernetes/kubeconfig")
+        .unwrap()
+        .replace(&format!(":{port}"), ":1");
+    w.write("/etc/kubernetes/kubeconfig", &kc);
+}
+
+#[test]
+fn version_fallback_never_fails_on_an_unreachable_api_server_and_writes_nothing() {
+    let mut w = World::new();
+    unreachable_api(&w);
+    w.extra.push("--version-fallback=never".into());
+    let r = w.run();
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("unable to determine the cluster version: the API server is unreachable, and --version-fallback never does not let"),
+        "{}",
+        r.stderr
+    );
+    assert!(w.read("/etc/kubernetes/kubelet.env").is_none());
+    // No kubeconfig at all is no better under `never`.
+    std::fs::remove_file(w.path("/etc/kubernetes/kubeconfig")).unwrap();
+    let r = w.run();
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("no kubeconfig at"), "{}", r.stderr);
+    assert!(w.read("/etc/kubernetes/kubelet.env").is_none());
+}
+
+#[test]
+fn a_busy_api_server_is_waited_for_and_its_version_used() {
+    let w = World::new();
+    let (api, _ca) = w.with_api("v1.10.2+coreos.0", None);
+    // Load shed twice, as a real API server's max-in-flight filter does (429, Retry-After: 1),
+    // then a 503 from a proxy in front of it: more busy answers than --api-tries=2 allows for
+    // failures without an answer, and none of them counts.
+    api.queue("/version", Reply::busy(429, "1"));
+    api.queue("/version", Reply::busy(429, "1"));
+    api.queue("/version", Reply::busy(503, "1"));
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stdout.contains("k8s=v1.10.2+coreos.0 docker=17.06"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("from=api-server"), "{}", r.stdout);
+    let asked = api.requests("GET", "/version");
+    assert_eq!(asked.len(), 4, "{}", r.stderr);
+    for pair in asked.windows(2) {
+        let waited = pair[1].at - pair[0].at;
+        assert!(
+            waited >= std::time::Duration::from_secs(1),
+            "asked again after {waited:?}"
+        );
+    }
+    assert!(r.stderr.contains("(Retry-After 1 s)"), "{}", r.stderr);
+}
+
+#[test]
+fn an_api_server_busy_until_the_deadline_is_not_guessed_past_by_default() {
+    let mut w = World::new();
+    let (api, _ca) = w.with_api("v1.10.2+coreos.0", None);
+    api.set("/version", Reply::busy(503, "1"));
+    w.extra.push("--deadline=3".into());
+    let r = w.run();
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("the API server is busy until the run's deadline (--deadline), and --version-fallback unreachable does not let"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("HTTP 503"), "{}", r.stderr);
+    assert!(w.read("/etc/kubernetes/kubelet.env").is_none());
+    // always-after-deadline: the node's files decide once the deadline has passed, and say why.
+    w.extra
+        .push("--version-fallback=always-after-deadline".into());
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stdout.contains("k8s=v1.9.6+coreos.0 from=fallback"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("busy until the run's deadline"),
+        "{}",
+        r.stdout
     );
 }
 
@@ -798,7 +913,7 @@ fn server_errors_are_retried_until_success() {
     r.assert_ok();
     assert_eq!(w.files.hits(&p), 3);
     assert!(
-        r.stderr.contains("attempt 1/3 failed") && r.stderr.contains("HTTP 500"),
+        r.stderr.contains("attempt 1 failed") && r.stderr.contains("HTTP 500"),
         "{}",
         r.stderr
     );

@@ -329,7 +329,7 @@ pub(super) fn setup(a: &Reprovision, need_node: bool) -> Result<Setup> {
     let kube = match &node {
         Some(_) => {
             let pod = Root::open(Path::new("/"))?;
-            let retry = Retry::fixed(a.api_tries, Duration::from_secs(a.api_retry_delay));
+            let retry = Retry::exponential(a.api_tries, Duration::from_secs(a.api_retry_delay));
             match api_client(a.kubeconfig.as_deref(), &pod, retry) {
                 Ok(k) => Some(k),
                 Err(e) if need_node => return Err(e),
