@@ -151,9 +151,15 @@ def check(s, sc, boots, kubelet_line, events, disk):
         p.append("nodestrap-generator enabled the initramfs unit despite rd.nodestrap=0 (boots %r)" % gen)
     if sc.initrd and not any(k == "initrd" and "resolv.conf from systemd-networkd: 10.0.2.3" in t for _, k, t in texts):
         p.append("the initramfs did not get /etc/resolv.conf from systemd-networkd's DHCP lease")
-    if sc.api_up is False and not any(re.match(r"Kubernetes version \S+ \(from KUBELET_IMAGE_TAG in ", t)
+    # An API server that is down is unreachable, not busy: the installer kubelet.env decides
+    # (--version-fallback unreachable, the default), and the log and plan line say so.
+    if sc.api_up is False and not any(re.match(r"Kubernetes version \S+ from KUBELET_IMAGE_TAG in .*a fallback: "
+                                               r"the API server is unreachable", t)
                                       for _, k, t in texts if k == "nodestrap"):
-        p.append("no log line says the version came from the installer kubelet.env")
+        p.append("no log line says the version came from the installer kubelet.env because the API server is unreachable")
+    if sc.api_up is False and not any(re.match(r"nodestrap: k8s=\S+ from=fallback ", t)
+                                      for _, k, t in texts if k == "nodestrap"):
+        p.append("no plan line `nodestrap: k8s=... from=fallback` on stdout")
     if sc.tamper:
         fails = [t for b, k, t in texts if k == "nodestrap" and SIG_FAIL in t]
         if len(fails) < 3:
