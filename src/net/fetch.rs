@@ -153,9 +153,12 @@ impl Retry {
         self
     }
 
-    /// The pause after the `failures`-th failed attempt (0-based): the server's `Retry-After`
-    /// (cut to the cap) plus a random part below the exponential ceiling, so that nodes told
-    /// the same `Retry-After` do not come back in one wave.
+    /// The pause after the `failures`-th failed attempt (0-based). Without word from the
+    /// server: full jitter, random below `initial × 2^failures` (at most the cap). With a
+    /// `Retry-After` (cut to the cap): that wait, plus a random part below the smaller of it
+    /// (at least 1 s) and the exponential ceiling, so that nodes told the same `Retry-After`
+    /// come back spread over one more such interval, not in one wave, and a server that names
+    /// its time is not made to wait for a ceiling grown by earlier refusals.
     pub fn delay(&self, failures: u32, retry_after: Option<Duration>) -> Duration {
         let ceil = self
             .initial
@@ -164,7 +167,14 @@ impl Retry {
         let mut r = [0u8; 8];
         rustix::rand::getrandom(&mut r, rustix::rand::GetRandomFlags::empty()).ok();
         let frac = (u64::from_le_bytes(r) >> 11) as f64 / (1u64 << 53) as f64;
-        retry_after.unwrap_or_default().min(self.cap) + ceil.mul_f64(frac)
+        match retry_after {
+            None => ceil.mul_f64(frac),
+            Some(after) => {
+                let after = after.min(self.cap);
+                let spread = ceil.min(after.max(Duration::from_secs(1)));
+                after + spread.mul_f64(frac)
+            }
+        }
     }
 
     /// Time left for one request started at `start`: the smaller of its budget and the run's.
@@ -1002,6 +1012,10 @@ mod tests {
         assert!(draws
             .iter()
             .all(|d| *d >= Duration::from_secs(5) && *d < Duration::from_secs(9)));
+        // However many refusals came before, the spread stays within one Retry-After.
+        assert!((0..200)
+            .map(|_| r.delay(12, Some(Duration::from_secs(1))))
+            .all(|d| d >= Duration::from_secs(1) && d < Duration::from_secs(2)));
         // Spread, not one wave: the draws differ.
         let (lo, hi) = (draws.iter().min().unwrap(), draws.iter().max().unwrap());
         assert!(*hi - *lo > Duration::from_secs(1), "{lo:?}..{hi:?}");

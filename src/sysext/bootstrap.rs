@@ -91,6 +91,8 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         },
     )?;
     let k8s = version.value.clone();
+    // The API server is not asked again: its idle connection goes now (see the torcx payload).
+    drop(kube);
 
     // 3-4. Choose: Kubernetes by the cluster's version, the runtime by the mappings.
     let lists = Lists {

@@ -81,6 +81,9 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     } else {
         None
     };
+    // The API server is not asked again: its idle connection goes now, not at exit, so that a
+    // herd of nodes downloading holds one connection each at the servers.
+    drop(kube);
 
     // 4. update_engine.
     let update = os_update(a, &root)?;
