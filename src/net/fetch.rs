@@ -265,7 +265,7 @@ pub const DEFAULT_RATE_WINDOW_SECS: u64 = 30;
 
 /// Resolves one host name as another host (`tls-server-name`): the certificate is checked
 /// against the alias while the connection goes to the real server.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Alias {
     alias: String,
     /// The real host (a name or an address, IPv6 in brackets).
@@ -291,6 +291,17 @@ impl ureq::unversioned::resolver::Resolver for Alias {
     }
 }
 
+fn new_agent(config: &ureq::config::Config, alias: &Option<Alias>) -> Agent {
+    match alias {
+        Some(a) => Agent::with_parts(
+            config.clone(),
+            ureq::unversioned::transport::DefaultConnector::new(),
+            a.clone(),
+        ),
+        None => config.new_agent(),
+    }
+}
+
 /// What one attempt says about trying again.
 enum Attempt<T> {
     Done(T),
@@ -302,7 +313,12 @@ enum Attempt<T> {
 }
 
 pub struct Http {
-    agent: Agent,
+    /// Replaced after a failed attempt: the old one's pool goes with it, so no idle
+    /// connection is held at a struggling server through the pause (a herd of nodes would
+    /// hold one each).
+    agent: std::sync::Mutex<Agent>,
+    config: ureq::config::Config,
+    alias: Option<Alias>,
     retry: Retry,
     limits: AttemptLimits,
     /// Kept to build the same client through another proxy.
@@ -376,7 +392,7 @@ impl Http {
             .client_cert(tls.client.clone())
             .unversioned_rustls_crypto_provider(provider)
             .build();
-        let agent = Agent::config_builder()
+        let config = Agent::config_builder()
             .tls_config(tls_config)
             .http_status_as_error(false)
             .https_only(false)
@@ -387,20 +403,24 @@ impl Http {
             .timeout_per_read(Some(Duration::from_secs(60)))
             .max_redirects(5)
             .build();
-        let agent = match alias {
-            Some(a) => Agent::with_parts(
-                agent,
-                ureq::unversioned::transport::DefaultConnector::new(),
-                a,
-            ),
-            None => agent.new_agent(),
-        };
         Http {
-            agent,
+            agent: std::sync::Mutex::new(new_agent(&config, &alias)),
+            config,
+            alias,
             retry,
             limits: AttemptLimits::default(),
             tls: tls.clone(),
         }
+    }
+
+    fn agent(&self) -> Agent {
+        self.agent.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// A fresh agent, its predecessor's idle connections closed.
+    fn renew(&self) {
+        let fresh = new_agent(&self.config, &self.alias);
+        *self.agent.lock().unwrap_or_else(|e| e.into_inner()) = fresh;
     }
 
     /// The same client with other bounds per attempt.
@@ -465,6 +485,7 @@ impl Http {
                 "{what}: attempt {n} failed: {e}; retrying in {:.1}s{told}",
                 delay.as_secs_f64()
             );
+            self.renew();
             std::thread::sleep(delay);
         }
     }
@@ -483,28 +504,27 @@ impl Http {
             b = b.header(*k, v.as_str());
         }
         let per_read = Some(self.limits.window.min(Duration::from_secs(60)));
+        let agent = self.agent();
         match &req.body {
             Some((ctype, body)) => {
                 let r = b
                     .header("Content-Type", *ctype)
                     .body(body.clone())
                     .map_err(ureq::Error::Http)?;
-                let r = self
-                    .agent
+                let r = agent
                     .configure_request(r)
                     .timeout_global(Some(deadline))
                     .timeout_per_read(per_read)
                     .build();
-                self.agent.run(r)
+                agent.run(r)
             }
             None => {
-                let r = self
-                    .agent
+                let r = agent
                     .configure_request(b.body(()).map_err(ureq::Error::Http)?)
                     .timeout_global(Some(deadline))
                     .timeout_per_read(per_read)
                     .build();
-                self.agent.run(r)
+                agent.run(r)
             }
         }
     }
