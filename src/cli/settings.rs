@@ -11,6 +11,17 @@ use crate::error::{excerpt, Error, Kind, Result};
 use crate::node::root::{read_host_file, Root};
 
 pub const DEFAULT_CONFIG: &str = "/etc/nodestrap/bootstrap.conf";
+/// Drop-ins of the default config, as systemd orders its own (systemd-system.conf(5)): `*.conf`
+/// in these directories, one set sorted by file name, a name in an earlier directory hiding
+/// the same name in a later one, a link to /dev/null masking it. An explicit `--config FILE`
+/// takes `FILE.d/` only.
+const DROPIN_DIRS: &[&str] = &[
+    "/etc/nodestrap/bootstrap.conf.d",
+    "/run/nodestrap/bootstrap.conf.d",
+    "/usr/lib/nodestrap/bootstrap.conf.d",
+];
+/// At most this many drop-ins are read (each is also capped like the config file).
+const DROPIN_MAX: usize = 256;
 const CONFIG_CAP: u64 = 64 << 10;
 const PROC_CMDLINE: &str = "/proc/cmdline";
 /// Test hook: the integration tests point this at a file standing in for /proc/cmdline.
@@ -94,11 +105,26 @@ pub fn merge(b: &Bootstrap, user: &[String]) -> Result<Merged> {
             }
             None => {}
             Some(bytes) => {
-                let text = String::from_utf8(bytes)
-                    .map_err(|_| Error::config(format!("{name}: not UTF-8 text")))?;
-                let settings = parse_file(&text, &name)?;
+                let settings = parse_file(&utf8(bytes, &name)?, &name)?;
                 add(&settings, &name, &mut synthetic, &mut notes);
             }
+        }
+        let dirs = if explicit {
+            vec![format!("{path}.d")]
+        } else {
+            DROPIN_DIRS.iter().map(|d| d.to_string()).collect()
+        };
+        for p in dropins(&root, &dirs, &mut notes)? {
+            let name = root.show(&p);
+            // Listed a moment ago: gone since means nothing to read.
+            let Some(bytes) = root
+                .read(&p, CONFIG_CAP)
+                .map_err(|e| e.with_kind(Kind::Config))?
+            else {
+                continue;
+            };
+            let settings = parse_file(&utf8(bytes, &name)?, &name)?;
+            add(&settings, &name, &mut synthetic, &mut notes);
         }
     }
     if b.cmdline {
@@ -121,6 +147,46 @@ pub fn merge(b: &Bootstrap, user: &[String]) -> Result<Merged> {
         args: cli::last_wins(args),
         notes,
     })
+}
+
+fn utf8(bytes: Vec<u8>, name: &str) -> Result<String> {
+    String::from_utf8(bytes).map_err(|_| Error::config(format!("{name}: not UTF-8 text")))
+}
+
+/// The drop-ins to read, in order (node paths): `*.conf` of `dirs`, by file name, the first
+/// directory holding a name winning; masked ones (links to /dev/null) noted and skipped.
+fn dropins(root: &Root, dirs: &[String], notes: &mut Vec<String>) -> Result<Vec<String>> {
+    let mut chosen = std::collections::BTreeMap::new();
+    for d in dirs {
+        let Some(dir) = root.dir(d, false).map_err(|e| e.with_kind(Kind::Config))? else {
+            continue;
+        };
+        for name in dir.entries().map_err(|e| e.with_kind(Kind::Config))? {
+            if name.ends_with(".conf") && !chosen.contains_key(&name) {
+                let masked = dir.link_target(&name).as_deref() == Some("/dev/null");
+                chosen.insert(name, (format!("{d}/"), masked));
+            }
+        }
+    }
+    if chosen.len() > DROPIN_MAX {
+        return Err(Error::config(format!(
+            "{} drop-ins in {}: at most {DROPIN_MAX}",
+            chosen.len(),
+            dirs.join(", ")
+        )));
+    }
+    let mut out = Vec::new();
+    for (name, (dir, masked)) in chosen {
+        if masked {
+            notes.push(format!(
+                "settings from {}: masked",
+                root.show(&(dir + &name))
+            ));
+        } else {
+            out.push(dir + &name);
+        }
+    }
+    Ok(out)
 }
 
 fn add(settings: &[Setting], from: &str, synthetic: &mut Vec<String>, notes: &mut Vec<String>) {

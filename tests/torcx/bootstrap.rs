@@ -1995,3 +1995,70 @@ fn no_suitable_version_names_both_sides() {
     );
     w.assert_nothing_written();
 }
+
+#[test]
+fn config_drop_ins_merge_in_systemd_order() {
+    let w = World::new();
+    w.write(CONF, "torcx-profile=fromfile\n");
+    // /etc hides /usr/lib's file of the same name; among names, the later one wins; a link
+    // to /dev/null masks; only *.conf counts.
+    w.write(
+        "/usr/lib/nodestrap/bootstrap.conf.d/10-vendor.conf",
+        "torcx-profile=vendor\n",
+    );
+    w.write(
+        "/etc/nodestrap/bootstrap.conf.d/10-vendor.conf",
+        "torcx-profile=admin\n",
+    );
+    w.write(
+        "/usr/lib/nodestrap/bootstrap.conf.d/30-masked.conf",
+        "torcx-profile=masked\n",
+    );
+    std::os::unix::fs::symlink(
+        "/dev/null",
+        w.path("/etc/nodestrap/bootstrap.conf.d/30-masked.conf"),
+    )
+    .unwrap();
+    w.write(
+        "/run/nodestrap/bootstrap.conf.d/20-run.conf",
+        "torcx-profile=runtime\n",
+    );
+    w.write(
+        "/run/nodestrap/bootstrap.conf.d/40-notes.txt",
+        "torcx-profile=ignored\n",
+    );
+    let r = w.run();
+    r.assert_ok();
+    assert_eq!(w.read("/etc/torcx/next-profile").unwrap(), "runtime\n");
+    let shown = |p: &str| w.path(p).display().to_string();
+    for line in [
+        format!(
+            "settings from {}: torcx-profile",
+            shown("/etc/nodestrap/bootstrap.conf.d/10-vendor.conf")
+        ),
+        format!(
+            "settings from {}: torcx-profile",
+            shown("/run/nodestrap/bootstrap.conf.d/20-run.conf")
+        ),
+        format!(
+            "settings from {}: masked",
+            shown("/etc/nodestrap/bootstrap.conf.d/30-masked.conf")
+        ),
+    ] {
+        assert!(r.stderr.contains(&line), "{line:?} not in\n{}", r.stderr);
+    }
+    assert!(!r.stderr.contains("usr/lib/nodestrap"), "{}", r.stderr);
+    // A bad line in a drop-in is refused like one in the file, naming the drop-in and line.
+    w.write(
+        "/run/nodestrap/bootstrap.conf.d/20-run.conf",
+        "\nfetch-attempts=lots\n",
+    );
+    let r = w.run();
+    r.assert_fails(
+        2,
+        &format!(
+            "{}:2: fetch-attempts: ",
+            shown("/run/nodestrap/bootstrap.conf.d/20-run.conf")
+        ),
+    );
+}
