@@ -844,7 +844,14 @@ pub fn logged(verbose: &str, f: impl FnOnce() -> Result<()>) -> i32 {
         return 2;
     };
     crate::logger::init(level);
-    exit_code(f())
+    let code = exit_code(f());
+    // The last line: how long the run took, whatever its end.
+    log::info!(
+        "run {} after {:.1} s (exit {code})",
+        if code == 0 { "done" } else { "failed" },
+        started().elapsed().as_secs_f64()
+    );
+    code
 }
 
 fn log_level(verbose: &str) -> Option<log::LevelFilter> {

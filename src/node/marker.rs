@@ -90,6 +90,20 @@ pub fn write<'r>(root: &'r Root, p: &Plan, dry_run: bool) -> Result<Option<Marke
         Err((Persist::Renamed, e)) => return Err(marker.take_back(e)),
     }
     let keys: Vec<&str> = p.set.iter().map(|(k, _)| *k).collect();
-    log::info!("wrote {out} (from {name}, setting {})", keys.join(", "));
+    log::info!(
+        "wrote {out} (from {name}, setting {}) {:.1} s after boot",
+        keys.join(", "),
+        since_boot().as_secs_f64()
+    );
     Ok(Some(marker))
+}
+
+/// Time since the kernel started (CLOCK_BOOTTIME: the same as now less /proc/stat's btime, but
+/// immune to the wall clock being set meanwhile): how long the node waited for its kubelet.
+pub fn since_boot() -> std::time::Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    std::time::Duration::new(
+        t.tv_sec.max(0) as u64,
+        t.tv_nsec.clamp(0, 999_999_999) as u32,
+    )
 }

@@ -255,6 +255,7 @@ fn happy_path_without_api_server() {
     for needle in [
         "from KUBELET_IMAGE_TAG in",
         "/usr/lib/os-release)",
+        " s after boot",
         "no pending OS update: update_engine is not on the system bus",
         "good signature by",
         "hash verified",
@@ -1994,6 +1995,26 @@ fn no_suitable_version_names_both_sides() {
         &format!("no suitable docker version for OS {CUR}: {mappings} maps to 17.03, 1.12; manifest {manifest} offers 17.06"),
     );
     w.assert_nothing_written();
+}
+
+#[test]
+fn the_last_log_line_gives_the_runs_duration_and_outcome() {
+    let w = World::new();
+    let r = w.run();
+    r.assert_ok();
+    let last = r.stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("info: run done after ") && last.ends_with(" s (exit 0)"),
+        "{last}"
+    );
+    let mut w = w;
+    w.extra.push("--version-fallback=never".into());
+    let r = w.run();
+    let last = r.stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("info: run failed after ") && last.ends_with(" s (exit 1)"),
+        "{last}"
+    );
 }
 
 #[test]
