@@ -110,16 +110,16 @@ pub struct Bootstrap {
     /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
     #[argh(option, default = "\"info\".into()")]
     pub verbose: String,
-    /// API server attempts without an answer before it counts as unreachable (default 3); busy answers (429, 5xx) are asked again until --deadline
+    /// API server attempts without an answer before it is unreachable (default 3)
     #[argh(option, default = "3")]
     pub api_tries: u32,
-    /// ceiling in seconds of the first pause between API server attempts; doubles per attempt with full jitter, capped at 60 s (default 10)
+    /// first API retry delay in seconds; doubles per retry with full jitter, capped at 60 s (default 10)
     #[argh(option, default = "10")]
     pub api_retry_delay: u64,
-    /// unreachable (the node's files decide only without a kubeconfig or an answer), never, or always-after-deadline (default unreachable)
+    /// when the installer files may give the version: unreachable, never, always-after-deadline (default unreachable)
     #[argh(option, default = "Fallback::Unreachable")]
     pub version_fallback: Fallback,
-    /// seconds the whole run may take: no network attempt starts or runs past it (default 1800)
+    /// seconds the run's network attempts may take in all (default 1800)
     #[argh(option, default = "DEFAULT_DEADLINE_SECS")]
     pub deadline: u64,
     /// attempts per manifest, signature or image download (default 6)
@@ -189,13 +189,13 @@ pub struct Hook {
     /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
     #[argh(option, default = "\"info\".into()")]
     pub verbose: String,
-    /// API server attempts without an answer per request (default 3); busy answers (429, 5xx) are asked again until --deadline
+    /// API server attempts without an answer per request (default 3)
     #[argh(option, default = "3")]
     pub api_tries: u32,
-    /// ceiling in seconds of the first pause between API server attempts; doubles per attempt with full jitter, capped at 60 s (default 10)
+    /// first API retry delay in seconds; doubles per retry with full jitter, capped at 60 s (default 10)
     #[argh(option, default = "10")]
     pub api_retry_delay: u64,
-    /// seconds the whole run may take: no network attempt starts or runs past it (default 1800)
+    /// seconds the run's network attempts may take in all (default 1800)
     #[argh(option, default = "DEFAULT_DEADLINE_SECS")]
     pub deadline: u64,
     /// attempts per manifest, signature or image download (default 6)
@@ -290,7 +290,7 @@ reprovision_args! {{
         /// API server attempts without an answer per request (default 3)
         #[argh(option, default = "3")]
         pub api_tries: u32,
-        /// ceiling in seconds of the first pause between API server attempts; doubles per attempt with full jitter, capped at 60 s (default 10)
+        /// first API retry delay in seconds; doubles per retry with full jitter, capped at 60 s (default 10)
         #[argh(option, default = "10")]
         pub api_retry_delay: u64,
         /// attempts per download or check (default 6)

@@ -156,34 +156,36 @@ fn utf8(bytes: Vec<u8>, name: &str) -> Result<String> {
 /// The drop-ins to read, in order (node paths): `*.conf` of `dirs`, by file name, the first
 /// directory holding a name winning; masked ones (links to /dev/null) noted and skipped.
 fn dropins(root: &Root, dirs: &[String], notes: &mut Vec<String>) -> Result<Vec<String>> {
-    let mut chosen = std::collections::BTreeMap::new();
+    let mut listed = Vec::new();
+    let mut names: Vec<String> = Vec::new();
     for d in dirs {
         let Some(dir) = root.dir(d, false).map_err(|e| e.with_kind(Kind::Config))? else {
             continue;
         };
-        for name in dir.entries().map_err(|e| e.with_kind(Kind::Config))? {
-            if name.ends_with(".conf") && !chosen.contains_key(&name) {
-                let masked = dir.link_target(&name).as_deref() == Some("/dev/null");
-                chosen.insert(name, (format!("{d}/"), masked));
-            }
-        }
+        let entries = dir.entries().map_err(|e| e.with_kind(Kind::Config))?;
+        names.extend(entries.iter().filter(|n| n.ends_with(".conf")).cloned());
+        listed.push((d, dir, entries));
     }
-    if chosen.len() > DROPIN_MAX {
+    names.sort();
+    names.dedup();
+    if names.len() > DROPIN_MAX {
         return Err(Error::config(format!(
             "{} drop-ins in {}: at most {DROPIN_MAX}",
-            chosen.len(),
+            names.len(),
             dirs.join(", ")
         )));
     }
     let mut out = Vec::new();
-    for (name, (dir, masked)) in chosen {
-        if masked {
-            notes.push(format!(
-                "settings from {}: masked",
-                root.show(&(dir + &name))
-            ));
+    for name in names {
+        // The first directory that holds the name decides.
+        let Some((d, dir, _)) = listed.iter().find(|(_, _, e)| e.contains(&name)) else {
+            continue;
+        };
+        let path = format!("{d}/{name}");
+        if dir.link_target(&name).as_deref() == Some("/dev/null") {
+            notes.push(format!("settings from {}: masked", root.show(&path)));
         } else {
-            out.push(dir + &name);
+            out.push(path);
         }
     }
     Ok(out)
