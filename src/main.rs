@@ -35,5 +35,7 @@ fn run() -> i32 {
         Cmd::Activate(x) => logged(&x.verbose, || activate::run(&x)),
         Cmd::JoinService(x) => logged(&x.verbose, || join_service::run(&x)),
         Cmd::InitCluster(x) => logged(&x.verbose, || init_cluster::run(&x)),
+        // Reads the last run's record; writes nothing.
+        Cmd::Status(s) => cli::status(&s),
     }
 }

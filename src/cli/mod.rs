@@ -36,6 +36,7 @@ pub enum Cmd {
     Activate(Activate),
     JoinService(JoinService),
     InitCluster(InitCluster),
+    Status(Status),
 }
 
 #[derive(FromArgs, Debug)]
@@ -426,6 +427,19 @@ pub struct JoinService {
 }
 
 #[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "status")]
+/// Show what the last bootstrap decided and did (its status record); exit 0 done, 1 failed,
+/// 3 still running, 4 no record.
+pub struct Status {
+    /// the node's root, for the record kept under /var/lib when /run has none (default /)
+    #[argh(option, default = "PathBuf::from(\"/\")")]
+    pub root: PathBuf,
+    /// print the record as JSON (schema: docs/status.md)
+    #[argh(switch)]
+    pub json: bool,
+}
+
+#[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "init-cluster")]
 /// Ask a fresh node's init server to initialize a cluster; write the admin kubeconfig it returns.
 pub struct InitCluster {
@@ -498,11 +512,7 @@ pub struct Common<'a> {
 pub const DEFAULT_DEADLINE_SECS: u64 = 1800;
 
 /// When this process started (`args()` reads it first): `--deadline` counts from here.
-static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-
-pub fn started() -> std::time::Instant {
-    *STARTED.get_or_init(std::time::Instant::now)
-}
+pub use crate::node::status::started;
 
 macro_rules! common {
     ($t:ty) => {
@@ -647,6 +657,10 @@ pub fn bootstrap(b: &Bootstrap, args: &[String], run: &dyn Fn(&Bootstrap) -> Res
     logged(&b.verbose, || {
         for n in &merged.notes {
             log::info!("{n}");
+        }
+        // A dry run writes nothing, not even its record.
+        if !b.dry_run {
+            crate::node::status::begin("bootstrap", &b.root);
         }
         run(b)
     })
@@ -838,13 +852,31 @@ pub fn args() -> Vec<String> {
     normalize(argv.get(1..).unwrap_or_default())
 }
 
+/// `nodestrap status`: its exit code says how the last run ended.
+pub fn status(s: &Status) -> i32 {
+    crate::logger::init(log::LevelFilter::Info);
+    crate::node::status::print(&s.root, s.json).unwrap_or_else(|e| {
+        log::error!("{e}");
+        e.exit_code()
+    })
+}
+
 /// Start the log at `--verbose`, run `f`, and turn its result into the exit code.
 pub fn logged(verbose: &str, f: impl FnOnce() -> Result<()>) -> i32 {
     let Some(level) = log_level(verbose) else {
         return 2;
     };
     crate::logger::init(level);
-    let code = exit_code(f());
+    let r = f();
+    let code = match &r {
+        Ok(()) => 0,
+        Err(e) => e.exit_code(),
+    };
+    if let Err(e) = &r {
+        log::error!("{e}");
+    }
+    // The status record, when the run keeps one, ends with the same outcome.
+    crate::node::status::finish(code, r.as_ref().err());
     // The last line: how long the run took, whatever its end.
     log::info!(
         "run {} after {:.1} s (exit {code})",
@@ -864,16 +896,6 @@ fn log_level(verbose: &str) -> Option<log::LevelFilter> {
         );
     }
     l
-}
-
-pub fn exit_code(r: Result<()>) -> i32 {
-    match r {
-        Ok(()) => 0,
-        Err(e) => {
-            log::error!("{e}");
-            e.exit_code()
-        }
-    }
 }
 
 /// argh over normalised arguments; `Err` is the exit code once its output is printed.

@@ -10,6 +10,7 @@ use crate::net::fetch::Failure;
 use crate::net::kube::Kube;
 use crate::node::envfile::EnvFile;
 use crate::node::root::Root;
+use crate::node::status;
 
 /// When the node's own files may stand in for the cluster's answer (`--version-fallback`).
 /// A busy API server (429, 503, other 5xx) is not an absent one: only `AfterDeadline` falls
@@ -132,8 +133,19 @@ impl Version {
 }
 
 /// The cluster's version, with one log line saying where it came from (a warning when the
-/// node's files stand in for the cluster).
+/// node's files stand in for the cluster), also in the status record.
 pub fn version(root: &Root, s: &Sources) -> Result<Version> {
+    let v = find_version(root, s)?;
+    status::decide(
+        "k8s",
+        &v.value,
+        format_args!("{} ({})", v.source.word(), v.source),
+    );
+    status::phase(status::Phase::Version);
+    Ok(v)
+}
+
+fn find_version(root: &Root, s: &Sources) -> Result<Version> {
     if let Some(v) = s.forced {
         log::info!("Kubernetes version {v} (from --force-kube-version)");
         return Ok(Version {

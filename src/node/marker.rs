@@ -90,11 +90,14 @@ pub fn write<'r>(root: &'r Root, p: &Plan, dry_run: bool) -> Result<Option<Marke
         Err((Persist::Renamed, e)) => return Err(marker.take_back(e)),
     }
     let keys: Vec<&str> = p.set.iter().map(|(k, _)| *k).collect();
+    let boot = since_boot();
     log::info!(
         "wrote {out} (from {name}, setting {}) {:.1} s after boot",
         keys.join(", "),
-        since_boot().as_secs_f64()
+        boot.as_secs_f64()
     );
+    crate::node::status::marker(p.path, boot);
+    crate::node::status::phase(crate::node::status::Phase::Marker);
     Ok(Some(marker))
 }
 

@@ -1,5 +1,5 @@
 //! The node floor: the real root's handle (dirfd-relative, atomic replace), env files and
-//! os-release, D-Bus, reboots through one executor, one command runner, one signal module.
+//! os-release, D-Bus, reboots through one executor, one command runner, one signal module, the run's status record.
 //! Uses only `crypto`.
 
 pub mod dbus;
@@ -10,3 +10,4 @@ pub mod marker;
 pub mod reboot;
 pub mod root;
 pub mod signals;
+pub mod status;

@@ -13,6 +13,7 @@ use crate::net::kube::Kube;
 use crate::node::mappings::Mappings;
 use crate::node::marker;
 use crate::node::root::Root;
+use crate::node::status;
 use crate::sysext::choose;
 use crate::sysext::host::Host;
 use crate::sysext::merge::{self, Expect};
@@ -112,6 +113,11 @@ pub fn run(a: &Bootstrap) -> Result<()> {
                 "{KUBERNETES} {} chosen for a {k8s} cluster ({why})",
                 img.label()
             );
+            status::decide(
+                KUBERNETES,
+                img.label(),
+                format_args!("{dir_url}SHA256SUMS ({why})"),
+            );
             steps.push(Step {
                 img: img.clone(),
                 dir_url,
@@ -121,6 +127,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         }
     };
     let (runtime_name, runtime) = choose_runtime(&root, a, &k8s, &lists, &mut steps)?;
+    status::phase(status::Phase::Chosen);
 
     // 5. The plan, for --dry-run.
     if a.dry_run {
@@ -215,6 +222,19 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         "staged"
     };
 
+    status::phase(status::Phase::Staged);
+    status::decide(
+        "activation",
+        activation,
+        if live {
+            "systemd-sysext refresh on the running system"
+        } else {
+            "the real root's systemd-sysext at boot"
+        },
+    );
+    // sysext never reboots: the extensions merge without one.
+    status::reboot(status::Reboot::No);
+
     // 8. sysupdate follows the chosen minors from now on; older versions beyond the kept ones go.
     for s in &steps {
         let t = stage::write_transfer(&root, &s.img, &s.dir_url, keyring.is_some())?;
@@ -285,6 +305,11 @@ fn choose_runtime(
                 root.show(stage::LINKS),
                 name
             );
+            status::decide(
+                rt,
+                "not staged",
+                format_args!("Flatcar's own {f} is active"),
+            );
             return Ok((rt, Outcome::Left("flatcar")));
         }
     }
@@ -296,6 +321,11 @@ fn choose_runtime(
     log::info!(
         "{rt} {} chosen (mapped for Kubernetes {k8s} by {name})",
         img.label()
+    );
+    status::decide(
+        rt,
+        img.label(),
+        format_args!("{dir_url}SHA256SUMS, mapped for {k8s} by {name}"),
     );
     steps.push(Step {
         img: img.clone(),
@@ -310,11 +340,21 @@ fn left_alone(root: &Root, name: &str) -> Result<Option<Outcome>> {
     Ok(match Link::of(root, name)? {
         Link::Masked(why) => {
             log::info!("{name} not staged: the user opted out ({why})");
+            status::decide(
+                name,
+                "not staged",
+                format_args!("the user opted out ({why})"),
+            );
             warn_lower_copies(root, name);
             Some(Outcome::Left("masked"))
         }
         Link::Foreign(why) => {
             log::warn!("{name} not staged: {why}, which nodestrap did not make; left alone");
+            status::decide(
+                name,
+                "not staged",
+                format_args!("{why}, not made by nodestrap"),
+            );
             Some(Outcome::Left("foreign"))
         }
         _ => None,

@@ -15,6 +15,7 @@ use crate::node::dbus::{self, Update};
 use crate::node::mappings::Mappings;
 use crate::node::marker;
 use crate::node::root::Root;
+use crate::node::status;
 use crate::torcx::runtime::{self, Manifests, OsInfo, Wanted, OS_RELEASE, RUNTIME};
 use crate::torcx::store::{self};
 
@@ -53,6 +54,11 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         os.version,
         os.board,
         root.show(OS_RELEASE)
+    );
+    status::decide(
+        "os",
+        format_args!("{} board {}", os.version, os.board),
+        format_args!("{}{by_arch}", root.show(OS_RELEASE)),
     );
 
     // 2. Kubernetes version: forced, API server, or the installer's kubelet.env.
@@ -95,6 +101,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         // Nothing can be staged for an OS whose version is unknown: boot into it first and
         // bootstrap there. kubelet.env is not written, so the unit runs again after the reboot.
         let why = "an OS update of unknown version is pending; bootstrapping after the reboot";
+        status::reboot(status::Reboot::Needed { reason: why.into() });
         crate::outln!("nodestrap: bootstrap deferred k8s={k8s} reboot=needed ({why})")?;
         return rebooter.reboot(why);
     }
@@ -124,6 +131,8 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         }
     };
 
+    status::phase(status::Phase::Staged);
+
     // 9. Decide the reboot and prepare for it before the done marker exists: once kubelet.env
     //    is written this unit never runs again, so nothing that can fail may come after it.
     let applied = match chosen {
@@ -131,6 +140,13 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         None => None,
     };
     let reasons = reboot_reasons(&update, applied.as_ref(), chosen.as_deref());
+    status::reboot(if reasons.is_empty() {
+        status::Reboot::No
+    } else {
+        status::Reboot::Needed {
+            reason: reasons.join("; "),
+        }
+    });
     if !reasons.is_empty() && runtime_changes(applied.as_ref(), chosen.as_deref()) {
         install_cleanup(&root, a.dry_run)?;
     }
@@ -245,6 +261,19 @@ fn os_update(a: &Bootstrap, root: &Root) -> Result<Update> {
         ),
         Update::None(op) => log::info!("no pending OS update (update_engine status {op})"),
     }
+    let (value, source) = match &u {
+        Update::Unavailable(why) => (
+            "none".to_string(),
+            format!("update_engine is not on the system bus ({why})"),
+        ),
+        Update::Pending(v) => (v.clone(), "update_engine: pending a reboot".to_string()),
+        Update::PendingUnknown => (
+            "unknown".to_string(),
+            "update_engine: pending a reboot, version not said".to_string(),
+        ),
+        Update::None(op) => ("none".to_string(), format!("update_engine status {op}")),
+    };
+    status::decide("os-update", value, source);
     Ok(u)
 }
 

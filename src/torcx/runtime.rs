@@ -8,6 +8,7 @@ use crate::net::fetch::{Http, Request};
 use crate::node::envfile::EnvFile;
 use crate::node::mappings::Mappings;
 use crate::node::root::{plain_name, Root};
+use crate::node::status;
 use crate::torcx::store::{self, PackageList, Source, Staged};
 
 pub const OS_RELEASE: &str = "/usr/lib/os-release";
@@ -127,6 +128,7 @@ pub fn pick_versions(mappings: &Mappings, k8s: &str) -> Result<Wanted> {
         wanted.join(", "),
         mappings.source
     );
+    status::decide("runtime-mappings", wanted.join(", "), &mappings.source);
     Ok(Wanted {
         versions: wanted,
         source: mappings.source.clone(),
@@ -199,6 +201,15 @@ pub fn stage_runtime(
             ))
         })?;
     log::info!("{RUNTIME} {version} chosen for OS {primary} (first of the mapped versions the manifest offers)");
+    status::decide(
+        RUNTIME,
+        &version,
+        format_args!(
+            "torcx manifest {} for OS {primary}, first of the mapped versions it offers",
+            m.url(primary).unwrap_or_default()
+        ),
+    );
+    status::phase(status::Phase::Chosen);
     let mut targets = vec![(primary.to_string(), source)];
     if let Some(cur) = next.map(|_| current).filter(|c| store::supports_remote(c)) {
         match m.get(cur)?.source_for(RUNTIME, &version) {
@@ -221,7 +232,9 @@ pub fn stage_runtime(
                 root.show(&format!("{}/{os}/{file}", store::USER_STORE))
             )?,
             Source::Remote { url, digest } => {
-                match store::stage_image(root, m.http, os, RUNTIME, &version, url, digest)? {
+                let staged = store::stage_image(root, m.http, os, RUNTIME, &version, url, digest)?;
+                status::staged(&format!("{}/{os}/{file}", store::USER_STORE), digest);
+                match staged {
                     Staged::Kept => {
                         log::info!("{file} for OS {os}: already in the store with the right hash")
                     }
@@ -247,6 +260,7 @@ pub fn stage_runtime(
     } else {
         store::set_profile_image(root, &profile, RUNTIME, &version)?;
         log::info!("profile {profile} ({why}) now names {RUNTIME}:{version}; next-profile set");
+        status::decide("torcx-profile", &profile, why);
     }
     Ok(Some(version))
 }

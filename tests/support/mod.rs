@@ -127,6 +127,12 @@ pub fn command_as(argv0: Option<&str>, args: &[String], bus: Option<&str>) -> Co
     c.args(args)
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
+        // Never the host's /run/nodestrap: one folder per test binary, unless a test names
+        // its own.
+        .env(
+            "NODESTRAP_RUN_DIR",
+            std::env::temp_dir().join(format!("nodestrap-tests-{}/run", std::process::id())),
+        )
         .env("SSL_CERT_FILE", "/nonexistent/ca-bundle")
         .env(
             "DBUS_SYSTEM_BUS_ADDRESS",

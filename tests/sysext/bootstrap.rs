@@ -327,6 +327,38 @@ fn initramfs_staging_is_merged_by_the_real_systemd_sysext() {
         .read("/etc/kubernetes/kubelet.env")
         .unwrap()
         .contains("KUBELET_VERSION=v1.32.3"));
+    // The status record kept under the root: each choice with its source, each image with the
+    // digest the signed list gave.
+    let rec: serde_json::Value =
+        serde_json::from_str(&w.read("/var/lib/nodestrap/status.json").unwrap()).unwrap();
+    assert_eq!(
+        (&rec["state"], &rec["phase"]),
+        (&"done".into(), &"done".into())
+    );
+    let decided = |what: &str| {
+        rec["decisions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["what"] == what)
+            .map(|d| (d["value"].to_string(), d["source"].to_string()))
+            .unwrap_or_else(|| panic!("no {what} in {rec:#}"))
+    };
+    assert_eq!(decided("k8s").0, "\"v1.32.4\"");
+    let (v, src) = decided("kubernetes");
+    assert_eq!(v, "\"v1.32.3\"");
+    assert!(
+        src.contains("/SHA256SUMS (newest patch of the cluster's minor 1.32"),
+        "{src}"
+    );
+    assert_eq!(decided("containerd").0, "\"v1.7.24\"");
+    assert_eq!(decided("activation").0, "\"staged\"");
+    let files = rec["files"].as_array().unwrap();
+    assert_eq!(files.len(), 2, "{rec:#}");
+    assert!(files.iter().any(|f| f["path"]
+        == "/opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw"
+        && f["digest"].as_str().unwrap().starts_with("sha256-")));
+    assert_eq!(rec["reboot"]["decision"], "no");
 
     // The real consumer: this machine's systemd-sysext merges the staged layout.
     let (ok, out) = in_namespace(

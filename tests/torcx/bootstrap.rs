@@ -44,6 +44,8 @@ struct World {
     signer: Signer_,
     keyring: PathBuf,
     extra: Vec<String>,
+    /// The world's own /run/nodestrap, for the status record.
+    run_dir: String,
 }
 
 impl World {
@@ -57,6 +59,7 @@ impl World {
         let ca_file = root.with_extension("ca.pem");
         std::fs::write(&ca_file, &ca.pem).unwrap();
         let w = World {
+            run_dir: root.with_extension("run").display().to_string(),
             root,
             ca,
             ca_file,
@@ -145,11 +148,32 @@ impl World {
     }
 
     fn run(&self) -> Run {
-        nodestrap(&self.args(), None, &[])
+        nodestrap(&self.args(), None, &self.env())
     }
 
     fn run_on(&self, bus: &Bus) -> Run {
-        nodestrap(&self.args(), Some(&bus.address), &[])
+        nodestrap(&self.args(), Some(&bus.address), &self.env())
+    }
+
+    fn env(&self) -> [(&'static str, &str); 1] {
+        [("NODESTRAP_RUN_DIR", &self.run_dir)]
+    }
+
+    /// `nodestrap status` on this world, and the record it read as JSON (with `--json`).
+    fn status(&self, json: bool) -> Run {
+        let mut a = vec![
+            "status".to_string(),
+            format!("--root={}", self.root.display()),
+        ];
+        if json {
+            a.push("--json".into());
+        }
+        nodestrap(&a, None, &self.env())
+    }
+
+    fn record(&self) -> serde_json::Value {
+        let text = std::fs::read_to_string(Path::new(&self.run_dir).join("status.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
     }
 
     fn store_file(&self, os: &str, v: &str) -> PathBuf {
@@ -270,6 +294,146 @@ fn happy_path_without_api_server() {
     std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
     w.run().assert_ok();
     assert_eq!(w.files.hits("/pkgs/docker-17.03.tgz"), 1);
+}
+
+#[test]
+fn status_record_says_what_was_decided_and_staged() {
+    let w = World::new();
+    w.run().assert_ok();
+    let rec = w.record();
+    assert_eq!(rec["schema"], 1);
+    assert_eq!(rec["command"], "bootstrap");
+    assert_eq!(rec["state"], "done");
+    assert_eq!(rec["exit_code"], 0);
+    assert_eq!(rec["phase"], "done");
+    assert!(rec["error"].is_null());
+    assert_eq!(rec["root"], w.root.display().to_string());
+    assert!(rec["started"].as_str().unwrap().ends_with('Z'));
+    assert!(rec["duration_s"].as_f64().unwrap() >= 0.0);
+    // Each decision, its value and its source.
+    let decided = |what: &str| {
+        let d = rec["decisions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["what"] == what)
+            .unwrap_or_else(|| panic!("no decision {what:?} in {rec:#}"));
+        (
+            d["value"].as_str().unwrap().to_string(),
+            d["source"].as_str().unwrap().to_string(),
+        )
+    };
+    let (v, src) = decided("k8s");
+    assert_eq!(v, "v1.9.6+coreos.0");
+    assert!(
+        src.starts_with("fallback (KUBELET_IMAGE_TAG in") && src.contains("no kubeconfig"),
+        "{src}"
+    );
+    assert_eq!(decided("os").0, format!("{CUR} board amd64-usr"));
+    assert_eq!(decided("runtime-mappings").0, "17.03, 1.12");
+    let (v, src) = decided("docker");
+    assert_eq!(v, "17.03");
+    assert!(src.contains("/torcx_manifest.json"), "{src}");
+    assert_eq!(decided("os-update").0, "none");
+    assert_eq!(decided("torcx-profile").0, "tectonic");
+    // Each file staged, with the digest it was verified against.
+    assert_eq!(
+        rec["files"],
+        serde_json::json!([{
+            "path": format!("/var/lib/torcx/store/{CUR}/docker:17.03.torcx.tgz"),
+            "digest": sha512(&image("17.03")),
+        }])
+    );
+    assert_eq!(rec["reboot"], serde_json::json!({"decision": "no"}));
+    assert_eq!(rec["kubelet_env"]["path"], "/etc/kubernetes/kubelet.env");
+    assert!(rec["kubelet_env"]["since_boot_s"].as_f64().unwrap() > 0.0);
+    // The copy that outlives a reboot is the same record.
+    let kept: serde_json::Value =
+        serde_json::from_str(&w.read("/var/lib/nodestrap/status.json").unwrap()).unwrap();
+    assert_eq!(kept, rec);
+
+    // `nodestrap status`: the record for machines and for a person; exit 0 for a done run.
+    let r = w.status(true);
+    r.assert_ok();
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&r.stdout).unwrap(),
+        rec
+    );
+    let r = w.status(false);
+    r.assert_ok();
+    for needle in [
+        "nodestrap bootstrap 0.1.0: done\n",
+        &row(
+            "k8s",
+            "v1.9.6+coreos.0  from fallback (KUBELET_IMAGE_TAG in",
+        ),
+        &row("docker", "17.03  from torcx manifest"),
+        &row(
+            "staged",
+            &format!("/var/lib/torcx/store/{CUR}/docker:17.03.torcx.tgz  sha512-"),
+        ),
+        &row("kubelet", "/etc/kubernetes/kubelet.env written "),
+        &row("reboot", "no"),
+    ] {
+        assert!(
+            r.stdout.contains(needle),
+            "missing {needle:?} in\n{}",
+            r.stdout
+        );
+    }
+    // After a reboot /run is empty: the copy under /var/lib answers.
+    std::fs::remove_file(Path::new(&w.run_dir).join("status.json")).unwrap();
+    let r = w.status(false);
+    r.assert_ok();
+    assert!(
+        r.stdout.contains("/var/lib/nodestrap/status.json"),
+        "{}",
+        r.stdout
+    );
+}
+
+#[test]
+fn status_of_a_failed_run_names_its_error_and_exits_1() {
+    let mut w = World::new();
+    // Nothing ran yet: no record, exit 4.
+    let r = w.status(false);
+    assert_eq!(r.code, 4, "{}", r.stderr);
+    assert!(r.stderr.contains("no status record at"), "{}", r.stderr);
+
+    unreachable_api(&w);
+    w.extra.push("--version-fallback=never".into());
+    assert_eq!(w.run().code, 1);
+    let rec = w.record();
+    assert_eq!(rec["state"], "failed");
+    assert_eq!(rec["exit_code"], 1);
+    assert_eq!(rec["phase"], "started");
+    assert_eq!(rec["reboot"], serde_json::json!({"decision": "undecided"}));
+    assert!(rec["kubelet_env"].is_null());
+    let err = rec["error"].as_str().unwrap();
+    assert!(
+        err.contains("unable to determine the cluster version: the API server is unreachable"),
+        "{err}"
+    );
+    let r = w.status(false);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(
+        r.stdout.contains("FAILED (exit 1) in phase started")
+            && r.stdout
+                .contains(&row("error", "unable to determine the cluster version")),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(w.status(true).code, 1);
+
+    // A record that is not one is an error naming the file.
+    std::fs::write(Path::new(&w.run_dir).join("status.json"), "{\"schema\": 1}").unwrap();
+    let r = w.status(false);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains("status.json: not a status record"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]
@@ -496,6 +660,29 @@ fn api_server_down_falls_back_to_installer_env() {
         "{}",
         r.stdout
     );
+    // ... and the status record, with the API server's last error.
+    let k8s = w.record()["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["what"] == "k8s")
+        .cloned()
+        .unwrap();
+    assert_eq!(k8s["value"], "v1.9.6+coreos.0");
+    let src = k8s["source"].as_str().unwrap();
+    assert!(
+        src.starts_with("fallback (") && src.contains("the API server is unreachable: "),
+        "{src}"
+    );
+    assert!(
+        w.status(false).stdout.contains("from fallback ("),
+        "the person's view says it too"
+    );
+}
+
+/// One row of `nodestrap status` for a person.
+fn row(key: &str, value: &str) -> String {
+    format!("  {key:<16} {value}")
 }
 
 /// The kubeconfig of `w` pointed at a port nothing listens on.
@@ -778,6 +965,9 @@ fn dry_run_writes_nothing() {
     w.assert_nothing_written();
     assert!(!w.path("/run/systemd/system").exists());
     assert_eq!(w.files.hits("/pkgs/docker-17.03.tgz"), 0);
+    // Not even a status record.
+    assert!(!Path::new(&w.run_dir).exists());
+    assert!(!w.path("/var/lib/nodestrap").exists());
 }
 
 #[test]

@@ -1,0 +1,482 @@
+//! The status record: what the last run decided, from which source, what it staged, how far it
+//! got and how it ended, for an operator (`nodestrap status`) and for other tools (`--json`).
+//! Its schema is in docs/status.md.
+//!
+//! A run that keeps a record calls `begin`; the steps call `decide`, `staged`, `phase`, `reboot`
+//! and `marker` as they go (no-ops without a record, so the shared steps need not know which
+//! command runs them), and `cli::logged` calls `finish` with the outcome. The record is written
+//! atomically to `/run/nodestrap/status.json` when the run begins, at each phase and at its end,
+//! and at its end also under the node's root, `/var/lib/nodestrap/status.json`, which outlives
+//! a reboot.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::node::root::{read_capped, Root};
+
+pub const SCHEMA: u32 = 1;
+/// The running system's copy (a host path: in the initramfs, the /run that switch-root carries
+/// over). `NODESTRAP_RUN_DIR` moves it, for tests.
+const RUN_DIR: &str = "/run/nodestrap";
+const RUN_DIR_ENV: &str = "NODESTRAP_RUN_DIR";
+const FILE: &str = "status.json";
+/// The last completed run's copy, a node path under the root.
+pub const KEPT: &str = "/var/lib/nodestrap/status.json";
+/// A record is small; a larger file is not ours.
+const CAP: u64 = 1 << 20;
+/// Bounds on what one run records, so a record stays small whatever the input.
+const MAX_ENTRIES: usize = 64;
+
+/// How far the run got. Runs go forward only; a failure names the last phase reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// Options checked, nothing decided yet.
+    Started,
+    /// The cluster's version is known.
+    Version,
+    /// The payload is chosen (images, runtime, OS update).
+    Chosen,
+    /// Every file of the payload is in place.
+    Staged,
+    /// kubelet.env, the done marker, is written.
+    Marker,
+    /// Reported, and the reboot decided.
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum State {
+    Running,
+    Done,
+    Failed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "kebab-case")]
+pub enum Reboot {
+    /// The run ended before deciding.
+    Undecided,
+    No,
+    Needed {
+        reason: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub what: String,
+    pub value: String,
+    pub source: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Staged {
+    /// Node path (under `root`).
+    pub path: String,
+    /// `sha256-<hex>` or `sha512-<hex>`, as verified.
+    pub digest: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Marker {
+    pub path: String,
+    /// Seconds from the kernel's start to the marker's write: the node's wait for its kubelet.
+    pub since_boot_s: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub schema: u32,
+    pub command: String,
+    pub version: String,
+    pub root: String,
+    /// RFC 3339, UTC.
+    pub started: String,
+    pub ended: Option<String>,
+    pub duration_s: Option<f64>,
+    pub state: State,
+    pub exit_code: Option<i32>,
+    pub phase: Phase,
+    pub error: Option<String>,
+    pub decisions: Vec<Decision>,
+    pub files: Vec<Staged>,
+    pub reboot: Reboot,
+    pub kubelet_env: Option<Marker>,
+}
+
+struct Open {
+    record: Record,
+    root: PathBuf,
+    since: std::time::Instant,
+}
+
+static OPEN: Mutex<Option<Open>> = Mutex::new(None);
+static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// When this run started (the first call; `cli` makes it early): the run's deadline and its
+/// duration count from here.
+pub fn started() -> std::time::Instant {
+    *STARTED.get_or_init(std::time::Instant::now)
+}
+
+fn with(f: impl FnOnce(&mut Open)) {
+    if let Ok(mut g) = OPEN.lock() {
+        if let Some(o) = g.as_mut() {
+            f(o);
+        }
+    }
+}
+
+/// Start this run's record (not for a dry run, which writes nothing).
+pub fn begin(command: &str, root: &Path) {
+    let record = Record {
+        schema: SCHEMA,
+        command: command.to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        root: root.display().to_string(),
+        started: rfc3339(SystemTime::now()),
+        ended: None,
+        duration_s: None,
+        state: State::Running,
+        exit_code: None,
+        phase: Phase::Started,
+        error: None,
+        decisions: Vec::new(),
+        files: Vec::new(),
+        reboot: Reboot::Undecided,
+        kubelet_env: None,
+    };
+    if let Ok(mut g) = OPEN.lock() {
+        *g = Some(Open {
+            record,
+            root: root.to_path_buf(),
+            since: started(),
+        });
+    }
+    save_running();
+}
+
+/// One decision: what was decided, the value, and where it came from.
+pub fn decide(what: &str, value: impl std::fmt::Display, source: impl std::fmt::Display) {
+    with(|o| {
+        let d = &mut o.record.decisions;
+        let entry = Decision {
+            what: what.to_string(),
+            value: value.to_string(),
+            source: source.to_string(),
+        };
+        // A decision taken again (the same `what`) replaces the earlier one.
+        if let Some(x) = d.iter_mut().find(|x| x.what == entry.what) {
+            *x = entry;
+        } else if d.len() < MAX_ENTRIES {
+            d.push(entry);
+        }
+    });
+}
+
+/// A file now in place at `path` (node path), verified against `digest`.
+pub fn staged(path: &str, digest: impl std::fmt::Display) {
+    with(|o| {
+        if o.record.files.len() < MAX_ENTRIES {
+            o.record.files.push(Staged {
+                path: path.to_string(),
+                digest: digest.to_string(),
+            });
+        }
+    });
+}
+
+pub fn phase(p: Phase) {
+    let mut moved = false;
+    with(|o| {
+        if p > o.record.phase {
+            o.record.phase = p;
+            moved = true;
+        }
+    });
+    if moved {
+        save_running();
+    }
+}
+
+pub fn reboot(r: Reboot) {
+    with(|o| o.record.reboot = r);
+}
+
+pub fn marker(path: &str, since_boot: std::time::Duration) {
+    with(|o| {
+        o.record.kubelet_env = Some(Marker {
+            path: path.to_string(),
+            since_boot_s: round(since_boot.as_secs_f64()),
+        })
+    });
+}
+
+/// End the record with the run's exit code and error, and write both copies. A record that
+/// cannot be written is logged; it does not change how the run ended.
+pub fn finish(code: i32, error: Option<&Error>) {
+    let Some(mut o) = OPEN.lock().ok().and_then(|mut g| g.take()) else {
+        return;
+    };
+    let r = &mut o.record;
+    r.ended = Some(rfc3339(SystemTime::now()));
+    r.duration_s = Some(round(o.since.elapsed().as_secs_f64()));
+    r.exit_code = Some(code);
+    r.state = if code == 0 {
+        State::Done
+    } else {
+        State::Failed
+    };
+    r.error = error.map(|e| e.to_string());
+    if code == 0 {
+        r.phase = Phase::Done;
+    }
+    let json = match to_json(r) {
+        Ok(j) => j,
+        Err(e) => return log::error!("{e}"),
+    };
+    if let Err(e) = save_run_dir(&json) {
+        log::error!("{e}");
+    }
+    let kept = Root::open(&o.root).and_then(|root| {
+        root.write_atomic(KEPT, &json, 0o644)?;
+        Ok(root.show(KEPT))
+    });
+    match kept {
+        Ok(at) => log::info!("status record written to {} and {at}", run_file().display()),
+        Err(e) => log::error!("status record: {e}"),
+    }
+}
+
+fn save_running() {
+    let Some(json) = OPEN
+        .lock()
+        .ok()
+        .and_then(|g| g.as_ref().map(|o| to_json(&o.record)))
+    else {
+        return;
+    };
+    if let Err(e) = json.and_then(|j| save_run_dir(&j)) {
+        log::warn!("{e}");
+    }
+}
+
+fn to_json(r: &Record) -> Result<Vec<u8>> {
+    let mut v =
+        serde_json::to_vec_pretty(r).map_err(|e| Error::failed(format!("status record: {e}")))?;
+    v.push(b'\n');
+    Ok(v)
+}
+
+pub fn run_dir() -> PathBuf {
+    std::env::var_os(RUN_DIR_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(RUN_DIR))
+}
+
+pub fn run_file() -> PathBuf {
+    run_dir().join(FILE)
+}
+
+/// Replaced atomically by a rename, not fsynced: /run is a tmpfs, gone at the next boot anyway,
+/// and a run should not wait on a disk for its progress report.
+fn save_run_dir(json: &[u8]) -> Result<()> {
+    let dir = run_dir();
+    let at = dir.join(FILE);
+    let tmp = dir.join(format!(".{FILE}.{}", std::process::id()));
+    std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(&tmp, json))
+        .and_then(|()| std::fs::rename(&tmp, &at))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            Error::failed(format!("status record {}: {e}", at.display()))
+        })
+}
+
+/// The newest record: the running system's, else the one kept under `root`. `None` when
+/// neither exists; a file that is not a record is an error naming it.
+pub fn load(root: &Path) -> Result<Option<(Record, String)>> {
+    let run = run_file();
+    match std::fs::File::open(&run) {
+        Ok(f) => return parse(f, &run.display().to_string()).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::failed(format!("{}: {e}", run.display()))),
+    }
+    let root = Root::open(root)?;
+    match root.open_file(KEPT)? {
+        Some(f) => parse(f, &root.show(KEPT)).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn parse(f: std::fs::File, name: &str) -> Result<(Record, String)> {
+    let bytes = read_capped(f, CAP).map_err(|e| Error::failed(format!("{name}: {e}")))?;
+    Ok((from_json(&bytes, name)?, name.to_string()))
+}
+
+/// A record as `nodestrap status` reads it (serde_json's depth limit of 128 bounds nesting;
+/// the caller bounds the size).
+pub fn from_json(bytes: &[u8], name: &str) -> Result<Record> {
+    let r: Record = serde_json::from_slice(bytes)
+        .map_err(|e| Error::failed(format!("{name}: not a status record: {e}")))?;
+    if r.schema != SCHEMA {
+        return Err(Error::failed(format!(
+            "{name}: status record schema {} (this nodestrap reads {SCHEMA})",
+            r.schema
+        )));
+    }
+    Ok(r)
+}
+
+/// The record as `nodestrap status --json` prints it and `finish` writes it.
+pub fn to_json_text(r: &Record) -> Result<String> {
+    to_json(r).map(|v| String::from_utf8_lossy(&v).into_owned())
+}
+
+/// The lines `nodestrap status` prints for a person (`from`: the file it read).
+pub fn human_lines(r: &Record, from: &str) -> Vec<String> {
+    lines(r, from)
+}
+
+/// What `nodestrap status` exits with: 0 the last run is done, 1 it failed, 3 it is still
+/// running, 4 there is no record.
+pub fn print(root: &Path, json: bool) -> Result<i32> {
+    let Some((r, from)) = load(root)? else {
+        log::error!(
+            "no status record at {} nor {}: no bootstrap has run",
+            run_file().display(),
+            Root::open(root)?.show(KEPT)
+        );
+        return Ok(4);
+    };
+    if json {
+        let j = to_json(&r)?;
+        crate::outln!("{}", String::from_utf8_lossy(&j).trim_end())?;
+    } else {
+        for line in lines(&r, &from) {
+            crate::outln!("{line}")?;
+        }
+    }
+    Ok(match r.state {
+        State::Done => 0,
+        State::Failed => 1,
+        State::Running => 3,
+    })
+}
+
+/// The record for a person, one screen: how the run ended, then each decision and file.
+fn lines(r: &Record, from: &str) -> Vec<String> {
+    let state = match (r.state, r.exit_code) {
+        (State::Running, _) => format!("running, phase {}", phase_word(r.phase)),
+        (State::Done, _) => "done".to_string(),
+        (State::Failed, c) => format!(
+            "FAILED (exit {}) in phase {}",
+            c.unwrap_or(1),
+            phase_word(r.phase)
+        ),
+    };
+    let mut out = vec![format!("nodestrap {} {}: {state}", r.command, r.version)];
+    let mut row = |k: &str, v: String| out.push(format!("  {k:<16} {v}"));
+    row(
+        "started",
+        match (&r.ended, r.duration_s) {
+            (Some(e), Some(d)) => format!("{}, ended {e} ({d:.1} s)", r.started),
+            _ => r.started.clone(),
+        },
+    );
+    row("root", r.root.clone());
+    if let Some(e) = &r.error {
+        row("error", e.clone());
+    }
+    for d in &r.decisions {
+        row(&d.what, format!("{}  from {}", d.value, d.source));
+    }
+    for f in &r.files {
+        let short: String = f.digest.chars().take(23).collect();
+        let more = if short.len() < f.digest.len() {
+            "…"
+        } else {
+            ""
+        };
+        row("staged", format!("{}  {short}{more}", f.path));
+    }
+    if let Some(m) = &r.kubelet_env {
+        row(
+            "kubelet",
+            format!("{} written {:.1} s after boot", m.path, m.since_boot_s),
+        );
+    }
+    row(
+        "reboot",
+        match &r.reboot {
+            Reboot::Undecided => "not decided".to_string(),
+            Reboot::No => "no".to_string(),
+            Reboot::Needed { reason } => format!("needed: {reason}"),
+        },
+    );
+    row("record", from.to_string());
+    out
+}
+
+fn phase_word(p: Phase) -> &'static str {
+    match p {
+        Phase::Started => "started",
+        Phase::Version => "version",
+        Phase::Chosen => "chosen",
+        Phase::Staged => "staged",
+        Phase::Marker => "marker",
+        Phase::Done => "done",
+    }
+}
+
+fn round(s: f64) -> f64 {
+    (s * 10.0).round() / 10.0
+}
+
+/// `2026-11-25T01:40:00Z`: UTC, whole seconds (civil date from days since 1970, H. Hinnant).
+pub fn rfc3339(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn rfc3339_dates() {
+        let at = |s| rfc3339(UNIX_EPOCH + Duration::from_secs(s));
+        assert_eq!(at(0), "1970-01-01T00:00:00Z");
+        assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(at(1_795_570_799), "2026-11-25T01:39:59Z");
+        assert_eq!(at(4_107_542_400), "2100-03-01T00:00:00Z");
+    }
+
+    #[test]
+    fn phases_only_go_forward() {
+        assert!(Phase::Started < Phase::Version && Phase::Marker < Phase::Done);
+    }
+}
