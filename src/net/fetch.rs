@@ -588,7 +588,9 @@ impl Http {
     }
 
     /// Stream `url` into a temp file in `dir` while hashing; the file becomes `name` only if
-    /// the digest matches. A broken transfer is retried from scratch in a fresh temp file.
+    /// the digest matches. A broken transfer is retried from scratch in a fresh temp file. A
+    /// declared length that would not leave `SPACE_MARGIN` free is refused before a byte is
+    /// written; a disk that fills anyway fails the write, and the temp file goes.
     pub fn download(
         &self,
         url: &str,
@@ -597,7 +599,10 @@ impl Http {
         digest: &Digest,
         cap: u64,
     ) -> Result<u64> {
-        self.stream(&Request::get(url), cap, |body, _| {
+        self.stream(&Request::get(url), cap, |body, total| {
+            if let Some(t) = total {
+                dir.check_room(name, t).map_err(Staging::Write)?;
+            }
             write_verified(dir, name, digest, &mut &mut *body)
         })
     }

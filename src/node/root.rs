@@ -28,6 +28,9 @@ pub struct Root {
 }
 
 /// A directory inside the root, resolved once; files are created relative to it.
+/// Bytes a download leaves free on its target file system, beyond its own size.
+pub const SPACE_MARGIN: u64 = 32 << 20;
+
 pub struct Dir {
     fd: OwnedFd,
     /// Node path of the directory, for messages (`/var/lib/torcx/store/1.2.3`).
@@ -457,6 +460,20 @@ impl Dir {
     pub fn free_bytes(&self) -> Result<u64> {
         let st = rustix::fs::fstatvfs(&self.fd).with_ctx(|| self.shown.clone())?;
         Ok(st.f_bavail.saturating_mul(st.f_frsize))
+    }
+
+    /// Refuse, with the numbers, a file of `bytes` that would leave less than `SPACE_MARGIN`
+    /// free here (a full /var or /opt breaks more than this run).
+    pub fn check_room(&self, name: &str, bytes: u64) -> Result<()> {
+        let free = self.free_bytes()?;
+        if bytes.saturating_add(SPACE_MARGIN) > free {
+            return Err(Error::failed(format!(
+                "not enough space for {}: it is {bytes} bytes, {SPACE_MARGIN} more are kept free, and {} has {free} bytes free",
+                self.show(name),
+                self.show("")
+            )));
+        }
+        Ok(())
     }
 
     /// Whether this directory's file system is mounted read-only (an extension that ships /opt

@@ -10,6 +10,7 @@ use crate::crypto::digest::{copy_hashing, CopyError};
 use crate::error::{Error, Result};
 use crate::net::fetch::{Http, Request, Staging};
 use crate::node::root::{Dir, Root};
+use crate::node::status;
 use crate::sysext::host::Host;
 use crate::sysext::image;
 use crate::sysext::sums::{Image, Version};
@@ -24,8 +25,6 @@ pub const STORE: &str = "/opt/extensions";
 pub const KEEP: usize = 3;
 /// Largest image taken.
 pub const IMAGE_CAP: u64 = 4 << 30;
-/// Free space left over once an image is in place.
-pub const SPACE_MARGIN: u64 = 32 << 20;
 
 /// What `/etc/extensions/<name>.raw` is now.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,24 +98,20 @@ pub fn fetch_image(
         {
             image::check(&f, &img.name, host, &shown)?;
             log::info!("{shown}: already in place, SHA-256 and contents checked again");
+            status::staged(&image_path(img), &img.digest);
             return Ok(());
         }
         log::warn!("{shown}: its SHA-256 is not the signed one: fetching it again");
     }
-    let free = dir.free_bytes()?;
     let url = format!("{dir_url}{}", img.file);
     let n = http.stream(&Request::get(&url), IMAGE_CAP, |body, total| {
         if let Some(t) = total {
-            if t.saturating_add(SPACE_MARGIN) > free {
-                return Err(Staging::Write(Error::failed(format!(
-                    "not enough space for {shown}: the image is {t} bytes, {SPACE_MARGIN} more are kept free, and {} has {free} bytes free",
-                    dir.show("")
-                ))));
-            }
+            dir.check_room(&img.file, t).map_err(Staging::Write)?;
         }
         write_checked(&dir, img, host, body)
     })?;
     log::info!("{shown}: {n} bytes from {url}, SHA-256 matches the signed list, contents checked");
+    status::staged(&image_path(img), &img.digest);
     Ok(())
 }
 

@@ -22,6 +22,8 @@ pub struct Reply {
     pub trickle: Option<std::time::Duration>,
     /// Headers beyond Content-Length and Content-Type (`Retry-After`).
     pub headers: Vec<(&'static str, String)>,
+    /// Send the body chunked, its length not declared.
+    pub chunked: bool,
 }
 
 impl Reply {
@@ -33,6 +35,14 @@ impl Reply {
             stall: None,
             trickle: None,
             headers: Vec::new(),
+            chunked: false,
+        }
+    }
+    /// `Transfer-Encoding: chunked`: the client learns the length only at the end.
+    pub fn chunked(body: impl Into<Vec<u8>>) -> Reply {
+        Reply {
+            chunked: true,
+            ..Reply::ok(body)
         }
     }
     pub fn stalled(body: impl Into<Vec<u8>>, at: usize) -> Reply {
@@ -58,6 +68,7 @@ impl Reply {
             stall: None,
             trickle: None,
             headers: Vec::new(),
+            chunked: false,
         }
     }
     /// A busy server's answer: `status` (429, 503) with `Retry-After: retry_after`.
@@ -75,6 +86,7 @@ impl Reply {
             stall: None,
             trickle: None,
             headers: Vec::new(),
+            chunked: false,
         }
     }
 }
@@ -292,12 +304,26 @@ fn handle(
             .iter()
             .map(|(k, v)| format!("{k}: {v}\r\n"))
             .collect();
+        let length = if reply.chunked {
+            "Transfer-Encoding: chunked".to_string()
+        } else {
+            format!("Content-Length: {}", reply.body.len())
+        };
         let head = format!(
-            "HTTP/1.1 {} X\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\n{extra}\r\n",
+            "HTTP/1.1 {} X\r\n{length}\r\nContent-Type: application/octet-stream\r\n{extra}\r\n",
             reply.status,
-            reply.body.len()
         );
         tls.write_all(head.as_bytes())?;
+        if reply.chunked {
+            for c in reply.body.chunks(64 << 10) {
+                tls.write_all(format!("{:x}\r\n", c.len()).as_bytes())?;
+                tls.write_all(c)?;
+                tls.write_all(b"\r\n")?;
+            }
+            tls.write_all(b"0\r\n\r\n")?;
+            tls.flush()?;
+            continue;
+        }
         if let Some(every) = reply.trickle {
             for b in &reply.body {
                 tls.write_all(std::slice::from_ref(b))?;

@@ -436,6 +436,79 @@ fn status_of_a_failed_run_names_its_error_and_exits_1() {
     );
 }
 
+/// `w.run()` with the torcx store on a tmpfs of `size` (a private mount namespace: needs
+/// root); the run's output, then `left:` and what the store holds afterwards.
+fn run_with_small_store(w: &World, size: &str) -> Run {
+    let store = w.path("/var/lib/torcx/store");
+    std::fs::create_dir_all(&store).unwrap();
+    let inner = command(&w.args(), None);
+    let mut c = std::process::Command::new("unshare");
+    c.args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "mount -t tmpfs -o size={size} tmpfs '{s}' || exit 99\n\"$@\"; rc=$?\necho \"left: $(cd '{s}' && find . -type f | sort | tr '\\n' ' ')\"\nexit $rc",
+            s = store.display()
+        ))
+        .arg("sh")
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .env_clear();
+    for (k, v) in inner.get_envs() {
+        if let Some(v) = v {
+            c.env(k, v);
+        }
+    }
+    c.env("NODESTRAP_RUN_DIR", &w.run_dir);
+    Run::from(c.output().unwrap())
+}
+
+#[test]
+fn a_full_store_is_refused_with_the_numbers_and_a_full_disk_leaves_nothing() {
+    let w = World::new();
+    // A 3 MiB image, offered with its length declared.
+    let big: Vec<u8> = (0..3u32 << 20).map(|i| (i * 7 % 251) as u8).collect();
+    let m = w
+        .manifest(CUR, &["17.03"])
+        .replace(&sha512(&image("17.03")), &sha512(&big));
+    w.publish(CUR, &m);
+    w.files
+        .set("/pkgs/docker-17.03.tgz", Reply::ok(big.clone()));
+    // 3 MiB and the 32 MiB margin do not fit in 8 MiB: refused before a byte is written.
+    let r = run_with_small_store(&w, "8m");
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains("not enough space for")
+            && r.stderr.contains(
+                "docker:17.03.torcx.tgz: it is 3145728 bytes, 33554432 more are kept free, and"
+            )
+            && r.stderr.contains("bytes free"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stdout.contains("left: \n"), "{}", r.stdout);
+    assert!(w.read("/etc/kubernetes/kubelet.env").is_none());
+    assert_eq!(w.record()["state"], "failed");
+
+    // Sent chunked, its length unknown until the end: the disk fills while writing (ENOSPC);
+    // the temp file goes, nothing is left, no marker.
+    w.files.set("/pkgs/docker-17.03.tgz", Reply::chunked(big));
+    let r = run_with_small_store(&w, "1m");
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    let last = r
+        .stderr
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_default();
+    assert!(
+        last.contains("docker:17.03.torcx.tgz") && last.contains("No space left on device"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stdout.contains("left: \n"), "{}", r.stdout);
+    assert!(w.read("/etc/kubernetes/kubelet.env").is_none());
+    assert!(w.read("/etc/torcx/next-profile").is_none());
+}
+
 #[test]
 fn board_falls_back_by_the_binarys_architecture() {
     let w = World::new();

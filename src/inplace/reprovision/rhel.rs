@@ -50,7 +50,10 @@ pub(super) fn rhel_configure(
     let url = s.secrets.payload_url();
     let mut req = Request::get(&url);
     bearer(&mut req, &s.secrets.token);
-    let got = s.pinned.stream(&req, PAYLOAD_CAP, |body, _| {
+    let got = s.pinned.stream(&req, PAYLOAD_CAP, |body, total| {
+        if let Some(t) = total {
+            work.check_room(PAYLOAD_FILE, t).map_err(Staging::Write)?;
+        }
         let mut tmp = work
             .create_temp(PAYLOAD_FILE, 0o600)
             .map_err(Staging::Write)?;
