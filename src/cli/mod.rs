@@ -123,6 +123,9 @@ pub struct Bootstrap {
     /// seconds the run's network attempts may take in all (default 1800)
     #[argh(option, default = "DEFAULT_DEADLINE_SECS")]
     pub deadline: u64,
+    /// seconds to wait for time synchronisation when the clock is behind its floor (default 60)
+    #[argh(option, default = "60")]
+    pub clock_wait: u64,
     /// attempts per manifest, signature or image download (default 6)
     #[argh(option, default = "6")]
     pub fetch_attempts: u32,

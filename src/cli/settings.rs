@@ -51,6 +51,7 @@ pub const KEYS: &[&str] = &[
     "api-retry-delay",
     "version-fallback",
     "deadline",
+    "clock-wait",
     "fetch-attempts",
     "fetch-backoff-ms",
     "fetch-timeout",

@@ -2,6 +2,7 @@
 //! os-release, D-Bus, reboots through one executor, one command runner, one signal module, the run's status record.
 //! Uses only `crypto`.
 
+pub mod clock;
 pub mod dbus;
 pub mod envfile;
 pub mod exec;

@@ -88,6 +88,16 @@ impl Root {
         })
     }
 
+    /// The modification time of a regular file; `None` when it cannot be read.
+    pub fn modified(&self, node_path: &str) -> Option<std::time::SystemTime> {
+        self.open_file(node_path)
+            .ok()??
+            .metadata()
+            .ok()?
+            .modified()
+            .ok()
+    }
+
     /// Open a regular file for reading; `None` when it does not exist.
     pub fn open_file(&self, node_path: &str) -> Result<Option<File>> {
         match self.resolve(node_path, OFlags::RDONLY, Mode::empty()) {

@@ -63,6 +63,8 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     let keyring = common.keyring(&root)?;
     let http = common.http(&root)?;
     let live = root.is_host();
+    // Before anything checks a certificate or a signature.
+    crate::node::clock::check(&root, std::time::Duration::from_secs(a.clock_wait))?;
 
     // 1. The node as systemd-sysext sees it.
     let host = Host::read(&root)?;

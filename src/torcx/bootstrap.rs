@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::net::cluster;
 use crate::net::fetch::Failure;
 use crate::net::kube::Kube;
+use crate::node::clock;
 use crate::node::dbus::{self, Update};
 use crate::node::mappings::Mappings;
 use crate::node::marker;
@@ -41,6 +42,8 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     };
     let api_retry = a.common().api_retry();
     let rebooter = crate::node::reboot::for_run(&root, a.reboot == RebootMode::Auto, a.dry_run);
+    // Before anything checks a certificate or a signature.
+    clock::check(&root, Duration::from_secs(a.clock_wait))?;
 
     // 1. OS version and board.
     let os = OsInfo::read(&root)?;

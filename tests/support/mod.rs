@@ -133,6 +133,11 @@ pub fn command_as(argv0: Option<&str>, args: &[String], bus: Option<&str>) -> Co
             "NODESTRAP_RUN_DIR",
             std::env::temp_dir().join(format!("nodestrap-tests-{}/run", std::process::id())),
         )
+        // Whether this machine's clock is synchronised is not the test's business.
+        .env(
+            "NODESTRAP_TIMESYNC_FILE",
+            "/nonexistent/timesync/synchronized",
+        )
         .env("SSL_CERT_FILE", "/nonexistent/ca-bundle")
         .env(
             "DBUS_SYSTEM_BUS_ADDRESS",

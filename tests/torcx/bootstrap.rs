@@ -509,6 +509,96 @@ fn a_full_store_is_refused_with_the_numbers_and_a_full_disk_leaves_nothing() {
     assert!(w.read("/etc/torcx/next-profile").is_none());
 }
 
+/// The node's os-release stamped two years ahead: this machine's clock is then behind the
+/// node's floor, as a node's clock is when its real-time clock lost years.
+fn clock_behind(w: &World) {
+    let ahead = std::time::SystemTime::now() + std::time::Duration::from_secs(2 * 365 * 86_400);
+    std::fs::File::options()
+        .write(true)
+        .open(w.path("/usr/lib/os-release"))
+        .unwrap()
+        .set_modified(ahead)
+        .unwrap();
+}
+
+#[test]
+fn a_clock_behind_its_floor_is_named_as_wrong_after_a_bounded_wait() {
+    let mut w = World::new();
+    clock_behind(&w);
+    w.extra.push("--clock-wait=1".into());
+    let t = std::time::Instant::now();
+    let r = w.run();
+    assert!(t.elapsed() >= std::time::Duration::from_secs(1));
+    r.assert_fails(1, "the clock is wrong: it says ");
+    let last = r
+        .stderr
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("error: "))
+        .unwrap();
+    for needle in [
+        format!(
+            "(the modification time of {})",
+            w.path("/usr/lib/os-release").display()
+        )
+        .as_str(),
+        "it was not synchronised within 1 s (/nonexistent/timesync/synchronized never appeared; --clock-wait)",
+        "nodestrap does not set the clock",
+    ] {
+        assert!(last.contains(needle), "{needle:?} missing from {last}");
+    }
+    // Nothing checked a certificate: not one request reached the server; nothing written.
+    assert!(w.files.seen().is_empty());
+    assert!(w.read("/etc/kubernetes/kubelet.env").is_none());
+    assert!(w.record()["error"]
+        .as_str()
+        .unwrap()
+        .starts_with("the clock is wrong"));
+}
+
+#[test]
+fn time_synchronisation_arriving_during_the_wait_lets_the_run_go_on() {
+    let mut w = World::new();
+    clock_behind(&w);
+    w.extra.push("--clock-wait=60".into());
+    let sync = w.root.with_extension("synchronized");
+    let child = command(&w.args(), None)
+        .env("NODESTRAP_RUN_DIR", &w.run_dir)
+        .env("NODESTRAP_TIMESYNC_FILE", &sync)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // As systemd-timesyncd does once it has set the clock.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    std::fs::write(&sync, "").unwrap();
+    let r = Run::from(child.wait_with_output().unwrap());
+    r.assert_ok();
+    assert!(
+        r.stderr.contains("the clock is wrong: it says ")
+            && r.stderr
+                .contains("waiting up to 60 s for time synchronisation")
+            && r.stderr.contains("but time synchronisation vouches for it"),
+        "{}",
+        r.stderr
+    );
+    assert!(w.read("/etc/kubernetes/kubelet.env").is_some());
+    let clock = w.record()["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["what"] == "clock")
+        .cloned()
+        .unwrap();
+    assert!(
+        clock["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("synchronised ("),
+        "{clock}"
+    );
+}
+
 #[test]
 fn board_falls_back_by_the_binarys_architecture() {
     let w = World::new();
