@@ -541,10 +541,16 @@ fn join_client(ctx: &Ctx) -> Result<Side> {
         if ctx.stop.requested() {
             return Ok(Side::Stopped);
         }
+        // Each pause is random between half and one and a half intervals: a fleet that boots
+        // together does not come back to the join services in waves.
+        let pause = interval.mul_f64(0.5 + crate::crypto::random::fraction());
         for ep in &ctx.endpoints {
             match request_ticket(ctx, ep) {
                 Ok(t) => return join_with(ctx, ep, t),
-                Err(e) => log::warn!("join client: {e}; asking again in {} s", interval.as_secs()),
+                Err(e) => log::warn!(
+                    "join client: {e}; asking again in {:.1} s",
+                    pause.as_secs_f64()
+                ),
             }
             if ctx.lock.is_taken() || ctx.stop.requested() {
                 break;
@@ -553,7 +559,7 @@ fn join_client(ctx: &Ctx) -> Result<Side> {
         if ctx.endpoints.is_empty() {
             ctx.stop.sleep(Duration::from_secs(3600));
         } else {
-            ctx.stop.sleep(interval);
+            ctx.stop.sleep(pause);
         }
     }
 }

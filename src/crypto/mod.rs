@@ -1,5 +1,6 @@
-//! The crypto floor: digests and OpenPGP signature checks. Imports nothing of ours but the
-//! ground.
+//! The crypto floor: digests, OpenPGP signature checks, random spreads. Imports nothing of
+//! ours but the ground.
 
 pub mod digest;
 pub mod openpgp;
+pub mod random;

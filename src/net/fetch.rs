@@ -164,9 +164,7 @@ impl Retry {
             .initial
             .saturating_mul(1u32 << failures.min(20))
             .min(self.cap);
-        let mut r = [0u8; 8];
-        rustix::rand::getrandom(&mut r, rustix::rand::GetRandomFlags::empty()).ok();
-        let frac = (u64::from_le_bytes(r) >> 11) as f64 / (1u64 << 53) as f64;
+        let frac = crate::crypto::random::fraction();
         match retry_after {
             None => ceil.mul_f64(frac),
             Some(after) => {

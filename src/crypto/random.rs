@@ -1,0 +1,20 @@
+//! Random numbers for spreading retries and polls over time (never for keys: those come from
+//! the OpenPGP and TLS libraries' own generators).
+
+/// A uniform fraction in [0, 1) from the kernel's random source (0 if it cannot answer, which
+/// only takes the spread away).
+pub fn fraction() -> f64 {
+    let mut r = [0u8; 8];
+    rustix::rand::getrandom(&mut r, rustix::rand::GetRandomFlags::empty()).ok();
+    (u64::from_le_bytes(r) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn fractions_stay_in_range_and_vary() {
+        let xs: Vec<f64> = (0..64).map(|_| super::fraction()).collect();
+        assert!(xs.iter().all(|x| (0.0..1.0).contains(x)));
+        assert!(xs.iter().any(|x| *x != xs[0]));
+    }
+}
