@@ -42,6 +42,9 @@ TIMELINE = [
 ]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 SIG_FAIL = "signature check against keyring"
+# The clock-past scenario's real-time clock at every boot: before nodestrap's build date and any
+# certificate the harness makes.
+RTC_PAST = "2015-01-01T00:00:00"
 
 
 def say(msg):
@@ -75,7 +78,8 @@ def disk_ls(raw, node_dir):
 
 class Scenario:
     def __init__(self, name, doc, initrd, boots, tag, os_after, api_up=True, upgrade_os=False,
-                 update_engine=None, master=False, tamper=False, stores=(OS_VERSION,), runner=None):
+                 update_engine=None, master=False, tamper=False, stores=(OS_VERSION,), runner=None,
+                 rtc_past=False):
         self.__dict__.update(locals())
         del self.__dict__["self"]
 

@@ -1,4 +1,4 @@
-"""The torcx family: firstboot, initrd, tampered, apiserver-down, os-update."""
+"""The torcx family: firstboot, initrd, tampered, apiserver-down, os-update, clock-past."""
 import hashlib
 import json
 import os
@@ -27,6 +27,9 @@ SCENARIOS = [
                             "UPDATE_STATUS_FINALIZING,UPDATE_STATUS_UPDATED_NEED_REBOOT --new-version %s --step 1\n"
                             "NEW_VERSION=%s\n" % (NEXT_OS, NEXT_OS)),
              stores=(OS_VERSION, NEXT_OS)),
+    Scenario("clock-past", "the real-time clock starts in 2015: nodestrap names the clock, not a certificate, "
+             "and goes on once time is synchronised; one reboot",
+             initrd=True, boots=2, tag="v1.10.2_coreos.0", os_after=OS_VERSION, rtc_past=True),
     Scenario("reprovision-rhcos", "an RHCOS-like node re-bootstraps in place through the machine-config-daemon",
              initrd=False, boots=2, tag=None, os_after=None),
 ]
@@ -142,11 +145,14 @@ def check(s, sc, boots, kubelet_line, events, disk):
         p.append("torcx's docker binary says %s, expected %s" % (fields.get("docker"), DOCKER))
     texts = [(boot, kind, t) for _, boot, kind, t in events]
     staged_in_initrd = any(k == "nodestrap" and "bootstrap done" in t and b == 1 for b, k, t in texts)
-    if sc.initrd and not sc.tamper and not staged_in_initrd:
+    if sc.initrd and not sc.tamper and not sc.rtc_past and not staged_in_initrd:
         p.append("the initramfs did not report 'bootstrap done'")
     gen = [b for b, k, t in texts if k == "initrd" and "nodestrap-initrd.service enabled" in t]
-    if sc.initrd and gen != [1]:
-        p.append("nodestrap-generator enabled the initramfs unit in boots %r, expected [1]" % gen)
+    # A nodestrap.* kernel argument (clock-past's clock-wait) enables it in every boot, as it
+    # would for a node configured on its kernel command line.
+    want_gen = list(range(1, boots + 1)) if sc.rtc_past else [1]
+    if sc.initrd and gen != want_gen:
+        p.append("nodestrap-generator enabled the initramfs unit in boots %r, expected %r" % (gen, want_gen))
     if not sc.initrd and gen:
         p.append("nodestrap-generator enabled the initramfs unit despite rd.nodestrap=0 (boots %r)" % gen)
     if sc.initrd and not any(k == "initrd" and "resolv.conf from systemd-networkd: 10.0.2.3" in t for _, k, t in texts):
@@ -160,6 +166,16 @@ def check(s, sc, boots, kubelet_line, events, disk):
     if sc.api_up is False and not any(re.match(r"nodestrap: k8s=\S+ from=fallback ", t)
                                       for _, k, t in texts if k == "nodestrap"):
         p.append("no plan line `nodestrap: k8s=... from=fallback` on stdout")
+    # `nodestrap status`, run by the kubelet's stand-in: the last run is done, the version came
+    # from where the scenario says, and a record made in the initramfs is read from the /run
+    # that switch-root carried over (after a reboot, from the copy under /var/lib).
+    want_status = {"status": "0", "status-k8s": "api-server" if sc.api_up else "fallback",
+                   "status-record": "run" if sc.boots == 1 else "var-lib"}
+    for k, v in want_status.items():
+        if fields.get(k) != v:
+            p.append("nodestrap status in the guest: %s=%s, expected %s" % (k, fields.get(k), v))
+    if sc.rtc_past:
+        p += check_clock(events)
     if sc.tamper:
         fails = [t for b, k, t in texts if k == "nodestrap" and SIG_FAIL in t]
         if len(fails) < 3:
@@ -214,10 +230,56 @@ def check(s, sc, boots, kubelet_line, events, disk):
             data = disk_file(raw, "%s/docker:%s.torcx.tgz" % (d, DOCKER)) or b""
             if hashlib.sha512(data).hexdigest() != s.image_sha512:
                 p.append("%s/docker:%s.torcx.tgz does not match the published sha512" % (d, DOCKER))
+        p += check_record(s, sc, raw)
         for d in ("/etc/kubernetes", "/etc/torcx", "/etc/torcx/profiles"):
             left = [n for n in disk_ls(raw, d) if ".nodestrap-" in n]
             if left:
                 p.append("temp files left in %s: %r" % (d, left))
     finally:
         os.unlink(raw)
+    return p
+
+
+def check_record(s, sc, raw):
+    """The status record kept under /var/lib: the run is done, the version and its source are
+    the scenario's, and every store holds the file it lists with the published digest."""
+    p = []
+    try:
+        rec = json.loads(disk_file(raw, "/var/lib/nodestrap/status.json") or b"")
+    except ValueError as e:
+        return ["/var/lib/nodestrap/status.json on disk is not JSON: %s" % e]
+    if (rec.get("state"), rec.get("phase"), rec.get("exit_code")) != ("done", "done", 0):
+        p.append("status record: state %s phase %s exit %s" % (rec.get("state"), rec.get("phase"), rec.get("exit_code")))
+    k8s = [d for d in rec.get("decisions", []) if d.get("what") == "k8s"]
+    want_from = "api-server" if sc.api_up else "fallback"
+    if not k8s or k8s[0]["value"] != sc.tag.replace("_", "+") or not k8s[0]["source"].startswith(want_from + " "):
+        p.append("status record's k8s decision: %r, expected %s from %s" % (k8s, sc.tag, want_from))
+    files = {f.get("path"): f.get("digest") for f in rec.get("files", [])}
+    for os_version in sc.stores:
+        path = "/var/lib/torcx/store/%s/docker:%s.torcx.tgz" % (os_version, DOCKER)
+        if files.get(path) != "sha512-" + s.image_sha512:
+            p.append("status record lists %s as %r, expected the published sha512" % (path, files.get(path)))
+    return p
+
+
+def check_clock(events):
+    """clock-past: the initramfs names the clock as wrong (never a certificate) and gives up
+    after --clock-wait; on the real root nodestrap waits, the timesyncd stand-in sets the time,
+    and the run goes on."""
+    p = []
+    lines = [(b, t) for _, b, k, t in events if k == "nodestrap"]
+    wrong = [t for b, t in lines if b == 1 and re.search(r"the clock is wrong: it says \S+, before \S+ \(", t)]
+    gave_up = [t for b, t in lines if b == 1 and "not synchronised within 25 s" in t]
+    went_on = [t for b, t in lines if b == 1 and re.search(r"(past \S+ \(.*\): going on|vouches for it .*going on)", t)]
+    if len(wrong) < 2:
+        p.append("expected the clock named as wrong in the initramfs and on the root, saw %d lines" % len(wrong))
+    if not gave_up:
+        p.append("the initramfs did not give up on the clock after --clock-wait 25")
+    if not went_on:
+        p.append("no nodestrap line says the clock is now right and it goes on")
+    if not any(k == "guest" and "by the timesyncd stand-in" in t for _, _, k, t in events):
+        p.append("the timesyncd stand-in never set the time")
+    blamed = [t for _, t in lines if "clock" not in t and re.search(r"certificate|NotValidYet|not valid", t, re.I)]
+    if blamed:
+        p.append("a certificate was blamed instead of the clock: %s" % blamed[0])
     return p

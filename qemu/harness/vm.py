@@ -6,13 +6,13 @@ import subprocess
 import tempfile
 import time
 
-from harness.common import ANSI, DEADLINE, note
+from harness.common import ANSI, DEADLINE, RTC_PAST, note
 
 
 class Boot:
     """One QEMU run until it powers off or reboots (-no-reboot makes a guest reboot exit)."""
 
-    def __init__(self, s, n, disk, config, kargs, accel, log, netdev="user,id=n0"):
+    def __init__(self, s, n, disk, config, kargs, accel, log, netdev="user,id=n0", extra=()):
         self.log = log
         cmd = ["qemu-system-x86_64", "-accel", accel, "-m", "2048", "-smp", "2", "-nodefaults",
                "-display", "none", "-no-reboot", "-kernel", s.images["KERNEL"], "-initrd", s.images["INITRD"],
@@ -22,6 +22,7 @@ class Boot:
                "-serial", "file:" + log]
         if accel == "kvm":
             cmd += ["-cpu", "host"]
+        cmd += list(extra)
         open(log, "w").close()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log + ".qemu", "w"))
         self.pos = 0
@@ -85,8 +86,14 @@ def boot_until(s, sc, disk, config, accel, boot_timeout, base, t0, events, on_li
                 problems.append("more than %d boots" % sc.boots)
                 break
             kargs = base + (["ignition.firstboot", "ignition.platform.id=qemu"] if boots == 1 else [])
+            extra = []
+            if getattr(sc, "rtc_past", False):
+                # The real-time clock starts years in the past at every boot; the guest's
+                # timesyncd stand-in learns the true time from the kernel command line.
+                kargs = kargs + ["nodestrap_qemu.time=%d" % time.time(), "nodestrap.clock-wait=25"]
+                extra = ["-rtc", "base=%s" % RTC_PAST]
             log = s.path("%s-boot%d.log" % (sc.name, boots))
-            b = Boot(s, boots, disk, config, kargs, accel, log)
+            b = Boot(s, boots, disk, config, kargs, accel, log, extra=extra)
             deadline = min(time.time() + boot_timeout, DEADLINE)
             rebooted = False
             while True:
