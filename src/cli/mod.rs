@@ -647,6 +647,11 @@ pub fn bootstrap(b: &Bootstrap, args: &[String], run: &dyn Fn(&Bootstrap) -> Res
         Err(e) => {
             crate::logger::init(log::LevelFilter::Info);
             log::error!("{e}");
+            // A node whose settings are wrong is one an operator asks about too.
+            if !b.dry_run {
+                crate::node::status::begin("bootstrap", &b.root);
+                crate::node::status::finish(e.exit_code(), Some(&e));
+            }
             return e.exit_code();
         }
     };

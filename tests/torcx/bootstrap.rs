@@ -425,6 +425,20 @@ fn status_of_a_failed_run_names_its_error_and_exits_1() {
     );
     assert_eq!(w.status(true).code, 1);
 
+    // Settings that are wrong end the run before it starts: recorded all the same (exit 2).
+    w.write("/etc/nodestrap/bootstrap.conf", "no-such-key = 1\n");
+    assert_eq!(w.run().code, 2);
+    let rec = w.record();
+    assert_eq!(
+        (&rec["state"], &rec["exit_code"]),
+        (&"failed".into(), &2.into())
+    );
+    assert!(
+        rec["error"].as_str().unwrap().contains("no-such-key"),
+        "{rec:#}"
+    );
+    assert_eq!(w.status(false).code, 1);
+
     // A record that is not one is an error naming the file.
     std::fs::write(Path::new(&w.run_dir).join("status.json"), "{\"schema\": 1}").unwrap();
     let r = w.status(false);
