@@ -2,11 +2,12 @@
 //! best effort: a few quick tries, then a warning; it never fails the node.
 
 use std::cell::Cell;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use serde_json::json;
 
 use crate::net::fetch::{Http, Request, Retry, Tls};
+use crate::node::status::rfc3339;
 
 pub struct Reporter {
     target: Option<(Http, String, Option<String>)>,
@@ -92,43 +93,5 @@ impl Reporter {
         if !self.failed.get() {
             self.report(phase, "failed", message);
         }
-    }
-}
-
-/// `2026-11-22T05:26:40Z`.
-pub fn rfc3339(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let (days, rem) = (secs / 86400, secs % 86400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn timestamps() {
-        let at = |s| rfc3339(UNIX_EPOCH + Duration::from_secs(s));
-        assert_eq!(at(0), "1970-01-01T00:00:00Z");
-        assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(at(1_795_325_200), "2026-11-22T05:26:40Z");
     }
 }

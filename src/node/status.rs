@@ -440,7 +440,8 @@ fn round(s: f64) -> f64 {
     (s * 10.0).round() / 10.0
 }
 
-/// `2026-11-25T01:40:00Z`: UTC, whole seconds (civil date from days since 1970, H. Hinnant).
+/// `2026-11-25T01:40:00Z`: UTC, whole seconds (civil date from days since 1970, H. Hinnant);
+/// the status record's times and reprovision's progress events.
 pub fn rfc3339(t: SystemTime) -> String {
     let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
@@ -471,6 +472,7 @@ mod tests {
         let at = |s| rfc3339(UNIX_EPOCH + Duration::from_secs(s));
         assert_eq!(at(0), "1970-01-01T00:00:00Z");
         assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(at(1_795_325_200), "2026-11-22T05:26:40Z");
         assert_eq!(at(1_795_570_799), "2026-11-25T01:39:59Z");
         assert_eq!(at(4_107_542_400), "2100-03-01T00:00:00Z");
     }
