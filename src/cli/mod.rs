@@ -878,11 +878,11 @@ pub fn logged(verbose: &str, f: impl FnOnce() -> Result<()>) -> i32 {
     let r = f();
     let code = match &r {
         Ok(()) => 0,
-        Err(e) => e.exit_code(),
+        Err(e) => {
+            log::error!("{e}");
+            e.exit_code()
+        }
     };
-    if let Err(e) = &r {
-        log::error!("{e}");
-    }
     // The status record, when the run keeps one, ends with the same outcome.
     crate::node::status::finish(code, r.as_ref().err());
     // The last line: how long the run took, whatever its end.

@@ -1,6 +1,6 @@
 //! The node floor: the real root's handle (dirfd-relative, atomic replace), env files and
-//! os-release, D-Bus, reboots through one executor, one command runner, one signal module, the run's status record.
-//! Uses only `crypto`.
+//! os-release, D-Bus, reboots through one executor, one command runner, one signal module, the
+//! clock's floor, the run's status record. Uses only `crypto`.
 
 pub mod clock;
 pub mod dbus;

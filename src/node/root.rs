@@ -27,10 +27,10 @@ pub struct Root {
     host: bool,
 }
 
-/// A directory inside the root, resolved once; files are created relative to it.
 /// Bytes a download leaves free on its target file system, beyond its own size.
 pub const SPACE_MARGIN: u64 = 32 << 20;
 
+/// A directory inside the root, resolved once; files are created relative to it.
 pub struct Dir {
     fd: OwnedFd,
     /// Node path of the directory, for messages (`/var/lib/torcx/store/1.2.3`).

@@ -274,7 +274,7 @@ fn to_json(r: &Record) -> Result<Vec<u8>> {
     Ok(v)
 }
 
-pub fn run_dir() -> PathBuf {
+fn run_dir() -> PathBuf {
     std::env::var_os(RUN_DIR_ENV)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
@@ -340,11 +340,6 @@ pub fn to_json_text(r: &Record) -> Result<String> {
     to_json(r).map(|v| String::from_utf8_lossy(&v).into_owned())
 }
 
-/// The lines `nodestrap status` prints for a person (`from`: the file it read).
-pub fn human_lines(r: &Record, from: &str) -> Vec<String> {
-    lines(r, from)
-}
-
 /// What `nodestrap status` exits with: 0 the last run is done, 1 it failed, 3 it is still
 /// running, 4 there is no record.
 pub fn print(root: &Path, json: bool) -> Result<i32> {
@@ -357,10 +352,9 @@ pub fn print(root: &Path, json: bool) -> Result<i32> {
         return Ok(4);
     };
     if json {
-        let j = to_json(&r)?;
-        crate::outln!("{}", String::from_utf8_lossy(&j).trim_end())?;
+        crate::outln!("{}", to_json_text(&r)?.trim_end())?;
     } else {
-        for line in lines(&r, &from) {
+        for line in human_lines(&r, &from) {
             crate::outln!("{line}")?;
         }
     }
@@ -371,8 +365,9 @@ pub fn print(root: &Path, json: bool) -> Result<i32> {
     })
 }
 
-/// The record for a person, one screen: how the run ended, then each decision and file.
-fn lines(r: &Record, from: &str) -> Vec<String> {
+/// The record for a person, one screen: how the run ended, then each decision and file
+/// (`from`: the file it was read from).
+pub fn human_lines(r: &Record, from: &str) -> Vec<String> {
     let state = match (r.state, r.exit_code) {
         (State::Running, _) => format!("running, phase {}", phase_word(r.phase)),
         (State::Done, _) => "done".to_string(),
@@ -425,15 +420,12 @@ fn lines(r: &Record, from: &str) -> Vec<String> {
     out
 }
 
-fn phase_word(p: Phase) -> &'static str {
-    match p {
-        Phase::Started => "started",
-        Phase::Version => "version",
-        Phase::Chosen => "chosen",
-        Phase::Staged => "staged",
-        Phase::Marker => "marker",
-        Phase::Done => "done",
-    }
+/// The phase's name as the record spells it.
+fn phase_word(p: Phase) -> String {
+    serde_json::to_value(p)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
 }
 
 fn round(s: f64) -> f64 {
@@ -478,7 +470,9 @@ mod tests {
     }
 
     #[test]
-    fn phases_only_go_forward() {
+    fn phases_only_go_forward_and_read_as_the_record_spells_them() {
         assert!(Phase::Started < Phase::Version && Phase::Marker < Phase::Done);
+        assert_eq!(phase_word(Phase::Started), "started");
+        assert_eq!(phase_word(Phase::Done), "done");
     }
 }

@@ -254,27 +254,30 @@ fn os_update(a: &Bootstrap, root: &Root) -> Result<Update> {
     } else {
         dbus::update_status()?
     };
-    match &u {
-        Update::Unavailable(why) => {
-            log::info!("no pending OS update: update_engine is not on the system bus ({why})")
-        }
-        Update::Pending(v) => log::info!("OS update to {v} pending a reboot (from update_engine)"),
-        Update::PendingUnknown => log::warn!(
-            "OS update pending a reboot, but update_engine does not say to which version"
-        ),
-        Update::None(op) => log::info!("no pending OS update (update_engine status {op})"),
-    }
+    // One log line and one status decision per answer.
     let (value, source) = match &u {
-        Update::Unavailable(why) => (
-            "none".to_string(),
-            format!("update_engine is not on the system bus ({why})"),
-        ),
-        Update::Pending(v) => (v.clone(), "update_engine: pending a reboot".to_string()),
-        Update::PendingUnknown => (
-            "unknown".to_string(),
-            "update_engine: pending a reboot, version not said".to_string(),
-        ),
-        Update::None(op) => ("none".to_string(), format!("update_engine status {op}")),
+        Update::Unavailable(why) => {
+            let source = format!("update_engine is not on the system bus ({why})");
+            log::info!("no pending OS update: {source}");
+            ("none".to_string(), source)
+        }
+        Update::Pending(v) => {
+            log::info!("OS update to {v} pending a reboot (from update_engine)");
+            (v.clone(), "update_engine: pending a reboot".to_string())
+        }
+        Update::PendingUnknown => {
+            log::warn!(
+                "OS update pending a reboot, but update_engine does not say to which version"
+            );
+            (
+                "unknown".to_string(),
+                "update_engine: pending a reboot, version not said".to_string(),
+            )
+        }
+        Update::None(op) => {
+            log::info!("no pending OS update (update_engine status {op})");
+            ("none".to_string(), format!("update_engine status {op}"))
+        }
     };
     status::decide("os-update", value, source);
     Ok(u)

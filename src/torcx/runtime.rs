@@ -223,17 +223,17 @@ pub fn stage_runtime(
     // 6-7. Stage each image, verified, atomically.
     for (os, source) in &targets {
         let file = store::image_file(RUNTIME, &version);
+        let at = format!("{}/{os}/{file}", store::USER_STORE);
         match source {
             Source::Vendored(p) => {
                 log::info!("{file} for OS {os}: shipped in its /usr ({p}), nothing to download")
             }
-            Source::Remote { url, digest } if dry_run => crate::outln!(
-                "plan: fetch {url} ({digest}) into {}",
-                root.show(&format!("{}/{os}/{file}", store::USER_STORE))
-            )?,
+            Source::Remote { url, digest } if dry_run => {
+                crate::outln!("plan: fetch {url} ({digest}) into {}", root.show(&at))?
+            }
             Source::Remote { url, digest } => {
                 let staged = store::stage_image(root, m.http, os, RUNTIME, &version, url, digest)?;
-                status::staged(&format!("{}/{os}/{file}", store::USER_STORE), digest);
+                status::staged(&at, digest);
                 match staged {
                     Staged::Kept => {
                         log::info!("{file} for OS {os}: already in the store with the right hash")
