@@ -353,11 +353,30 @@ fn initramfs_staging_is_merged_by_the_real_systemd_sysext() {
     );
     assert_eq!(decided("containerd").0, "\"v1.7.24\"");
     assert_eq!(decided("activation").0, "\"staged\"");
-    let files = rec["files"].as_array().unwrap();
-    assert_eq!(files.len(), 2, "{rec:#}");
-    assert!(files.iter().any(|f| f["path"]
-        == "/opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw"
-        && f["digest"].as_str().unwrap().starts_with("sha256-")));
+    // Both images, each with the SHA-256 of the file now in place.
+    let mut files: Vec<(String, String)> = rec["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let path = f["path"].as_str().unwrap().to_string();
+            let on_disk = std::fs::read(w.path(&path)).unwrap();
+            assert_eq!(
+                f["digest"],
+                format!("sha256-{}", sha256(&on_disk)),
+                "{path}"
+            );
+            (path, f["digest"].as_str().unwrap().to_string())
+        })
+        .collect();
+    files.sort();
+    assert_eq!(
+        files.iter().map(|f| f.0.as_str()).collect::<Vec<_>>(),
+        [
+            "/opt/extensions/containerd/containerd-v1.7.24-x86-64.raw",
+            "/opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw"
+        ]
+    );
     assert_eq!(rec["reboot"]["decision"], "no");
 
     // The real consumer: this machine's systemd-sysext merges the staged layout.

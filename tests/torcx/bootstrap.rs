@@ -159,7 +159,7 @@ impl World {
         [("NODESTRAP_RUN_DIR", &self.run_dir)]
     }
 
-    /// `nodestrap status` on this world, and the record it read as JSON (with `--json`).
+    /// `nodestrap status` on this world (`--json` when `json`).
     fn status(&self, json: bool) -> Run {
         let mut a = vec![
             "status".to_string(),
@@ -174,6 +174,21 @@ impl World {
     fn record(&self) -> serde_json::Value {
         let text = std::fs::read_to_string(Path::new(&self.run_dir).join("status.json")).unwrap();
         serde_json::from_str(&text).unwrap()
+    }
+
+    /// The record's decision `what`: its value and source.
+    fn decision(&self, what: &str) -> (String, String) {
+        let rec = self.record();
+        let d = rec["decisions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["what"] == what)
+            .unwrap_or_else(|| panic!("no decision {what:?} in {rec:#}"));
+        (
+            d["value"].as_str().unwrap().to_string(),
+            d["source"].as_str().unwrap().to_string(),
+        )
     }
 
     fn store_file(&self, os: &str, v: &str) -> PathBuf {
@@ -311,18 +326,7 @@ fn status_record_says_what_was_decided_and_staged() {
     assert!(rec["started"].as_str().unwrap().ends_with('Z'));
     assert!(rec["duration_s"].as_f64().unwrap() >= 0.0);
     // Each decision, its value and its source.
-    let decided = |what: &str| {
-        let d = rec["decisions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|d| d["what"] == what)
-            .unwrap_or_else(|| panic!("no decision {what:?} in {rec:#}"));
-        (
-            d["value"].as_str().unwrap().to_string(),
-            d["source"].as_str().unwrap().to_string(),
-        )
-    };
+    let decided = |what: &str| w.decision(what);
     let (v, src) = decided("k8s");
     assert_eq!(v, "v1.9.6+coreos.0");
     assert!(
@@ -597,20 +601,8 @@ fn time_synchronisation_arriving_during_the_wait_lets_the_run_go_on() {
         r.stderr
     );
     assert!(w.read("/etc/kubernetes/kubelet.env").is_some());
-    let clock = w.record()["decisions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["what"] == "clock")
-        .cloned()
-        .unwrap();
-    assert!(
-        clock["source"]
-            .as_str()
-            .unwrap()
-            .starts_with("synchronised ("),
-        "{clock}"
-    );
+    let (_, source) = w.decision("clock");
+    assert!(source.starts_with("synchronised ("), "{source}");
 }
 
 #[test]
@@ -838,15 +830,8 @@ fn api_server_down_falls_back_to_installer_env() {
         r.stdout
     );
     // ... and the status record, with the API server's last error.
-    let k8s = w.record()["decisions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["what"] == "k8s")
-        .cloned()
-        .unwrap();
-    assert_eq!(k8s["value"], "v1.9.6+coreos.0");
-    let src = k8s["source"].as_str().unwrap();
+    let (value, src) = w.decision("k8s");
+    assert_eq!(value, "v1.9.6+coreos.0");
     assert!(
         src.starts_with("fallback (") && src.contains("the API server is unreachable: "),
         "{src}"
