@@ -20,6 +20,10 @@ arm=$(sed -n 's/^aarch64-unknown-linux-musl=//p' <<<"$builds")
 # qemu-user (NODESTRAP_RUNNER), so its board fallback and syscalls are exercised, not only built.
 # (sysext's tests are x86-64 only: their images are built for x86-64 and merged by this
 # machine's systemd-sysext.)
+# The real torcx (built from the Go module proxy, cached by version) is the oracle of what torcx
+# finds at boot (tests/torcx).
+NODESTRAP_TORCX=$(qemu/build-torcx)
+export NODESTRAP_TORCX
 NODESTRAP_BIN=$x86 cargo test --locked
 NODESTRAP_BIN=$arm NODESTRAP_RUNNER=${NODESTRAP_RUNNER_ARM64:-/usr/local/lib/nodestrap-ci/qemu-aarch64} \
   cargo test --locked --test bootstrap --test hook --test activate --test reprovision --test kubeconfig
