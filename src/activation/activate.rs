@@ -321,6 +321,8 @@ fn init_server(ctx: &Ctx, listener: &TcpListener) -> Result<Side> {
                 false
             }
         },
+        // An admin who asks while activation ends is told why, never met by a closed port.
+        |asked| refuse_taken(ctx, asked),
     )?;
     match end {
         Ok(Side::Stopped) if ctx.lock.is_taken() => Ok(Side::Lost),
@@ -376,9 +378,7 @@ fn init_conn(ctx: &Ctx, asked: Asked) -> Conn {
     match locked {
         Ok(true) => ctx.stop.wake(),
         Ok(false) => {
-            log::info!("init server: {source}: the node is already activating; refused");
-            let b = mtls::error_body("already_activating", "the node is already activating");
-            answer(&mut s, &who, 409, b);
+            refuse_taken(ctx, Asked { s, who, body });
             return Conn::Next;
         }
         Err(_) => {}
@@ -421,6 +421,29 @@ fn init_conn(ctx: &Ctx, asked: Asked) -> Conn {
         serde_json::json!({"kubeconfig": kubeconfig, "cluster_name": body.cluster_name, "ca_cert_hash": ca_hash}),
     );
     Conn::Won(body.cluster_name)
+}
+
+/// 409 `already_activating`, naming what the node is now (or a still-fresh node that is
+/// stopping: 503, ask again).
+fn refuse_taken(ctx: &Ctx, asked: Asked) {
+    let Asked { mut s, who, .. } = asked;
+    if !ctx.lock.is_taken() {
+        log::info!("init server: init request from {who}: stopping, node still fresh; refused");
+        let b = mtls::error_body(
+            "stopping",
+            "the node is stopping and still fresh; ask again",
+        );
+        return answer(&mut s, &who, 503, b);
+    }
+    let what = ctx.lock.describe();
+    log::info!(
+        "init server: init request from {who}: the node is already activating ({what}); refused"
+    );
+    let b = mtls::error_body(
+        "already_activating",
+        &format!("the node is already activating: {what}"),
+    );
+    answer(&mut s, &who, 409, b);
 }
 
 /// Steps 2 to 4 of an init connection: read the request, check the init secret before any

@@ -148,6 +148,14 @@ pub fn run(a: &JoinService) -> Result<()> {
             svc.answer(asked);
             true
         },
+        |mut asked: Asked| {
+            // Stopping: no ticket is spent now; the node asks again (another service, or this
+            // one once it is back).
+            let b = mtls::error_body("stopping", "the join service is stopping; ask again");
+            if let Err(e) = mtls::respond(&mut asked.s, 503, &b) {
+                log::warn!("{}: answering: {e}", asked.who);
+            }
+        },
     )?;
     log::info!("join service stopped by signal");
     Ok(())

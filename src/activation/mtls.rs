@@ -345,13 +345,15 @@ pub const PREAUTH_TIMEOUT: Duration = Duration::from_secs(10);
 /// stage, and a connection beyond them is closed unanswered rather than queued. What `preauth`
 /// lets through reaches `handle` one at a time, in this thread: the work that must not run
 /// twice at once (the node lock, a ticket) stays serialized. A stop is noticed between
-/// handled requests; threads still in their pre-authentication are waited for (each is bounded
-/// by its deadline) and their requests dropped.
+/// handled requests. What is on its way by then is still answered, by `late`, never dropped:
+/// connections waiting in the listen queue are accepted, and requests in their
+/// pre-authentication finish (each bounded by its deadline) and go to `late`.
 pub fn serve<T: Send>(
     listener: &TcpListener,
     stopping: impl Fn() -> bool,
     preauth: impl Fn(TcpStream, SocketAddr) -> Option<T> + Sync,
     mut handle: impl FnMut(T) -> bool,
+    late: impl Fn(T),
 ) -> Result<()> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     listener
@@ -360,6 +362,31 @@ pub fn serve<T: Send>(
     let in_flight = AtomicUsize::new(0);
     let (tx, rx) = std::sync::mpsc::channel::<T>();
     std::thread::scope(|scope| {
+        let start = |tcp: TcpStream, addr: SocketAddr| {
+            if in_flight.load(Ordering::SeqCst) >= MAX_UNAUTHENTICATED {
+                log::warn!(
+                    "refused a connection from {addr}: {MAX_UNAUTHENTICATED} connections are already in their handshake"
+                );
+                return;
+            }
+            let _ = tcp.set_nonblocking(false);
+            in_flight.fetch_add(1, Ordering::SeqCst);
+            let (tx, preauth, in_flight) = (tx.clone(), &preauth, &in_flight);
+            let spawned = std::thread::Builder::new()
+                .name("preauth".into())
+                .spawn_scoped(scope, move || {
+                    let passed = preauth(tcp, addr);
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    if let Some(t) = passed {
+                        let _ = tx.send(t);
+                    }
+                });
+            if let Err(e) = spawned {
+                // The closure (and the connection) is dropped: nothing is left in flight.
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                log::warn!("refused a connection from {addr}: no thread for it: {e}");
+            }
+        };
         'serving: while !stopping() {
             while let Ok(t) = rx.try_recv() {
                 if !handle(t) {
@@ -380,37 +407,20 @@ pub fn serve<T: Send>(
             if n <= 0 {
                 continue;
             }
-            let (tcp, addr) = match listener.accept() {
-                Ok(x) => x,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => {
-                    log::warn!("accepting a connection: {e}");
-                    continue;
-                }
-            };
-            if in_flight.load(Ordering::SeqCst) >= MAX_UNAUTHENTICATED {
-                log::warn!(
-                    "refused a connection from {addr}: {MAX_UNAUTHENTICATED} connections are already in their handshake"
-                );
-                continue;
+            match listener.accept() {
+                Ok((tcp, addr)) => start(tcp, addr),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => log::warn!("accepting a connection: {e}"),
             }
-            let _ = tcp.set_nonblocking(false);
-            in_flight.fetch_add(1, Ordering::SeqCst);
-            let (tx, preauth, in_flight) = (tx.clone(), &preauth, &in_flight);
-            let spawned = std::thread::Builder::new()
-                .name("preauth".into())
-                .spawn_scoped(scope, move || {
-                    let passed = preauth(tcp, addr);
-                    in_flight.fetch_sub(1, Ordering::SeqCst);
-                    if let Some(t) = passed {
-                        let _ = tx.send(t);
-                    }
-                });
-            if let Err(e) = spawned {
-                // The closure (and the connection) is dropped: nothing is left in flight.
-                in_flight.fetch_sub(1, Ordering::SeqCst);
-                log::warn!("refused a connection from {addr}: no thread for it: {e}");
-            }
+        }
+        // Stopped. The listen queue holds clients the kernel already took in: they are
+        // answered too, then every request still on its way.
+        while let Ok((tcp, addr)) = listener.accept() {
+            start(tcp, addr);
+        }
+        drop(tx);
+        for t in rx.iter() {
+            late(t);
         }
     });
     Ok(())

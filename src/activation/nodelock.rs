@@ -150,6 +150,30 @@ impl<'r> NodeLock<'r> {
         Ok(true)
     }
 
+    /// What the lock says of the node, for a refused init request: `worker of cluster demo
+    /// (ticket from https://…), committed`.
+    pub fn describe(&self) -> String {
+        match self
+            .marker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            Some(m) => format!(
+                "{} of cluster {} ({}), {}",
+                m.role.as_str(),
+                m.cluster,
+                m.source,
+                match m.state {
+                    State::Committed => "committed",
+                    State::Done => "done",
+                    State::Reset => "reset",
+                }
+            ),
+            None => "its node lock is taken".into(),
+        }
+    }
+
     /// `committed` → `done`.
     pub fn done(&self, ca_cert_hash: Option<String>) -> Result<()> {
         self.update(State::Done, |m| {

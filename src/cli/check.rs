@@ -44,6 +44,9 @@ pub fn check_values(a: &Bootstrap) -> Result<ManifestUrl> {
             )));
         }
     }
+    if let Some(m) = a.image_max_mib {
+        crate::cli::check_image_max(m)?;
+    }
     if let Some(v) = &a.force_kube_version {
         if crate::node::mappings::major_minor(v).is_none() {
             return Err(Error::config(format!(

@@ -144,6 +144,9 @@ pub struct Bootstrap {
     /// seconds to wait for update_engine to settle (default 1800)
     #[argh(option, default = "1800")]
     pub update_timeout: u64,
+    /// largest image taken, in MiB (default 512 for torcx, 1024 for sysext)
+    #[argh(option)]
+    pub image_max_mib: Option<u64>,
 }
 
 pub const DEFAULT_HOOK_ANNOTATION: &str =
@@ -199,8 +202,8 @@ pub struct Hook {
     /// first API retry delay in seconds; doubles per retry with full jitter, capped at 60 s (default 10)
     #[argh(option, default = "10")]
     pub api_retry_delay: u64,
-    /// seconds the run's network attempts may take in all (default 1800)
-    #[argh(option, default = "DEFAULT_DEADLINE_SECS")]
+    /// seconds the run's network attempts may take in all (default 600)
+    #[argh(option, default = "HOOK_DEADLINE_SECS")]
     pub deadline: u64,
     /// attempts per manifest, signature or image download (default 6)
     #[argh(option, default = "6")]
@@ -217,6 +220,41 @@ pub struct Hook {
     /// seconds over which --fetch-min-rate is averaged (default 30)
     #[argh(option, default = "crate::net::fetch::DEFAULT_RATE_WINDOW_SECS")]
     pub fetch_min_rate_window: u64,
+    /// largest image taken, in MiB (default 512)
+    #[argh(option, default = "TORCX_IMAGE_MAX_MIB")]
+    pub image_max_mib: u64,
+}
+
+/// `--image-max-mib`'s defaults: Container Linux's docker torcx images are 50 to 100 MB, a
+/// Kubernetes sysext image (kubelet, kubeadm, kubectl) about 100 MB.
+pub const TORCX_IMAGE_MAX_MIB: u64 = 512;
+pub const SYSEXT_IMAGE_MAX_MIB: u64 = 1024;
+/// Its bound: no image is larger than this.
+const IMAGE_MAX_MIB_LIMIT: u64 = 64 << 10;
+
+impl Bootstrap {
+    /// The largest image this payload family takes, in bytes.
+    pub fn image_max_bytes(&self) -> u64 {
+        let mib = self.image_max_mib.unwrap_or(match self.payload {
+            Payload::Torcx => TORCX_IMAGE_MAX_MIB,
+            Payload::Sysext => SYSEXT_IMAGE_MAX_MIB,
+        });
+        mib << 20
+    }
+}
+
+impl Hook {
+    pub fn image_max_bytes(&self) -> u64 {
+        self.image_max_mib << 20
+    }
+}
+
+/// `--image-max-mib`'s own check.
+pub fn check_image_max(mib: u64) -> Result<()> {
+    if mib == 0 {
+        return Err(Error::config("--image-max-mib 0: at least 1"));
+    }
+    at_most("--image-max-mib", mib, IMAGE_MAX_MIB_LIMIT)
 }
 
 pub const DEFAULT_IPB_LABEL: &str = "ibm-cloud.kubernetes.io/ipb-schedule";
@@ -312,9 +350,20 @@ reprovision_args! {{
         /// seconds over which --fetch-min-rate is averaged (default 30)
         #[argh(option, default = "crate::net::fetch::DEFAULT_RATE_WINDOW_SECS")]
         pub fetch_min_rate_window: u64,
+        /// seconds the run's network attempts may take in all (default 60 for preflight, 1800
+        /// for reprovision)
+        #[argh(option)]
+        pub deadline: Option<u64>,
 } [root, secret_dir, flow, node_name, kubeconfig, label, mcd_binary, mcd_extract_command,
     payload_entry, entry_timeout, reboot, dry_run, verbose, api_tries, api_retry_delay,
-    fetch_attempts, fetch_backoff_ms, fetch_timeout, fetch_min_rate, fetch_min_rate_window]}
+    fetch_attempts, fetch_backoff_ms, fetch_timeout, fetch_min_rate, fetch_min_rate_window,
+    deadline]}
+
+/// `--deadline`'s defaults of the in-place commands. preflight is a check a person or a
+/// pipeline waits for: its table prints within this. reprovision is bootstrap's work (the same
+/// downloads) in a DaemonSet pod that the kubelet restarts after a failure: bootstrap's default.
+pub const PREFLIGHT_DEADLINE_SECS: u64 = 60;
+pub const REPROVISION_DEADLINE_SECS: u64 = DEFAULT_DEADLINE_SECS;
 
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "activate")]
@@ -513,6 +562,12 @@ pub struct Common<'a> {
 /// `--deadline`'s default: half of k8s-node-bootstrap.service's TimeoutStartSec=1h, so that the
 /// unit's own retry gets a full run before systemd gives up on it.
 pub const DEFAULT_DEADLINE_SECS: u64 = 1800;
+
+/// The hook's `--deadline` default. The update operator waits for the hook's annotation with
+/// no time limit of its own, and a hook that exits 1 is started again by the kubelet (its
+/// restart back-off grows to 5 minutes): a shorter run that fails and is restarted beats one
+/// that holds on for half an hour, and the node is asked again about every 15 minutes.
+pub const HOOK_DEADLINE_SECS: u64 = 600;
 
 /// When this process started (`args()` reads it first): `--deadline` counts from here.
 pub use crate::node::status::started;

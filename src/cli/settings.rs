@@ -8,7 +8,7 @@ use argh::FromArgs;
 
 use crate::cli::{self, Bootstrap, Cli, Cmd, Input};
 use crate::error::{excerpt, Error, Kind, Result};
-use crate::node::root::{read_host_file, Root};
+use crate::node::root::Root;
 
 pub const DEFAULT_CONFIG: &str = "/etc/nodestrap/bootstrap.conf";
 /// Drop-ins of the default config, as systemd orders its own (systemd-system.conf(5)): `*.conf`
@@ -23,9 +23,6 @@ const DROPIN_DIRS: &[&str] = &[
 /// At most this many drop-ins are read (each is also capped like the config file).
 const DROPIN_MAX: usize = 256;
 const CONFIG_CAP: u64 = 64 << 10;
-const PROC_CMDLINE: &str = "/proc/cmdline";
-/// Test hook: the integration tests point this at a file standing in for /proc/cmdline.
-const PROC_CMDLINE_ENV: &str = "NODESTRAP_PROC_CMDLINE";
 const KARG_PREFIX: &str = "nodestrap.";
 const KERNEL: &str = "the kernel command line";
 
@@ -58,6 +55,7 @@ pub const KEYS: &[&str] = &[
     "fetch-min-rate",
     "fetch-min-rate-window",
     "update-timeout",
+    "image-max-mib",
 ];
 /// Options that say where settings come from, or ask for a one-off plan: command line only.
 const COMMAND_LINE_ONLY: &[&str] = &["root", "config", "cmdline", "dry-run", "help"];
@@ -129,9 +127,9 @@ pub fn merge(b: &Bootstrap, user: &[String]) -> Result<Merged> {
         }
     }
     if b.cmdline {
-        let p = std::env::var_os(PROC_CMDLINE_ENV).unwrap_or_else(|| PROC_CMDLINE.into());
-        let bytes = read_host_file(p.as_ref(), CONFIG_CAP, "kernel command line")?;
-        let settings = parse_cmdline(&String::from_utf8_lossy(&bytes))?;
+        let text =
+            crate::node::cmdline::read().map_err(|e| e.with_kind(crate::error::Kind::Config))?;
+        let settings = parse_cmdline(&text)?;
         add(&settings, KERNEL, &mut synthetic, &mut notes);
     }
     if synthetic.is_empty() {

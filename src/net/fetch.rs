@@ -14,7 +14,8 @@ use ureq::Agent;
 
 use crate::crypto::digest::{copy_hashing, CopyError, Digest};
 use crate::error::{Error, Kind, Result};
-use crate::node::root::{read_host_file, Dir, Root};
+use crate::node::root::{read_host_file, Dir, Root, SPACE_MARGIN};
+use crate::node::undo::Undo;
 
 /// CA bundles of the distributions we run on; the first that exists is the system trust store.
 const SYSTEM_BUNDLES: &[&str] = &[
@@ -305,8 +306,8 @@ enum Attempt<T> {
     Done(T),
     /// No answer, or a broken one: counts against the attempts.
     Retry(Error),
-    /// 408, 429 or 5xx, with the server's `Retry-After`: bounded by time only.
-    Busy(Error, Option<Duration>),
+    /// 408, 429 or 5xx (the status), with the server's `Retry-After`: bounded by time only.
+    Busy(Error, u16, Option<Duration>),
     Final(Error),
 }
 
@@ -435,16 +436,19 @@ impl Http {
     ) -> std::result::Result<T, (Error, Failure)> {
         let start = Instant::now();
         let (mut n, mut failed, mut busy) = (0, 0, 0);
+        // The last busy answer, for the error: "busy: 503, Retry-After 30".
+        let mut busy_word = String::new();
+        let mut last = Failure::Unreachable;
         loop {
             n += 1;
             let left = self.retry.left(start);
             if left.is_zero() {
                 return Err((
                     Error::failed(format!(
-                        "{what}: giving up after {} attempts: the deadline passed",
+                        "{what}: {busy_word}giving up after {} attempts: the deadline passed",
                         n - 1
                     )),
-                    Failure::Unreachable,
+                    last,
                 ));
             }
             let (e, failure, after) = match op(self.limits.deadline.min(left)) {
@@ -454,16 +458,24 @@ impl Http {
                     failed += 1;
                     (e, Failure::Unreachable, None)
                 }
-                Attempt::Busy(e, after) => {
+                Attempt::Busy(e, status, after) => {
                     busy += 1;
+                    busy_word = match after {
+                        Some(a) => format!("busy: {status}, Retry-After {}; ", a.as_secs()),
+                        None => format!("busy: {status}; "),
+                    };
                     (e, Failure::Busy, after)
                 }
             };
+            if failure != Failure::Busy {
+                busy_word.clear();
+            }
+            last = failure;
             let delay = self.retry.delay(n - 1, after);
             if failed >= self.retry.attempts || busy >= self.retry.busy_attempts {
                 return Err((
                     e.context(format!(
-                        "{what}: giving up after {n} attempts ({failed} without an answer)"
+                        "{what}: {busy_word}giving up after {n} attempts ({failed} without an answer)"
                     )),
                     failure,
                 ));
@@ -471,7 +483,7 @@ impl Http {
             if delay >= self.retry.left(start) {
                 return Err((
                     e.context(format!(
-                        "{what}: giving up after {n} attempts: the deadline comes before the next"
+                        "{what}: {busy_word}giving up after {n} attempts: the deadline comes before the next"
                     )),
                     failure,
                 ));
@@ -586,9 +598,8 @@ impl Http {
     }
 
     /// Stream `url` into a temp file in `dir` while hashing; the file becomes `name` only if
-    /// the digest matches. A broken transfer is retried from scratch in a fresh temp file. A
-    /// declared length that would not leave `SPACE_MARGIN` free is refused before a byte is
-    /// written; a disk that fills anyway fails the write, and the temp file goes.
+    /// the digest matches (recorded in `undo` first). A broken transfer is retried from scratch
+    /// in a fresh temp file. The body is bounded as `stream` bounds one bound for `dir`.
     pub fn download(
         &self,
         url: &str,
@@ -596,23 +607,25 @@ impl Http {
         name: &str,
         digest: &Digest,
         cap: u64,
+        undo: &mut Undo,
     ) -> Result<u64> {
-        self.stream(&Request::get(url), cap, |body, total| {
-            if let Some(t) = total {
-                dir.check_room(name, t).map_err(Staging::Write)?;
-            }
-            write_verified(dir, name, digest, &mut &mut *body)
+        self.stream(&Request::get(url), cap, Some((dir, name)), |body, _| {
+            write_verified(dir, name, digest, &mut &mut *body, undo)
         })
     }
 
     /// A request whose body is handed to `consume` as it arrives (with progress lines), with
     /// its length when the server declared one:
     /// transport errors and reading failures are tried again from scratch, a digest mismatch
-    /// or a write failure is final.
+    /// or a write failure is final. A body is at most `cap` bytes; one bound for a file in a
+    /// directory (`target`) must also leave `SPACE_MARGIN` free there: a declared length that
+    /// would not is refused before a byte is read, and a body without one is stopped once it
+    /// passes what is free less the margin, with an error naming both numbers.
     pub fn stream<T>(
         &self,
         req: &Request,
         cap: u64,
+        target: Option<(&Dir, &str)>,
         mut consume: impl FnMut(&mut dyn Read, Option<u64>) -> std::result::Result<T, Staging>,
     ) -> Result<T> {
         let what = format!("{} {}", req.method, req.url);
@@ -630,13 +643,43 @@ impl Http {
                     "{what}: {t} bytes is over the {cap}-byte limit"
                 )));
             }
-            let body = resp.body_mut().with_config().limit(cap).reader();
+            let (limit, over) = match (target, total) {
+                (Some((dir, name)), Some(t)) => match dir.check_room(name, t) {
+                    Ok(()) => (cap, None),
+                    Err(e) => return Attempt::Final(e),
+                },
+                (Some((dir, name)), None) => match dir.free_bytes() {
+                    // No length declared: the body may take what the limit and the disk allow,
+                    // and is stopped there.
+                    Ok(free) => {
+                        let room = free.saturating_sub(SPACE_MARGIN);
+                        let why = format!(
+                            "{} may take at most {cap} bytes, and {} has {free} bytes free, {SPACE_MARGIN} of which are kept free",
+                            dir.show(name),
+                            dir.show("")
+                        );
+                        if room == 0 {
+                            return Attempt::Final(Error::failed(format!(
+                                "{what}: not enough space, and no declared length: {why}"
+                            )));
+                        }
+                        let limit = cap.min(room);
+                        let over = format!(
+                            "{what}: no declared length, and the body passed {limit} bytes: {why}"
+                        );
+                        (limit, Some(over))
+                    }
+                    Err(e) => return Attempt::Final(e),
+                },
+                (None, _) => (cap, None),
+            };
+            let body = resp.body_mut().with_config().limit(limit).reader();
             let mut progress = Progress::new(RateFloor::new(body, self.limits), req.url, total);
             match consume(&mut progress, total) {
                 Ok(n) => Attempt::Done(n),
-                Err(Staging::Read(e)) if over_limit(&e) => Attempt::Final(Error::failed(format!(
-                    "{what}: body over the {cap}-byte limit"
-                ))),
+                Err(Staging::Read(e)) if over_limit(&e) => Attempt::Final(Error::failed(
+                    over.unwrap_or_else(|| format!("{what}: body over the {cap}-byte limit")),
+                )),
                 Err(Staging::Read(e)) => Attempt::Retry(Error::failed(format!(
                     "{what}: reading body: {}",
                     read_failure(&e, deadline)
@@ -739,7 +782,7 @@ fn status_failure(what: &str, resp: &mut ureq::http::Response<ureq::Body>) -> Op
 /// other statuses are final.
 fn verdict<T>(r: Refusal) -> Attempt<T> {
     if r.status == 408 || r.status == 429 || r.status >= 500 {
-        Attempt::Busy(r.error, r.retry_after)
+        Attempt::Busy(r.error, r.status, r.retry_after)
     } else {
         Attempt::Final(r.error)
     }
@@ -857,12 +900,14 @@ pub enum Staging {
 }
 
 /// Stream `r` into a temp file in `dir` while hashing; only content that matches `digest` is
-/// fsynced and renamed to `name`. Otherwise the temp file is removed and `name` is untouched.
+/// fsynced and renamed to `name`, recorded in `undo` first (whatever held that name is set
+/// aside). Otherwise the temp file is removed and `name` is untouched.
 pub fn write_verified(
     dir: &Dir,
     name: &str,
     digest: &Digest,
     r: &mut impl Read,
+    undo: &mut Undo,
 ) -> std::result::Result<u64, Staging> {
     let mut tmp = dir.create_temp(name, 0o644).map_err(Staging::Write)?;
     let mut hasher = digest.hasher();
@@ -880,6 +925,8 @@ pub fn write_verified(
             format!("the signed manifest says {digest}"),
         ));
     }
+    undo.creating(&dir.node_path(name))
+        .map_err(Staging::Write)?;
     tmp.persist().map_err(Staging::Write)?;
     Ok(n)
 }

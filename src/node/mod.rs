@@ -1,8 +1,10 @@
 //! The node floor: the real root's handle (dirfd-relative, atomic replace), env files and
 //! os-release, D-Bus, reboots through one executor, one command runner, one signal module, the
-//! clock's floor, the run's status record. Uses only `crypto`.
+//! clock's floor, the run's status record, and the undo log that puts the node back after a
+//! failure. Uses only `crypto`.
 
 pub mod clock;
+pub mod cmdline;
 pub mod dbus;
 pub mod envfile;
 pub mod exec;
@@ -12,3 +14,4 @@ pub mod reboot;
 pub mod root;
 pub mod signals;
 pub mod status;
+pub mod undo;

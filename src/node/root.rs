@@ -227,6 +227,24 @@ impl Root {
     }
 }
 
+/// An exclusive lock on a directory, held until dropped (`Dir::lock`).
+pub struct DirLock {
+    _fd: OwnedFd,
+}
+
+/// `.<name>.nodestrap-<hex>`: the names of nodestrap's temp files and links.
+pub fn temp_name(name: &str) -> String {
+    let mut rnd = [0u8; 6];
+    rustix::rand::getrandom(&mut rnd, rustix::rand::GetRandomFlags::empty()).ok();
+    format!(".{name}.nodestrap-{}", hex(&rnd))
+}
+
+fn is_temp_name(n: &str) -> bool {
+    n.starts_with('.')
+        && n.rsplit_once(".nodestrap-")
+            .is_some_and(|(_, h)| h.len() == 12 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 fn split_node_path(p: &str) -> Option<(&str, &str)> {
     let p = p.trim_end_matches('/');
     let (dir, name) = p.rsplit_once('/')?;
@@ -281,9 +299,7 @@ impl Dir {
     /// dropped first: the final name only ever holds complete, verified content.
     pub fn create_temp(&self, name: &str, mode: u32) -> Result<TempFile<'_>> {
         self.sweep_temps(name);
-        let mut rnd = [0u8; 6];
-        rustix::rand::getrandom(&mut rnd, rustix::rand::GetRandomFlags::empty()).ok();
-        let tmp = format!(".{name}.nodestrap-{}", hex(&rnd));
+        let tmp = temp_name(name);
         let fd = rustix::fs::openat(
             &self.fd,
             tmp.as_str(),
@@ -291,17 +307,20 @@ impl Dir {
             Mode::from_raw_mode(mode),
         )
         .with_ctx(|| format!("creating a temp file in {}", self.shown))?;
-        // The umask must not weaken or strengthen what the node expects.
-        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode)).with_ctx(|| self.show(&tmp))?;
-        // Held until the file is closed: tells sweep_temps in another run that we are alive.
-        rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive)
-            .with_ctx(|| self.show(&tmp))?;
-        Ok(TempFile {
+        // From here on the temp file goes with the handle if anything fails.
+        let t = TempFile {
             dir: self,
             tmp,
             name: name.to_string(),
             file: Some(File::from(fd)),
-        })
+        };
+        let f = t.file.as_ref().expect("just opened");
+        // The umask must not weaken or strengthen what the node expects.
+        rustix::fs::fchmod(f, Mode::from_raw_mode(mode)).with_ctx(|| self.show(&t.tmp))?;
+        // Held until the file is closed: tells sweep_temps in another run that we are alive.
+        rustix::fs::flock(f, FlockOperation::NonBlockingLockExclusive)
+            .with_ctx(|| self.show(&t.tmp))?;
+        Ok(t)
     }
 
     pub fn write_atomic(&self, name: &str, data: &[u8], mode: u32) -> Result<()> {
@@ -313,22 +332,7 @@ impl Dir {
     /// Remove temp files for `name` left by a run killed between create_temp and persist
     /// (a 4 GiB image must not linger because a unit was restarted mid-download).
     fn sweep_temps(&self, name: &str) {
-        let prefix = format!(".{name}.nodestrap-");
-        if let Ok(names) = self.entries() {
-            for n in names.iter().filter(|n| n.starts_with(&prefix)) {
-                // A live writer holds the lock on its temp file: only the dead ones go.
-                let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-                let Ok(fd) = rustix::fs::openat(&self.fd, n.as_str(), flags, Mode::empty()) else {
-                    continue;
-                };
-                if rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_err() {
-                    continue;
-                }
-                if rustix::fs::unlinkat(&self.fd, n.as_str(), AtFlags::empty()).is_ok() {
-                    log::info!("removed stale temp file {}", self.show(n));
-                }
-            }
-        }
+        self.sweep(Some(name), false);
     }
 
     pub fn fsync(&self) -> Result<()> {
@@ -441,9 +445,7 @@ impl Dir {
     /// Point the symlink `name` at `target` in one step: a new link under a temp name renamed
     /// over it, then the directory fsynced. A crash leaves the old link or the new one.
     pub fn replace_symlink(&self, target: &str, name: &str) -> Result<()> {
-        let mut rnd = [0u8; 6];
-        rustix::rand::getrandom(&mut rnd, rustix::rand::GetRandomFlags::empty()).ok();
-        let tmp = format!(".{name}.nodestrap-{}", hex(&rnd));
+        let tmp = temp_name(name);
         rustix::fs::symlinkat(target, &self.fd, tmp.as_str())
             .with_ctx(|| format!("creating a link in {}", self.shown))?;
         if let Err(e) = rustix::fs::renameat(&self.fd, tmp.as_str(), &self.fd, name) {
@@ -451,6 +453,128 @@ impl Dir {
             return Err(Error::from(e).context(format!("switching {}", self.show(name))));
         }
         self.fsync()
+    }
+
+    /// Rename `from` to `to` in this directory (replacing `to`), then fsync the directory.
+    pub fn rename(&self, from: &str, to: &str) -> Result<()> {
+        rustix::fs::renameat(&self.fd, from, &self.fd, to)
+            .with_ctx(|| format!("renaming {} to {}", self.show(from), self.show(to)))?;
+        self.fsync()
+    }
+
+    /// A second name `to` for the file `name` (a hard link), then fsync the directory.
+    pub fn hard_link(&self, name: &str, to: &str) -> Result<()> {
+        rustix::fs::linkat(&self.fd, name, &self.fd, to, AtFlags::empty())
+            .with_ctx(|| format!("linking {} to {}", self.show(to), self.show(name)))?;
+        self.fsync()
+    }
+
+    /// The permission bits of `name` (not following a symlink).
+    pub fn mode_of(&self, name: &str) -> Result<u32> {
+        let st = rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW)
+            .with_ctx(|| self.show(name))?;
+        Ok(st.st_mode & 0o7777)
+    }
+
+    /// Hold this directory's exclusive lock (flock on its handle) until the guard goes, waiting
+    /// up to `wait` for another run that holds it: one run at a time changes what is in it.
+    pub fn lock(&self, wait: std::time::Duration) -> Result<DirLock> {
+        let fd = rustix::fs::openat(
+            &self.fd,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .with_ctx(|| self.shown.clone())?;
+        let end = std::time::Instant::now() + wait;
+        let mut told = false;
+        loop {
+            match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => return Ok(DirLock { _fd: fd }),
+                Err(rustix::io::Errno::WOULDBLOCK) if std::time::Instant::now() < end => {
+                    if !told {
+                        log::info!(
+                            "{} is locked by another nodestrap run: waiting up to {} s",
+                            self.shown,
+                            wait.as_secs()
+                        );
+                        told = true;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                Err(rustix::io::Errno::WOULDBLOCK) => {
+                    return Err(Error::failed(format!(
+                        "{} is still locked by another nodestrap run after {} s",
+                        self.shown,
+                        wait.as_secs()
+                    )))
+                }
+                Err(e) => return Err(Error::from(e).context(format!("locking {}", self.shown))),
+            }
+        }
+    }
+
+    /// Remove what killed runs left here: temp files nobody holds (`.<name>.nodestrap-*`, of
+    /// any name) and, with `links`, temp symlinks of that pattern, which cannot be locked and
+    /// so are removed only by a caller holding this directory's `lock`. Best effort: what
+    /// cannot be removed is logged and left for the next run.
+    pub fn sweep_leftovers(&self, links: bool) {
+        self.sweep(None, links);
+    }
+
+    fn sweep(&self, only: Option<&str>, links: bool) {
+        let names = match self.entries() {
+            Ok(n) => n,
+            Err(e) => return log::warn!("not sweeping temp files: {e}"),
+        };
+        let prefix = only.map(|n| format!(".{n}.nodestrap-"));
+        let ours = |n: &String| match &prefix {
+            Some(p) => n.starts_with(p.as_str()),
+            None => is_temp_name(n),
+        };
+        for n in names.iter().filter(|n| ours(n)) {
+            match self.kind_of(n) {
+                Some(FileType::Symlink) if links => {}
+                Some(FileType::RegularFile) => {
+                    // A live writer holds the lock on its temp file: only the dead ones go.
+                    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+                    let Ok(fd) = rustix::fs::openat(&self.fd, n.as_str(), flags, Mode::empty())
+                    else {
+                        continue;
+                    };
+                    if rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_err() {
+                        continue;
+                    }
+                }
+                _ => continue,
+            }
+            match rustix::fs::unlinkat(&self.fd, n.as_str(), AtFlags::empty()) {
+                Ok(()) => log::info!(
+                    "removed stale temp file {} (left by a killed run)",
+                    self.show(n)
+                ),
+                Err(e) => log::warn!(
+                    "could not remove {}, left by a killed run: {}",
+                    self.show(n),
+                    io::Error::from(e)
+                ),
+            }
+        }
+    }
+
+    /// Open `name` and hold its lock until the handle goes: tells `sweep_leftovers` of another
+    /// run that this temp file is in use.
+    pub fn hold(&self, name: &str) -> Result<OwnedFd> {
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .with_ctx(|| self.show(name))?;
+        rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive)
+            .with_ctx(|| self.show(name))?;
+        Ok(fd)
     }
 
     /// What `name` is, without following it.

@@ -6,7 +6,7 @@
 use crate::cli::check::{check_options, SysextUrl};
 use crate::cli::Bootstrap;
 use crate::crypto::openpgp::Keyring;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::net::cluster;
 use crate::net::fetch::{Http, Request};
 use crate::net::kube::Kube;
@@ -14,6 +14,7 @@ use crate::node::mappings::Mappings;
 use crate::node::marker;
 use crate::node::root::Root;
 use crate::node::status;
+use crate::node::undo::Undo;
 use crate::sysext::choose;
 use crate::sysext::host::Host;
 use crate::sysext::merge::{self, Expect};
@@ -47,11 +48,10 @@ impl Outcome {
     }
 }
 
-/// One image to stage, with the directory it comes from and the link it replaces.
+/// One image to stage, with the directory it comes from.
 struct Step {
     img: Image,
     dir_url: String,
-    before: Link,
 }
 
 pub fn run(a: &Bootstrap) -> Result<()> {
@@ -123,7 +123,6 @@ pub fn run(a: &Bootstrap) -> Result<()> {
             steps.push(Step {
                 img: img.clone(),
                 dir_url,
-                before: Link::of(&root, KUBERNETES)?,
             });
             Outcome::Stage(img)
         }
@@ -160,7 +159,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
                 }
             )?;
         }
-        write_marker(&root, a, &kubernetes, &k8s)?;
+        write_marker(&root, a, &kubernetes, &k8s, &mut Undo::new(&root))?;
         return summary(
             &version,
             &kubernetes,
@@ -171,94 +170,136 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         );
     }
 
-    // 6. Fetch and check every image before any link changes; a failure takes back the
-    //    images this run added.
-    let mut added: Vec<&Step> = Vec::new();
-    for s in &steps {
-        let existed = root.exists(&stage::image_path(&s.img));
-        if let Err(e) = stage::fetch_image(&root, &http, &s.dir_url, &s.img, &host) {
-            return Err(take_back_images(&root, &added, e));
-        }
-        if !existed {
-            added.push(s);
-        }
-    }
-
-    // 7. Switch the links, then merge (running system) or leave it to the boot (initramfs).
-    for (n, s) in steps.iter().enumerate() {
-        if let Err(e) = stage::switch_link(&root, &s.img) {
-            let e = restore(&root, &steps[..n], e);
-            return Err(take_back_images(&root, &added, e));
-        }
-    }
-    let activation = if steps.is_empty() {
-        "unchanged"
-    } else if live {
-        let expect: Vec<Expect> = steps
-            .iter()
-            .map(|s| Expect {
-                name: &s.img.name,
-                label: s.img.label(),
-                version: s.img.version.to_string(),
-            })
-            .collect();
-        if let Err(e) = merge::refresh().and_then(|()| merge::prove(&expect)) {
-            let e = restore(&root, &steps, e);
-            let e = match merge::refresh() {
-                Ok(()) => e.context("the previous extensions are merged again".to_string()),
-                Err(r) => e.context(format!(
-                    "refreshing with the previous links failed too: {r}"
-                )),
-            };
-            return Err(e);
-        }
-        "merged"
-    } else {
-        if !sysext_unit_enabled(&root) {
-            log::warn!(
-                "{SYSEXT_UNIT} is not enabled in {}: nothing will merge the staged images at boot (enable it, as Flatcar does)",
-                root.show("/etc/systemd/system/sysinit.target.wants")
-            );
-        }
-        log::info!("staged for the real root: its {SYSEXT_UNIT} merges them at boot");
-        "staged"
+    // 6-11 change the node: every change goes through the undo log, so that a failure puts the
+    //    node back as it was (links, images added, sysupdate files, versions pruned,
+    //    kubelet.env, and the merge), and a success deletes only what it set aside.
+    let mut undo = Undo::new(&root);
+    let run = Apply {
+        root: &root,
+        a,
+        http: &http,
+        host: &host,
+        steps: &steps,
+        signed: keyring.is_some(),
+        live,
     };
-
-    status::phase(status::Phase::Staged);
-    status::decide(
-        "activation",
-        activation,
-        if live {
-            "systemd-sysext refresh on the running system"
-        } else {
-            "the real root's systemd-sysext at boot"
-        },
-    );
-    // sysext never reboots: the extensions merge without one.
-    status::reboot(status::Reboot::No);
-
-    // 8. sysupdate follows the chosen minors from now on; older versions beyond the kept ones go.
-    for s in &steps {
-        let t = stage::write_transfer(&root, &s.img, &s.dir_url, keyring.is_some())?;
-        log::info!("wrote {t}: systemd-sysupdate keeps {} patched", s.img.name);
-        let keep = [s.img.file.as_str()];
-        stage::prune(&root, &s.img.name, host.arch, &keep)?;
+    match run.apply(&mut undo) {
+        Ok(activation) => {
+            // 11. The done marker, last; the summary after it (undone too if even that fails).
+            let done = write_marker(&root, a, &kubernetes, &k8s, &mut undo).and_then(|()| {
+                summary(
+                    &version,
+                    &kubernetes,
+                    runtime_name,
+                    &runtime,
+                    "done",
+                    activation,
+                )
+            });
+            match done {
+                Ok(()) => {
+                    undo.commit();
+                    Ok(())
+                }
+                Err(e) => Err(undo.undo(e)),
+            }
+        }
+        Err(e) => Err(undo.undo(e)),
     }
+}
 
-    // 9. The done marker, last; taken back if even the report fails, so the unit runs again.
-    let m = write_marker(&root, a, &kubernetes, &k8s)?;
-    summary(
-        &version,
-        &kubernetes,
-        runtime_name,
-        &runtime,
-        "done",
-        activation,
-    )
-    .map_err(|e| match m {
-        Some(m) => m.take_back(e),
-        None => e,
-    })
+/// Steps 6 to 10.
+struct Apply<'a> {
+    root: &'a Root,
+    a: &'a Bootstrap,
+    http: &'a Http,
+    host: &'a Host,
+    steps: &'a [Step],
+    signed: bool,
+    live: bool,
+}
+
+impl<'a> Apply<'a> {
+    /// Stage, link, keep sysupdate following, prune, and merge; the activation word.
+    fn apply(&self, undo: &mut Undo<'a>) -> Result<&'static str> {
+        let (root, steps) = (self.root, self.steps);
+        if steps.is_empty() {
+            status::phase(status::Phase::Staged);
+            status::decide("activation", "unchanged", "nothing staged");
+            status::reboot(status::Reboot::No);
+            return Ok("unchanged");
+        }
+        // One run at a time switches links; a killed run's temp links go first.
+        let lock = stage::lock_links(root, undo)?;
+
+        // 6. Fetch and check every image before any link changes.
+        for s in steps {
+            stage::fetch_image(
+                root,
+                self.http,
+                &s.dir_url,
+                &s.img,
+                self.host,
+                self.a.image_max_bytes(),
+                undo,
+            )?;
+        }
+
+        // 7. Switch the links.
+        for s in steps {
+            stage::switch_link(root, &s.img, undo)?;
+        }
+
+        // 8-9. sysupdate follows the chosen minors from now on; versions beyond the kept ones
+        //      are set aside (deleted once the run is done).
+        for s in steps {
+            let t = stage::write_transfer(root, &s.img, &s.dir_url, self.signed, undo)?;
+            log::info!("wrote {t}: systemd-sysupdate keeps {} patched", s.img.name);
+            let keep = [s.img.file.as_str()];
+            stage::prune(root, &s.img.name, self.host.arch, &keep, undo)?;
+        }
+
+        // 10. Merge (running system) or leave it to the boot (initramfs).
+        let activation = if self.live {
+            let expect: Vec<Expect> = steps
+                .iter()
+                .map(|s| Expect {
+                    name: &s.img.name,
+                    label: s.img.label(),
+                    version: s.img.version.to_string(),
+                })
+                .collect();
+            // Registered before the first refresh: whatever fails from here on merges the
+            // previous extensions again once their links are back.
+            undo.then_on_undo("the previous extensions are merged again", merge::refresh);
+            merge::refresh().and_then(|()| merge::prove(&expect))?;
+            "merged"
+        } else {
+            if !sysext_unit_enabled(root) {
+                log::warn!(
+                    "{SYSEXT_UNIT} is not enabled in {}: nothing will merge the staged images at boot (enable it, as Flatcar does)",
+                    root.show("/etc/systemd/system/sysinit.target.wants")
+                );
+            }
+            log::info!("staged for the real root: its {SYSEXT_UNIT} merges them at boot");
+            "staged"
+        };
+        drop(lock);
+
+        status::phase(status::Phase::Staged);
+        status::decide(
+            "activation",
+            activation,
+            if self.live {
+                "systemd-sysext refresh on the running system"
+            } else {
+                "the real root's systemd-sysext at boot"
+            },
+        );
+        // sysext never reboots: the extensions merge without one.
+        status::reboot(status::Reboot::No);
+        Ok(activation)
+    }
 }
 
 fn summary(
@@ -332,7 +373,6 @@ fn choose_runtime(
     steps.push(Step {
         img: img.clone(),
         dir_url,
-        before: Link::of(root, rt)?,
     });
     Ok((rt, Outcome::Stage(img)))
 }
@@ -385,12 +425,14 @@ fn sysext_unit_enabled(root: &Root) -> bool {
     .any(|p| root.exists(p))
 }
 
-fn write_marker<'a>(
-    root: &'a Root,
+/// kubelet.env, the done marker, last.
+fn write_marker(
+    root: &Root,
     a: &Bootstrap,
     kubernetes: &Outcome,
     k8s: &str,
-) -> Result<Option<marker::Marker<'a>>> {
+    undo: &mut Undo,
+) -> Result<()> {
     let version = match kubernetes {
         Outcome::Stage(i) => i.label(),
         _ => k8s.to_string(),
@@ -405,28 +447,8 @@ fn write_marker<'a>(
             set: &set,
         },
         a.dry_run,
+        undo,
     )
-}
-
-/// Put back the links `steps` switched; the error says what was restored.
-fn restore(root: &Root, steps: &[Step], e: Error) -> Error {
-    let mut e = e;
-    for s in steps {
-        if let Err(r) = stage::restore_link(root, &s.img.name, &s.before) {
-            e = e.context(format!("restoring the link of {} failed: {r}", s.img.name));
-        }
-    }
-    e
-}
-
-/// Remove the images this run added (verified ones, but not wanted after a failure).
-fn take_back_images(root: &Root, added: &[&Step], e: Error) -> Error {
-    for s in added {
-        if let Err(r) = root.remove(&stage::image_path(&s.img)) {
-            log::error!("{r}");
-        }
-    }
-    e
 }
 
 /// The signed lists of the source.

@@ -9,8 +9,9 @@ use rustix::fs::FileType;
 use crate::crypto::digest::{copy_hashing, CopyError};
 use crate::error::{Error, Result};
 use crate::net::fetch::{Http, Request, Staging};
-use crate::node::root::{Dir, Root};
+use crate::node::root::{Dir, DirLock, Root};
 use crate::node::status;
+use crate::node::undo::Undo;
 use crate::sysext::host::Host;
 use crate::sysext::image;
 use crate::sysext::sums::{Image, Version};
@@ -23,8 +24,6 @@ pub const STORE: &str = "/opt/extensions";
 /// Versions kept per extension: the current one and two older ones, as sysupdate's
 /// `InstancesMax=3` keeps, so that nodestrap and sysupdate prune alike.
 pub const KEEP: usize = 3;
-/// Largest image taken.
-pub const IMAGE_CAP: u64 = 4 << 30;
 
 /// What `/etc/extensions/<name>.raw` is now.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,15 +78,18 @@ pub fn image_path(img: &Image) -> String {
 
 /// Put `img` from `dir_url` into the store, verified: streamed into a temp file next to its
 /// final name while SHA-256 is computed, checked as systemd-sysext will check it, and only then
-/// fsynced and renamed. An image already there is hashed and checked again instead.
+/// fsynced and renamed (recorded in `undo` first). An image already there is hashed and checked
+/// again instead; one that does not match is set aside and fetched again. At most `cap` bytes.
 pub fn fetch_image(
     root: &Root,
     http: &Http,
     dir_url: &str,
     img: &Image,
     host: &Host,
+    cap: u64,
+    undo: &mut Undo,
 ) -> Result<()> {
-    let dir = store_dir(root, &img.name)?;
+    let dir = store_dir(root, &img.name, undo)?;
     let shown = dir.show(&img.file);
     if dir.kind_of(&img.file) == Some(FileType::RegularFile) {
         let f = dir.open(&img.file)?;
@@ -104,27 +106,29 @@ pub fn fetch_image(
         log::warn!("{shown}: its SHA-256 is not the signed one: fetching it again");
     }
     let url = format!("{dir_url}{}", img.file);
-    let n = http.stream(&Request::get(&url), IMAGE_CAP, |body, total| {
-        if let Some(t) = total {
-            dir.check_room(&img.file, t).map_err(Staging::Write)?;
-        }
-        write_checked(&dir, img, host, body)
-    })?;
+    let n = http.stream(
+        &Request::get(&url),
+        cap,
+        Some((&dir, &img.file)),
+        |body, _| write_checked(&dir, img, host, body, undo),
+    )?;
     log::info!("{shown}: {n} bytes from {url}, SHA-256 matches the signed list, contents checked");
     status::staged(&image_path(img), &img.digest);
     Ok(())
 }
 
-fn store_dir(root: &Root, name: &str) -> Result<Dir> {
-    let dir = root
-        .dir(&format!("{STORE}/{name}"), true)?
-        .expect("created");
+/// The store of `name`, made (and recorded) if missing, with what killed runs left there swept.
+fn store_dir(root: &Root, name: &str, undo: &mut Undo) -> Result<Dir> {
+    let path = format!("{STORE}/{name}");
+    undo.make_dir(&path)?;
+    let dir = root.dir(&path, false)?.expect("made");
     if dir.read_only() {
         return Err(Error::failed(format!(
             "{} is read-only: is an extension that ships /opt merged over it? (systemd-sysext makes all of /opt read-only then)",
             dir.show("")
         )));
     }
+    dir.sweep_leftovers(false);
     Ok(dir)
 }
 
@@ -133,6 +137,7 @@ fn write_checked(
     img: &Image,
     host: &Host,
     r: &mut dyn Read,
+    undo: &mut Undo,
 ) -> std::result::Result<u64, Staging> {
     let mut tmp = dir.create_temp(&img.file, 0o644).map_err(Staging::Write)?;
     let mut hasher = img.digest.hasher();
@@ -152,44 +157,42 @@ fn write_checked(
     }
     let f = tmp.reopen().map_err(Staging::Write)?;
     image::check(&f, &img.name, host, &dir.show(&img.file)).map_err(Staging::Write)?;
+    undo.creating(&image_path(img)).map_err(Staging::Write)?;
     tmp.persist().map_err(Staging::Write)?;
     Ok(n)
 }
 
-/// Point `/etc/extensions/<name>.raw` at the image in one step.
-pub fn switch_link(root: &Root, img: &Image) -> Result<()> {
-    let dir = root.dir(LINKS, true)?.expect("created");
-    dir.replace_symlink(&image_path(img), &format!("{}.raw", img.name))?;
-    log::info!(
-        "{} -> {}",
-        dir.show(&format!("{}.raw", img.name)),
-        image_path(img)
-    );
-    Ok(())
+/// Hold `/etc/extensions` (made if missing) for the rest of the run, so that no other run
+/// switches links meanwhile, and sweep the temp links of runs killed while switching.
+pub fn lock_links(root: &Root, undo: &mut Undo) -> Result<DirLock> {
+    undo.make_dir(LINKS)?;
+    let dir = root.dir(LINKS, false)?.expect("made");
+    let lock = dir.lock(std::time::Duration::from_secs(60))?;
+    dir.sweep_leftovers(true);
+    Ok(lock)
 }
 
-/// Put the link back as it was before `switch_link`.
-pub fn restore_link(root: &Root, name: &str, before: &Link) -> Result<()> {
-    let dir = root.dir(LINKS, true)?.expect("created");
-    let file = format!("{name}.raw");
-    match before {
-        Link::Ours(t) => dir.replace_symlink(t, &file)?,
-        _ => dir.remove(&file)?,
+/// Point `/etc/extensions/<name>.raw` at the image in one step (nothing when it already does).
+pub fn switch_link(root: &Root, img: &Image, undo: &mut Undo) -> Result<()> {
+    let link = format!("{LINKS}/{}.raw", img.name);
+    if undo.link(&link, &image_path(img))? {
+        log::info!("{} -> {}", root.show(&link), image_path(img));
+    } else {
+        log::info!("{} already links to {}", root.show(&link), image_path(img));
     }
-    log::warn!(
-        "{} restored to {}",
-        dir.show(&file),
-        match before {
-            Link::Ours(t) => t.as_str(),
-            _ => "(none)",
-        }
-    );
     Ok(())
 }
 
-/// Remove all but the `KEEP` newest versions of `name` for `arch`; the link's target and `new`
-/// are always kept. Returns the files removed.
-pub fn prune(root: &Root, name: &str, arch: &str, keep: &[&str]) -> Result<Vec<String>> {
+/// Set aside all but the `KEEP` newest versions of `name` for `arch`, to be deleted once the run
+/// is done; the files in `keep` (the new image, the link's target) always stay. Returns the
+/// files set aside.
+pub fn prune(
+    root: &Root,
+    name: &str,
+    arch: &str,
+    keep: &[&str],
+    undo: &mut Undo,
+) -> Result<Vec<String>> {
     let Some(dir) = root.dir(&format!("{STORE}/{name}"), false)? else {
         return Ok(Vec::new());
     };
@@ -210,8 +213,11 @@ pub fn prune(root: &Root, name: &str, arch: &str, keep: &[&str]) -> Result<Vec<S
             kept.push(f);
             continue;
         }
-        dir.remove(f)?;
-        log::info!("removed {} (more than {KEEP} versions kept)", dir.show(f));
+        undo.set_aside(&dir.node_path(f))?;
+        log::info!(
+            "removing {} (more than {KEEP} versions kept): set aside, deleted once the run is done",
+            dir.show(f)
+        );
         removed.push(f.clone());
     }
     Ok(removed)
@@ -230,7 +236,13 @@ fn version_of(file: &str, name: &str, arch: &str) -> Option<Version> {
 /// The sysupdate transfer for `img`'s minor: `/etc/sysupdate.<name>.d/<name>-<minor>.transfer`
 /// and the same bytes as `.conf` (systemd < 257 reads only those). Files of other minors that
 /// nodestrap wrote there are removed, so sysupdate follows exactly one patch stream.
-pub fn write_transfer(root: &Root, img: &Image, dir_url: &str, signed: bool) -> Result<String> {
+pub fn write_transfer(
+    root: &Root,
+    img: &Image,
+    dir_url: &str,
+    signed: bool,
+    undo: &mut Undo,
+) -> Result<String> {
     let (major, minor) = img.version.minor();
     let v = if img.v_prefix { "v" } else { "" };
     let stream = format!("{}-{v}{major}.{minor}", img.name);
@@ -246,17 +258,17 @@ pub fn write_transfer(root: &Root, img: &Image, dir_url: &str, signed: bool) -> 
         verify = if signed { "yes" } else { "no" },
     );
     let dir_path = format!("/etc/sysupdate.{}.d", img.name);
-    let dir = root.dir(&dir_path, true)?.expect("created");
     let ours = [format!("{stream}.transfer"), format!("{stream}.conf")];
     for f in &ours {
-        dir.write_atomic(f, text.as_bytes(), 0o644)?;
+        undo.write(&format!("{dir_path}/{f}"), text.as_bytes(), 0o644)?;
     }
+    let dir = root.dir(&dir_path, false)?.expect("written");
     for f in dir.entries()? {
         let old = f.starts_with(&format!("{}-", img.name))
             && (f.ends_with(".transfer") || f.ends_with(".conf"))
             && !ours.contains(&f);
         if old {
-            dir.remove(&f)?;
+            undo.remove(&format!("{dir_path}/{f}"))?;
             log::info!("removed {} (another minor's patch stream)", dir.show(&f));
         }
     }

@@ -17,7 +17,9 @@ use crate::node::mappings::Mappings;
 use crate::node::marker;
 use crate::node::root::Root;
 use crate::node::status;
-use crate::torcx::runtime::{self, Manifests, OsInfo, Wanted, OS_RELEASE, RUNTIME};
+use crate::node::undo::Undo;
+use crate::torcx::layout::Layout;
+use crate::torcx::runtime::{self, Manifests, OsInfo, Stage, Wanted, OS_RELEASE, RUNTIME};
 use crate::torcx::store::{self};
 
 const MAPPINGS_NS: &str = "tectonic-system";
@@ -64,6 +66,21 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         format_args!("{}{by_arch}", root.show(OS_RELEASE)),
     );
 
+    // Where torcx looks (its config.json), before anything is fetched for it.
+    let layout = if torcx_on {
+        let l = Layout::read(&root)?;
+        log::info!(
+            "torcx stores under {}, profiles in {}, applied profile {} (from {})",
+            l.store_root(),
+            l.profiles_dir(),
+            l.applied_profile(),
+            l.source
+        );
+        l
+    } else {
+        Layout::default()
+    };
+
     // 2. Kubernetes version: forced, API server, or the installer's kubelet.env.
     let kube = if a.kubeconfig.is_empty() {
         None
@@ -109,70 +126,118 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         return rebooter.reboot(why);
     }
 
-    // 5-8. torcx: choose, fetch and verify, stage, profile.
-    let chosen = match (&http, &wanted) {
-        (Some(http), Some(wanted)) => {
-            let m = Manifests {
-                http,
-                template: &template,
-                board: &os.board,
-                keyring: keyring.as_ref(),
-            };
-            runtime::stage_runtime(
-                &root,
-                &m,
-                &os.version,
-                next.as_deref(),
-                wanted,
-                &a.torcx_profile,
-                a.dry_run,
-            )?
-        }
-        _ => {
-            log::info!("torcx setup skipped (--torcx-skip-setup)");
-            None
-        }
-    };
-
-    status::phase(status::Phase::Staged);
-
-    // 9. Decide the reboot and prepare for it before the done marker exists: once kubelet.env
-    //    is written this unit never runs again, so nothing that can fail may come after it.
-    let applied = match chosen {
-        Some(_) => store::applied_reference(&root, RUNTIME)?,
-        None => None,
-    };
-    let reasons = reboot_reasons(&update, applied.as_ref(), chosen.as_deref());
-    status::reboot(if reasons.is_empty() {
-        status::Reboot::No
-    } else {
-        status::Reboot::Needed {
-            reason: reasons.join("; "),
-        }
-    });
-    if !reasons.is_empty() && runtime_changes(applied.as_ref(), chosen.as_deref()) {
-        install_cleanup(&root, a.dry_run)?;
+    // 5-11 change the node: every change goes through the undo log, so that a failure puts
+    //    the node back as it was (the images added, the profile, next-profile, the cleanup
+    //    unit and kubelet.env), and a success deletes only what it set aside.
+    let mut undo = Undo::new(&root);
+    let staged = Staging {
+        root: &root,
+        a,
+        os: &os,
+        layout: &layout,
+        http: http.as_ref(),
+        wanted: wanted.as_ref(),
+        template: &template,
+        keyring: keyring.as_ref(),
+        next: next.as_deref(),
+        update: &update,
+        k8s: &k8s,
+        version: &version,
     }
+    .run(&mut undo, &*rebooter);
+    match staged {
+        Ok(()) => {
+            undo.commit();
+            Ok(())
+        }
+        Err(e) => Err(undo.undo(e)),
+    }
+}
 
-    // 10. kubelet.env: the done marker.
-    let tag = k8s.replace('+', "_");
-    let set = [("KUBELET_IMAGE_TAG", tag.as_str())];
-    let marker = marker::write(
-        &root,
-        &marker::Plan {
-            path: &a.kubelet_env_path,
-            template: &a.installer_kubelet_env,
-            need: marker::Template::Required,
-            set: &set,
-        },
-        a.dry_run,
-    )?;
+/// Steps 5 to 11, with what they need.
+struct Staging<'a> {
+    root: &'a Root,
+    a: &'a Bootstrap,
+    os: &'a OsInfo,
+    layout: &'a Layout,
+    http: Option<&'a crate::net::fetch::Http>,
+    wanted: Option<&'a Wanted>,
+    template: &'a crate::cli::check::ManifestUrl,
+    keyring: Option<&'a crate::crypto::openpgp::Keyring>,
+    next: Option<&'a str>,
+    update: &'a Update,
+    k8s: &'a str,
+    version: &'a cluster::Version,
+}
 
-    // 11. Report, and reboot only when needed. From here on the marker exists: whatever fails
-    //     (stdout gone, the reboot refused) takes it back, so the unit runs again rather than
-    //     starting the kubelet on a half-done node.
-    let finish = || -> Result<()> {
-        version.report()?;
+impl<'a> Staging<'a> {
+    fn run(&self, undo: &mut Undo<'a>, rebooter: &dyn crate::node::reboot::Rebooter) -> Result<()> {
+        let (root, a, k8s) = (self.root, self.a, self.k8s);
+        // 5-8. torcx: choose, fetch and verify, stage, profile.
+        let chosen = match (self.http, self.wanted) {
+            (Some(http), Some(wanted)) => {
+                let m = Manifests {
+                    http,
+                    template: self.template,
+                    board: &self.os.board,
+                    keyring: self.keyring,
+                };
+                let st = Stage {
+                    layout: self.layout,
+                    current: &self.os.version,
+                    next: self.next,
+                    profile_default: &a.torcx_profile,
+                    cap: a.image_max_bytes(),
+                    dry_run: a.dry_run,
+                };
+                runtime::stage_runtime(root, &m, &st, wanted, undo)?
+            }
+            _ => {
+                log::info!("torcx setup skipped (--torcx-skip-setup)");
+                None
+            }
+        };
+
+        status::phase(status::Phase::Staged);
+
+        // 9. Decide the reboot and prepare for it before the done marker exists: once
+        //    kubelet.env is written this unit never runs again, so nothing that can fail may
+        //    come after it but the reboot request.
+        let applied = match chosen {
+            Some(_) => store::applied_reference(root, self.layout, RUNTIME)?,
+            None => None,
+        };
+        let reasons = reboot_reasons(self.update, applied.as_ref(), chosen.as_deref());
+        status::reboot(if reasons.is_empty() {
+            status::Reboot::No
+        } else {
+            status::Reboot::Needed {
+                reason: reasons.join("; "),
+            }
+        });
+        if !reasons.is_empty() && runtime_changes(applied.as_ref(), chosen.as_deref()) {
+            install_cleanup(root, a.dry_run, undo)?;
+        }
+
+        // 10. kubelet.env: the done marker.
+        let tag = k8s.replace('+', "_");
+        let set = [("KUBELET_IMAGE_TAG", tag.as_str())];
+        marker::write(
+            root,
+            &marker::Plan {
+                path: &a.kubelet_env_path,
+                template: &a.installer_kubelet_env,
+                need: marker::Template::Required,
+                set: &set,
+            },
+            a.dry_run,
+            undo,
+        )?;
+
+        // 11. Report, and reboot only when needed. Whatever fails here (stdout gone, the
+        //     reboot refused) undoes the run, so the unit runs again rather than starting the
+        //     kubelet on a half-done node.
+        self.version.report()?;
         let reboot = if reasons.is_empty() {
             "no".to_string()
         } else {
@@ -182,18 +247,14 @@ pub fn run(a: &Bootstrap) -> Result<()> {
             "nodestrap: bootstrap {} k8s={k8s} {RUNTIME}={} next-os={} reboot={reboot}",
             if a.dry_run { "planned" } else { "done" },
             chosen.as_deref().unwrap_or("unchanged"),
-            next.as_deref().unwrap_or("none"),
+            self.next.unwrap_or("none"),
         )?;
         if reasons.is_empty() {
             log::info!("no reboot needed");
             return Ok(());
         }
         rebooter.reboot(&reasons.join("; "))
-    };
-    finish().map_err(|e| match marker {
-        Some(m) => m.take_back(e),
-        None => e,
-    })
+    }
 }
 
 /// The ConfigMap, else the node's file: when the API server answered without usable mappings
@@ -313,8 +374,8 @@ pub fn runtime_changes(applied: Option<&Option<String>>, chosen: Option<&str>) -
 }
 
 /// Install the docker cleanup unit in /run and make systemd load it (only on the system we run
-/// on: another root's systemd is not ours to reload).
-fn install_cleanup(root: &Root, dry_run: bool) -> Result<()> {
+/// on: another root's systemd is not ours to reload); taken back on undo, reloading again.
+fn install_cleanup<'a>(root: &'a Root, dry_run: bool, undo: &mut Undo<'a>) -> Result<()> {
     if dry_run {
         crate::outln!(
             "plan: install {} to wipe /var/lib/docker at shutdown",
@@ -322,13 +383,17 @@ fn install_cleanup(root: &Root, dry_run: bool) -> Result<()> {
         )?;
         return Ok(());
     }
-    store::install_cleanup_unit(root)?;
+    store::install_cleanup_unit(undo)?;
     log::info!(
         "installed {} in {}: /var/lib/docker is wiped at shutdown (docker cannot downgrade its data)",
         store::CLEANUP_UNIT,
         root.show("/run/systemd/system")
     );
     if root.is_host() {
+        undo.then_on_undo(
+            "systemd reloaded without the cleanup unit",
+            dbus::systemd_reload,
+        );
         dbus::systemd_reload()?;
     }
     Ok(())

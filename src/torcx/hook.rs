@@ -17,7 +17,9 @@ use crate::node::dbus::{self, Update};
 use crate::node::mappings::Mappings;
 use crate::node::root::Root;
 use crate::node::signals;
-use crate::torcx::runtime::{self, Manifests, OsInfo, OS_RELEASE, RUNTIME};
+use crate::node::undo::Undo;
+use crate::torcx::layout::Layout;
+use crate::torcx::runtime::{self, Manifests, OsInfo, Stage, OS_RELEASE, RUNTIME};
 use crate::torcx::store;
 
 /// The node's own kubelet.env: the only source of the Kubernetes version here (asking the API
@@ -32,6 +34,7 @@ pub fn run(a: &Hook) -> Result<()> {
     )?;
     check_key("--node-annotation", &a.node_annotation)?;
     let template = check_common(&a.common())?;
+    crate::cli::check_image_max(a.image_max_mib)?;
     for (flag, p) in [
         ("--kubeconfig", a.kubeconfig.as_deref()),
         ("--version-manifest", Some(a.version_manifest.as_path())),
@@ -106,26 +109,57 @@ pub fn run(a: &Hook) -> Result<()> {
         }
     };
 
-    // 5. Stage into the next version's store (and the current one's), point the profile at it.
+    // 5. Stage into the next version's store (and the current one's), point the profile at it,
+    //    where torcx will look. Every change goes through the undo log: a hook that fails
+    //    (the annotation refused, say) leaves the node as it was.
+    let layout = Layout::read(&root)?;
+    log::info!(
+        "torcx stores under {}, profiles in {} (from {})",
+        layout.store_root(),
+        layout.profiles_dir(),
+        layout.source
+    );
     let m = Manifests {
         http: &http,
         template: &template,
         board: &os.board,
         keyring: keyring.as_ref(),
     };
-    let chosen = runtime::stage_runtime(
-        &root,
-        &m,
-        &os.version,
-        next.as_deref(),
-        &wanted,
-        &a.torcx_profile,
-        false,
-    )?;
+    let st = Stage {
+        layout: &layout,
+        current: &os.version,
+        next: next.as_deref(),
+        profile_default: &a.torcx_profile,
+        cap: a.image_max_bytes(),
+        dry_run: false,
+    };
+    let mut undo = Undo::new(&root);
+    let staged = runtime::stage_runtime(&root, &m, &st, &wanted, &mut undo).and_then(|chosen| {
+        // 6. Annotate the Node.
+        let patch = serde_json::json!({"metadata": {"annotations": {&a.node_annotation: "true"}}});
+        let got = kube.patch_node(&node, &patch)?;
+        if got["metadata"]["annotations"][&a.node_annotation] != "true" {
+            log::warn!("the API server's answer does not show the annotation");
+        }
+        log::info!(
+            "Node {node}: annotation {}=true set (credentials from {})",
+            a.node_annotation,
+            kube.source
+        );
+        Ok(chosen)
+    });
+    let chosen = match staged {
+        Ok(c) => {
+            undo.commit();
+            c
+        }
+        Err(e) => return Err(undo.undo(e)),
+    };
 
-    // 6. GC, only once the next version is known: stores older than the current OS.
+    // 7. GC, only once the node is annotated and the next version is known: stores older than
+    //    the current OS. Nothing reads them any more, so a store that cannot go is a warning.
     match &next {
-        Some(next) => match store::gc_stores(&root, &os.version, next) {
+        Some(next) => match store::gc_stores(&root, &layout, &os.version, next) {
             Ok(done) => {
                 for (store, e) in &done.skipped {
                     log::warn!("old torcx store {store} not removed, skipped: {e}");
@@ -144,18 +178,6 @@ pub fn run(a: &Hook) -> Result<()> {
         },
         None => log::info!("next OS version unknown: old torcx stores kept"),
     }
-
-    // 7. Annotate the Node.
-    let patch = serde_json::json!({"metadata": {"annotations": {&a.node_annotation: "true"}}});
-    let got = kube.patch_node(&node, &patch)?;
-    if got["metadata"]["annotations"][&a.node_annotation] != "true" {
-        log::warn!("the API server's answer does not show the annotation");
-    }
-    log::info!(
-        "Node {node}: annotation {}=true set (credentials from {})",
-        a.node_annotation,
-        kube.source
-    );
 
     // 8. Summary. The annotation is set: a stdout that went away is logged, not a failure.
     if let Err(e) = crate::outln!(

@@ -5,5 +5,6 @@
 
 pub mod bootstrap;
 pub mod hook;
+pub mod layout;
 pub mod runtime;
 pub mod store;

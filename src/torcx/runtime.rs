@@ -9,6 +9,8 @@ use crate::node::envfile::EnvFile;
 use crate::node::mappings::Mappings;
 use crate::node::root::{plain_name, Root};
 use crate::node::status;
+use crate::node::undo::Undo;
+use crate::torcx::layout::Layout;
 use crate::torcx::store::{self, PackageList, Source, Staged};
 
 pub const OS_RELEASE: &str = "/usr/lib/os-release";
@@ -164,17 +166,27 @@ impl Manifests<'_> {
     }
 }
 
-/// Steps 5-8 (the hook's too). Returns the runtime version the profile now names, if torcx
-/// was set up.
+/// Where and how to stage (steps 5-8, shared by bootstrap and the hook).
+pub struct Stage<'a> {
+    pub layout: &'a Layout,
+    pub current: &'a str,
+    pub next: Option<&'a str>,
+    pub profile_default: &'a str,
+    /// Largest image taken, in bytes (`--image-max-mib`).
+    pub cap: u64,
+    pub dry_run: bool,
+}
+
+/// Steps 5-8 (the hook's too), every change recorded in `undo`. Returns the runtime version the
+/// profile now names, if torcx was set up.
 pub fn stage_runtime(
     root: &Root,
     m: &Manifests,
-    current: &str,
-    next: Option<&str>,
+    st: &Stage,
     wanted: &Wanted,
-    profile_default: &str,
-    dry_run: bool,
+    undo: &mut Undo,
 ) -> Result<Option<String>> {
+    let (current, next) = (st.current, st.next);
     // 5. The upcoming OS decides (we bet it will not roll back); the current one is staged
     //    too when it offers the same version.
     let primary = next.unwrap_or(current);
@@ -220,19 +232,29 @@ pub fn stage_runtime(
         }
     }
 
-    // 6-7. Stage each image, verified, atomically.
+    // 6-7. Stage each image, verified, atomically, where torcx will take it from.
     for (os, source) in &targets {
         let file = store::image_file(RUNTIME, &version);
-        let at = format!("{}/{os}/{file}", store::USER_STORE);
+        let at = format!("{}/{file}", st.layout.user_store(os));
         match source {
             Source::Vendored(p) => {
                 log::info!("{file} for OS {os}: shipped in its /usr ({p}), nothing to download")
             }
-            Source::Remote { url, digest } if dry_run => {
+            Source::Remote { digest, .. }
+                if torcx_takes_another(root, st, os, &version, &at, digest)? => {}
+            Source::Remote { url, digest } if st.dry_run => {
                 crate::outln!("plan: fetch {url} ({digest}) into {}", root.show(&at))?
             }
             Source::Remote { url, digest } => {
-                let staged = store::stage_image(root, m.http, os, RUNTIME, &version, url, digest)?;
+                let w = store::Wanted {
+                    os_version: os,
+                    name: RUNTIME,
+                    version: &version,
+                    url,
+                    digest,
+                    cap: st.cap,
+                };
+                let staged = store::stage_image(root, m.http, st.layout, &w, undo)?;
                 status::staged(&at, digest);
                 match staged {
                     Staged::Kept => {
@@ -252,15 +274,60 @@ pub fn stage_runtime(
     }
 
     // 8. Profile and next-profile.
-    let (profile, why) = store::choose_profile(root, profile_default)?;
-    if dry_run {
+    let (profile, why) = store::choose_profile(root, st.layout, st.profile_default)?;
+    if st.dry_run {
         crate::outln!(
             "plan: profile {profile} ({why}) gets {RUNTIME}:{version}, selected as next-profile"
         )?;
     } else {
-        store::set_profile_image(root, &profile, RUNTIME, &version)?;
-        log::info!("profile {profile} ({why}) now names {RUNTIME}:{version}; next-profile set");
+        store::set_profile_image(root, st.layout, &profile, RUNTIME, &version, undo)?;
+        log::info!(
+            "profile {profile} ({why}) now names {RUNTIME}:{version}; next-profile set (torcx paths from {})",
+            st.layout.source
+        );
         status::decide("torcx-profile", &profile, why);
     }
     Ok(Some(version))
+}
+
+/// Whether torcx, booting OS `os`, would take `docker:<version>` from another archive than the
+/// one nodestrap stages at `at` (a squashfs anywhere, or a tgz in a store it searches first).
+/// Such an archive that matches the signed digest is as good as ours: nothing to stage. One
+/// that does not is refused, naming it: staging ours would change nothing at boot.
+fn torcx_takes_another(
+    root: &Root,
+    st: &Stage,
+    os: &str,
+    version: &str,
+    at: &str,
+    digest: &crate::crypto::digest::Digest,
+) -> Result<bool> {
+    let stores = st.layout.stores(os, os == st.current);
+    let Some(found) = Layout::archive_for(root, &stores, RUNTIME, version, Some(at))? else {
+        return Ok(false);
+    };
+    if found == at {
+        return Ok(false);
+    }
+    let shown = root.show(&found);
+    let matches = match root.open_file(&found)? {
+        Some(f) => digest
+            .matches(f)
+            .map_err(|e| Error::from(e).context(shown.clone()))?,
+        None => false,
+    };
+    if matches {
+        log::info!(
+            "{RUNTIME}:{version} for OS {os}: torcx takes {shown}, which matches the signed {digest}: nothing to stage"
+        );
+        return Ok(true);
+    }
+    Err(Error::failed(format!(
+        "torcx would take {RUNTIME}:{version} for OS {os} from {shown}, not from {} where nodestrap stages it \
+         (torcx searches {} in this order, a squashfs before any tgz; paths from {}), and {shown} does not match \
+         the signed {digest}; remove it, or change torcx's store_paths",
+        root.show(at),
+        stores.join(", "),
+        st.layout.source
+    )))
 }

@@ -7,19 +7,15 @@ use serde::{Deserialize, Serialize};
 use crate::crypto::digest::Digest;
 use crate::error::{Context, Error, Result};
 use crate::net::fetch::{write_verified, Http, Staging};
-use crate::node::root::{plain_name, Dir, Root};
+use crate::node::root::{plain_name, Root};
+use crate::node::undo::Undo;
+use crate::torcx::layout::Layout;
 
 pub const PACKAGE_LIST_KIND: &str = "torcx-package-list-v0";
 pub const PROFILE_KIND: &str = "profile-manifest-v0";
 /// The first Container Linux release with remote torcx manifests.
 pub const MIN_REMOTE_OS: &str = "1520.3.0";
 pub const VENDOR_STORE: &str = "/usr/share/torcx/store/";
-pub const USER_STORE: &str = "/var/lib/torcx/store";
-pub const PROFILES_DIR: &str = "/etc/torcx/profiles";
-pub const NEXT_PROFILE: &str = "/etc/torcx/next-profile";
-pub const APPLIED_PROFILE: &str = "/run/torcx/profile.json";
-/// Largest image we accept; torcx docker images are ~50-100 MB.
-pub const IMAGE_CAP: u64 = 4 << 30;
 
 #[derive(Debug, Deserialize)]
 pub struct PackageList {
@@ -166,55 +162,50 @@ pub enum Staged {
     Downloaded(u64),
 }
 
-/// Put `name:version` into `/var/lib/torcx/store/<os_version>/`, verified against `digest`.
+/// What to stage: `name:version` for OS `os_version`, from `url`, verified against `digest`,
+/// at most `cap` bytes.
+pub struct Wanted<'a> {
+    pub os_version: &'a str,
+    pub name: &'a str,
+    pub version: &'a str,
+    pub url: &'a str,
+    pub digest: &'a Digest,
+    pub cap: u64,
+}
+
+/// Put the image into the OS's user store (`<base_dir>/store/<os_version>/`), verified; every
+/// change recorded in `undo` (a store this run made goes again on undo, so that torcx and the
+/// hook never see an empty store of a version as present).
 pub fn stage_image(
     root: &Root,
     http: &Http,
-    os_version: &str,
-    name: &str,
-    version: &str,
-    url: &str,
-    digest: &Digest,
+    layout: &Layout,
+    w: &Wanted,
+    undo: &mut Undo,
 ) -> Result<Staged> {
-    if !plain_name(os_version) || !plain_name(name) || !plain_name(version) {
+    if !plain_name(w.os_version) || !plain_name(w.name) || !plain_name(w.version) {
         return Err(Error::failed(format!(
-            "refusing image {name}:{version} for OS {os_version}: not plain names"
+            "refusing image {}:{} for OS {}: not plain names",
+            w.name, w.version, w.os_version
         )));
     }
-    let file = image_file(name, version);
-    let store = format!("{USER_STORE}/{os_version}");
-    let created = !root.exists(&store);
-    let dir = root.dir(&store, true)?.expect("created");
-    let staged = stage_into(root, http, &dir, &store, &file, url, digest);
-    if staged.is_err() && created {
-        // A failed first image must not leave an empty store behind: torcx would take the
-        // version's store as present, and the hook's next-OS check would see one.
-        if let Some(parent) = root.dir(USER_STORE, false)? {
-            if let Err(e) = parent.remove_empty_dir(os_version) {
-                log::warn!("{e}");
-            }
-        }
-    }
-    staged
-}
-
-fn stage_into(
-    root: &Root,
-    http: &Http,
-    dir: &Dir,
-    store: &str,
-    file: &str,
-    url: &str,
-    digest: &Digest,
-) -> Result<Staged> {
-    if let Some(f) = root.open_file(&dir.node_path(file))? {
-        if digest.matches(f).with_ctx(|| dir.show(file))? {
+    let file = image_file(w.name, w.version);
+    let store = layout.user_store(w.os_version);
+    undo.make_dir(&store)?;
+    let dir = root.dir(&store, false)?.expect("made");
+    dir.sweep_leftovers(false);
+    if let Some(f) = root.open_file(&dir.node_path(&file))? {
+        if w.digest.matches(f).with_ctx(|| dir.show(&file))? {
             return Ok(Staged::Kept);
         }
-        log::warn!("{} does not match {digest}; replacing it", dir.show(file));
+        log::warn!(
+            "{} does not match {}; replacing it",
+            dir.show(&file),
+            w.digest
+        );
     }
     // The same image staged for another OS version (the hook stages current and next).
-    for other in local_copies(root, file, store)? {
+    for other in local_copies(root, layout, &file, &store)? {
         // Other stores are only a shortcut: one that cannot be read (a loose file named like
         // a version, a broken entry) just means downloading.
         let mut f = match root.open_file(&other) {
@@ -225,25 +216,29 @@ fn stage_into(
                 continue;
             }
         };
-        match write_verified(dir, file, digest, &mut f) {
+        if let Ok(m) = f.metadata() {
+            dir.check_room(&file, m.len())?;
+        }
+        match write_verified(&dir, &file, w.digest, &mut f, undo) {
             Ok(_) => return Ok(Staged::Copied(root.show(&other))),
             Err(Staging::Mismatch(..)) => {
-                crate::debug!("{} does not match {digest}", root.show(&other))
+                crate::debug!("{} does not match {}", root.show(&other), w.digest)
             }
             // Another store is only a shortcut: a copy that cannot be read is downloaded.
             Err(Staging::Read(e)) => log::warn!("not copying from {}: {e}", root.show(&other)),
             Err(Staging::Write(e)) => return Err(e),
         }
     }
-    http.download(url, dir, file, digest, IMAGE_CAP)
+    http.download(w.url, &dir, &file, w.digest, w.cap, undo)
         .map(Staged::Downloaded)
 }
 
-fn local_copies(root: &Root, file: &str, except: &str) -> Result<Vec<String>> {
-    let mut out = vec![format!("{USER_STORE}/{file}")];
-    if let Some(d) = root.dir(USER_STORE, false)? {
+fn local_copies(root: &Root, layout: &Layout, file: &str, except: &str) -> Result<Vec<String>> {
+    let top = layout.store_root();
+    let mut out = vec![format!("{top}/{file}")];
+    if let Some(d) = root.dir(&top, false)? {
         for e in d.entries()? {
-            let p = format!("{USER_STORE}/{e}");
+            let p = format!("{top}/{e}");
             if p != except && plain_name(&e) {
                 out.push(format!("{p}/{file}"));
             }
@@ -296,18 +291,19 @@ impl Profile {
 
 /// The profile to edit: an existing user (non-vendor) next-profile, else `default`.
 /// Returns the name and a phrase saying why.
-pub fn choose_profile(root: &Root, default: &str) -> Result<(String, String)> {
-    if let Some(t) = root.read_text(NEXT_PROFILE)? {
+pub fn choose_profile(root: &Root, layout: &Layout, default: &str) -> Result<(String, String)> {
+    let next = layout.next_profile();
+    if let Some(t) = root.read_text(&next)? {
         let n = t.trim();
         let n = n.strip_suffix(".json").unwrap_or(n);
         if !n.is_empty()
             && n != "vendor"
             && plain_name(n)
-            && root.exists(&format!("{PROFILES_DIR}/{n}.json"))
+            && root.exists(&format!("{}/{n}.json", layout.profiles_dir()))
         {
             return Ok((
                 n.to_string(),
-                format!("existing next-profile in {}", root.show(NEXT_PROFILE)),
+                format!("existing next-profile in {}", root.show(&next)),
             ));
         }
         if !n.is_empty() {
@@ -315,7 +311,7 @@ pub fn choose_profile(root: &Root, default: &str) -> Result<(String, String)> {
                 default.to_string(),
                 format!(
                     "{} names {n:?}, which is not a user profile",
-                    root.show(NEXT_PROFILE)
+                    root.show(&next)
                 ),
             ));
         }
@@ -324,14 +320,21 @@ pub fn choose_profile(root: &Root, default: &str) -> Result<(String, String)> {
 }
 
 /// Make `profile` hold `image:reference` (replacing that image's entry, keeping the others)
-/// and select it for the next boot. Both files are replaced atomically.
-pub fn set_profile_image(root: &Root, profile: &str, image: &str, reference: &str) -> Result<()> {
+/// and select it for the next boot. Both files are replaced atomically, through `undo`.
+pub fn set_profile_image(
+    root: &Root,
+    layout: &Layout,
+    profile: &str,
+    image: &str,
+    reference: &str,
+    undo: &mut Undo,
+) -> Result<()> {
     if !plain_name(profile) {
         return Err(Error::config(format!(
             "profile name {profile:?} is not a plain name"
         )));
     }
-    let path = format!("{PROFILES_DIR}/{profile}.json");
+    let path = format!("{}/{profile}.json", layout.profiles_dir());
     let mut p = match root.read(&path, crate::node::root::CONFIG_CAP)? {
         Some(b) => Profile::parse(&b, &root.show(&path))?,
         None => Profile {
@@ -349,19 +352,28 @@ pub fn set_profile_image(root: &Root, profile: &str, image: &str, reference: &st
     }
     let mut json = serde_json::to_vec_pretty(&p)?;
     json.push(b'\n');
-    root.write_atomic(&path, &json, 0o644)?;
-    root.write_atomic(NEXT_PROFILE, format!("{profile}\n").as_bytes(), 0o644)
+    undo.write(&path, &json, 0o644)?;
+    undo.write(
+        &layout.next_profile(),
+        format!("{profile}\n").as_bytes(),
+        0o644,
+    )
 }
 
 /// What torcx applied in this boot (`/run/torcx/profile.json`), if it ran.
 /// The vendor reference `com.coreos.cl` is resolved through the vendor store's symlink
 /// (`docker:com.coreos.cl.torcx.tgz -> docker:17.06.torcx.tgz`), so a vendor runtime that is the
 /// chosen version does not count as a change.
-pub fn applied_reference(root: &Root, image: &str) -> Result<Option<Option<String>>> {
-    let Some(b) = root.read(APPLIED_PROFILE, crate::node::root::CONFIG_CAP)? else {
+pub fn applied_reference(
+    root: &Root,
+    layout: &Layout,
+    image: &str,
+) -> Result<Option<Option<String>>> {
+    let applied = layout.applied_profile();
+    let Some(b) = root.read(&applied, crate::node::root::CONFIG_CAP)? else {
         return Ok(None);
     };
-    let reference = Profile::parse(&b, &root.show(APPLIED_PROFILE))?
+    let reference = Profile::parse(&b, &root.show(&applied))?
         .reference(image)
         .map(str::to_string);
     Ok(Some(
@@ -409,8 +421,8 @@ pub struct Collected {
 /// Remove the versioned stores `gc_candidate` picks (directories only; files and symlinks
 /// stay). A store that cannot be removed (a mount point, EBUSY, EXDEV, a permission error) is
 /// skipped, and the others are still collected, whatever their order.
-pub fn gc_stores(root: &Root, current: &str, next: &str) -> Result<Collected> {
-    let Some(d) = root.dir(USER_STORE, false)? else {
+pub fn gc_stores(root: &Root, layout: &Layout, current: &str, next: &str) -> Result<Collected> {
+    let Some(d) = root.dir(&layout.store_root(), false)? else {
         return Ok(Collected::default());
     };
     let mut done = Collected::default();
@@ -445,14 +457,17 @@ ExecStart=/usr/bin/rm -rf /var/lib/docker
 RequiredBy=umount.target
 ";
 
-pub fn install_cleanup_unit(root: &Root) -> Result<()> {
-    let dir = root.dir("/run/systemd/system", true)?.expect("created");
-    dir.write_atomic(CLEANUP_UNIT, CLEANUP_UNIT_TEXT.as_bytes(), 0o644)?;
-    let req = root
-        .dir("/run/systemd/system/umount.target.requires", true)?
-        .expect("created");
-    req.symlink(&format!("../{CLEANUP_UNIT}"), CLEANUP_UNIT)?;
-    req.fsync()
+pub fn install_cleanup_unit(undo: &mut Undo) -> Result<()> {
+    undo.write(
+        &format!("/run/systemd/system/{CLEANUP_UNIT}"),
+        CLEANUP_UNIT_TEXT.as_bytes(),
+        0o644,
+    )?;
+    undo.link(
+        &format!("/run/systemd/system/umount.target.requires/{CLEANUP_UNIT}"),
+        &format!("../{CLEANUP_UNIT}"),
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]

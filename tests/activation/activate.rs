@@ -135,6 +135,10 @@ init)
   printf 'apiVersion: v1\nkind: Config\n# admin of the stand-in cluster\n' > "$root/etc/kubernetes/admin.conf"
   ;;
 join)
+  if [ -f "$d/gate-join" ]; then
+    touch "$d/waiting-join"
+    while [ ! -f "$d/go-join" ]; do sleep 0.01; done
+  fi
   n=$(grep -c '^join' "$d/kubeadm.log")
   cp "$3" "$d/join-config-$n.yaml"
   ls -A "$root/etc/kubernetes/manifests" > "$d/manifests-at-join-$n"
@@ -1088,6 +1092,18 @@ fn post(
     path: &str,
     body: &str,
 ) -> Result<(u16, serde_json::Value), String> {
+    post_after(port, ca, leaf, path, body, &|| {})
+}
+
+/// `post`, with `meanwhile` run between the TLS handshake and the request.
+fn post_after(
+    port: u16,
+    ca: &Ca,
+    leaf: &Leaf,
+    path: &str,
+    body: &str,
+    meanwhile: &dyn Fn(),
+) -> Result<(u16, serde_json::Value), String> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -1109,6 +1125,12 @@ fn post(
     let tcp = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut tls = rustls::StreamOwned::new(conn, tcp);
+    while tls.conn.is_handshaking() {
+        tls.conn
+            .complete_io(&mut tls.sock)
+            .map_err(|e| e.to_string())?;
+    }
+    meanwhile();
     let req = format!(
         "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
@@ -1465,4 +1487,60 @@ fn overlapping_cidrs_are_a_configuration_error() {
     assert!(node.calls().is_empty(), "kubeadm never ran");
     assert!(node.state().is_none(), "the node lock is untouched");
     act.sigterm();
+}
+
+/// The join side won and is joining: an admin who asks meanwhile gets 409 naming what the node
+/// now is. One whose request arrives as activation ends (its connection accepted, the join done
+/// before its request is read) still gets that answer, never a closed connection.
+#[test]
+fn a_node_that_chose_to_join_still_answers_the_admin() {
+    let pki = Pki::new();
+    let svc = JoinSvc::new(&pki, &pki.cluster);
+    let node = Node::new(&pki, "join-busy", None);
+    write(&node.bin.join("gate-join"), "");
+    let act = node.activate(&[svc.url()]);
+    let port = act.port();
+    let end = Instant::now() + Duration::from_secs(30);
+    while !node.bin.join("waiting-join").exists() {
+        assert!(
+            Instant::now() < end,
+            "kubeadm join never started:\n{}",
+            act.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let admin = Admin::new(&pki, None);
+    let r = admin.init(port);
+    assert_ne!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("the node is already activating: worker of cluster demo (ticket from https://127.0.0.1:")
+            && r.stderr.contains("committed"),
+        "{}",
+        r.stderr
+    );
+    // A request whose connection is in when the join finishes.
+    let leaf = pki.admin.client("cluster-admin");
+    let body = serde_json::json!({
+        "cluster_name": "demo", "kubernetes_version": "v1.31.2", "pod_cidr": "10.244.0.0/16",
+        "service_cidr": "10.96.0.0/12", "apiserver_sans": [], "init_secret": SECRET,
+    })
+    .to_string();
+    let got = post_after(port, &pki.nodes, &leaf, "/v1/init", &body, &|| {
+        write(&node.bin.join("go-join"), "");
+        act.wait_for("node state done recorded", 30);
+        // The init server notices the stop within its 20 ms poll.
+        std::thread::sleep(Duration::from_millis(300));
+    });
+    let (status, answer) = got.unwrap_or_else(|e| panic!("no answer: {e}\n{}", act.stderr()));
+    assert_eq!(status, 409, "{answer}");
+    assert_eq!(answer["code"], "already_activating", "{answer}");
+    let msg = answer["error"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("worker of cluster demo (ticket from https://127.0.0.1:")
+            && msg.ends_with("done"),
+        "{answer}"
+    );
+    let run = act.wait(60);
+    run.assert_ok();
+    says(&run, "activate done role=worker via=join");
 }

@@ -1351,3 +1351,77 @@ fn rhel_a_run_in_the_same_boot_after_the_reboot_was_queued_does_nothing() {
     );
     assert_eq!(w.label_patches().len(), 1);
 }
+
+/// A registry and a mirror that answer 503 with Retry-After 30, an API server that answers 500
+/// for the Node: preflight is a check, so each busy endpoint gets one short wait, then a failed
+/// row saying so; the checks run side by side and the table prints within seconds (it took about
+/// 10 minutes when busy endpoints were waited for like a download).
+#[test]
+fn preflight_with_busy_endpoints_prints_failed_rows_within_seconds() {
+    let w = World::new("rhcos");
+    w.registry.set("/v2/", Reply::busy(503, "30"));
+    let mirror = Server::start(&w.ca.server(), None);
+    mirror.set("/v2/", Reply::busy(429, "30"));
+    w.secret_key("mirror-urls", &format!("127.0.0.1:{}\n", mirror.port));
+    w.api
+        .set(&format!("/api/v1/nodes/{NODE}"), Reply::status(500));
+    let start = std::time::Instant::now();
+    let r = w.run("preflight");
+    let took = start.elapsed();
+    r.assert_fails(1, "3 of 5 checks failed");
+    assert!(took < std::time::Duration::from_secs(20), "took {took:?}");
+    for (check, detail) in [
+        (
+            "registry",
+            "busy: 503, Retry-After 30; giving up after 2 attempts",
+        ),
+        (
+            "mirror",
+            "busy: 429, Retry-After 30; giving up after 2 attempts",
+        ),
+        ("kubernetes", "busy: 500; giving up after 2 attempts"),
+    ] {
+        assert!(
+            r.stdout
+                .lines()
+                .any(|l| l.starts_with(check) && l.contains(" FAIL ") && l.contains(detail)),
+            "{check}: {}",
+            r.stdout
+        );
+    }
+    assert_eq!(w.registry.hits("/v2/"), 2, "one short wait, one more try");
+    assert!(r
+        .stdout
+        .lines()
+        .any(|l| l.starts_with("ignition") && l.contains(" pass ")));
+    w.assert_untouched();
+}
+
+/// preflight and reprovision take --deadline: an endpoint that never stops being busy ends
+/// the run at it, with the reason.
+#[test]
+fn reprovision_and_preflight_end_at_their_deadline() {
+    let mut w = World::new("rhcos");
+    w.ign.set("/ignition", Reply::busy(503, "1"));
+    w.extra.push("--deadline=4".into());
+    for cmd in ["preflight", "reprovision"] {
+        let start = std::time::Instant::now();
+        let r = w.run(cmd);
+        let took = start.elapsed();
+        assert_eq!(r.code, 1, "{cmd}: {}", r.stderr);
+        assert!(
+            took < std::time::Duration::from_secs(12),
+            "{cmd} took {took:?}"
+        );
+        assert!(
+            r.stderr.contains("busy: 503, Retry-After 1"),
+            "{cmd}: {}",
+            r.stderr
+        );
+        w.assert_untouched();
+    }
+    w.extra.pop();
+    w.extra.push("--deadline=0".into());
+    w.run("preflight")
+        .assert_fails(2, "--deadline 0: at least 1");
+}

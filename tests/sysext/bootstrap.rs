@@ -543,13 +543,9 @@ fn a_wrong_digest_leaves_no_file() {
     );
     w.run().assert_fails(1, "hash mismatch: computed sha256-");
     w.assert_nothing_staged();
-    assert_eq!(
-        std::fs::read_dir(w.path("/opt/extensions/kubernetes"))
-            .unwrap()
-            .count(),
-        0,
-        "no temp file"
-    );
+    // No temp file, and not even the directories the run made for it.
+    assert!(!w.path("/opt").exists(), "the store the run made is gone");
+    assert!(!w.path("/etc/extensions").exists());
 }
 
 #[test]
@@ -936,7 +932,7 @@ fn a_merge_that_does_not_prove_itself_is_rolled_back() {
     assert!(!out.contains("SECOND-OK"), "{out}");
     for needle in [
         "/usr/bin/kubelet --version after the merge: expected version v1.32.3, got Kubernetes v1.32.9",
-        "restored to /opt/extensions/kubernetes/kubernetes-v1.31.9-x86-64.raw",
+        "restored /etc/extensions/kubernetes.raw to /opt/extensions/kubernetes/kubernetes-v1.31.9-x86-64.raw",
         "the previous extensions are merged again",
         "/opt/extensions/kubernetes/kubernetes-v1.31.9-x86-64.raw\nKubernetes v1.31.9",
     ] {
@@ -945,5 +941,226 @@ fn a_merge_that_does_not_prove_itself_is_rolled_back() {
     assert!(
         !env_dir.join("kubelet.env").exists(),
         "no done marker after a failed merge"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fault matrix
+
+/// A node with kubernetes v1.31.9 and containerd 1.7.20 merged (and two older kubernetes
+/// versions kept), whose cluster is now v1.32: the next run upgrades kubernetes to v1.32.3 and
+/// containerd to 1.7.24.
+fn upgrade_world() -> World {
+    let w = World::new();
+    let c: Vec<(String, Vec<u8>)> = ["1.7.20"]
+        .iter()
+        .map(|v| {
+            (
+                format!("containerd-v{v}-x86-64.raw"),
+                containerd(&w.work, v, 0),
+            )
+        })
+        .collect();
+    w.publish("containerd", &c, "");
+    w.write(
+        "/etc/kubernetes/installer/kubelet.env",
+        "KUBELET_IMAGE_TAG=v1.31.2\n",
+    );
+    w.run().assert_ok();
+    for v in ["1.29.1", "1.30.4"] {
+        std::fs::write(
+            w.path(&format!(
+                "/opt/extensions/kubernetes/kubernetes-v{v}-x86-64.raw"
+            )),
+            kubernetes(&w.work, v, ANY),
+        )
+        .unwrap();
+    }
+    let c: Vec<(String, Vec<u8>)> = ["1.7.20", "1.7.24"]
+        .iter()
+        .map(|v| {
+            (
+                format!("containerd-v{v}-x86-64.raw"),
+                containerd(&w.work, v, 0),
+            )
+        })
+        .collect();
+    w.publish("containerd", &c, "");
+    w.write(
+        "/etc/kubernetes/installer/kubelet.env",
+        "KUBELET_IMAGE_TAG=v1.32.4\n",
+    );
+    w
+}
+
+/// What this machine's systemd-sysext merges from the node's layout: `kubelet --version` and
+/// `containerd --version` of the merged /usr (empty lines for what is not there).
+fn merged_versions(w: &World) -> String {
+    let (ok, out) = in_namespace(
+        &w.path("/opt"),
+        &format!(
+            "cp -a {}/. /etc/extensions/\nsystemd-sysext merge >/dev/null\necho \"kubelet=$(kubelet --version 2>/dev/null) containerd=$(containerd --version 2>/dev/null)\"\n",
+            w.path("/etc/extensions").display()
+        ),
+        &[],
+    );
+    assert!(ok, "{out}");
+    out.lines()
+        .rfind(|l| l.starts_with("kubelet="))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Issue 26's first report: EIO on the fsync of /etc/extensions right after the new
+/// kubernetes.raw link is renamed into place. The run fails, and systemd-sysext merges what was
+/// merged before: kubernetes v1.31.9 and containerd 1.7.20.
+#[test]
+fn a_failed_fsync_after_the_link_switch_keeps_the_merged_kubernetes() {
+    let w = upgrade_world();
+    let before = merged_versions(&w);
+    assert_eq!(
+        before,
+        "kubelet=Kubernetes v1.31.9 containerd=containerd github.com/containerd/containerd 1.7.20"
+    );
+    let inner = command(&w.args_for(&w.root.display().to_string()), None);
+    let mut c = std::process::Command::new("strace");
+    c.args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync"])
+        .args(["-e", "inject=fsync:error=EIO:when=1", "-P"])
+        .arg(w.path("/etc/extensions"))
+        .arg("--")
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .env_clear()
+        .envs(inner.get_envs().filter_map(|(k, v)| Some((k, v?))));
+    let r = Run::from(c.output().unwrap());
+    r.assert_fails(1, "(os error 5)");
+    assert!(
+        r.stderr.contains("restored")
+            && r.stderr
+                .contains("etc/extensions/kubernetes.raw to /opt/extensions/kubernetes/kubernetes-v1.31.9-x86-64.raw"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        w.link("kubernetes").as_deref(),
+        Some("/opt/extensions/kubernetes/kubernetes-v1.31.9-x86-64.raw")
+    );
+    assert_eq!(merged_versions(&w), before);
+    // Nothing of the failed run stays: not the new images, not its sysupdate files.
+    assert!(!w
+        .path("/opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw")
+        .exists());
+    assert!(!w
+        .path("/etc/sysupdate.kubernetes.d/kubernetes-v1.32.transfer")
+        .exists());
+    assert!(w
+        .path("/etc/sysupdate.kubernetes.d/kubernetes-v1.31.transfer")
+        .exists());
+    assert!(w
+        .read("/etc/kubernetes/kubelet.env")
+        .unwrap()
+        .contains("v1.31.9"));
+    // The next run, on a healthy disk, upgrades.
+    w.run().assert_ok();
+    assert_eq!(
+        merged_versions(&w),
+        "kubelet=Kubernetes v1.32.3 containerd=containerd github.com/containerd/containerd 1.7.24"
+    );
+}
+
+/// A run killed while replacing a link leaves `.kubernetes.raw.nodestrap-<hex>` behind, and one
+/// killed mid-download a temp image: the next run removes both (it holds /etc/extensions' lock,
+/// so no live run's temp link is taken).
+#[test]
+fn temp_links_and_files_of_a_killed_run_are_swept() {
+    let w = World::new();
+    std::fs::create_dir_all(w.path("/etc/extensions")).unwrap();
+    std::os::unix::fs::symlink(
+        "/opt/extensions/kubernetes/kubernetes-v1.32.1-x86-64.raw",
+        w.path("/etc/extensions/.kubernetes.raw.nodestrap-0123456789ab"),
+    )
+    .unwrap();
+    std::fs::create_dir_all(w.path("/opt/extensions/containerd")).unwrap();
+    std::fs::write(
+        w.path("/opt/extensions/containerd/.containerd-v1.7.20-x86-64.raw.nodestrap-abcdef012345"),
+        "cut short",
+    )
+    .unwrap();
+    let r = w.run();
+    r.assert_ok();
+    assert!(r.stderr.contains("removed stale temp file"), "{}", r.stderr);
+    let mut links: Vec<String> = std::fs::read_dir(w.path("/etc/extensions"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    links.sort();
+    assert_eq!(links, ["containerd.raw", "kubernetes.raw"]);
+    assert_eq!(w.store("containerd"), ["containerd-v1.7.24-x86-64.raw"]);
+}
+
+/// An upgrade (kubernetes v1.31.9 to v1.32.3, containerd 1.7.20 to 1.7.24, one older kubernetes
+/// version pruned, the sysupdate files moved to the new minor, kubelet.env rewritten) run once
+/// per mutating system call from its first rename on, with EIO and with ENOSPC injected there,
+/// and once per rename and fsync with SIGKILL on entry. A failed run must leave the node as it
+/// was, a run that succeeds as a clean run leaves it; a killed run leaves every file either as
+/// it was or as the run meant it (temp names aside), and the next run finishes the job. The
+/// status record is the run's report, not node state: it is not compared.
+#[test]
+fn fault_matrix_of_an_upgrade() {
+    use support::faults::*;
+    if !native() {
+        return;
+    }
+    let w = upgrade_world();
+    let skip = ["var/lib/nodestrap"];
+    let pristine = w.work.join("pristine");
+    copy_tree(&w.root, &pristine);
+    let before = snapshot(&w.root, &skip);
+    let cmd = || command(&w.args_for(&w.root.display().to_string()), None);
+    let (calls, run) = trace(&cmd(), &w.work.join("trace"));
+    run.assert_ok();
+    let after = snapshot(&w.root, &skip);
+    assert_eq!(
+        w.link("kubernetes").as_deref(),
+        Some("/opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw")
+    );
+    assert!(
+        !w.path("/opt/extensions/kubernetes/kubernetes-v1.29.1-x86-64.raw")
+            .exists(),
+        "the clean run prunes"
+    );
+    assert!(calls.len() > 20, "{calls:#?}");
+    matrix(&w.root, &pristine, &w.work, &cmd, &calls, &before, &after);
+}
+
+/// A node without the installer's kubelet.env (Flatcar has none): the log says kubelet.env is a
+/// new file, not that it came from a file that does not exist.
+#[test]
+fn the_log_names_kubelet_envs_real_source() {
+    let mut w = World::new();
+    std::fs::remove_file(w.path("/etc/kubernetes/installer/kubelet.env")).unwrap();
+    w.extra.push("--force-kube-version=v1.32.4".into());
+    let r = w.run();
+    r.assert_ok();
+    let line = r
+        .stderr
+        .lines()
+        .find(|l| l.contains("wrote") && l.contains("/etc/kubernetes/kubelet.env"))
+        .unwrap_or_else(|| panic!("{}", r.stderr));
+    assert!(
+        line.contains("(a new file: there is no ") && !line.contains("(from "),
+        "{line}"
+    );
+    // With the installer's file, that file is the source.
+    let mut w = World::new();
+    w.extra.push("--force-kube-version=v1.32.4".into());
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stderr.contains("/etc/kubernetes/kubelet.env (from ")
+            && r.stderr
+                .contains("installer/kubelet.env, setting KUBELET_VERSION)"),
+        "{}",
+        r.stderr
     );
 }

@@ -722,3 +722,32 @@ fn a_hash_mismatch_leaves_no_empty_store_directory() {
     assert!(!w.store().join(NEXT).exists(), "{:?}", w.store_names());
     assert!(w.patches().is_empty());
 }
+
+/// An API server that answers 503 to every PATCH: the hook ends at its --deadline with the
+/// reason, annotates nothing, and leaves the node as it was (nothing staged stays, the profile
+/// and next-profile are the node's, no old store was collected: that comes only after the
+/// annotation). Its default deadline is 600 s (docs/hook.md).
+#[test]
+fn a_busy_api_server_ends_the_hook_at_its_deadline_and_changes_nothing() {
+    let mut w = World::new();
+    w.seed_store();
+    w.write(
+        "/etc/torcx/profiles/tectonic.json",
+        r#"{"kind":"profile-manifest-v0","value":{"images":[{"name":"docker","reference":"17.03"}]}}"#,
+    );
+    w.write("/etc/torcx/next-profile", "tectonic\n");
+    w.api
+        .set(&format!("PATCH {}", node_path()), Reply::busy(503, "1"));
+    w.extra.push("--deadline=4".into());
+    let before = support::faults::snapshot(&w.root, &[]);
+    let bus = pending_bus(None);
+    let start = std::time::Instant::now();
+    let r = w.run_on(Some(&bus));
+    let took = start.elapsed();
+    r.assert_fails(1, "busy: 503, Retry-After 1; giving up after");
+    assert!(took < std::time::Duration::from_secs(12), "took {took:?}");
+    assert!(r.stderr.contains("the node is as it was"), "{}", r.stderr);
+    assert!(w.patches().len() >= 2, "asked again while busy");
+    let after = support::faults::snapshot(&w.root, &[]);
+    assert_eq!(before, after, "{}", support::faults::diff(&before, &after));
+}

@@ -35,7 +35,7 @@ use state::*;
 /// `nodestrap reprovision`.
 pub fn run(a: &Reprovision) -> Result<()> {
     // 0. Options, Secret, flow and clients (exit 2 on any configuration error).
-    let s = setup(a, true)?;
+    let s = setup(a, Command::Reprovision)?;
     let node = s.node.clone().expect("need_node");
     let kube = s.kube.as_ref().expect("need_node");
     let flow = s.secrets.flow;

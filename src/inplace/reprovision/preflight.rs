@@ -99,7 +99,7 @@ pub(super) fn probe_payload(s: &Setup, seen: &mut Option<String>) -> Result<Stri
     let url = s.secrets.payload_url();
     req.url = &url;
     bearer(&mut req, &s.secrets.token);
-    let (n, got) = s.pinned.stream(&req, PAYLOAD_CAP, |body, _| {
+    let (n, got) = s.pinned.stream(&req, PAYLOAD_CAP, None, |body, _| {
         hash_into(
             body,
             &mut std::io::sink(),
@@ -123,50 +123,68 @@ pub(super) struct Preflight {
     pub(super) payload_sha256: Option<String>,
 }
 
-/// Every check the flow depends on.
+/// Every check the flow depends on, side by side (each in its own thread), so that the table is
+/// ready within the deadline however many endpoints are slow; in the flow's order.
 pub(super) fn preflight_checks(s: &Setup) -> Preflight {
-    let mut checks = Vec::new();
-    let mut config = None;
     let mut payload_sha256 = None;
-    match s.secrets.flow {
-        Flow::Rhcos => {
-            let r = fetch_ignition(s).map(|c| {
-                let d = format!(
-                    "spec {}, {} files, {} units",
-                    mco::version(&c),
-                    c.pointer("/storage/files")
-                        .and_then(Value::as_array)
-                        .map_or(0, Vec::len),
-                    c.pointer("/systemd/units")
-                        .and_then(Value::as_array)
-                        .map_or(0, Vec::len)
-                );
-                config = Some(c);
-                d
-            });
-            checks.push(check("ignition", &s.secrets.url, r));
+    let mut config = None;
+    let checks = std::thread::scope(|t| {
+        let mut jobs: Vec<std::thread::ScopedJoinHandle<Check>> = Vec::new();
+        let first = match s.secrets.flow {
+            Flow::Rhcos => t.spawn(|| {
+                let r = fetch_ignition(s).map(|c| {
+                    let d = format!(
+                        "spec {}, {} files, {} units",
+                        mco::version(&c),
+                        c.pointer("/storage/files")
+                            .and_then(Value::as_array)
+                            .map_or(0, Vec::len),
+                        c.pointer("/systemd/units")
+                            .and_then(Value::as_array)
+                            .map_or(0, Vec::len)
+                    );
+                    config = Some(c);
+                    d
+                });
+                check("ignition", &s.secrets.url, r)
+            }),
+            Flow::Rhel => t.spawn(|| {
+                check(
+                    "payload",
+                    &s.secrets.url,
+                    probe_payload(s, &mut payload_sha256),
+                )
+            }),
+        };
+        if let Some(r) = &s.secrets.registry_url {
+            jobs.push(t.spawn(move || check("registry", &v2_url(r), probe_registry(&s.open, r))));
         }
-        Flow::Rhel => checks.push(check(
-            "payload",
-            &s.secrets.url,
-            probe_payload(s, &mut payload_sha256),
-        )),
-    }
-    if let Some(r) = &s.secrets.registry_url {
-        checks.push(check("registry", &v2_url(r), probe_registry(&s.open, r)));
-    }
-    for m in &s.secrets.mirror_urls {
-        checks.push(check("mirror", &v2_url(m), probe_registry(&s.open, m)));
-    }
-    if let Some(u) = &s.secrets.progress_url {
-        checks.push(check("progress", u, probe_progress(s, u)));
-    }
-    if let (Some(k), Some(n)) = (&s.kube, &s.node) {
-        let r = k
-            .get_node(n)
-            .map(|_| format!("Node {n} readable ({})", k.source));
-        checks.push(check("kubernetes", &format!("nodes/{n}"), r));
-    }
+        for m in &s.secrets.mirror_urls {
+            jobs.push(t.spawn(move || check("mirror", &v2_url(m), probe_registry(&s.open, m))));
+        }
+        if let Some(u) = &s.secrets.progress_url {
+            jobs.push(t.spawn(move || check("progress", u, probe_progress(s, u))));
+        }
+        if let (Some(k), Some(n)) = (&s.kube, &s.node) {
+            jobs.push(t.spawn(move || {
+                let r = k
+                    .get_node(n)
+                    .map(|_| format!("Node {n} readable ({})", k.source));
+                check("kubernetes", &format!("nodes/{n}"), r)
+            }));
+        }
+        let joined = |h: std::thread::ScopedJoinHandle<Check>| {
+            h.join().unwrap_or_else(|_| Check {
+                check: "internal",
+                target: String::new(),
+                pass: false,
+                detail: "a check's thread panicked".into(),
+            })
+        };
+        let mut checks = vec![joined(first)];
+        checks.extend(jobs.into_iter().map(joined));
+        checks
+    });
     Preflight {
         checks,
         config,
@@ -209,7 +227,7 @@ pub(super) fn summary(line: std::fmt::Arguments) {
 
 /// `nodestrap preflight`.
 pub fn preflight(a: &Reprovision) -> Result<()> {
-    let s = setup(a, false)?;
+    let s = setup(a, Command::Preflight)?;
     let checks = preflight_checks(&s).checks;
     print_table(&checks)?;
     let failed = checks.iter().filter(|c| !c.pass).count();

@@ -50,17 +50,16 @@ pub(super) fn rhel_configure(
     let url = s.secrets.payload_url();
     let mut req = Request::get(&url);
     bearer(&mut req, &s.secrets.token);
-    let got = s.pinned.stream(&req, PAYLOAD_CAP, |body, total| {
-        if let Some(t) = total {
-            work.check_room(PAYLOAD_FILE, t).map_err(Staging::Write)?;
-        }
-        let mut tmp = work
-            .create_temp(PAYLOAD_FILE, 0o600)
-            .map_err(Staging::Write)?;
-        let (n, got) = hash_into(body, tmp.file(), want.as_ref().map(|(d, w)| (d, *w)))?;
-        tmp.persist().map_err(Staging::Write)?;
-        Ok((n, got))
-    });
+    let got = s
+        .pinned
+        .stream(&req, PAYLOAD_CAP, Some((&work, PAYLOAD_FILE)), |body, _| {
+            let mut tmp = work
+                .create_temp(PAYLOAD_FILE, 0o600)
+                .map_err(Staging::Write)?;
+            let (n, got) = hash_into(body, tmp.file(), want.as_ref().map(|(d, w)| (d, *w)))?;
+            tmp.persist().map_err(Staging::Write)?;
+            Ok((n, got))
+        });
     let (n, sha) = match got {
         Ok(v) => v,
         Err(e) => {

@@ -263,7 +263,36 @@ pub(super) struct Setup {
     pub(super) kube: Option<Kube>,
 }
 
-pub(super) fn setup(a: &Reprovision, need_node: bool) -> Result<Setup> {
+/// Which command sets up: preflight checks within a short deadline and takes a busy answer as
+/// a result; reprovision needs its Node and waits for busy servers until its deadline.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub(super) enum Command {
+    Preflight,
+    Reprovision,
+}
+
+/// The one short wait preflight gives a busy endpoint (a `Retry-After` is cut to it).
+pub(super) const PREFLIGHT_BUSY_WAIT: Duration = Duration::from_secs(3);
+
+pub(super) fn setup(a: &Reprovision, cmd: Command) -> Result<Setup> {
+    let need_node = cmd == Command::Reprovision;
+    let deadline = a.deadline.unwrap_or(match cmd {
+        Command::Preflight => crate::cli::PREFLIGHT_DEADLINE_SECS,
+        Command::Reprovision => crate::cli::REPROVISION_DEADLINE_SECS,
+    });
+    if deadline == 0 {
+        return Err(Error::config("--deadline 0: at least 1"));
+    }
+    crate::cli::at_most("--deadline", deadline, 7 * 24 * 3600)?;
+    let until = crate::cli::started() + Duration::from_secs(deadline);
+    // preflight: one short wait for a busy endpoint, then its row says so.
+    let bounded = |r: Retry| match cmd {
+        Command::Preflight => r
+            .busy_attempts(2)
+            .capped_at(PREFLIGHT_BUSY_WAIT)
+            .until(until),
+        Command::Reprovision => r.until(until),
+    };
     for (flag, v, max) in [
         ("--api-tries", a.api_tries as u64, 100),
         ("--api-retry-delay", a.api_retry_delay, 3600),
@@ -325,11 +354,17 @@ pub(super) fn setup(a: &Reprovision, need_node: bool) -> Result<Setup> {
         .map_err(|e| e.with_kind(crate::error::Kind::Config))?;
     let mut open_tls = Tls::system(&root)?;
     open_tls.add_pem(&secrets.ca, "ca.crt of --secret-dir")?;
-    let retry = Retry::exponential(a.fetch_attempts, Duration::from_millis(a.fetch_backoff_ms));
+    let retry = bounded(Retry::exponential(
+        a.fetch_attempts,
+        Duration::from_millis(a.fetch_backoff_ms),
+    ));
     let kube = match &node {
         Some(_) => {
             let pod = Root::open(Path::new("/"))?;
-            let retry = Retry::exponential(a.api_tries, Duration::from_secs(a.api_retry_delay));
+            let retry = bounded(Retry::exponential(
+                a.api_tries,
+                Duration::from_secs(a.api_retry_delay),
+            ));
             match api_client(a.kubeconfig.as_deref(), &pod, retry) {
                 Ok(k) => Some(k),
                 Err(e) if need_node => return Err(e),
