@@ -166,7 +166,7 @@ fn find_version(root: &Root, s: &Sources) -> Result<Version> {
                 Failure::Busy => format!(
                     "the API server was busy until the run's deadline (--version-fallback always-after-deadline): {e}"
                 ),
-                Failure::Final => format!(
+                Failure::Final | Failure::Denied => format!(
                     "the API server refused (--version-fallback always-after-deadline): {e}"
                 ),
             },
@@ -175,6 +175,7 @@ fn find_version(root: &Root, s: &Sources) -> Result<Version> {
                     Failure::Unreachable => "unreachable",
                     Failure::Busy => "busy until the run's deadline (--deadline)",
                     Failure::Final => "refusing",
+                    Failure::Denied => "refusing these credentials",
                 };
                 return Err(e.context(format!(
                     "unable to determine the cluster version: the API server is {state}, and --version-fallback {} does not let {} decide",

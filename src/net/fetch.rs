@@ -198,6 +198,9 @@ pub enum Failure {
     /// An answer that trying again cannot change: 404 and other 4xx, a certificate the trust
     /// anchors reject, a body over its limit, a digest mismatch, a write that failed.
     Final,
+    /// 401 or 403: the server answered that these credentials may not do this. Never a reason
+    /// to use older data in its place: it says the identity is wrong.
+    Denied,
 }
 
 /// The `Retry-After` of a 429 or 503 answer: delay-seconds or an HTTP-date (RFC 9110 §10.2.3).
@@ -309,6 +312,8 @@ enum Attempt<T> {
     /// 408, 429 or 5xx (the status), with the server's `Retry-After`: bounded by time only.
     Busy(Error, u16, Option<Duration>),
     Final(Error),
+    /// 401 or 403.
+    Denied(Error),
 }
 
 pub struct Http {
@@ -454,6 +459,7 @@ impl Http {
             let (e, failure, after) = match op(self.limits.deadline.min(left)) {
                 Attempt::Done(t) => return Ok(t),
                 Attempt::Final(e) => return Err((e, Failure::Final)),
+                Attempt::Denied(e) => return Err((e, Failure::Denied)),
                 Attempt::Retry(e) => {
                     failed += 1;
                     (e, Failure::Unreachable, None)
@@ -781,10 +787,10 @@ fn status_failure(what: &str, resp: &mut ureq::http::Response<ureq::Body>) -> Op
 /// `curl --retry`: 408, 429 and 5xx are a busy server, asked again (after its `Retry-After`);
 /// other statuses are final.
 fn verdict<T>(r: Refusal) -> Attempt<T> {
-    if r.status == 408 || r.status == 429 || r.status >= 500 {
-        Attempt::Busy(r.error, r.status, r.retry_after)
-    } else {
-        Attempt::Final(r.error)
+    match r.status {
+        408 | 429 | 500.. => Attempt::Busy(r.error, r.status, r.retry_after),
+        401 | 403 => Attempt::Denied(r.error),
+        _ => Attempt::Final(r.error),
     }
 }
 

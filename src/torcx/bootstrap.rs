@@ -269,8 +269,17 @@ fn runtime_versions(root: &Root, a: &Bootstrap, kube: Option<&Kube>, k8s: &str) 
             &text,
             &format!("ConfigMap {MAPPINGS_NS}/{MAPPINGS_CM} key {MAPPINGS_KEY}"),
         )?,
+        // An identity that may not read the mappings is misconfigured: the node's file would
+        // hide that (it is used only where --version-fallback lets it stand in for the cluster).
+        Some(Err((e, Failure::Denied))) if !a.version_fallback.allows(Failure::Denied) => {
+            return Err(e.context(format!(
+                "runtime mappings: the API server refused these credentials the ConfigMap, and --version-fallback {} does not let {name} decide",
+                a.version_fallback.word()
+            )))
+        }
         Some(Err((e, failure)))
-            if failure != Failure::Final && !a.version_fallback.allows(failure) =>
+            if matches!(failure, Failure::Unreachable | Failure::Busy)
+                && !a.version_fallback.allows(failure) =>
         {
             return Err(e.context(format!(
                 "runtime mappings: the API server did not answer, and --version-fallback {} does not let {name} decide",
