@@ -20,10 +20,14 @@ arm=$(sed -n 's/^aarch64-unknown-linux-musl=//p' <<<"$builds")
 # qemu-user (NODESTRAP_RUNNER), so its board fallback and syscalls are exercised, not only built.
 # (sysext's tests are x86-64 only: their images are built for x86-64 and merged by this
 # machine's systemd-sysext.)
-# The real torcx (built from the Go module proxy, cached by version) is the oracle of what torcx
-# finds at boot (tests/torcx).
+# Built from the Go module proxy, cached by version (test programs only): the real torcx is the
+# oracle of what torcx finds at boot (tests/torcx), the real kube-apiserver and kubectl the
+# cluster the commands that talk to one are tested against (tests/support/cluster.rs), with
+# Debian 13's etcd (.ci/setup).
 NODESTRAP_TORCX=$(qemu/build-torcx)
-export NODESTRAP_TORCX
+eval "$(qemu/build-kubernetes)"
+NODESTRAP_KUBE_BIN=$KUBE_BIN
+export NODESTRAP_TORCX NODESTRAP_KUBE_BIN
 NODESTRAP_BIN=$x86 cargo test --locked
 NODESTRAP_BIN=$arm NODESTRAP_RUNNER=${NODESTRAP_RUNNER_ARM64:-/usr/local/lib/nodestrap-ci/qemu-aarch64} \
   cargo test --locked --test bootstrap --test hook --test activate --test reprovision --test kubeconfig
@@ -34,8 +38,6 @@ fuzz/run -t "${NODESTRAP_FUZZ_SECONDS:-5}"
 # binary (qemu/build runs systemd-analyze verify on every unit).
 ignition/check
 deploy/check
-# The torcx generator stand-in the QEMU guests boot, against torcx's behaviour input by input.
-qemu/check-torcx-generator
 dracut/check-arch "$x86" "$arm"
 # CI boots under TCG (as a fresh machine without usable KVM would), within a bound that leaves
 # room in its 90 minutes.

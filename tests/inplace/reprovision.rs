@@ -1425,3 +1425,62 @@ fn reprovision_and_preflight_end_at_their_deadline() {
     w.run("preflight")
         .assert_fails(2, "--deadline 0: at least 1");
 }
+
+/// The real API server (tests/support/cluster.rs): preflight reads the Node, and reprovision
+/// removes its label by merge patch, as an identity RBAC allows `get` and `patch` on Nodes.
+/// One that may not read Nodes fails preflight's kubernetes row naming the 403, the verb and
+/// the resource, and reprovision changes nothing.
+#[test]
+fn a_real_api_server_allows_the_reprovision_identity_and_refuses_another() {
+    let c = support::cluster::cluster();
+    c.apply(&format!(
+        r#"{{"apiVersion":"v1","kind":"List","items":[
+  {{"apiVersion":"v1","kind":"Node","metadata":{{"name":"{NODE}","labels":{{"{LABEL}":"true","kubernetes.io/os":"linux"}}}}}},
+  {{"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRole","metadata":{{"name":"nodestrap-reprovision"}},
+   "rules":[{{"apiGroups":[""],"resources":["nodes"],"verbs":["get","patch"]}}]}},
+  {{"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRoleBinding","metadata":{{"name":"nodestrap-reprovision"}},
+   "roleRef":{{"apiGroup":"rbac.authorization.k8s.io","kind":"ClusterRole","name":"nodestrap-reprovision"}},
+   "subjects":[{{"apiGroup":"rbac.authorization.k8s.io","kind":"User","name":"nodestrap-reprovision"}}]}}]}}"#
+    ));
+    let mut w = World::new("rhcos");
+    let kubeconfig = w.rec.join("reprovision.kubeconfig");
+    c.kubeconfig("nodestrap-reprovision", &kubeconfig);
+    w.extra
+        .push(format!("--kubeconfig={}", kubeconfig.display()));
+    let r = w.run("preflight");
+    r.assert_ok();
+    assert!(
+        r.stdout
+            .lines()
+            .any(|l| l.starts_with("kubernetes") && l.contains(" pass ")),
+        "{}",
+        r.stdout
+    );
+    w.run("reprovision").assert_ok();
+    let labels = c.kubectl(&["get", "node", NODE, "-o", "jsonpath={.metadata.labels}"]);
+    assert!(
+        !labels.contains(LABEL) && labels.contains("kubernetes.io/os"),
+        "{labels}"
+    );
+
+    let mut w = World::new("rhcos");
+    let other = w.rec.join("other.kubeconfig");
+    c.kubeconfig("nodestrap-nobody", &other);
+    w.extra.push(format!("--kubeconfig={}", other.display()));
+    let r = w.run("preflight");
+    r.assert_fails(1, "1 of 4 checks failed");
+    let row = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("kubernetes"))
+        .unwrap_or_else(|| panic!("{}", r.stdout));
+    assert!(
+        row.contains(" FAIL ")
+            && row.contains("HTTP 403")
+            && row.contains(r#"User "nodestrap-nobody" cannot get resource "nodes""#),
+        "{row}"
+    );
+    w.run("reprovision")
+        .assert_fails(1, "preflight failed: kubernetes");
+    w.assert_untouched();
+}

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 mod bus;
+pub mod cluster;
 pub mod faults;
 mod http;
 mod pgp;

@@ -2721,3 +2721,78 @@ fn what_torcx_would_not_find_is_refused_by_name() {
     assert_eq!(w.store_listing(), Vec::<String>::new());
     assert_eq!(w.read("/etc/torcx/next-profile").unwrap(), "tectonic\n");
 }
+
+// ---------------------------------------------------------------------------------------------
+// A real API server
+
+/// The real API server (kube-apiserver built from the k8s.io/kubernetes module,
+/// tests/support/cluster.rs): bootstrap reads its /version and the runtime-mappings ConfigMap
+/// as an identity RBAC allows exactly that, and stages what they say. An identity that may not
+/// read the ConfigMap gets an error naming the 403, the verb and the resource, and nothing is
+/// staged: the node's own mappings file is no stand-in for a cluster that refuses.
+#[test]
+fn a_real_api_server_decides_as_far_as_rbac_allows() {
+    let c = support::cluster::cluster();
+    c.apply(
+        r#"{"apiVersion":"v1","kind":"List","items":[
+  {"apiVersion":"v1","kind":"Namespace","metadata":{"name":"tectonic-system"}},
+  {"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"tectonic-torcx-runtime-mappings","namespace":"tectonic-system"},
+   "data":{"runtime-mappings.yaml":"kind: VersionManifestV1\nversions:\n  k8s:\n    \"1.37\":\n      docker: [\"17.06\"]\n"}},
+  {"apiVersion":"rbac.authorization.k8s.io/v1","kind":"Role","metadata":{"name":"nodestrap-bootstrap","namespace":"tectonic-system"},
+   "rules":[{"apiGroups":[""],"resources":["configmaps"],"resourceNames":["tectonic-torcx-runtime-mappings"],"verbs":["get"]}]},
+  {"apiVersion":"rbac.authorization.k8s.io/v1","kind":"RoleBinding","metadata":{"name":"nodestrap-bootstrap","namespace":"tectonic-system"},
+   "roleRef":{"apiGroup":"rbac.authorization.k8s.io","kind":"Role","name":"nodestrap-bootstrap"},
+   "subjects":[{"apiGroup":"rbac.authorization.k8s.io","kind":"User","name":"nodestrap-bootstrap"}]}]}"#,
+    );
+    let version = c.kubectl(&["version", "-o", "json"]);
+    let version: serde_json::Value = serde_json::from_str(&version).unwrap();
+    let git = version["serverVersion"]["gitVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(git.starts_with("v1.37."), "{git}");
+
+    let w = World::new();
+    c.kubeconfig("nodestrap-bootstrap", &w.path("/etc/kubernetes/kubeconfig"));
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stdout.contains(&format!(
+            "bootstrap done k8s={git} docker=17.06 next-os=none reboot=no"
+        )),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stderr
+            .contains(&format!("nodestrap: k8s={git} from=api-server"))
+            || r.stdout
+                .contains(&format!("nodestrap: k8s={git} from=api-server")),
+        "{}{}",
+        r.stdout,
+        r.stderr
+    );
+    assert_eq!(
+        w.decision("runtime-mappings").1,
+        "ConfigMap tectonic-system/tectonic-torcx-runtime-mappings key runtime-mappings.yaml"
+    );
+    assert_eq!(
+        w.read("/etc/kubernetes/kubelet.env").unwrap(),
+        format!("KUBELET_IMAGE_URL=quay.io/coreos/hyperkube\nKUBELET_IMAGE_TAG={git}\n")
+    );
+
+    let w = World::new();
+    c.kubeconfig("nodestrap-nobody", &w.path("/etc/kubernetes/kubeconfig"));
+    let r = w.run();
+    r.assert_fails(1, "HTTP 403");
+    let last = r.stderr.lines().rfind(|l| l.starts_with("error")).unwrap();
+    assert!(
+        last.contains(r#"User "nodestrap-nobody" cannot get resource "configmaps""#)
+            && last.contains(
+                "runtime mappings: the API server refused these credentials the ConfigMap"
+            ),
+        "{last}"
+    );
+    w.assert_nothing_written();
+    assert_eq!(w.files.seen().len(), 0, "nothing fetched");
+}

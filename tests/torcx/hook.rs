@@ -751,3 +751,69 @@ fn a_busy_api_server_ends_the_hook_at_its_deadline_and_changes_nothing() {
     let after = support::faults::snapshot(&w.root, &[]);
     assert_eq!(before, after, "{}", support::faults::diff(&before, &after));
 }
+
+/// The real API server (tests/support/cluster.rs): the hook patches its own Node as an identity
+/// RBAC allows `get` and `patch` on that Node only. For a Node it may not patch, the error names
+/// the 403, the verb and the resource, and the node is as it was (what the hook staged is taken
+/// back: nothing staged stays behind a refused annotation).
+#[test]
+fn a_real_api_server_lets_the_hook_annotate_only_its_node() {
+    let c = support::cluster::cluster();
+    let other = "worker-2.example.internal";
+    c.apply(&format!(
+        r#"{{"apiVersion":"v1","kind":"List","items":[
+  {{"apiVersion":"v1","kind":"Node","metadata":{{"name":"{NODE}"}}}},
+  {{"apiVersion":"v1","kind":"Node","metadata":{{"name":"{other}"}}}},
+  {{"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRole","metadata":{{"name":"nodestrap-hook:{NODE}"}},
+   "rules":[{{"apiGroups":[""],"resources":["nodes"],"resourceNames":["{NODE}"],"verbs":["get","patch"]}}]}},
+  {{"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRoleBinding","metadata":{{"name":"nodestrap-hook:{NODE}"}},
+   "roleRef":{{"apiGroup":"rbac.authorization.k8s.io","kind":"ClusterRole","name":"nodestrap-hook:{NODE}"}},
+   "subjects":[{{"apiGroup":"rbac.authorization.k8s.io","kind":"User","name":"nodestrap-hook"}}]}}]}}"#
+    ));
+    let mut w = World::new();
+    let kubeconfig = w.pod.join("hook.kubeconfig");
+    c.kubeconfig("nodestrap-hook", &kubeconfig);
+    w.extra
+        .push(format!("--kubeconfig={}", kubeconfig.display()));
+    let bus = pending_bus(None);
+    w.run_on(Some(&bus)).assert_ok();
+    let annotations = c.kubectl(&[
+        "get",
+        "node",
+        NODE,
+        "-o",
+        "jsonpath={.metadata.annotations}",
+    ]);
+    assert!(
+        annotations.contains(&format!(r#""{KEY}":"true""#)),
+        "{annotations}"
+    );
+
+    let mut w = World::new();
+    w.extra
+        .push(format!("--kubeconfig={}", kubeconfig.display()));
+    w.set_env("NODE", other);
+    let before = support::faults::snapshot(&w.root, &[]);
+    let r = w.run_on(Some(&bus));
+    r.assert_fails(1, "HTTP 403");
+    let last = r.stderr.lines().rfind(|l| l.starts_with("error")).unwrap();
+    assert!(
+        last.contains(&format!(
+            r#"nodes \"{other}\" is forbidden: User \"nodestrap-hook\" cannot patch resource \"nodes\""#
+        )) || last.contains(&format!(
+            r#"nodes "{other}" is forbidden: User "nodestrap-hook" cannot patch resource "nodes""#
+        )),
+        "{last}"
+    );
+    assert!(last.contains("the node is as it was"), "{last}");
+    let after = support::faults::snapshot(&w.root, &[]);
+    assert_eq!(before, after, "{}", support::faults::diff(&before, &after));
+    let annotations = c.kubectl(&[
+        "get",
+        "node",
+        other,
+        "-o",
+        "jsonpath={.metadata.annotations}",
+    ]);
+    assert!(!annotations.contains(KEY), "{annotations}");
+}
