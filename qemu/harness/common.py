@@ -10,8 +10,9 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # qemu/
 TOP = os.path.dirname(HERE)
 OS_VERSION = "2345.3.0"  # qemu/guest/layout's VERSION_ID
 NEXT_OS = "2401.0.0"
-API_VERSION = "v1.10.2+coreos.0"
-INSTALLER_TAG = "v1.9.6_coreos.0"
+# The Kubernetes releases of the run (qemu/build-kubernetes): the cluster's, and the previous
+# minor's that the installer's fallback kubelet.env names.
+CURRENT, PREVIOUS = "current", "previous"
 DOCKER = "20.10"  # qemu/build-docker's image: Debian 12's docker.io 20.10.24
 GUEST_HOST = "10.0.2.2"
 RHCOS_NODE = "node-rhcos"  # qemu/rhcos/ipb-reprovision.service's NODE
@@ -79,7 +80,7 @@ def disk_ls(raw, node_dir):
 class Scenario:
     def __init__(self, name, doc, initrd, boots, tag, os_after, api_up=True, upgrade_os=False,
                  update_engine=None, master=False, tamper=False, stores=(OS_VERSION,), runner=None,
-                 rtc_past=False):
+                 rtc_past=False, torcx_base="/var/lib/torcx"):
         self.__dict__.update(locals())
         del self.__dict__["self"]
 
@@ -118,3 +119,11 @@ def timings(events, kubelet_at, docker_at=None):
     return {"kernel_to_kubelet": kubelet_at - kernel if kubelet_at is not None and kernel is not None else None,
             "nodestrap": end - start if start is not None and end is not None else None,
             "kernel_to_docker": docker_at - kernel if docker_at is not None and kernel is not None else None}
+
+
+def joined(events, joining):
+    """For the table and the benchmark: seconds from the first kernel start to the Node's
+    registration and to its pod running, as the API server saw them (polled every 3 s)."""
+    kernel = next((t for t, _, k, _ in events if k == "kernel"), None)
+    since = lambda t: t - kernel if t is not None and kernel is not None else None
+    return {"kernel_to_node": since(joining.registered), "kernel_to_pod": since(joining.running)}

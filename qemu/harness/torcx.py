@@ -1,4 +1,8 @@
-"""The torcx family: firstboot, initrd, tampered, apiserver-down, os-update, clock-past."""
+"""The torcx family: firstboot, initrd, tampered, apiserver-down, os-update, clock-past. The
+nodes boot the real torcx (v0.2.0) and join the run's real control plane (harness/cluster.py):
+the kubelet of the release kubelet.env names talks CRI to the containerd inside the Docker torcx
+image nodestrap staged. A scenario passes only when its Node registers with that kubelet version
+and that containerd, and its static pod runs."""
 import hashlib
 import json
 import os
@@ -7,21 +11,24 @@ import subprocess
 import time
 
 from harness.common import *  # noqa: F401,F403
+from harness.cluster import Joining
 from harness.vm import boot_until
 from harness.inplace import run_reprovision
 
 
 SCENARIOS = [
     Scenario("firstboot", "Ignition delivers the units; bootstrap on the real root; one reboot",
-             initrd=False, boots=2, tag="v1.10.2_coreos.0", os_after=OS_VERSION),
-    Scenario("initrd", "the dracut hook stages everything before switch-root; no reboot",
-             initrd=True, boots=1, tag="v1.10.2_coreos.0", os_after=OS_VERSION, master=True),
+             initrd=False, boots=2, tag=CURRENT, os_after=OS_VERSION),
+    Scenario("initrd", "the dracut hook stages everything before switch-root, where torcx's config.json "
+             "puts its stores; no reboot", initrd=True, boots=1, tag=CURRENT, os_after=OS_VERSION, master=True,
+             torcx_base="/var/lib/torcx-site"),
     Scenario("tampered", "bad manifest signature: nothing staged, unit retries, converges once fixed",
-             initrd=True, boots=2, tag="v1.10.2_coreos.0", os_after=OS_VERSION, tamper=True),
-    Scenario("apiserver-down", "no API server: the version comes from the image's installer kubelet.env",
-             initrd=True, boots=1, tag=INSTALLER_TAG, os_after=OS_VERSION, api_up=False),
+             initrd=True, boots=2, tag=CURRENT, os_after=OS_VERSION, tamper=True),
+    Scenario("apiserver-down", "no API server for nodestrap: the version comes from the image's installer "
+             "kubelet.env (the previous release), and that kubelet joins",
+             initrd=True, boots=1, tag=PREVIOUS, os_after=OS_VERSION, api_up=False),
     Scenario("os-update", "update_engine reports an update: both stores staged, one reboot",
-             initrd=False, boots=2, tag="v1.10.2_coreos.0", os_after=NEXT_OS, upgrade_os=True,
+             initrd=False, boots=2, tag=CURRENT, os_after=NEXT_OS, upgrade_os=True,
              update_engine=("UPDATE_ENGINE_ARGS=--on-attempt UPDATE_STATUS_CHECKING_FOR_UPDATE,"
                             "UPDATE_STATUS_UPDATE_AVAILABLE,UPDATE_STATUS_DOWNLOADING,UPDATE_STATUS_VERIFYING,"
                             "UPDATE_STATUS_FINALIZING,UPDATE_STATUS_UPDATED_NEED_REBOOT --new-version %s --step 1\n"
@@ -29,7 +36,7 @@ SCENARIOS = [
              stores=(OS_VERSION, NEXT_OS)),
     Scenario("clock-past", "the real-time clock starts in 2015: nodestrap names the clock, not a certificate, "
              "and goes on once time is synchronised; one reboot",
-             initrd=True, boots=2, tag="v1.10.2_coreos.0", os_after=OS_VERSION, rtc_past=True),
+             initrd=True, boots=2, tag=CURRENT, os_after=OS_VERSION, rtc_past=True),
     Scenario("reprovision-rhcos", "an RHCOS-like node re-bootstraps in place through the machine-config-daemon",
              initrd=False, boots=2, tag=None, os_after=None),
 ]
@@ -42,7 +49,7 @@ def run_scenario(s, sc, accel, boot_timeout):
     say("\n=== %s: %s" % (sc.name, sc.doc))
     files = s.node_files(sc.name, api_up=sc.api_up, upgrade_os=sc.upgrade_os,
                          update_engine=sc.update_engine, master=sc.master,
-                         installer_files=sc.api_up)
+                         installer_files=sc.api_up, torcx_base=sc.torcx_base)
     config = s.path(sc.name + ".ign")
     with open(config, "w") as f:
         run([os.path.join(TOP, "ignition/render"), "master" if sc.master else "worker"] + files, stdout=f)
@@ -59,6 +66,7 @@ def run_scenario(s, sc, accel, boot_timeout):
     if os.environ.get("NODESTRAP_QEMU_DEBUG") == "1":
         base.append("systemd.journald.forward_to_console=1")
     events = []  # (seconds, boot, kind, text)
+    joining = Joining(s.cluster, sc.name)
     t0 = time.time()
     kubelet = []  # (seconds, the line's details) once the kubelet started
     docker = []  # (seconds, details) once docker-check ran a container (or failed)
@@ -83,12 +91,17 @@ def run_scenario(s, sc, accel, boot_timeout):
         m = DOCKER_RE.search(line)
         if m and not docker:
             docker.append((now, m.group(1)))
+        if kubelet:
+            joining.poll(now)
 
     def done(boots):
-        # A master goes on until tectonic ran (bootkube and tectonic come after the kubelet
-        # started), a worker stops at the kubelet.
-        return bool(kubelet) and bool(docker) and (not sc.master or any(e[3] == "tectonic ran" for e in events)
-                                  or time.time() - t0 - kubelet[0][0] > 120)
+        # Once the kubelet started: its Node registered and its pod ran, and docker ran a
+        # container. A master goes on until tectonic ran (bootkube and tectonic come after the
+        # kubelet started).
+        if kubelet:
+            joining.poll(time.time() - t0)
+        return bool(kubelet) and bool(docker) and joining.done() and (
+            not sc.master or any(e[3] == "tectonic ran" for e in events) or time.time() - t0 - kubelet[0][0] > 120)
 
     try:
         boots, problems, log = boot_until(s, sc, disk, config, accel, boot_timeout, base, t0, events,
@@ -105,6 +118,7 @@ def run_scenario(s, sc, accel, boot_timeout):
         say("  last lines of %s:\n    %s" % (log, "\n    ".join(tail)))
         return False, boots, None, problems
     problems += check(s, sc, boots, kubelet[1], events, disk)
+    problems += check_node(s, sc, joining)
     problems += check_docker(docker[1])
     for p in problems:
         say("  problem: " + p)
@@ -113,7 +127,28 @@ def run_scenario(s, sc, accel, boot_timeout):
     boot_kernel = [t for t, _, k, _ in events if k == "kernel"]
     docker_at = boot_kernel[-1] + float(info_at.group(1)) if info_at and boot_kernel else None
     sc.timings = timings(events, kubelet[0], docker_at)
+    sc.timings.update(joined(events, joining))
+    sc.proof = joining.info
     return not problems, boots, kubelet[0], problems
+
+
+def release(s, tag):
+    return s.images["KUBE_VERSION" if tag == CURRENT else "KUBE_PREV_VERSION"]
+
+
+def check_node(s, sc, joining):
+    """The proof: the API server knows the Node, with the kubelet of the release nodestrap chose
+    and the containerd of the torcx image it staged, and the kubelet ran the static pod."""
+    p = []
+    kubelet, runtime = joining.info or (None, None)
+    if kubelet != release(s, sc.tag):
+        p.append("the Node reports kubeletVersion %r, nodestrap chose %s" % (kubelet, release(s, sc.tag)))
+    want = "containerd://" + s.images["TORCX_CONTAINERD_VERSION"]
+    if runtime != want:
+        p.append("the Node reports containerRuntimeVersion %r, expected %s (the torcx image's)" % (runtime, want))
+    if joining.running is None:
+        p.append("the static pod's mirror pod never ran")
+    return p
 
 
 def check_docker(line):
@@ -136,8 +171,9 @@ def check(s, sc, boots, kubelet_line, events, disk):
     if boots != sc.boots:
         p.append("%d boots, expected %d" % (boots, sc.boots))
     fields = dict(re.findall(r"(\S+?)=('[^']*'|\S+)", kubelet_line))
-    want = {"KUBELET_IMAGE_TAG": sc.tag, "torcx-docker": DOCKER, "os": sc.os_after,
-            "KUBELET_IMAGE_URL": "quay.io/coreos/hyperkube"}
+    tag = release(s, sc.tag)
+    want = {"KUBELET_IMAGE_TAG": tag, "torcx-docker": DOCKER, "os": sc.os_after,
+            "kubelet": "/usr/lib/kubernetes/%s/kubelet" % tag}
     for k, v in want.items():
         if fields.get(k) != v:
             p.append("kubelet started with %s=%s, expected %s" % (k, fields.get(k), v))
@@ -211,7 +247,7 @@ def check(s, sc, boots, kubelet_line, events, disk):
         if fsck.returncode not in (0, 1):
             p.append("e2fsck on the node's disk: exit %d: %s" % (fsck.returncode, fsck.stdout[-500:]))
         env = (disk_file(raw, "/etc/kubernetes/kubelet.env") or b"").decode()
-        if "KUBELET_IMAGE_TAG=%s" % sc.tag not in env:
+        if "KUBELET_IMAGE_TAG=%s" % tag not in env:
             p.append("kubelet.env on disk: %r" % env)
         nxt = (disk_file(raw, "/etc/torcx/next-profile") or b"").decode().strip()
         prof = disk_file(raw, "/etc/torcx/profiles/%s.json" % (nxt or "tectonic"))
@@ -222,7 +258,7 @@ def check(s, sc, boots, kubelet_line, events, disk):
         if nxt != "tectonic" or {"name": "docker", "reference": DOCKER} not in images:
             p.append("profile on disk: next-profile %r, images %r" % (nxt, images))
         for os_version in sc.stores:
-            d = "/var/lib/torcx/store/" + os_version
+            d = "%s/store/%s" % (sc.torcx_base, os_version)
             names = disk_ls(raw, d)
             if names != ["docker:%s.torcx.tgz" % DOCKER]:
                 p.append("store %s holds %r" % (d, names))
@@ -231,6 +267,8 @@ def check(s, sc, boots, kubelet_line, events, disk):
             if hashlib.sha512(data).hexdigest() != s.image_sha512:
                 p.append("%s/docker:%s.torcx.tgz does not match the published sha512" % (d, DOCKER))
         p += check_record(s, sc, raw)
+        if sc.torcx_base != "/var/lib/torcx" and disk_ls(raw, "/var/lib/torcx/store"):
+            p.append("something was staged under /var/lib/torcx/store although torcx's config.json moves the stores")
         for d in ("/etc/kubernetes", "/etc/torcx", "/etc/torcx/profiles"):
             left = [n for n in disk_ls(raw, d) if ".nodestrap-" in n]
             if left:
@@ -252,11 +290,12 @@ def check_record(s, sc, raw):
         p.append("status record: state %s phase %s exit %s" % (rec.get("state"), rec.get("phase"), rec.get("exit_code")))
     k8s = [d for d in rec.get("decisions", []) if d.get("what") == "k8s"]
     want_from = "api-server" if sc.api_up else "fallback"
-    if not k8s or k8s[0]["value"] != sc.tag.replace("_", "+") or not k8s[0]["source"].startswith(want_from + " "):
-        p.append("status record's k8s decision: %r, expected %s from %s" % (k8s, sc.tag, want_from))
+    tag = release(s, sc.tag)
+    if not k8s or k8s[0]["value"] != tag or not k8s[0]["source"].startswith(want_from + " "):
+        p.append("status record's k8s decision: %r, expected %s from %s" % (k8s, tag, want_from))
     files = {f.get("path"): f.get("digest") for f in rec.get("files", [])}
     for os_version in sc.stores:
-        path = "/var/lib/torcx/store/%s/docker:%s.torcx.tgz" % (os_version, DOCKER)
+        path = "%s/store/%s/docker:%s.torcx.tgz" % (sc.torcx_base, os_version, DOCKER)
         if files.get(path) != "sha512-" + s.image_sha512:
             p.append("status record lists %s as %r, expected the published sha512" % (path, files.get(path)))
     return p

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from harness.common import *  # noqa: F401,F403 (the run's constants and helpers)
+from harness.cluster import kubelet_config, static_pod
 
 
 class Run:
@@ -34,7 +35,7 @@ class Run:
         self.server = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "server.py"), "--www", self.path("www"),
              "--cert", self.path("srv.pem"), "--key", self.path("srv.key"), "--token", self.path("token"),
-             "--git-version", API_VERSION, "--configmaps", self.path("configmaps.json"),
+             "--git-version", images["KUBE_VERSION"], "--configmaps", self.path("configmaps.json"),
              "--log", self.server_log, "--ignition", self.path("served.ign"), "--ign-token", self.path("ign-token"),
              "--progress-token", self.path("progress-token"), "--progress-log", self.path("progress.jsonl"),
              "--nodes", self.path("nodes.json")], stdout=subprocess.PIPE, text=True)
@@ -169,14 +170,18 @@ class Run:
                 os.replace(asc + ".good", asc)
 
     def node_files(self, name, api_up=True, upgrade_os=False, update_engine=None, master=False,
-                   installer_files=True):
+                   installer_files=True, torcx_base="/var/lib/torcx"):
         """The files Ignition puts on the node: nodestrap's configuration, trust anchors and
-        keyring, the kubeconfig, and (unless the image's own should be used) the installer
-        fallback files."""
+        keyring, its kubeconfig (the nodestrap-bootstrap identity of the run's real cluster,
+        or a port where nothing listens), the installer fallback files (unless the image's own
+        should be used), and what the kubelet needs to join and run its static pod."""
+        cp = self.cluster
         d = self.path(name + "-files")
         os.makedirs(d)
-        api_port = self.api_port if api_up else free_port()  # nothing listens there
-        ca_b64 = base64.b64encode(open(self.path("ca.pem"), "rb").read()).decode()
+        kubeconfig = cp.kubeconfig("nodestrap-bootstrap")
+        if not api_up:
+            kubeconfig = kubeconfig.replace(":%d\n" % cp.api_port, ":%d\n" % free_port())  # nothing listens there
+        prev = self.images["KUBE_PREV_VERSION"]
         files = {
             "/etc/nodestrap/bootstrap.conf": (
                 "# nodestrap bootstrap settings (same keys as its options)\n"
@@ -190,20 +195,22 @@ class Run:
                 "update-timeout=120\n" % (GUEST_HOST, self.release_port, "true" if upgrade_os else "false")),
             "/etc/nodestrap/keyring.asc": open(self.path("keyring.asc")).read(),
             "/etc/nodestrap/ca.pem": open(self.path("ca.pem")).read(),
-            "/etc/kubernetes/kubeconfig": (
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n"
-                "    server: https://%s:%d\n    certificate-authority-data: %s\n"
-                "users:\n- name: kubelet\n  user:\n    token: %s\n"
-                "contexts:\n- context:\n    cluster: local\n    user: kubelet\n"
-                % (GUEST_HOST, api_port, ca_b64, self.token)),
-            "/etc/kubernetes/installer/kubelet.env": (
-                'KUBELET_IMAGE_URL="quay.io/coreos/hyperkube"\nKUBELET_IMAGE_TAG="%s"\n' % INSTALLER_TAG),
-            "/etc/kubernetes/installer/runtime-mappings.yaml": (
-                'kind: VersionManifestV1\nversions:\n  k8s:\n    1.9:\n      docker: ["%s", "1.12"]\n' % DOCKER),
+            "/etc/kubernetes/kubeconfig": kubeconfig,
+            "/etc/kubernetes/installer/kubelet.env": 'KUBELET_IMAGE_TAG="%s"\n' % prev,
+            "/etc/kubernetes/installer/runtime-mappings.yaml": self.mappings(),
+            "/etc/hostname": name + "\n",
+            "/etc/kubernetes/bootstrap-kubelet.conf": cp.kubeconfig(token=cp.bootstrap_token),
+            "/etc/kubernetes/pki/ca.crt": cp.ca_pem(),
+            "/var/lib/kubelet/config.yaml": kubelet_config(),
+            "/etc/kubernetes/manifests/probe.yaml": static_pod(self.images["BUSYBOX_REF"]),
         }
         if not installer_files:
             del files["/etc/kubernetes/installer/kubelet.env"]
             del files["/etc/kubernetes/installer/runtime-mappings.yaml"]
+        if torcx_base != "/var/lib/torcx":
+            # torcx's own configuration moves its stores: nodestrap must stage where torcx looks.
+            files["/etc/torcx/config.json"] = json.dumps(
+                {"kind": "torcx-config-v0", "value": {"base_dir": torcx_base}}) + "\n"
         if update_engine:
             files["/etc/nodestrap-test/update-engine.args"] = update_engine
         if master:
@@ -218,6 +225,14 @@ class Run:
                 f.write(text)
             args += ["--file", "%s=%s" % (node_path, local)]
         return args
+
+    def mappings(self):
+        """The runtime mappings of the run's two Kubernetes releases: docker 20.10 (this run's
+        torcx image), else the vendored 1.12."""
+        minor = lambda v: ".".join(v.lstrip("v").split(".")[:2])
+        return "kind: VersionManifestV1\nversions:\n  k8s:\n" + "".join(
+            '    "%s":\n      docker: ["%s", "1.12"]\n' % (minor(self.images[k]), DOCKER)
+            for k in ("KUBE_PREV_VERSION", "KUBE_VERSION"))
 
     def stop(self):
         for f in self.on_stop:
