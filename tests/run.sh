@@ -5,6 +5,16 @@
 # and the QEMU scenarios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The test programs built from the Go module proxy (cached by version; test programs only): the
+# real torcx, the oracle of what torcx finds at boot (tests/torcx, the QEMU guests), and real
+# Kubernetes, the cluster the commands that talk to one are tested against
+# (tests/support/cluster.rs) and the QEMU nodes join. Cold, they take minutes: they build in
+# the background while the release binaries link (mostly one core: LTO), and are waited for
+# before the tests that need them.
+go_out=$(mktemp -d)
+trap 'rm -rf "$go_out"' EXIT
+(qemu/build-torcx >"$go_out/torcx" && qemu/build-kubernetes >"$go_out/kubernetes") 2>"$go_out/log" &
+go_build=$!
 cargo fmt --check
 .ci/licenses --check
 # The import rule of README.md's Layout: families over floors, no cycles.
@@ -20,12 +30,11 @@ arm=$(sed -n 's/^aarch64-unknown-linux-musl=//p' <<<"$builds")
 # qemu-user (NODESTRAP_RUNNER), so its board fallback and syscalls are exercised, not only built.
 # (sysext's tests are x86-64 only: their images are built for x86-64 and merged by this
 # machine's systemd-sysext.)
-# Built from the Go module proxy, cached by version (test programs only): the real torcx is the
-# oracle of what torcx finds at boot (tests/torcx), the real kube-apiserver and kubectl the
-# cluster the commands that talk to one are tested against (tests/support/cluster.rs), with
-# Debian 13's etcd (.ci/setup).
-NODESTRAP_TORCX=$(qemu/build-torcx)
-eval "$(qemu/build-kubernetes)"
+# (The Go builds, started above; their progress and durations.)
+wait "$go_build" || { cat "$go_out/log" >&2; echo "tests/run.sh: building torcx or Kubernetes failed" >&2; exit 1; }
+cat "$go_out/log" >&2
+NODESTRAP_TORCX=$(cat "$go_out/torcx")
+eval "$(cat "$go_out/kubernetes")"
 NODESTRAP_KUBE_BIN=$KUBE_BIN
 export NODESTRAP_TORCX NODESTRAP_KUBE_BIN
 NODESTRAP_BIN=$x86 cargo test --locked
