@@ -615,13 +615,12 @@ impl Http {
         cap: u64,
         undo: &mut Undo,
     ) -> Result<u64> {
-        self.stream(&Request::get(url), cap, Some((dir, name)), |body, _| {
+        self.stream(&Request::get(url), cap, Some((dir, name)), |body| {
             write_verified(dir, name, digest, &mut &mut *body, undo)
         })
     }
 
-    /// A request whose body is handed to `consume` as it arrives (with progress lines), with
-    /// its length when the server declared one:
+    /// A request whose body is handed to `consume` as it arrives (with progress lines):
     /// transport errors and reading failures are tried again from scratch, a digest mismatch
     /// or a write failure is final. A body is at most `cap` bytes; one bound for a file in a
     /// directory (`target`) must also leave `SPACE_MARGIN` free there: a declared length that
@@ -632,7 +631,7 @@ impl Http {
         req: &Request,
         cap: u64,
         target: Option<(&Dir, &str)>,
-        mut consume: impl FnMut(&mut dyn Read, Option<u64>) -> std::result::Result<T, Staging>,
+        mut consume: impl FnMut(&mut dyn Read) -> std::result::Result<T, Staging>,
     ) -> Result<T> {
         let what = format!("{} {}", req.method, req.url);
         self.retrying(&what, |deadline| {
@@ -681,7 +680,7 @@ impl Http {
             };
             let body = resp.body_mut().with_config().limit(limit).reader();
             let mut progress = Progress::new(RateFloor::new(body, self.limits), req.url, total);
-            match consume(&mut progress, total) {
+            match consume(&mut progress) {
                 Ok(n) => Attempt::Done(n),
                 Err(Staging::Read(e)) if over_limit(&e) => Attempt::Final(Error::failed(
                     over.unwrap_or_else(|| format!("{what}: body over the {cap}-byte limit")),

@@ -106,12 +106,9 @@ pub fn fetch_image(
         log::warn!("{shown}: its SHA-256 is not the signed one: fetching it again");
     }
     let url = format!("{dir_url}{}", img.file);
-    let n = http.stream(
-        &Request::get(&url),
-        cap,
-        Some((&dir, &img.file)),
-        |body, _| write_checked(&dir, img, host, body, undo),
-    )?;
+    let n = http.stream(&Request::get(&url), cap, Some((&dir, &img.file)), |body| {
+        write_checked(&dir, img, host, body, undo)
+    })?;
     log::info!("{shown}: {n} bytes from {url}, SHA-256 matches the signed list, contents checked");
     status::staged(&image_path(img), &img.digest);
     Ok(())

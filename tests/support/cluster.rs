@@ -115,6 +115,8 @@ impl Cluster {
         let client = format!("http://127.0.0.1:{etcd_port}");
         let peer = format!("http://127.0.0.1:{peer_port}");
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        // Never waited on: it lives as long as the test process (PDEATHSIG ends it with us).
+        #[allow(clippy::zombie_processes)]
         let _etcd = spawn(
             &dir,
             "etcd",

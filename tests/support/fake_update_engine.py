@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """A test update_engine on a private system bus: com.coreos.update1 at /com/coreos/update1,
 interface com.coreos.update1.Manager, with AttemptUpdate, GetStatus and the StatusUpdate signal,
-as coreos/update_engine exposes them.
+as coreos/update_engine exposes them. A STAND-IN: no real update_engine can be installed here
+(it ships only inside Container Linux and Flatcar images), so this one speaks its real bus
+name, object path, interface and wire format, and the tests that use it say so.
 
   --status OP           status before any AttemptUpdate (default UPDATE_STATUS_IDLE)
   --new-version V       new_version reported with UPDATED_NEED_REBOOT

@@ -212,6 +212,7 @@ pub fn copy_tree(from: &Path, to: &Path) {
 
 /// How one faulted run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[allow(clippy::enum_variant_names)] // As the node is left: the prefix is the point.
 pub enum Outcome {
     /// Failed, and the node is as it was.
     AsItWas,

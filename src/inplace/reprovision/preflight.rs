@@ -99,7 +99,7 @@ pub(super) fn probe_payload(s: &Setup, seen: &mut Option<String>) -> Result<Stri
     let url = s.secrets.payload_url();
     req.url = &url;
     bearer(&mut req, &s.secrets.token);
-    let (n, got) = s.pinned.stream(&req, PAYLOAD_CAP, None, |body, _| {
+    let (n, got) = s.pinned.stream(&req, PAYLOAD_CAP, None, |body| {
         hash_into(
             body,
             &mut std::io::sink(),

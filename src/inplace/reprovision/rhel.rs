@@ -52,7 +52,7 @@ pub(super) fn rhel_configure(
     bearer(&mut req, &s.secrets.token);
     let got = s
         .pinned
-        .stream(&req, PAYLOAD_CAP, Some((&work, PAYLOAD_FILE)), |body, _| {
+        .stream(&req, PAYLOAD_CAP, Some((&work, PAYLOAD_FILE)), |body| {
             let mut tmp = work
                 .create_temp(PAYLOAD_FILE, 0o600)
                 .map_err(Staging::Write)?;
