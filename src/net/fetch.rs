@@ -198,8 +198,9 @@ pub enum Failure {
     /// An answer that trying again cannot change: 404 and other 4xx, a certificate the trust
     /// anchors reject, a body over its limit, a digest mismatch, a write that failed.
     Final,
-    /// 401 or 403: the server answered that these credentials may not do this. Never a reason
-    /// to use older data in its place: it says the identity is wrong.
+    /// 401 or 403: the server answered that these credentials may not do this: the identity is
+    /// wrong, so older data stands in only where the operator said so for every failure
+    /// (`--version-fallback always-after-deadline`).
     Denied,
 }
 
@@ -616,7 +617,14 @@ impl Http {
         undo: &mut Undo,
     ) -> Result<u64> {
         self.stream(&Request::get(url), cap, Some((dir, name)), |body| {
-            write_verified(dir, name, digest, &mut &mut *body, undo)
+            write_verified(
+                dir,
+                name,
+                (digest, "the signed manifest"),
+                &|_| Ok(()),
+                &mut &mut *body,
+                undo,
+            )
         })
     }
 
@@ -904,13 +912,15 @@ pub enum Staging {
     Mismatch(String, String),
 }
 
-/// Stream `r` into a temp file in `dir` while hashing; only content that matches `digest` is
-/// fsynced and renamed to `name`, recorded in `undo` first (whatever held that name is set
-/// aside). Otherwise the temp file is removed and `name` is untouched.
+/// Stream `r` into a temp file in `dir` while hashing; only content that matches `digest`
+/// (which `from` says: `the signed manifest`) and then passes `check` (the whole file, read
+/// back: its format) is fsynced and renamed to `name`, recorded in `undo` first (whatever held
+/// that name is set aside). Otherwise the temp file is removed and `name` is untouched.
 pub fn write_verified(
     dir: &Dir,
     name: &str,
-    digest: &Digest,
+    (digest, from): (&Digest, &str),
+    check: &dyn Fn(&std::fs::File) -> Result<()>,
     r: &mut impl Read,
     undo: &mut Undo,
 ) -> std::result::Result<u64, Staging> {
@@ -927,11 +937,11 @@ pub fn write_verified(
     if got != digest.hex {
         return Err(Staging::Mismatch(
             format!("{}-{got}", digest.algo_name()),
-            format!("the signed manifest says {digest}"),
+            format!("{from} says {digest}"),
         ));
     }
-    undo.creating(&dir.node_path(name))
-        .map_err(Staging::Write)?;
+    check(&tmp.reopen().map_err(Staging::Write)?).map_err(Staging::Write)?;
+    undo.creating(dir, name).map_err(Staging::Write)?;
     tmp.persist().map_err(Staging::Write)?;
     Ok(n)
 }

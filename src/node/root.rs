@@ -245,7 +245,7 @@ fn is_temp_name(n: &str) -> bool {
             .is_some_and(|(_, h)| h.len() == 12 && h.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
-fn split_node_path(p: &str) -> Option<(&str, &str)> {
+pub(crate) fn split_node_path(p: &str) -> Option<(&str, &str)> {
     let p = p.trim_end_matches('/');
     let (dir, name) = p.rsplit_once('/')?;
     if name.is_empty() || name == "." || name == ".." {
@@ -616,13 +616,6 @@ impl Dir {
         rustix::fs::fstatvfs(&self.fd)
             .is_ok_and(|st| st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
     }
-
-    pub fn symlink(&self, target: &str, name: &str) -> Result<()> {
-        match rustix::fs::symlinkat(target, &self.fd, name) {
-            Ok(()) | Err(rustix::io::Errno::EXIST) => Ok(()),
-            Err(e) => Err(Error::from(e).context(self.show(name))),
-        }
-    }
 }
 
 /// `rm -rf` of `name` under `parent` without following symlinks (`O_NOFOLLOW`, each level
@@ -661,15 +654,6 @@ fn remove_tree_at(parent: &impl AsFd, name: &OsStr, dev: u64) -> io::Result<()> 
     Ok(rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)?)
 }
 
-/// How far `persist_steps` got before it failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Persist {
-    /// The final name is untouched.
-    NotRenamed,
-    /// The final name holds the new file; only the directory's fsync failed.
-    Renamed,
-}
-
 pub struct TempFile<'a> {
     dir: &'a Dir,
     tmp: String,
@@ -695,23 +679,15 @@ impl TempFile<'_> {
     }
 
     /// fsync the data, rename over the final name, fsync the directory.
-    pub fn persist(self) -> Result<()> {
-        self.persist_steps().map_err(|(_, e)| e)
-    }
-
-    /// `persist`, telling a caller whose file is a done marker whether the rename happened
-    /// before the failure (the new file is visible but may not survive a crash).
-    pub fn persist_steps(mut self) -> std::result::Result<(), (Persist, Error)> {
+    pub fn persist(mut self) -> Result<()> {
         let f = self.file.take().expect("open until persisted");
-        f.sync_all()
-            .with_ctx(|| {
-                format!(
-                    "fsync of {} (temp file for {})",
-                    self.dir.show(&self.tmp),
-                    self.dir.show(&self.name)
-                )
-            })
-            .map_err(|e| (Persist::NotRenamed, e))?;
+        f.sync_all().with_ctx(|| {
+            format!(
+                "fsync of {} (temp file for {})",
+                self.dir.show(&self.tmp),
+                self.dir.show(&self.name)
+            )
+        })?;
         drop(f);
         rustix::fs::renameat(
             &self.dir.fd,
@@ -719,12 +695,11 @@ impl TempFile<'_> {
             &self.dir.fd,
             self.name.as_str(),
         )
-        .with_ctx(|| format!("renaming into {}", self.dir.show(&self.name)))
-        .map_err(|e| (Persist::NotRenamed, e))?;
+        .with_ctx(|| format!("renaming into {}", self.dir.show(&self.name)))?;
         self.tmp.clear();
         self.dir
             .fsync()
-            .map_err(|e| (Persist::Renamed, e.context(self.dir.show(&self.name))))
+            .map_err(|e| e.context(self.dir.show(&self.name)))
     }
 }
 

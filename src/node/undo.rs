@@ -13,7 +13,7 @@ use std::os::fd::OwnedFd;
 use rustix::fs::FileType;
 
 use crate::error::{Context, Error, Result};
-use crate::node::root::{temp_name, Root, CONFIG_CAP};
+use crate::node::root::{split_node_path, temp_name, Dir, DirLock, Root, CONFIG_CAP};
 
 /// What a path held before this run changed it.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,7 +41,7 @@ enum Step {
     Aside {
         path: String,
         aside: String,
-        _held: Option<OwnedFd>,
+        _held: OwnedFd,
     },
 }
 
@@ -51,6 +51,9 @@ pub struct Undo<'r> {
     root: &'r Root,
     steps: Vec<Step>,
     then: Vec<(&'static str, Action<'r>)>,
+    /// Held until the run is put back or committed: no other run changes these directories
+    /// (or sweeps their temp names) meanwhile.
+    locks: Vec<DirLock>,
 }
 
 impl<'r> Undo<'r> {
@@ -59,16 +62,17 @@ impl<'r> Undo<'r> {
             root,
             steps: Vec::new(),
             then: Vec::new(),
+            locks: Vec::new(),
         }
     }
 
-    /// Whether nothing was changed yet.
-    pub fn is_empty(&self) -> bool {
-        self.steps.is_empty()
+    /// Keep `lock` until the run is put back or committed.
+    pub fn keep_locked(&mut self, lock: DirLock) {
+        self.locks.push(lock);
     }
 
-    /// Create `dir` and its missing parents, each recorded.
-    pub fn make_dir(&mut self, dir: &str) -> Result<()> {
+    /// Create `dir` and its missing parents, each recorded; the directory.
+    pub fn make_dir(&mut self, dir: &str) -> Result<Dir> {
         let mut prefix = String::new();
         for comp in dir.split('/').filter(|c| !c.is_empty() && *c != ".") {
             prefix.push('/');
@@ -77,7 +81,9 @@ impl<'r> Undo<'r> {
                 self.steps.push(Step::Dir(prefix.clone()));
             }
         }
-        self.root.dir(dir, true).map(|_| ())
+        self.root
+            .dir(dir, true)?
+            .ok_or_else(|| Error::failed(format!("{}: could not be made", self.root.show(dir))))
     }
 
     /// Replace `path` with `data`, atomically.
@@ -94,7 +100,7 @@ impl<'r> Undo<'r> {
         note: Option<&'static str>,
     ) -> Result<()> {
         let (dir, _) = split(path)?;
-        self.make_dir(dir)?;
+        let _ = self.make_dir(dir)?;
         let prior = self.prior(path)?;
         self.steps.push(Step::Path {
             path: path.to_string(),
@@ -107,7 +113,7 @@ impl<'r> Undo<'r> {
     /// Point the symlink `path` at `target` in one step; `false` when it already does.
     pub fn link(&mut self, path: &str, target: &str) -> Result<bool> {
         let (dir, name) = split(path)?;
-        self.make_dir(dir)?;
+        let d = self.make_dir(dir)?;
         let prior = self.prior(path)?;
         if prior == Prior::Link(target.to_string()) {
             return Ok(false);
@@ -117,7 +123,6 @@ impl<'r> Undo<'r> {
             prior,
             note: None,
         });
-        let d = self.root.dir(dir, false)?.expect("made");
         d.replace_symlink(target, name)?;
         Ok(true)
     }
@@ -136,25 +141,26 @@ impl<'r> Undo<'r> {
         self.root.remove(path)
     }
 
-    /// `path` is about to be created by the caller (a verified image renamed into place, never
-    /// written in place): taken away again on undo. A regular file there now is kept under a second, hidden name until
-    /// the run ends (a hard link: the caller's rename replaces it in one step, so the name never
-    /// goes missing, even if the run is killed) and comes back on undo.
-    pub fn creating(&mut self, path: &str) -> Result<()> {
-        let (dir, name) = split(path)?;
-        self.make_dir(dir)?;
-        let d = self.root.dir(dir, false)?.expect("made");
+    /// `name` in `d` is about to be created by the caller (a verified image renamed into place,
+    /// never written in place): taken away again on undo. A regular file there now is kept
+    /// under a second, hidden name until the run ends (a hard link: the caller's rename
+    /// replaces it in one step, so the name never goes missing, even if the run is killed) and
+    /// comes back on undo.
+    pub fn creating(&mut self, d: &Dir, name: &str) -> Result<()> {
+        let path = d.node_path(name);
         match d.kind_of(name) {
             None => {}
             Some(FileType::RegularFile) => {
                 let aside = temp_name(name);
+                // Locked before its second name exists (the lock is the inode's): no other
+                // run's sweep can take it in between.
+                let held = d.hold(name)?;
                 self.steps.push(Step::Aside {
-                    path: path.to_string(),
-                    aside: format!("{dir}/{aside}"),
-                    _held: None,
+                    aside: d.node_path(&aside),
+                    path,
+                    _held: held,
                 });
                 d.hard_link(name, &aside)?;
-                self.hold_last(&d, &aside);
                 // Undone by renaming the old file back over whatever the caller put there.
                 return Ok(());
             }
@@ -166,18 +172,11 @@ impl<'r> Undo<'r> {
             }
         }
         self.steps.push(Step::Path {
-            path: path.to_string(),
+            path,
             prior: Prior::Absent,
             note: None,
         });
         Ok(())
-    }
-
-    /// Lock the temp file just recorded: a concurrent run's sweep leaves a locked one alone.
-    fn hold_last(&mut self, d: &crate::node::root::Dir, aside: &str) {
-        if let (Ok(fd), Some(Step::Aside { _held, .. })) = (d.hold(aside), self.steps.last_mut()) {
-            *_held = Some(fd);
-        }
     }
 
     /// Rename the regular file `path` out of the way (a hidden temp name in its directory,
@@ -195,13 +194,15 @@ impl<'r> Undo<'r> {
             )));
         }
         let aside = temp_name(name);
+        // Locked before the rename (the lock is the inode's): a concurrent run's sweep leaves
+        // it alone under its temp name.
+        let held = d.hold(name)?;
         self.steps.push(Step::Aside {
             path: path.to_string(),
-            aside: format!("{dir}/{aside}"),
-            _held: None,
+            aside: d.node_path(&aside),
+            _held: held,
         });
         d.rename(name, &aside)?;
-        self.hold_last(&d, &aside);
         Ok(())
     }
 
@@ -258,7 +259,13 @@ impl<'r> Undo<'r> {
                                 }
                                 Ok(())
                             }
-                            _ => Ok(()),
+                            // Killed between recording and the rename or link: it is where
+                            // it was.
+                            Some(d) if d.kind_of(name) == Some(FileType::RegularFile) => Ok(()),
+                            _ => Err(Error::failed(format!(
+                                "{}: the copy set aside is gone",
+                                self.root.show(&aside)
+                            ))),
                         }
                     });
                     (format!("put back {}", self.root.show(&path)), r)
@@ -318,8 +325,12 @@ impl<'r> Undo<'r> {
             }
             Some(FileType::RegularFile) => {
                 let f = d.open(name)?;
-                let data =
-                    crate::node::root::read_capped(f, CONFIG_CAP).with_ctx(|| d.show(name))?;
+                let data = crate::node::root::read_capped(f, CONFIG_CAP).with_ctx(|| {
+                    format!(
+                        "{} (read to keep a copy, to put it back on failure)",
+                        d.show(name)
+                    )
+                })?;
                 Prior::File {
                     data,
                     mode: d.mode_of(name)?,
@@ -340,20 +351,14 @@ fn restore(root: &Root, path: &str, prior: &Prior) -> Result<()> {
         Prior::Absent => root.remove(path),
         Prior::File { data, mode } => root.write_atomic(path, data, *mode),
         Prior::Link(t) => {
-            let (dir, name) = split(path)?;
-            root.dir(dir, true)?
-                .expect("created")
-                .replace_symlink(t, name)
+            let (d, name) = root.parent_of(path)?;
+            d.replace_symlink(t, &name)
         }
     }
 }
 
 fn split(path: &str) -> Result<(&str, &str)> {
-    let (dir, name) = path
-        .rsplit_once('/')
-        .filter(|(_, n)| !n.is_empty() && *n != "." && *n != "..")
-        .ok_or_else(|| Error::failed(format!("{path}: not a file path")))?;
-    Ok((if dir.is_empty() { "/" } else { dir }, name))
+    split_node_path(path).ok_or_else(|| Error::failed(format!("{path}: not a file path")))
 }
 
 #[cfg(test)]
@@ -413,7 +418,8 @@ mod tests {
         assert!(!u.link("/etc/ext/k.raw", "/opt/b").unwrap());
         u.link("/etc/ext/c.raw", "/opt/c").unwrap();
         u.remove("/etc/gone").unwrap();
-        u.creating("/etc/ext/img").unwrap();
+        let ext = r.dir("/etc/ext", false).unwrap().unwrap();
+        u.creating(&ext, "img").unwrap();
         // As every caller does: a new file renamed over the old name.
         std::fs::write(p.join("etc/ext/.img.new"), "new image").unwrap();
         std::fs::rename(p.join("etc/ext/.img.new"), p.join("etc/ext/img")).unwrap();

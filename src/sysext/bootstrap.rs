@@ -230,12 +230,11 @@ impl<'a> Apply<'a> {
             return Ok("unchanged");
         }
         // One run at a time switches links; a killed run's temp links go first.
-        let lock = stage::lock_links(root, undo)?;
+        stage::lock_links(undo)?;
 
         // 6. Fetch and check every image before any link changes.
         for s in steps {
             stage::fetch_image(
-                root,
                 self.http,
                 &s.dir_url,
                 &s.img,
@@ -253,7 +252,7 @@ impl<'a> Apply<'a> {
         // 8-9. sysupdate follows the chosen minors from now on; versions beyond the kept ones
         //      are set aside (deleted once the run is done).
         for s in steps {
-            let t = stage::write_transfer(root, &s.img, &s.dir_url, self.signed, undo)?;
+            let t = stage::write_transfer(&s.img, &s.dir_url, self.signed, undo)?;
             log::info!("wrote {t}: systemd-sysupdate keeps {} patched", s.img.name);
             let keep = [s.img.file.as_str()];
             stage::prune(root, &s.img.name, self.host.arch, &keep, undo)?;
@@ -284,7 +283,6 @@ impl<'a> Apply<'a> {
             log::info!("staged for the real root: its {SYSEXT_UNIT} merges them at boot");
             "staged"
         };
-        drop(lock);
 
         status::phase(status::Phase::Staged);
         status::decide(

@@ -2,14 +2,11 @@
 //! the symlink `/etc/extensions/<name>.raw`, older ones kept for rollback, and sysupdate
 //! transfer files that follow the chosen minor's patch stream (docs/bootstrap.md, "sysext").
 
-use std::io::Read;
-
 use rustix::fs::FileType;
 
-use crate::crypto::digest::{copy_hashing, CopyError};
 use crate::error::{Error, Result};
-use crate::net::fetch::{Http, Request, Staging};
-use crate::node::root::{Dir, DirLock, Root};
+use crate::net::fetch::{write_verified, Http, Request};
+use crate::node::root::{Dir, Root};
 use crate::node::status;
 use crate::node::undo::Undo;
 use crate::sysext::host::Host;
@@ -29,8 +26,8 @@ pub const KEEP: usize = 3;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Link {
     Absent,
-    /// A link into our store: the image's node path.
-    Ours(String),
+    /// A link into our store.
+    Ours,
     /// The user's opt-out: a link to /dev/null, or a directory of that name.
     Masked(String),
     /// Something nodestrap did not make (another path, a plain file): left alone.
@@ -56,7 +53,7 @@ impl Link {
                 if t == "/dev/null" {
                     Link::Masked(format!("{} links to /dev/null", dir.show(&file)))
                 } else if t.starts_with(&format!("{STORE}/{name}/")) && !t.contains("/../") {
-                    Link::Ours(t)
+                    Link::Ours
                 } else {
                     Link::Foreign(format!("{} links to {t}", dir.show(&file)))
                 }
@@ -67,7 +64,7 @@ impl Link {
 
     /// Whether systemd-sysext would merge something under this name from /etc/extensions.
     pub fn active(&self) -> bool {
-        matches!(self, Link::Ours(_) | Link::Foreign(_))
+        matches!(self, Link::Ours | Link::Foreign(_))
     }
 }
 
@@ -81,7 +78,6 @@ pub fn image_path(img: &Image) -> String {
 /// fsynced and renamed (recorded in `undo` first). An image already there is hashed and checked
 /// again instead; one that does not match is set aside and fetched again. At most `cap` bytes.
 pub fn fetch_image(
-    root: &Root,
     http: &Http,
     dir_url: &str,
     img: &Image,
@@ -89,7 +85,7 @@ pub fn fetch_image(
     cap: u64,
     undo: &mut Undo,
 ) -> Result<()> {
-    let dir = store_dir(root, &img.name, undo)?;
+    let dir = store_dir(&img.name, undo)?;
     let shown = dir.show(&img.file);
     if dir.kind_of(&img.file) == Some(FileType::RegularFile) {
         let f = dir.open(&img.file)?;
@@ -107,7 +103,14 @@ pub fn fetch_image(
     }
     let url = format!("{dir_url}{}", img.file);
     let n = http.stream(&Request::get(&url), cap, Some((&dir, &img.file)), |body| {
-        write_checked(&dir, img, host, body, undo)
+        write_verified(
+            &dir,
+            &img.file,
+            (&img.digest, "the signed SHA256SUMS"),
+            &|f| image::check(f, &img.name, host, &shown).map(|_| ()),
+            &mut &mut *body,
+            undo,
+        )
     })?;
     log::info!("{shown}: {n} bytes from {url}, SHA-256 matches the signed list, contents checked");
     status::staged(&image_path(img), &img.digest);
@@ -115,10 +118,9 @@ pub fn fetch_image(
 }
 
 /// The store of `name`, made (and recorded) if missing, with what killed runs left there swept.
-fn store_dir(root: &Root, name: &str, undo: &mut Undo) -> Result<Dir> {
+fn store_dir(name: &str, undo: &mut Undo) -> Result<Dir> {
     let path = format!("{STORE}/{name}");
-    undo.make_dir(&path)?;
-    let dir = root.dir(&path, false)?.expect("made");
+    let dir = undo.make_dir(&path)?;
     if dir.read_only() {
         return Err(Error::failed(format!(
             "{} is read-only: is an extension that ships /opt merged over it? (systemd-sysext makes all of /opt read-only then)",
@@ -129,44 +131,13 @@ fn store_dir(root: &Root, name: &str, undo: &mut Undo) -> Result<Dir> {
     Ok(dir)
 }
 
-fn write_checked(
-    dir: &Dir,
-    img: &Image,
-    host: &Host,
-    r: &mut dyn Read,
-    undo: &mut Undo,
-) -> std::result::Result<u64, Staging> {
-    let mut tmp = dir.create_temp(&img.file, 0o644).map_err(Staging::Write)?;
-    let mut hasher = img.digest.hasher();
-    let n = match copy_hashing(&mut &mut *r, &mut hasher, tmp.file()) {
-        Ok(n) => n,
-        Err(CopyError::Read(e)) => return Err(Staging::Read(e)),
-        Err(CopyError::Write(e)) => {
-            return Err(Staging::Write(Error::from(e).context(dir.show(&img.file))))
-        }
-    };
-    let got = hasher.finish_hex();
-    if got != img.digest.hex {
-        return Err(Staging::Mismatch(
-            format!("sha256-{got}"),
-            format!("the signed SHA256SUMS says {}", img.digest),
-        ));
-    }
-    let f = tmp.reopen().map_err(Staging::Write)?;
-    image::check(&f, &img.name, host, &dir.show(&img.file)).map_err(Staging::Write)?;
-    undo.creating(&image_path(img)).map_err(Staging::Write)?;
-    tmp.persist().map_err(Staging::Write)?;
-    Ok(n)
-}
-
 /// Hold `/etc/extensions` (made if missing) for the rest of the run, so that no other run
 /// switches links meanwhile, and sweep the temp links of runs killed while switching.
-pub fn lock_links(root: &Root, undo: &mut Undo) -> Result<DirLock> {
-    undo.make_dir(LINKS)?;
-    let dir = root.dir(LINKS, false)?.expect("made");
-    let lock = dir.lock(std::time::Duration::from_secs(60))?;
+pub fn lock_links(undo: &mut Undo) -> Result<()> {
+    let dir = undo.make_dir(LINKS)?;
+    undo.keep_locked(dir.lock(std::time::Duration::from_secs(60))?);
     dir.sweep_leftovers(true);
-    Ok(lock)
+    Ok(())
 }
 
 /// Point `/etc/extensions/<name>.raw` at the image in one step (nothing when it already does).
@@ -233,13 +204,7 @@ fn version_of(file: &str, name: &str, arch: &str) -> Option<Version> {
 /// The sysupdate transfer for `img`'s minor: `/etc/sysupdate.<name>.d/<name>-<minor>.transfer`
 /// and the same bytes as `.conf` (systemd < 257 reads only those). Files of other minors that
 /// nodestrap wrote there are removed, so sysupdate follows exactly one patch stream.
-pub fn write_transfer(
-    root: &Root,
-    img: &Image,
-    dir_url: &str,
-    signed: bool,
-    undo: &mut Undo,
-) -> Result<String> {
+pub fn write_transfer(img: &Image, dir_url: &str, signed: bool, undo: &mut Undo) -> Result<String> {
     let (major, minor) = img.version.minor();
     let v = if img.v_prefix { "v" } else { "" };
     let stream = format!("{}-{v}{major}.{minor}", img.name);
@@ -259,7 +224,7 @@ pub fn write_transfer(
     for f in &ours {
         undo.write(&format!("{dir_path}/{f}"), text.as_bytes(), 0o644)?;
     }
-    let dir = root.dir(&dir_path, false)?.expect("written");
+    let dir = undo.make_dir(&dir_path)?;
     for f in dir.entries()? {
         let old = f.starts_with(&format!("{}-", img.name))
             && (f.ends_with(".transfer") || f.ends_with(".conf"))
