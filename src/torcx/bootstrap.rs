@@ -258,7 +258,7 @@ impl<'a> Staging<'a> {
 }
 
 /// The ConfigMap, else the node's file: when the API server answered without usable mappings
-/// (404, 403, no key), or when it cannot answer and `--version-fallback` allows the node's
+/// (404, no key), or when it cannot answer and `--version-fallback` allows the node's
 /// files to stand in (a busy server is waited for, as for the version).
 fn runtime_versions(root: &Root, a: &Bootstrap, kube: Option<&Kube>, k8s: &str) -> Result<Wanted> {
     let from_api = kube.map(|k| k.configmap_key(MAPPINGS_NS, MAPPINGS_CM, MAPPINGS_KEY));
@@ -269,22 +269,20 @@ fn runtime_versions(root: &Root, a: &Bootstrap, kube: Option<&Kube>, k8s: &str) 
             &text,
             &format!("ConfigMap {MAPPINGS_NS}/{MAPPINGS_CM} key {MAPPINGS_KEY}"),
         )?,
-        // An identity that may not read the mappings is misconfigured: the node's file would
-        // hide that (it is used only where --version-fallback lets it stand in for the cluster).
-        Some(Err((e, Failure::Denied))) if !a.version_fallback.allows(Failure::Denied) => {
-            return Err(e.context(format!(
-                "runtime mappings: the API server refused these credentials the ConfigMap, and --version-fallback {} does not let {name} decide",
-                a.version_fallback.word()
-            )))
-        }
+        // An identity that may not read the mappings is misconfigured, and an API server that
+        // cannot answer may still be right: the node's file decides only where
+        // --version-fallback lets it stand in for the cluster.
         Some(Err((e, failure)))
-            if matches!(failure, Failure::Unreachable | Failure::Busy)
-                && !a.version_fallback.allows(failure) =>
+            if failure != Failure::Final && !a.version_fallback.allows(failure) =>
         {
+            let why = match failure {
+                Failure::Denied => "refused these credentials the ConfigMap",
+                _ => "did not answer",
+            };
             return Err(e.context(format!(
-                "runtime mappings: the API server did not answer, and --version-fallback {} does not let {name} decide",
+                "runtime mappings: the API server {why}, and --version-fallback {} does not let {name} decide",
                 a.version_fallback.word()
-            )))
+            )));
         }
         other => {
             if let Some(Err((e, _))) = other {

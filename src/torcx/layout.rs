@@ -15,10 +15,10 @@ use serde::de::{MapAccess, Visitor};
 
 use crate::error::{Error, Result};
 use crate::node::root::{Root, CONFIG_CAP};
+use crate::torcx::store::VENDOR_STORE;
 
 pub const DEFAULT_CONFIG: &str = "/etc/torcx/config.json";
 const CONFIG_KIND: &str = "torcx-config-v0";
-const VENDOR_STORE: &str = "/usr/share/torcx/store";
 const OEM_STORE: &str = "/usr/share/oem/torcx/store";
 
 /// torcx's paths on this node.
@@ -167,7 +167,7 @@ impl Layout {
     pub fn stores(&self, os: &str, vendor: bool) -> Vec<String> {
         let mut s = Vec::new();
         if vendor {
-            s.push(VENDOR_STORE.to_string());
+            s.push(VENDOR_STORE.trim_end_matches('/').to_string());
         }
         s.push(clean(&format!("{OEM_STORE}/{os}")));
         s.push(OEM_STORE.to_string());
@@ -193,12 +193,12 @@ impl Layout {
             if let Some(o) = ours.filter(|o| o.rsplit_once('/').map(|(d, _)| d) == Some(store)) {
                 tgz.get_or_insert(o.to_string());
             }
-            let Some(dir) = root.dir(store, false).ok().flatten() else {
+            // A store that is not there is skipped, as torcx skips it; one that cannot be
+            // read is an error: torcx might read what nodestrap could not check.
+            let Some(dir) = root.dir(store, false)? else {
                 continue;
             };
-            let Ok(entries) = dir.entries() else {
-                continue;
-            };
+            let entries = dir.entries()?;
             for e in entries {
                 let Some((n, r, squashfs)) = archive_name(&e) else {
                     continue;

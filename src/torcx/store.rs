@@ -191,8 +191,7 @@ pub fn stage_image(
     }
     let file = image_file(w.name, w.version);
     let store = layout.user_store(w.os_version);
-    undo.make_dir(&store)?;
-    let dir = root.dir(&store, false)?.expect("made");
+    let dir = undo.make_dir(&store)?;
     dir.sweep_leftovers(false);
     if let Some(f) = root.open_file(&dir.node_path(&file))? {
         if w.digest.matches(f).with_ctx(|| dir.show(&file))? {
@@ -219,7 +218,14 @@ pub fn stage_image(
         if let Ok(m) = f.metadata() {
             dir.check_room(&file, m.len())?;
         }
-        match write_verified(&dir, &file, w.digest, &mut f, undo) {
+        match write_verified(
+            &dir,
+            &file,
+            (w.digest, "the signed manifest"),
+            &|_| Ok(()),
+            &mut f,
+            undo,
+        ) {
             Ok(_) => return Ok(Staged::Copied(root.show(&other))),
             Err(Staging::Mismatch(..)) => {
                 crate::debug!("{} does not match {}", root.show(&other), w.digest)
