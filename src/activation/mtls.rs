@@ -415,8 +415,22 @@ pub fn serve<T: Send>(
         }
         // Stopped. The listen queue holds clients the kernel already took in: they are
         // answered too, then every request still on its way.
-        while let Ok((tcp, addr)) = listener.accept() {
-            start(tcp, addr);
+        // A client that gave up while queued (ECONNABORTED) is skipped; one that cannot be
+        // taken in at all (EMFILE) stops it after a few tries.
+        let mut failed = 0;
+        loop {
+            match listener.accept() {
+                Ok((tcp, addr)) => start(tcp, addr),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if failed < 8 => {
+                    failed += 1;
+                    log::warn!("accepting a queued connection after the stop: {e}");
+                }
+                Err(e) => {
+                    log::error!("accepting a queued connection after the stop: {e}; the rest of the queue goes unanswered");
+                    break;
+                }
+            }
         }
         drop(tx);
         for t in rx.iter() {
