@@ -100,7 +100,7 @@ pub fn trace(cmd: &Command, out: &Path) -> (Vec<Call>, Run) {
         let nth = seen.entry(name.to_string()).or_default();
         *nth += 1;
         renamed |= name.starts_with("rename");
-        if !renamed {
+        if !renamed && name.contains("write") {
             continue;
         }
         let creates = name != "openat" || rest.contains("O_CREAT");
@@ -220,8 +220,8 @@ pub enum Outcome {
     /// node is as a clean run leaves it.
     AsClean,
     /// Succeeded, as a clean run leaves the node, but a file the run set aside (a version
-    /// pruned) could not be deleted at its end: it stays under its hidden temp name, which
-    /// nothing reads, until a later run sweeps it (docs/bootstrap.md says so).
+    /// pruned, an image replaced) could not be deleted at its end: it stays under its hidden
+    /// temp name, which nothing reads, until a later run sweeps it (docs/bootstrap.md says so).
     AsCleanSetAsideLeft,
 }
 
@@ -232,12 +232,18 @@ pub fn judge(
     before: &BTreeMap<String, String>,
     after: &BTreeMap<String, String>,
 ) -> Result<Outcome, String> {
+    // A file the clean run deleted (a version pruned) or replaced, the same bytes and mode.
+    let set_aside = |v: &String| {
+        before
+            .iter()
+            .any(|(k, b)| b == v && after.get(k) != Some(b))
+    };
     let only_temps_more = || {
         after.iter().all(|(k, v)| now.get(k) == Some(v))
             && now
                 .iter()
                 .filter(|(k, _)| !after.contains_key(*k))
-                .all(|(k, v)| temp_name(k) && v.starts_with("file "))
+                .all(|(k, v)| temp_name(k) && v.starts_with("file ") && set_aside(v))
     };
     match run.code {
         0 if now == after => Ok(Outcome::AsClean),
