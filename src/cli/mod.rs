@@ -674,10 +674,7 @@ impl Common<'_> {
     pub fn check_fetch(&self) -> Result<()> {
         at_most("--api-tries", self.api_tries as u64, 100)?;
         at_most("--api-retry-delay", self.api_retry_delay, 3600)?;
-        at_most("--deadline", self.deadline, 7 * 24 * 3600)?;
-        if self.deadline == 0 {
-            return Err(Error::config("--deadline 0: at least 1"));
-        }
+        deadline(self.deadline)?;
         at_most("--fetch-attempts", self.fetch_attempts as u64, 100)?;
         at_most("--fetch-backoff-ms", self.fetch_backoff_ms, 60_000)?;
         self.limits().map(|_| ())
@@ -977,6 +974,16 @@ pub fn parse(args: &[String]) -> std::result::Result<Cli, i32> {
             2
         }
     })
+}
+
+/// `--deadline SECS` checked (1 s to a week, exit 2 otherwise): the instant it ends, counted
+/// from the run's start.
+pub fn deadline(secs: u64) -> Result<std::time::Instant> {
+    if secs == 0 {
+        return Err(Error::config("--deadline 0: at least 1"));
+    }
+    at_most("--deadline", secs, 7 * 24 * 3600)?;
+    Ok(started() + Duration::from_secs(secs))
 }
 
 #[cfg(test)]

@@ -276,15 +276,10 @@ pub(super) const PREFLIGHT_BUSY_WAIT: Duration = Duration::from_secs(3);
 
 pub(super) fn setup(a: &Reprovision, cmd: Command) -> Result<Setup> {
     let need_node = cmd == Command::Reprovision;
-    let deadline = a.deadline.unwrap_or(match cmd {
+    let until = crate::cli::deadline(a.deadline.unwrap_or(match cmd {
         Command::Preflight => crate::cli::PREFLIGHT_DEADLINE_SECS,
         Command::Reprovision => crate::cli::REPROVISION_DEADLINE_SECS,
-    });
-    if deadline == 0 {
-        return Err(Error::config("--deadline 0: at least 1"));
-    }
-    crate::cli::at_most("--deadline", deadline, 7 * 24 * 3600)?;
-    let until = crate::cli::started() + Duration::from_secs(deadline);
+    }))?;
     // preflight: one short wait for a busy endpoint, then its row says so.
     let bounded = |r: Retry| match cmd {
         Command::Preflight => r
