@@ -15,10 +15,11 @@ use serde::de::{MapAccess, Visitor};
 
 use crate::error::{Error, Result};
 use crate::node::root::{Root, CONFIG_CAP};
-use crate::torcx::store::VENDOR_STORE;
 
 pub const DEFAULT_CONFIG: &str = "/etc/torcx/config.json";
 const CONFIG_KIND: &str = "torcx-config-v0";
+/// The running OS's own store, searched first.
+pub const VENDOR_STORE: &str = "/usr/share/torcx/store";
 const OEM_STORE: &str = "/usr/share/oem/torcx/store";
 
 /// torcx's paths on this node.
@@ -167,7 +168,7 @@ impl Layout {
     pub fn stores(&self, os: &str, vendor: bool) -> Vec<String> {
         let mut s = Vec::new();
         if vendor {
-            s.push(VENDOR_STORE.trim_end_matches('/').to_string());
+            s.push(VENDOR_STORE.to_string());
         }
         s.push(clean(&format!("{OEM_STORE}/{os}")));
         s.push(OEM_STORE.to_string());

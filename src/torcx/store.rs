@@ -9,13 +9,12 @@ use crate::error::{Context, Error, Result};
 use crate::net::fetch::{write_verified, Http, Staging};
 use crate::node::root::{plain_name, Root};
 use crate::node::undo::Undo;
-use crate::torcx::layout::Layout;
+use crate::torcx::layout::{Layout, VENDOR_STORE};
 
 pub const PACKAGE_LIST_KIND: &str = "torcx-package-list-v0";
 pub const PROFILE_KIND: &str = "profile-manifest-v0";
 /// The first Container Linux release with remote torcx manifests.
 pub const MIN_REMOTE_OS: &str = "1520.3.0";
-pub const VENDOR_STORE: &str = "/usr/share/torcx/store/";
 
 #[derive(Debug, Deserialize)]
 pub struct PackageList {
@@ -123,7 +122,7 @@ impl PackageList {
             .locations
             .iter()
             .filter_map(|l| l.path.as_ref())
-            .find(|p| p.starts_with(VENDOR_STORE))
+            .find(|p| p.starts_with(&format!("{VENDOR_STORE}/")))
         {
             return Some(Source::Vendored(path.clone()));
         }
@@ -393,7 +392,7 @@ fn vendor_version(root: &Root, image: &str, reference: &str) -> Option<String> {
     if reference != DEFAULT_REFERENCE {
         return None;
     }
-    let target = root.read_link(&format!("{VENDOR_STORE}{}", image_file(image, reference)))?;
+    let target = root.read_link(&format!("{VENDOR_STORE}/{}", image_file(image, reference)))?;
     let file = target.rsplit('/').next()?;
     let version = file
         .strip_prefix(&format!("{image}:"))?
