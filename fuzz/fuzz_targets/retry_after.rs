@@ -19,7 +19,10 @@ fuzz_target!(|data: &[u8]| {
     };
     let t = v.trim();
     if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
-        assert_eq!(Some(wait.as_secs()), t.parse::<u64>().ok().or(Some(u64::MAX)));
+        assert_eq!(
+            Some(wait.as_secs()),
+            t.parse::<u64>().ok().or(Some(u64::MAX))
+        );
     } else {
         let at = httpdate::parse_http_date(t).expect("a wait from something not a date");
         assert_eq!(wait, at.duration_since(now).unwrap_or_default());

@@ -4,7 +4,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use nodestrap::node::root::plain_name;
-use nodestrap::torcx::store::{PackageList, Source, VENDOR_STORE};
+use nodestrap::torcx::layout::VENDOR_STORE;
+use nodestrap::torcx::store::{PackageList, Source};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(list) = PackageList::parse(data, "manifest.json") else {
@@ -15,7 +16,9 @@ fuzz_target!(|data: &[u8]| {
         for v in &p.versions {
             assert!(plain_name(&v.version));
             match list.source_for(&p.name, &v.version) {
-                Some(Source::Vendored(path)) => assert!(path.starts_with(VENDOR_STORE)),
+                Some(Source::Vendored(path)) => {
+                    assert!(path.starts_with(&format!("{VENDOR_STORE}/")))
+                }
                 Some(Source::Remote { url, .. }) => {
                     assert!(url.starts_with("https://") || url.starts_with("http://"))
                 }
