@@ -589,7 +589,7 @@ impl Http {
                     "{what}: response larger than the {cap}-byte limit ({t} bytes declared)"
                 )));
             }
-            let body = resp.body_mut().with_config().limit(cap).reader();
+            let body = capped(&mut resp, cap);
             let mut v = Vec::new();
             match RateFloor::new(body, self.limits).read_to_end(&mut v) {
                 Ok(_) => Attempt::Done(Ok(v)),
@@ -686,7 +686,7 @@ impl Http {
                 },
                 (None, _) => (cap, None),
             };
-            let body = resp.body_mut().with_config().limit(limit).reader();
+            let body = capped(&mut resp, limit);
             let mut progress = Progress::new(RateFloor::new(body, self.limits), req.url, total);
             match consume(&mut progress) {
                 Ok(n) => Attempt::Done(n),
@@ -944,6 +944,16 @@ pub fn write_verified(
     undo.creating(dir, name).map_err(Staging::Write)?;
     tmp.persist().map_err(Staging::Write)?;
     Ok(n)
+}
+
+/// The body, at most `cap` bytes. ureq refuses any read once `limit` bytes have come, even the
+/// one that would see the end: one more lets a body of exactly `cap` bytes end, and one past
+/// it still fails.
+fn capped(resp: &mut ureq::http::Response<ureq::Body>, cap: u64) -> ureq::BodyReader<'_> {
+    resp.body_mut()
+        .with_config()
+        .limit(cap.saturating_add(1))
+        .reader()
 }
 
 fn over_limit(e: &io::Error) -> bool {
@@ -1250,6 +1260,12 @@ mod tests {
         let url = server(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", true);
         let body = client(Duration::from_secs(10))
             .fetch(&Request::get(&url), 1 << 20)
+            .unwrap();
+        assert_eq!(body, b"hello");
+        // A body of exactly the cap is within it.
+        let url = server(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", false);
+        let body = client(Duration::from_secs(10))
+            .fetch(&Request::get(&url), 5)
             .unwrap();
         assert_eq!(body, b"hello");
         // No length and no end: refused at the caller's cap, at once and for good.
