@@ -1,6 +1,8 @@
 //! A run's changes to the node, each recorded *before* it is made, so that a failure puts the
 //! node back as it was (docs/bootstrap.md, "A failure keeps the node as it was"). A step that
 //! fails half-way (renamed into place, then its fsync failed) is undone like a finished one.
+//! A file set aside is recorded once its second name exists (whatever failed after that), so a
+//! copy recorded but gone is named in the error, never passed over.
 //!
 //! Undone in reverse order: files and links get their earlier content back or go again,
 //! directories this run made go when empty, files set aside come back; then the actions
@@ -155,12 +157,17 @@ impl<'r> Undo<'r> {
                 // Locked before its second name exists (the lock is the inode's): no other
                 // run's sweep can take it in between.
                 let held = d.hold(name)?;
-                self.steps.push(Step::Aside {
-                    aside: d.node_path(&aside),
-                    path,
-                    _held: held,
-                });
-                d.hard_link(name, &aside)?;
+                // Recorded once the second name exists, even when the directory's fsync
+                // after the link failed.
+                let linked = d.hard_link(name, &aside);
+                if d.kind_of(&aside).is_some() {
+                    self.steps.push(Step::Aside {
+                        aside: d.node_path(&aside),
+                        path,
+                        _held: held,
+                    });
+                }
+                linked?;
                 // Undone by renaming the old file back over whatever the caller put there.
                 return Ok(());
             }
@@ -197,13 +204,16 @@ impl<'r> Undo<'r> {
         // Locked before the rename (the lock is the inode's): a concurrent run's sweep leaves
         // it alone under its temp name.
         let held = d.hold(name)?;
-        self.steps.push(Step::Aside {
-            path: path.to_string(),
-            aside: d.node_path(&aside),
-            _held: held,
-        });
-        d.rename(name, &aside)?;
-        Ok(())
+        // Recorded once renamed, even when the directory's fsync after it failed.
+        let renamed = d.rename(name, &aside);
+        if d.kind_of(&aside).is_some() {
+            self.steps.push(Step::Aside {
+                path: path.to_string(),
+                aside: d.node_path(&aside),
+                _held: held,
+            });
+        }
+        renamed
     }
 
     /// Run `action` after everything else is put back (in the order registered).
@@ -259,9 +269,8 @@ impl<'r> Undo<'r> {
                                 }
                                 Ok(())
                             }
-                            // Killed between recording and the rename or link: it is where
-                            // it was.
-                            Some(d) if d.kind_of(name) == Some(FileType::RegularFile) => Ok(()),
+                            // Recorded only once it existed, and locked since: something
+                            // outside nodestrap took it.
                             _ => Err(Error::failed(format!(
                                 "{}: the copy set aside is gone",
                                 self.root.show(&aside)
