@@ -10,7 +10,8 @@ use std::time::Duration;
 use crate::crypto::openpgp::Keyring;
 use crate::error::{Error, Kind, Result};
 use crate::net::cluster::Fallback;
-use crate::net::fetch::{AttemptLimits, Http, Retry, Tls};
+use crate::net::fetch::{AttemptLimits, Http, Tls};
+use crate::net::retry::Retry;
 use crate::node::root::{read_host_file, Root};
 
 pub mod check;
@@ -662,12 +663,17 @@ impl Common<'_> {
             crate::debug!("trust anchors: {}", tls.sources.join(", "));
         }
         let limits = self.limits()?;
-        let retry = Retry::exponential(
+        Ok(Http::new(&tls, self.fetch_retry()).with_limits(limits))
+    }
+
+    /// The downloads' retry rule: attempts without an answer up to `--fetch-attempts`, busy
+    /// answers until the run's deadline.
+    pub fn fetch_retry(&self) -> Retry {
+        Retry::exponential(
             self.fetch_attempts,
             Duration::from_millis(self.fetch_backoff_ms),
         )
-        .until(self.run_deadline());
-        Ok(Http::new(&tls, retry).with_limits(limits))
+        .until(self.run_deadline())
     }
 
     /// The fetch options' own checks (exit 2), shared by every payload family.

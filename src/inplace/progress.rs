@@ -6,7 +6,8 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::json;
 
-use crate::net::fetch::{Http, Request, Retry, Tls};
+use crate::net::fetch::{Http, Request, Tls};
+use crate::net::retry::Retry;
 use crate::node::status::rfc3339;
 
 pub struct Reporter {

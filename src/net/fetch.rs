@@ -17,6 +17,8 @@ use crate::error::{Error, Kind, Result};
 use crate::node::root::{read_host_file, Dir, Root, SPACE_MARGIN};
 use crate::node::undo::Undo;
 
+use crate::net::retry::{Answer, Attempts, Next, Retry};
+
 /// CA bundles of the distributions we run on; the first that exists is the system trust store.
 const SYSTEM_BUNDLES: &[&str] = &[
     "/etc/ssl/certs/ca-certificates.crt",
@@ -90,99 +92,6 @@ impl Tls {
             self.roots.len() - before
         ));
         Ok(())
-    }
-}
-
-/// When to try again, built one way for every retrying client: `Retry::exponential`, adjusted
-/// with `capped_at`, `within` and `until`. Pauses are exponential with full jitter; a server's
-/// `Retry-After` (429, 503) is waited out first. Attempts bound only the failures that got no
-/// answer; busy answers (408, 429, 5xx) are bounded by time alone, so that a healthy server
-/// that sheds load cannot make a node give up after a fixed number of tries.
-#[derive(Debug, Clone, Copy)]
-pub struct Retry {
-    /// Attempts that failed without a busy answer, at most (at least 1).
-    pub attempts: u32,
-    /// Busy answers, at most: unbounded but for time, except for best-effort clients.
-    pub busy_attempts: u32,
-    /// The first pause is at most this long; each failure doubles it, up to `cap`.
-    pub initial: Duration,
-    pub cap: Duration,
-    /// No new attempt of one request starts once this much time has gone by.
-    pub budget: Duration,
-    /// Nor after this moment: the run's deadline.
-    pub until: Option<Instant>,
-}
-
-impl Retry {
-    /// `attempts` (at least 1), pauses with full jitter below `initial`, doubling up to 60 s;
-    /// no new attempt of a request after 600 s (`--fetch-attempts`, `--fetch-backoff-ms`;
-    /// `--api-tries`, `--api-retry-delay`).
-    pub fn exponential(attempts: u32, initial: Duration) -> Retry {
-        Retry {
-            attempts: attempts.max(1),
-            busy_attempts: u32::MAX,
-            initial,
-            cap: Duration::from_secs(60),
-            budget: Duration::from_secs(600),
-            until: None,
-        }
-    }
-
-    /// At most `n` busy answers too: for reports that must not hold the node up.
-    pub fn busy_attempts(mut self, n: u32) -> Retry {
-        self.busy_attempts = n.max(1);
-        self
-    }
-
-    /// Pauses of at most `cap` (a `Retry-After` above it is cut to it).
-    pub fn capped_at(mut self, cap: Duration) -> Retry {
-        self.cap = cap;
-        self
-    }
-
-    /// No new attempt of one request after `budget`.
-    pub fn within(mut self, budget: Duration) -> Retry {
-        self.budget = budget;
-        self
-    }
-
-    /// No new attempt after `deadline`, and none running past it (`--deadline`): the run's
-    /// deadline replaces the budget of each request.
-    pub fn until(mut self, deadline: Instant) -> Retry {
-        self.until = Some(deadline);
-        self.budget = Duration::MAX;
-        self
-    }
-
-    /// The pause after the `failures`-th failed attempt (0-based). Without word from the
-    /// server: full jitter, random below `initial × 2^failures` (at most the cap). With a
-    /// `Retry-After` (cut to the cap): that wait, plus a random part below the smaller of it
-    /// (at least 1 s) and the exponential ceiling, so that nodes told the same `Retry-After`
-    /// come back spread over one more such interval, not in one wave, and a server that names
-    /// its time is not made to wait for a ceiling grown by earlier refusals.
-    pub fn delay(&self, failures: u32, retry_after: Option<Duration>) -> Duration {
-        let ceil = self
-            .initial
-            .saturating_mul(1u32 << failures.min(20))
-            .min(self.cap);
-        let frac = crate::crypto::random::fraction();
-        match retry_after {
-            None => ceil.mul_f64(frac),
-            Some(after) => {
-                let after = after.min(self.cap);
-                let spread = ceil.min(after.max(Duration::from_secs(1)));
-                after + spread.mul_f64(frac)
-            }
-        }
-    }
-
-    /// Time left for one request started at `start`: the smaller of its budget and the run's.
-    fn left(&self, start: Instant) -> Duration {
-        let own = self.budget.saturating_sub(start.elapsed());
-        match self.until {
-            Some(u) => own.min(u.saturating_duration_since(Instant::now())),
-            None => own,
-        }
     }
 }
 
@@ -440,64 +349,63 @@ impl Http {
         what: &str,
         mut op: impl FnMut(Duration) -> Attempt<T>,
     ) -> std::result::Result<T, (Error, Failure)> {
-        let start = Instant::now();
-        let (mut n, mut failed, mut busy) = (0, 0, 0);
+        let mut tries = Attempts::new(self.retry, Instant::now());
         // The last busy answer, for the error: "busy: 503, Retry-After 30".
         let mut busy_word = String::new();
         let mut last = Failure::Unreachable;
         loop {
-            n += 1;
-            let left = self.retry.left(start);
+            let left = tries.left(Instant::now());
             if left.is_zero() {
                 return Err((
                     Error::failed(format!(
                         "{what}: {busy_word}giving up after {} attempts: the deadline passed",
-                        n - 1
+                        tries.made().0
                     )),
                     last,
                 ));
             }
-            let (e, failure, after) = match op(self.limits.deadline.min(left)) {
+            let (e, failure, answer) = match op(self.limits.deadline.min(left)) {
                 Attempt::Done(t) => return Ok(t),
                 Attempt::Final(e) => return Err((e, Failure::Final)),
                 Attempt::Denied(e) => return Err((e, Failure::Denied)),
                 Attempt::Retry(e) => {
-                    failed += 1;
-                    (e, Failure::Unreachable, None)
+                    busy_word.clear();
+                    (e, Failure::Unreachable, Answer::Nothing)
                 }
                 Attempt::Busy(e, status, after) => {
-                    busy += 1;
                     busy_word = match after {
                         Some(a) => format!("busy: {status}, Retry-After {}; ", a.as_secs()),
                         None => format!("busy: {status}; "),
                     };
-                    (e, Failure::Busy, after)
+                    (e, Failure::Busy, Answer::Busy(after))
                 }
             };
-            if failure != Failure::Busy {
-                busy_word.clear();
-            }
             last = failure;
-            let delay = self.retry.delay(n - 1, after);
-            if failed >= self.retry.attempts || busy >= self.retry.busy_attempts {
-                return Err((
-                    e.context(format!(
-                        "{what}: {busy_word}giving up after {n} attempts ({failed} without an answer)"
-                    )),
-                    failure,
-                ));
-            }
-            if delay >= self.retry.left(start) {
-                return Err((
-                    e.context(format!(
-                        "{what}: {busy_word}giving up after {n} attempts: the deadline comes before the next"
-                    )),
-                    failure,
-                ));
-            }
-            let told = after
-                .map(|a| format!(" (Retry-After {} s)", a.as_secs()))
-                .unwrap_or_default();
+            let next = tries.next(answer, Instant::now(), crate::crypto::random::fraction());
+            let (n, failed) = tries.made();
+            let delay = match next {
+                Next::Pause(d) => d,
+                Next::OutOfAttempts => {
+                    return Err((
+                        e.context(format!(
+                            "{what}: {busy_word}giving up after {n} attempts ({failed} without an answer)"
+                        )),
+                        failure,
+                    ))
+                }
+                Next::OutOfTime => {
+                    return Err((
+                        e.context(format!(
+                            "{what}: {busy_word}giving up after {n} attempts: the deadline comes before the next"
+                        )),
+                        failure,
+                    ))
+                }
+            };
+            let told = match answer {
+                Answer::Busy(Some(a)) => format!(" (Retry-After {} s)", a.as_secs()),
+                _ => String::new(),
+            };
             log::warn!(
                 "{what}: attempt {n} failed: {e}; retrying in {:.1}s{told}",
                 delay.as_secs_f64()
@@ -1078,46 +986,6 @@ impl<R: Read> Read for Progress<R> {
 mod tests {
     use super::*;
     use std::io::Write as _;
-
-    #[test]
-    fn full_jitter_stays_under_the_cap() {
-        let r = Retry::exponential(10, Duration::from_secs(1));
-        for n in 0..12 {
-            let d = r.delay(n, None);
-            assert!(
-                d <= Duration::from_secs(60).min(Duration::from_secs(1 << n)),
-                "{n}: {d:?}"
-            );
-        }
-        // Random, not zero: 200 draws under a 60 s ceiling average near 30 s.
-        let mean = (0..200)
-            .map(|_| r.delay(10, None).as_secs_f64())
-            .sum::<f64>()
-            / 200.0;
-        assert!((20.0..40.0).contains(&mean), "mean {mean}");
-    }
-
-    #[test]
-    fn retry_after_is_waited_out_and_spread_above_it() {
-        let r = Retry::exponential(3, Duration::from_secs(2));
-        let draws: Vec<Duration> = (0..200)
-            .map(|_| r.delay(1, Some(Duration::from_secs(5))))
-            .collect();
-        // Never before the server asked, never more than the jitter's ceiling (4 s) past it.
-        assert!(draws
-            .iter()
-            .all(|d| *d >= Duration::from_secs(5) && *d < Duration::from_secs(9)));
-        // However many refusals came before, the spread stays within one Retry-After.
-        assert!((0..200)
-            .map(|_| r.delay(12, Some(Duration::from_secs(1))))
-            .all(|d| d >= Duration::from_secs(1) && d < Duration::from_secs(2)));
-        // Spread, not one wave: the draws differ.
-        let (lo, hi) = (draws.iter().min().unwrap(), draws.iter().max().unwrap());
-        assert!(*hi - *lo > Duration::from_secs(1), "{lo:?}..{hi:?}");
-        // A Retry-After past the cap is cut to it.
-        let capped = r.capped_at(Duration::from_secs(3));
-        assert!(capped.delay(0, Some(Duration::from_secs(3600))) < Duration::from_secs(6));
-    }
 
     #[test]
     fn retry_after_takes_seconds_and_the_three_http_date_forms() {

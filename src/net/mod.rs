@@ -5,3 +5,4 @@
 pub mod cluster;
 pub mod fetch;
 pub mod kube;
+pub mod retry;

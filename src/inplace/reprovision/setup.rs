@@ -7,9 +7,10 @@ use crate::cli::Reprovision;
 use crate::crypto::digest::{self, Algo, Digest};
 use crate::error::{Error, Result};
 use crate::inplace::mco;
-use crate::net::fetch::{Http, Request, Retry, Staging, Tls};
+use crate::net::fetch::{Http, Request, Staging, Tls};
 use crate::net::kube::Kube;
 use crate::net::kube::{api_client, check_key, node_name, NodeName};
+use crate::net::retry::Retry;
 use crate::node::envfile::EnvFile;
 use crate::node::root::{Dir, Root, CONFIG_CAP};
 
