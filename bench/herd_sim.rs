@@ -39,7 +39,7 @@ use argh::FromArgs;
 use nodestrap::cli::Bootstrap;
 use nodestrap::net::cluster::Fallback;
 use nodestrap::net::fetch::Failure;
-use nodestrap::net::retry::{Answer, Attempts, Next, Retry};
+use nodestrap::net::retry::{Answer, Attempts, Load, Next, Retry};
 
 const REQUESTS: u8 = 5;
 /// The first two requests go to the API server.
@@ -114,6 +114,9 @@ enum Event {
 struct Node {
     step: u8,
     tries: Attempts,
+    /// What each of the node's two clients learned (the API client's, the fetcher's): the
+    /// binary keeps it in each `fetch::Http`.
+    learned: [Load; 2],
     waiting: bool,
     /// When the server last turned it away, and the Retry-After it gave.
     refused: Option<(f64, f64)>,
@@ -129,6 +132,11 @@ struct Outcome {
     per_second: Vec<u64>,
 }
 
+/// Which of a node's clients makes request `step`: 0 the API client, 1 the fetcher.
+fn client(step: u8) -> usize {
+    usize::from(step >= API_REQUESTS)
+}
+
 fn simulate(m: &Model, api: Retry, fetch: Retry, fallback: Fallback) -> Outcome {
     // The virtual clock: the run starts where the binary's does, so `--deadline` (an
     // `Instant` built from `started()`) means the same here.
@@ -142,7 +150,8 @@ fn simulate(m: &Model, api: Retry, fetch: Retry, fallback: Fallback) -> Outcome 
         let t = rng.fraction() * m.start;
         nodes.push(Node {
             step: 0,
-            tries: Attempts::new(api, at(t)),
+            tries: Attempts::new(api, at(t), Load::default()),
+            learned: [Load::default(); 2],
             waiting: false,
             refused: None,
         });
@@ -156,13 +165,14 @@ fn simulate(m: &Model, api: Retry, fetch: Retry, fallback: Fallback) -> Outcome 
             Event::Served(i) => {
                 busy -= 1;
                 let n = &mut nodes[i as usize];
+                n.learned[client(n.step)] = n.tries.load(true);
                 n.step += 1;
                 if n.step == REQUESTS {
                     out.done.push(t);
                     continue;
                 }
                 let rule = if n.step < API_REQUESTS { api } else { fetch };
-                n.tries = Attempts::new(rule, at(t));
+                n.tries = Attempts::new(rule, at(t), n.learned[client(n.step)]);
                 heap.push(Reverse((ns(t + m.client), Event::Arrives(i))));
             }
             Event::Arrives(i) => {
@@ -212,8 +222,9 @@ fn simulate(m: &Model, api: Retry, fetch: Retry, fallback: Fallback) -> Outcome 
                         }
                         if n.step < API_REQUESTS && fallback.allows(Failure::Busy) {
                             out.fallback += 1;
+                            n.learned[0] = n.tries.load(false);
                             n.step = API_REQUESTS;
-                            n.tries = Attempts::new(fetch, at(now));
+                            n.tries = Attempts::new(fetch, at(now), n.learned[1]);
                             heap.push(Reverse((ns(now + m.client), Event::Arrives(i))));
                         } else {
                             out.failed += 1;
@@ -258,9 +269,14 @@ struct Row {
     sooner: u64,
 }
 
-fn run(m: &Model, b: &Bootstrap) -> Row {
+fn run(m: &Model, b: &Bootstrap, ceiling: Option<Duration>) -> Row {
     let c = b.common();
-    let o = simulate(m, c.api_retry(), c.fetch_retry(), b.version_fallback);
+    let (mut api, mut fetch) = (c.api_retry(), c.fetch_retry());
+    if let Some(w) = ceiling {
+        api.spread = w;
+        fetch.spread = w;
+    }
+    let o = simulate(m, api, fetch, b.version_fallback);
     let minimum = m.nodes as f64 * REQUESTS as f64 / m.capacity();
     // After the start: every node's first request lands within `start`, whatever the rule.
     let after_start = o.per_second.iter().skip(m.start.ceil() as usize + 1);
@@ -335,6 +351,11 @@ struct Args {
     /// the matrix: 10,000 and 100,000 nodes, each server behaviour (the other options apply)
     #[argh(switch)]
     table: bool,
+    /// the trade-off curve: 10,000 and 100,000 nodes against a fixed Retry-After and none, for
+    /// each spread window's ceiling (seconds, comma-separated) in place of the one the
+    /// deadline gives
+    #[argh(option)]
+    curve: Option<String>,
     /// a bootstrap option the retry rules read (--deadline, --api-retry-delay,
     /// --fetch-backoff-ms, --version-fallback, ...), as NAME=VALUE; repeatable
     #[argh(option)]
@@ -378,6 +399,32 @@ fn main() {
         seed: a.seed,
     };
     let started = Instant::now();
+    if let Some(c) = &a.curve {
+        println!("| window's ceiling s | nodes | Retry-After | failed | all done s (minimum) | time/min | requests/min |");
+        println!("|---|---|---|---|---|---|---|");
+        for w in c.split(',') {
+            let Ok(w) = w.trim().parse::<u64>() else {
+                eprintln!("herd-sim: --curve: seconds, comma-separated, not {w:?}");
+                std::process::exit(2);
+            };
+            for n in [10_000, 100_000] {
+                for s in [Server::Fixed(5), Server::None] {
+                    let r = run(&model(n, s), &b, Some(Duration::from_secs(w)));
+                    println!(
+                        "| {w} | {} | {} | {} | {:.0} ({:.0}) | {:.2} | {:.2} |",
+                        r.nodes,
+                        r.server,
+                        r.failed,
+                        r.last,
+                        r.minimum,
+                        r.last / r.minimum,
+                        r.per_node / REQUESTS as f64
+                    );
+                }
+            }
+        }
+        return;
+    }
     let runs: Vec<Model> = if a.table {
         [10_000, 100_000]
             .into_iter()
@@ -402,7 +449,7 @@ fn main() {
     );
     println!("{HEAD}");
     for m in &runs {
-        println!("{}", line(&run(m, &b)));
+        println!("{}", line(&run(m, &b, None)));
     }
     eprintln!(
         "herd-sim: {} runs in {:.1} s",

@@ -17,7 +17,7 @@ use crate::error::{Error, Kind, Result};
 use crate::node::root::{read_host_file, Dir, Root, SPACE_MARGIN};
 use crate::node::undo::Undo;
 
-use crate::net::retry::{Answer, Attempts, Next, Retry};
+use crate::net::retry::{Answer, Attempts, Load, Next, Retry};
 
 /// CA bundles of the distributions we run on; the first that exists is the system trust store.
 const SYSTEM_BUNDLES: &[&str] = &[
@@ -234,6 +234,8 @@ pub struct Http {
     config: ureq::config::Config,
     alias: Option<Alias>,
     retry: Retry,
+    /// What this client's requests learned of their server's load (`retry::Load`).
+    load: std::sync::Mutex<Load>,
     limits: AttemptLimits,
     /// Kept to build the same client through another proxy.
     tls: Tls,
@@ -322,6 +324,7 @@ impl Http {
             config,
             alias,
             retry,
+            load: std::sync::Mutex::new(Load::default()),
             limits: AttemptLimits::default(),
             tls: tls.clone(),
         }
@@ -349,13 +352,20 @@ impl Http {
         what: &str,
         mut op: impl FnMut(Duration) -> Attempt<T>,
     ) -> std::result::Result<T, (Error, Failure)> {
-        let mut tries = Attempts::new(self.retry, Instant::now());
+        let learned = self.load.lock().map(|l| *l).unwrap_or_default();
+        let mut tries = Attempts::new(self.retry, Instant::now(), learned);
+        let keep = |tries: &Attempts, answered: bool| {
+            if let Ok(mut l) = self.load.lock() {
+                *l = tries.load(answered);
+            }
+        };
         // The last busy answer, for the error: "busy: 503, Retry-After 30".
         let mut busy_word = String::new();
         let mut last = Failure::Unreachable;
         loop {
             let left = tries.left(Instant::now());
             if left.is_zero() {
+                keep(&tries, false);
                 return Err((
                     Error::failed(format!(
                         "{what}: {busy_word}giving up after {} attempts: the deadline passed",
@@ -365,9 +375,18 @@ impl Http {
                 ));
             }
             let (e, failure, answer) = match op(self.limits.deadline.min(left)) {
-                Attempt::Done(t) => return Ok(t),
-                Attempt::Final(e) => return Err((e, Failure::Final)),
-                Attempt::Denied(e) => return Err((e, Failure::Denied)),
+                Attempt::Done(t) => {
+                    keep(&tries, true);
+                    return Ok(t);
+                }
+                Attempt::Final(e) => {
+                    keep(&tries, true);
+                    return Err((e, Failure::Final));
+                }
+                Attempt::Denied(e) => {
+                    keep(&tries, true);
+                    return Err((e, Failure::Denied));
+                }
                 Attempt::Retry(e) => {
                     busy_word.clear();
                     (e, Failure::Unreachable, Answer::Nothing)
@@ -383,6 +402,9 @@ impl Http {
             last = failure;
             let next = tries.next(answer, Instant::now(), crate::crypto::random::fraction());
             let (n, failed) = tries.made();
+            if !matches!(next, Next::Pause(_)) {
+                keep(&tries, false);
+            }
             let delay = match next {
                 Next::Pause(d) => d,
                 Next::OutOfAttempts => {
@@ -397,6 +419,15 @@ impl Http {
                     return Err((
                         e.context(format!(
                             "{what}: {busy_word}giving up after {n} attempts: the deadline comes before the next"
+                        )),
+                        failure,
+                    ))
+                }
+                Next::AskedTooLong(a) => {
+                    return Err((
+                        e.context(format!(
+                            "{what}: {busy_word}giving up: the server asks for a wait of {} s, longer than this check waits",
+                            a.as_secs()
                         )),
                         failure,
                     ))

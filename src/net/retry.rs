@@ -6,19 +6,34 @@
 
 use std::time::{Duration, Instant};
 
+/// How much the spread window grows with each busy answer that says nothing new (the same
+/// `Retry-After` again, or none): fourfold reaches a herd's size in half the refusals that
+/// doubling takes (docs/bootstrap.md has the figures of both).
+const SPREAD_GROWTH: u32 = 4;
+
+/// The spread window's ceiling is the run's deadline over this (docs/bootstrap.md has the
+/// trade-off it sets between requests and time).
+const SPREAD_OF_DEADLINE: u32 = 6;
+
 /// When to try again, built one way for every retrying client: `Retry::exponential`, adjusted
-/// with `capped_at`, `within` and `until`. Attempts bound only the failures that got no
-/// answer; busy answers (408, 429, 5xx) are bounded by time alone, so that a healthy server
-/// that sheds load cannot make a node give up after a fixed number of tries.
+/// with `capped_at`, `within` and `until`. Attempts bound only the failures that
+/// got no answer; busy answers (408, 429, 5xx) are bounded by time alone, so that a healthy
+/// server that sheds load cannot make a node give up after a fixed number of tries.
 #[derive(Debug, Clone, Copy)]
 pub struct Retry {
     /// Attempts that failed without a busy answer, at most (at least 1).
     pub attempts: u32,
     /// Busy answers, at most: unbounded but for time, except for best-effort clients.
     pub busy_attempts: u32,
-    /// The first pause is at most this long; each failure doubles it, up to `cap`.
+    /// The first pause is at most this long; each failure without an answer doubles it, up
+    /// to `cap`.
     pub initial: Duration,
     pub cap: Duration,
+    /// The longest pause a best-effort client takes: a `Retry-After` above it ends the request
+    /// (never sooner than the server asked). `Duration::MAX` for every other client.
+    pub longest: Duration,
+    /// The spread window after busy answers grows up to this (a sixth of `--deadline`).
+    pub spread: Duration,
     /// No new attempt of one request starts once this much time has gone by.
     pub budget: Duration,
     /// Nor after this moment: the run's deadline.
@@ -27,14 +42,16 @@ pub struct Retry {
 
 impl Retry {
     /// `attempts` (at least 1), pauses with full jitter below `initial`, doubling up to 60 s;
-    /// no new attempt of a request after 600 s (`--fetch-attempts`, `--fetch-backoff-ms`;
-    /// `--api-tries`, `--api-retry-delay`).
+    /// busy answers spread over at most 300 s; no new attempt of a request after 600 s
+    /// (`--fetch-attempts`, `--fetch-backoff-ms`; `--api-tries`, `--api-retry-delay`).
     pub fn exponential(attempts: u32, initial: Duration) -> Retry {
         Retry {
             attempts: attempts.max(1),
             busy_attempts: u32::MAX,
             initial,
             cap: Duration::from_secs(60),
+            longest: Duration::MAX,
+            spread: Duration::from_secs(300),
             budget: Duration::from_secs(600),
             until: None,
         }
@@ -46,9 +63,12 @@ impl Retry {
         self
     }
 
-    /// Pauses of at most `cap` (a `Retry-After` above it is cut to it).
+    /// Pauses of at most `cap`, for best-effort clients: a `Retry-After` above it ends the
+    /// request as busy instead of being waited out.
     pub fn capped_at(mut self, cap: Duration) -> Retry {
         self.cap = cap;
+        self.longest = cap;
+        self.spread = self.spread.min(cap);
         self
     }
 
@@ -59,10 +79,15 @@ impl Retry {
     }
 
     /// No new attempt after `deadline`, and none running past it (`--deadline`): the run's
-    /// deadline replaces the budget of each request.
+    /// deadline replaces the budget of each request, and the spread window after busy
+    /// answers grows up to a sixth of the run's length (300 s of the default 1800): the
+    /// deadline is the operator's word on how long a boot may wait, and so on how large a
+    /// herd one server may have to serve.
     pub fn until(mut self, deadline: Instant) -> Retry {
         self.until = Some(deadline);
         self.budget = Duration::MAX;
+        let run = deadline.saturating_duration_since(crate::node::status::started());
+        self.spread = (run / SPREAD_OF_DEADLINE).min(self.longest);
         self
     }
 }
@@ -85,10 +110,21 @@ pub enum Next {
     OutOfAttempts,
     /// The next attempt could not start before the deadline (or the request's budget).
     OutOfTime,
+    /// The server asked for a wait longer than a best-effort client takes.
+    AskedTooLong(Duration),
 }
 
-/// One request's attempts: the counts, with the decisions taken from them. Made at the first
-/// attempt, told each failure with the time it happened.
+/// What one client's requests learned of their server's load, carried from each request to
+/// the next: a node whose first request met a herd does not learn the herd's size again on
+/// each of its next ones (three downloads in a row would each take as many refusals).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Load {
+    streak: u32,
+    last_after: Option<Option<Duration>>,
+}
+
+/// One request's attempts: the counts and the last busy answer, with the decisions taken
+/// from them. Made at the first attempt, told each failure with the time it happened.
 #[derive(Debug, Clone)]
 pub struct Attempts {
     retry: Retry,
@@ -96,16 +132,37 @@ pub struct Attempts {
     made: u32,
     failed: u32,
     busy: u32,
+    /// Busy answers in a row that said nothing new: the same `Retry-After` as the one
+    /// before (or none again); the spread window grows with it.
+    streak: u32,
+    last_after: Option<Option<Duration>>,
 }
 
 impl Attempts {
-    pub fn new(retry: Retry, now: Instant) -> Attempts {
+    /// A request's attempts, starting from what the client's earlier requests learned.
+    pub fn new(retry: Retry, now: Instant, load: Load) -> Attempts {
         Attempts {
             retry,
             start: now,
             made: 0,
             failed: 0,
             busy: 0,
+            streak: load.streak,
+            last_after: load.last_after,
+        }
+    }
+
+    /// What the client's next request starts from. An answer came through at last: the
+    /// window steps back once (a fourth), so that the next request of a node the server just
+    /// served is not held back as long as one still waiting for its first answer.
+    pub fn load(&self, answered: bool) -> Load {
+        Load {
+            streak: if answered {
+                self.streak.saturating_sub(1)
+            } else {
+                self.streak
+            },
+            last_after: self.last_after,
         }
     }
 
@@ -130,39 +187,67 @@ impl Attempts {
     /// The decision after an attempt that failed at `now`. `jitter` is a uniform draw from
     /// [0, 1): the random part of the pause.
     ///
-    /// Without word from the server: full jitter, random below `initial × 2^(attempts so
-    /// far)` (at most the cap). With a `Retry-After` (cut to the cap): that wait, plus a random
-    /// part below the smaller of it (at least 1 s) and the exponential ceiling, so that nodes
-    /// told the same `Retry-After` come back spread over one more such interval, not in one
-    /// wave, and a server that names its time is not made to wait for a ceiling grown by
-    /// earlier refusals.
+    /// Without word from the server: full jitter, below `initial × 2^(attempts so far)`, at
+    /// most `cap`. A busy answer with a `Retry-After` is waited out in full (never sooner),
+    /// plus a spread. A first `Retry-After`, or one that differs from the one before (the
+    /// server sizing its queue), is spread over one more such interval (at least 1 s). The
+    /// same `Retry-After` again, or none at all, says nothing of how many nodes are waiting:
+    /// the spread window is `initial × 4^(such answers in a row)`, up to `spread`, so a herd
+    /// larger than the server's capacity comes back over a window that grows to its size
+    /// rather than in waves. The window never reaches past the deadline's last attempt.
     pub fn next(&mut self, answer: Answer, now: Instant, jitter: f64) -> Next {
         let jitter = jitter.clamp(0.0, 1.0);
         self.made += 1;
-        let ceil = self
-            .retry
-            .initial
-            .saturating_mul(1u32 << (self.made - 1).min(20))
-            .min(self.retry.cap);
         let pause = match answer {
             Answer::Nothing => {
                 self.failed += 1;
+                self.last_after = None;
+                self.streak = 0;
+                if self.failed >= self.retry.attempts {
+                    return Next::OutOfAttempts;
+                }
+                let ceil = self
+                    .retry
+                    .initial
+                    .saturating_mul(1u32 << (self.made - 1).min(20))
+                    .min(self.retry.cap);
                 ceil.mul_f64(jitter)
             }
-            Answer::Busy(None) => {
+            Answer::Busy(after) => {
                 self.busy += 1;
-                ceil.mul_f64(jitter)
-            }
-            Answer::Busy(Some(after)) => {
-                self.busy += 1;
-                let after = after.min(self.retry.cap);
-                let spread = ceil.min(after.max(Duration::from_secs(1)));
-                after + spread.mul_f64(jitter)
+                self.streak = match self.last_after {
+                    Some(before) if before == after => self.streak + 1,
+                    _ => 0,
+                };
+                self.last_after = Some(after);
+                if self.busy >= self.retry.busy_attempts {
+                    return Next::OutOfAttempts;
+                }
+                let floor = after.unwrap_or_default();
+                if floor > self.retry.longest {
+                    return Next::AskedTooLong(floor);
+                }
+                let left = self.left(now);
+                if floor >= left {
+                    return Next::OutOfTime;
+                }
+                let window = match after {
+                    Some(a) if self.streak == 0 => a.max(Duration::from_secs(1)),
+                    _ => self
+                        .retry
+                        .initial
+                        .saturating_mul(SPREAD_GROWTH.saturating_pow(self.streak.min(15))),
+                };
+                // Never past the ceiling (nor a best-effort client's longest pause), and never so
+                // far that no attempt is left before the deadline: the last one keeps at least
+                // half of the time after the floor.
+                let window = window
+                    .min(self.retry.spread)
+                    .min((left - floor) / 2)
+                    .min(self.retry.longest - floor);
+                floor.saturating_add(window.mul_f64(jitter))
             }
         };
-        if self.failed >= self.retry.attempts || self.busy >= self.retry.busy_attempts {
-            return Next::OutOfAttempts;
-        }
         if pause >= self.left(now) {
             return Next::OutOfTime;
         }
@@ -176,34 +261,163 @@ mod tests {
 
     const S: fn(u64) -> Duration = Duration::from_secs;
 
-    fn pause(a: &mut Attempts, ans: Answer, jitter: f64) -> Duration {
-        match a.next(ans, Instant::now(), jitter) {
-            Next::Pause(d) => d,
-            other => panic!("{other:?}"),
-        }
+    fn draws(r: Retry, answers: &[Answer], n: usize) -> Vec<Duration> {
+        let now = Instant::now();
+        (0..n)
+            .map(|i| {
+                let mut a = Attempts::new(r, now, Load::default());
+                let mut last = Next::OutOfTime;
+                for ans in answers {
+                    last = a.next(*ans, now, i as f64 / n as f64);
+                }
+                match last {
+                    Next::Pause(d) => d,
+                    other => panic!("{other:?}"),
+                }
+            })
+            .collect()
     }
 
     #[test]
     fn full_jitter_stays_under_the_cap() {
         let r = Retry::exponential(30, S(1));
-        let mut a = Attempts::new(r, Instant::now());
-        for n in 0..14u32 {
-            let ceil = S(60).min(S(1 << n));
-            let d = pause(&mut a, Answer::Nothing, 0.999);
-            assert!(d < ceil && d > ceil.mul_f64(0.99), "{n}: {d:?}");
+        for n in 1..14 {
+            let d = draws(r, &vec![Answer::Nothing; n], 50);
+            let ceil = S(60).min(S(1 << (n - 1)));
+            assert!(d.iter().all(|d| *d < ceil), "{n}: {d:?}");
+            // Spread over the whole window, not one wave.
+            assert!(*d.iter().max().unwrap() > ceil.mul_f64(0.9), "{n}");
         }
     }
 
     #[test]
-    fn retry_after_is_waited_out_and_spread_above_it() {
-        let r = Retry::exponential(3, S(2));
-        let mut a = Attempts::new(r, Instant::now());
-        // Never before the server asked, never more than the jitter's ceiling (2 s) past it.
-        assert_eq!(pause(&mut a, Answer::Busy(Some(S(5))), 0.0), S(5));
-        let d = pause(&mut a, Answer::Busy(Some(S(5))), 0.999);
-        assert!(d >= S(8) && d < S(9), "{d:?}");
-        // A Retry-After past the cap is cut to it.
-        let mut a = Attempts::new(r.capped_at(S(3)), Instant::now());
-        assert!(pause(&mut a, Answer::Busy(Some(S(3600))), 0.5) < S(6));
+    fn retry_after_is_a_floor_never_cut() {
+        let r = Retry::exponential(3, S(2)).within(S(7200));
+        for after in [S(5), S(90), S(3600)] {
+            let d = draws(r, &[Answer::Busy(Some(after))], 100);
+            assert!(d.iter().all(|d| *d >= after), "{after:?}");
+            // A first Retry-After is spread over one more such interval, up to the window.
+            let spread = after.min(S(300));
+            assert!(d.iter().all(|d| *d < after + spread), "{after:?}");
+            assert!(*d.iter().max().unwrap() > after + spread.mul_f64(0.9));
+        }
+    }
+
+    #[test]
+    fn the_same_retry_after_again_widens_the_spread_fourfold_up_to_the_window() {
+        // A 600 s deadline: the window's ceiling is 100 s.
+        let r = Retry::exponential(3, S(2)).until(crate::node::status::started() + S(600));
+        let same = |n| vec![Answer::Busy(Some(S(5))); n];
+        let width = |v: Vec<Duration>| *v.iter().max().unwrap() - *v.iter().min().unwrap();
+        // 5 s (the Retry-After), then 2 × 4 = 8, 32, 100 (the ceiling).
+        for (n, w) in [(1, 5), (2, 8), (3, 32), (4, 100), (9, 100)] {
+            let d = draws(r, &same(n), 200);
+            assert!(d.iter().all(|d| *d >= S(5) && *d < S(5 + w)), "{n}");
+            assert!(width(d) > S(w).mul_f64(0.9), "{n}");
+        }
+        // A Retry-After that changes is the server's estimate: the streak starts again.
+        let mut changing = same(3);
+        changing.push(Answer::Busy(Some(S(40))));
+        let d = draws(r, &changing, 200);
+        assert!(d.iter().all(|d| *d >= S(40) && *d < S(80)));
+        // No Retry-After at all says as little as the same one again: 2, 8, 32 s.
+        let d = draws(r, &[Answer::Busy(None); 3], 200);
+        assert!(d.iter().all(|d| *d < S(32)) && width(d) > S(28));
+    }
+
+    #[test]
+    fn the_window_leaves_an_attempt_before_the_deadline() {
+        let start = crate::node::status::started();
+        let r = Retry::exponential(3, S(2)).until(start + S(6000));
+        let late = start + S(5900);
+        let mut a = Attempts::new(r, late, Load::default());
+        // 100 s left, Retry-After 20: the spread is cut to half of the 80 s after the floor.
+        let d: Vec<_> = (0..100)
+            .map(
+                |i| match a.next(Answer::Busy(Some(S(20))), late, i as f64 / 100.0) {
+                    Next::Pause(d) => d,
+                    other => panic!("{other:?}"),
+                },
+            )
+            .collect();
+        assert!(d.iter().all(|d| *d >= S(20) && *d < S(60)), "{d:?}");
+        // A Retry-After past the deadline ends the request at once.
+        assert_eq!(
+            a.next(Answer::Busy(Some(S(100))), late, 0.0),
+            Next::OutOfTime
+        );
+    }
+
+    #[test]
+    fn a_client_carries_what_it_learned_to_its_next_request() {
+        let r = Retry::exponential(3, S(1)).within(S(7200));
+        let now = Instant::now();
+        let mut a = Attempts::new(r, now, Load::default());
+        for _ in 0..4 {
+            a.next(Answer::Busy(Some(S(5))), now, 0.5);
+        }
+        // Four of the same: the window was 1 × 4³ = 64 s. Answered at last: the next request
+        // of this client starts a step lower, and its first refusal (the same Retry-After
+        // again) widens it back to 64 s, not to the Retry-After.
+        let mut b = Attempts::new(r, now, a.load(true));
+        assert_eq!(
+            b.next(Answer::Busy(Some(S(5))), now, 0.999),
+            Next::Pause(S(5) + S(64).mul_f64(0.999))
+        );
+        // Not answered: the same step.
+        let mut c = Attempts::new(r, now, a.load(false));
+        assert_eq!(
+            c.next(Answer::Busy(Some(S(5))), now, 0.999),
+            Next::Pause(S(5) + S(256).mul_f64(0.999))
+        );
+    }
+
+    #[test]
+    fn busy_answers_do_not_use_up_the_attempts_but_time_does() {
+        let r = Retry::exponential(2, S(1)).within(S(50));
+        let now = Instant::now();
+        let mut a = Attempts::new(r, now, Load::default());
+        for _ in 0..100 {
+            assert!(matches!(
+                a.next(Answer::Busy(Some(S(0))), now, 0.0),
+                Next::Pause(_)
+            ));
+        }
+        assert_eq!(
+            a.next(Answer::Nothing, now, 0.0),
+            Next::Pause(Duration::ZERO)
+        );
+        // The second attempt without an answer is the last.
+        assert_eq!(a.next(Answer::Nothing, now, 0.5), Next::OutOfAttempts);
+        // A Retry-After past the budget ends the request now, not at the budget.
+        let mut a = Attempts::new(r, now, Load::default());
+        assert_eq!(a.next(Answer::Busy(Some(S(60))), now, 0.0), Next::OutOfTime);
+        assert!(a.left(now + S(50)).is_zero());
+        let at = Attempts::new(
+            Retry::exponential(2, S(1)).until(now + S(10)),
+            now,
+            Load::default(),
+        );
+        assert_eq!(at.left(now + S(4)), S(6));
+    }
+
+    #[test]
+    fn a_best_effort_client_never_waits_less_than_asked_and_stops_instead() {
+        let r = Retry::exponential(3, S(1)).capped_at(S(3)).busy_attempts(2);
+        let now = Instant::now();
+        let mut a = Attempts::new(r, now, Load::default());
+        assert_eq!(
+            a.next(Answer::Busy(Some(S(30))), now, 0.5),
+            Next::AskedTooLong(S(30))
+        );
+        let mut a = Attempts::new(r, now, Load::default());
+        let Next::Pause(d) = a.next(Answer::Busy(Some(S(2))), now, 0.99) else {
+            panic!()
+        };
+        assert!(d >= S(2) && d < S(3));
+        assert_eq!(
+            a.next(Answer::Busy(Some(S(2))), now, 0.5),
+            Next::OutOfAttempts
+        );
     }
 }
