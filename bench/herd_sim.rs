@@ -19,7 +19,9 @@
 //!   backlog   the time the server needs to serve every node it turned away and has not served
 //!             since, at capacity (at least 1 s): what an API server with Priority and Fairness
 //!             or a load balancer that sizes its queue may send;
-//!   none      no `Retry-After`.
+//!   none      no `Retry-After`;
+//!   random:P  P % of the requests turned away at random with `Retry-After: 1`, the server never
+//!             full (bench/herd's `random-503`: load shed by chance, not by a herd).
 //! CLIENT_MS is each request's time on the client's side (connecting, TLS), added before it
 //! reaches the server. Nodes start at random within START seconds.
 //!
@@ -50,6 +52,9 @@ enum Server {
     Fixed(u64),
     Backlog,
     None,
+    /// A share of the requests (per cent) turned away at random with `Retry-After: 1`,
+    /// whatever the load (bench/herd's `random-503`): the server is not full.
+    Random(u32),
 }
 
 impl Server {
@@ -57,11 +62,21 @@ impl Server {
         match s {
             "backlog" => Ok(Server::Backlog),
             "none" => Ok(Server::None),
+            _ if s.starts_with("random:") => s[7..]
+                .parse()
+                .ok()
+                .filter(|p| *p < 100)
+                .map(Server::Random)
+                .ok_or_else(|| {
+                    format!("--retry-after random:P takes a per cent under 100, not {s:?}")
+                }),
             _ => s
                 .strip_prefix("fixed:")
                 .and_then(|n| n.parse().ok())
                 .map(Server::Fixed)
-                .ok_or_else(|| format!("--retry-after: fixed:N, backlog or none, not {s:?}")),
+                .ok_or_else(|| {
+                    format!("--retry-after: fixed:N, backlog, none or random:P, not {s:?}")
+                }),
         }
     }
 
@@ -70,6 +85,7 @@ impl Server {
             Server::Fixed(n) => format!("fixed {n} s"),
             Server::Backlog => "backlog".into(),
             Server::None => "none".into(),
+            Server::Random(p) => format!("{p} % at random, 1 s"),
         }
     }
 }
@@ -188,7 +204,11 @@ fn simulate(m: &Model, api: Retry, fetch: Retry, fallback: Fallback) -> Outcome 
                 }
                 out.per_second[sec] += 1;
                 out.requests += 1;
-                if busy < m.slots {
+                let shed = match m.server {
+                    Server::Random(p) => rng.fraction() * 100.0 < p as f64,
+                    _ => busy >= m.slots,
+                };
+                if !shed {
                     busy += 1;
                     if n.waiting {
                         n.waiting = false;
@@ -207,6 +227,7 @@ fn simulate(m: &Model, api: Retry, fetch: Retry, fallback: Fallback) -> Outcome 
                         ((waiting as f64 / m.capacity()).ceil() as u64).max(1),
                     )),
                     Server::None => None,
+                    Server::Random(_) => Some(Duration::from_secs(1)),
                 };
                 n.refused = after.map(|a| (t, a.as_secs_f64()));
                 // The answer reaches the node after its half of the round trip; it decides then.
@@ -336,7 +357,7 @@ struct Args {
     /// milliseconds each request takes in service (default 20: 10 slots serve 500 per second)
     #[argh(option, default = "20.0")]
     service_ms: f64,
-    /// the server's Retry-After when full: fixed:N, backlog or none (default fixed:5)
+    /// the server's Retry-After when full: fixed:N, backlog, none or random:P (default fixed:5)
     #[argh(option, default = "String::from(\"fixed:5\")")]
     retry_after: String,
     /// milliseconds of each request on the client's side (connecting, TLS; default 5)

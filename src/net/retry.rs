@@ -7,9 +7,11 @@
 use std::time::{Duration, Instant};
 
 /// How much the spread window grows with each busy answer that says nothing new (the same
-/// `Retry-After` again, or none): fourfold reaches a herd's size in half the refusals that
-/// doubling takes (docs/bootstrap.md has the figures of both).
-const SPREAD_GROWTH: u32 = 4;
+/// `Retry-After` again, or none). Twofold: a server that turns away a share of requests at
+/// random, full or not, gives streaks whose odds fall slower than a fourfold window grows
+/// (30 % at random: 0.3 × 4 > 1), and its unlucky nodes waited minutes (docs/bootstrap.md has
+/// the figures of both).
+const SPREAD_GROWTH: u32 = 2;
 
 /// The spread window's ceiling is the run's deadline over this (docs/bootstrap.md has the
 /// trade-off it sets between requests and time).
@@ -153,7 +155,7 @@ impl Attempts {
     }
 
     /// What the client's next request starts from. An answer came through at last: the
-    /// window steps back once (a fourth), so that the next request of a node the server just
+    /// window steps back once (a half), so that the next request of a node the server just
     /// served is not held back as long as one still waiting for its first answer.
     pub fn load(&self, answered: bool) -> Load {
         Load {
@@ -191,10 +193,11 @@ impl Attempts {
     /// most `cap`. A busy answer with a `Retry-After` is waited out in full (never sooner),
     /// plus a spread. A first `Retry-After`, or one that differs from the one before (the
     /// server sizing its queue), is spread over one more such interval (at least 1 s). The
-    /// same `Retry-After` again, or none at all, says nothing of how many nodes are waiting:
-    /// the spread window is `initial × 4^(such answers in a row)`, up to `spread`, so a herd
-    /// larger than the server's capacity comes back over a window that grows to its size
-    /// rather than in waves. The window never reaches past the deadline's last attempt.
+    /// same `Retry-After` again, or none at all (then `initial` stands for it), says nothing of
+    /// how many nodes are waiting: the window doubles with each such answer in a row, up to
+    /// `spread`, so a herd larger than the server's capacity comes back over a window that
+    /// grows to its size rather than in waves. The window never reaches past the deadline's
+    /// last attempt.
     pub fn next(&mut self, answer: Answer, now: Instant, jitter: f64) -> Next {
         let jitter = jitter.clamp(0.0, 1.0);
         self.made += 1;
@@ -231,13 +234,12 @@ impl Attempts {
                 if floor >= left {
                     return Next::OutOfTime;
                 }
-                let window = match after {
-                    Some(a) if self.streak == 0 => a.max(Duration::from_secs(1)),
-                    _ => self
-                        .retry
-                        .initial
-                        .saturating_mul(SPREAD_GROWTH.saturating_pow(self.streak.min(15))),
+                // The server's own scale where it gave one, else the client's.
+                let base = match after {
+                    Some(a) => a.max(Duration::from_secs(1)),
+                    None => self.retry.initial,
                 };
+                let window = base.saturating_mul(SPREAD_GROWTH.saturating_pow(self.streak.min(20)));
                 // Never past the ceiling (nor a best-effort client's longest pause), and never so
                 // far that no attempt is left before the deadline: the last one keeps at least
                 // half of the time after the floor.
@@ -304,13 +306,21 @@ mod tests {
     }
 
     #[test]
-    fn the_same_retry_after_again_widens_the_spread_fourfold_up_to_the_window() {
+    fn the_same_retry_after_again_doubles_the_spread_up_to_the_window() {
         // A 600 s deadline: the window's ceiling is 100 s.
         let r = Retry::exponential(3, S(2)).until(crate::node::status::started() + S(600));
         let same = |n| vec![Answer::Busy(Some(S(5))); n];
         let width = |v: Vec<Duration>| *v.iter().max().unwrap() - *v.iter().min().unwrap();
-        // 5 s (the Retry-After), then 2 × 4 = 8, 32, 100 (the ceiling).
-        for (n, w) in [(1, 5), (2, 8), (3, 32), (4, 100), (9, 100)] {
+        // 5 s (the Retry-After), then 10, 20, 40, 80, 100 (the ceiling).
+        for (n, w) in [
+            (1, 5),
+            (2, 10),
+            (3, 20),
+            (4, 40),
+            (5, 80),
+            (6, 100),
+            (12, 100),
+        ] {
             let d = draws(r, &same(n), 200);
             assert!(d.iter().all(|d| *d >= S(5) && *d < S(5 + w)), "{n}");
             assert!(width(d) > S(w).mul_f64(0.9), "{n}");
@@ -320,9 +330,9 @@ mod tests {
         changing.push(Answer::Busy(Some(S(40))));
         let d = draws(r, &changing, 200);
         assert!(d.iter().all(|d| *d >= S(40) && *d < S(80)));
-        // No Retry-After at all says as little as the same one again: 2, 8, 32 s.
+        // No Retry-After at all says as little as the same one again, from `initial`: 2, 4, 8 s.
         let d = draws(r, &[Answer::Busy(None); 3], 200);
-        assert!(d.iter().all(|d| *d < S(32)) && width(d) > S(28));
+        assert!(d.iter().all(|d| *d < S(8)) && width(d) > S(7));
     }
 
     #[test]
@@ -356,19 +366,19 @@ mod tests {
         for _ in 0..4 {
             a.next(Answer::Busy(Some(S(5))), now, 0.5);
         }
-        // Four of the same: the window was 1 × 4³ = 64 s. Answered at last: the next request
+        // Four of the same: the window was 5 × 2³ = 40 s. Answered at last: the next request
         // of this client starts a step lower, and its first refusal (the same Retry-After
-        // again) widens it back to 64 s, not to the Retry-After.
+        // again) widens it back to 40 s, not to the Retry-After.
         let mut b = Attempts::new(r, now, a.load(true));
         assert_eq!(
             b.next(Answer::Busy(Some(S(5))), now, 0.999),
-            Next::Pause(S(5) + S(64).mul_f64(0.999))
+            Next::Pause(S(5) + S(40).mul_f64(0.999))
         );
         // Not answered: the same step.
         let mut c = Attempts::new(r, now, a.load(false));
         assert_eq!(
             c.next(Answer::Busy(Some(S(5))), now, 0.999),
-            Next::Pause(S(5) + S(256).mul_f64(0.999))
+            Next::Pause(S(5) + S(80).mul_f64(0.999))
         );
     }
 
