@@ -196,8 +196,8 @@ impl Attempts {
     /// same `Retry-After` again, or none at all (then `initial` stands for it), says nothing of
     /// how many nodes are waiting: the window doubles with each such answer in a row, up to
     /// `spread`, so a herd larger than the server's capacity comes back over a window that
-    /// grows to its size rather than in waves. The window never reaches past the deadline's
-    /// last attempt.
+    /// grows to its size rather than in waves. A pause that would end past the deadline ends
+    /// the request instead.
     pub fn next(&mut self, answer: Answer, now: Instant, jitter: f64) -> Next {
         let jitter = jitter.clamp(0.0, 1.0);
         self.made += 1;
@@ -230,23 +230,21 @@ impl Attempts {
                 if floor > self.retry.longest {
                     return Next::AskedTooLong(floor);
                 }
-                let left = self.left(now);
-                if floor >= left {
-                    return Next::OutOfTime;
-                }
                 // The server's own scale where it gave one, else the client's.
                 let base = match after {
                     Some(a) => a.max(Duration::from_secs(1)),
                     None => self.retry.initial,
                 };
                 let window = base.saturating_mul(SPREAD_GROWTH.saturating_pow(self.streak.min(20)));
-                // Never past the ceiling (nor a best-effort client's longest pause), and never so
-                // far that no attempt is left before the deadline: the last one keeps at least
-                // half of the time after the floor.
-                let window = window
-                    .min(self.retry.spread)
-                    .min((left - floor) / 2)
-                    .min(self.retry.longest - floor);
+                // Never past the ceiling, nor past a best-effort client's longest pause; and none
+                // for a client told not to back off at all (an initial pause of 0).
+                let window = if self.retry.initial.is_zero() {
+                    Duration::ZERO
+                } else {
+                    window
+                        .min(self.retry.spread)
+                        .min(self.retry.longest - floor)
+                };
                 floor.saturating_add(window.mul_f64(jitter))
             }
         };
@@ -336,25 +334,36 @@ mod tests {
     }
 
     #[test]
-    fn the_window_leaves_an_attempt_before_the_deadline() {
+    fn a_retry_after_past_the_deadline_ends_the_request_at_once() {
         let start = crate::node::status::started();
         let r = Retry::exponential(3, S(2)).until(start + S(6000));
         let late = start + S(5900);
         let mut a = Attempts::new(r, late, Load::default());
-        // 100 s left, Retry-After 20: the spread is cut to half of the 80 s after the floor.
-        let d: Vec<_> = (0..100)
-            .map(
-                |i| match a.next(Answer::Busy(Some(S(20))), late, i as f64 / 100.0) {
-                    Next::Pause(d) => d,
-                    other => panic!("{other:?}"),
-                },
-            )
-            .collect();
-        assert!(d.iter().all(|d| *d >= S(20) && *d < S(60)), "{d:?}");
-        // A Retry-After past the deadline ends the request at once.
         assert_eq!(
             a.next(Answer::Busy(Some(S(100))), late, 0.0),
             Next::OutOfTime
+        );
+        let mut a = Attempts::new(r, late, Load::default());
+        assert_eq!(
+            a.next(Answer::Busy(Some(S(20))), late, 0.5),
+            Next::Pause(S(30))
+        );
+    }
+
+    #[test]
+    fn a_client_that_does_not_back_off_waits_the_retry_after_exactly() {
+        let r = Retry::exponential(3, Duration::ZERO).within(S(600));
+        let now = Instant::now();
+        let mut a = Attempts::new(r, now, Load::default());
+        for _ in 0..5 {
+            assert_eq!(
+                a.next(Answer::Busy(Some(S(1))), now, 0.9),
+                Next::Pause(S(1))
+            );
+        }
+        assert_eq!(
+            a.next(Answer::Busy(None), now, 0.9),
+            Next::Pause(Duration::ZERO)
         );
     }
 
