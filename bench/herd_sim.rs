@@ -253,13 +253,11 @@ fn simulate(m: &Model, api: Retry, fetch: Retry, fallback: Fallback) -> Outcome 
                         continue;
                     }
                 };
-                // The next attempt, if the deadline leaves time for it.
-                let next = now + pause;
-                if n.tries.left(at(next)).is_zero() {
-                    out.failed += 1;
-                    continue;
-                }
-                heap.push(Reverse((ns(next + m.client / 2.0), Event::Arrives(i))));
+                // `next` ends the request rather than pause past the deadline.
+                heap.push(Reverse((
+                    ns(now + pause + m.client / 2.0),
+                    Event::Arrives(i),
+                )));
             }
         }
     }

@@ -350,22 +350,33 @@ impl Http {
     fn retrying<T>(
         &self,
         what: &str,
-        mut op: impl FnMut(Duration) -> Attempt<T>,
+        op: impl FnMut(Duration) -> Attempt<T>,
     ) -> std::result::Result<T, (Error, Failure)> {
         let learned = self.load.lock().map(|l| *l).unwrap_or_default();
         let mut tries = Attempts::new(self.retry, Instant::now(), learned);
-        let keep = |tries: &Attempts, answered: bool| {
-            if let Ok(mut l) = self.load.lock() {
-                *l = tries.load(answered);
-            }
-        };
+        let out = self.attempts(what, &mut tries, op);
+        // What the next request of this client starts from: a step lower if the server
+        // answered at last (a 404 or a 403 is an answer too).
+        let answered = !matches!(out, Err((_, Failure::Busy | Failure::Unreachable)));
+        if let Ok(mut l) = self.load.lock() {
+            *l = tries.load(answered);
+        }
+        out
+    }
+
+    /// The attempts of one request, each decided by `tries`.
+    fn attempts<T>(
+        &self,
+        what: &str,
+        tries: &mut Attempts,
+        mut op: impl FnMut(Duration) -> Attempt<T>,
+    ) -> std::result::Result<T, (Error, Failure)> {
         // The last busy answer, for the error: "busy: 503, Retry-After 30".
         let mut busy_word = String::new();
         let mut last = Failure::Unreachable;
         loop {
             let left = tries.left(Instant::now());
             if left.is_zero() {
-                keep(&tries, false);
                 return Err((
                     Error::failed(format!(
                         "{what}: {busy_word}giving up after {} attempts: the deadline passed",
@@ -375,18 +386,9 @@ impl Http {
                 ));
             }
             let (e, failure, answer) = match op(self.limits.deadline.min(left)) {
-                Attempt::Done(t) => {
-                    keep(&tries, true);
-                    return Ok(t);
-                }
-                Attempt::Final(e) => {
-                    keep(&tries, true);
-                    return Err((e, Failure::Final));
-                }
-                Attempt::Denied(e) => {
-                    keep(&tries, true);
-                    return Err((e, Failure::Denied));
-                }
+                Attempt::Done(t) => return Ok(t),
+                Attempt::Final(e) => return Err((e, Failure::Final)),
+                Attempt::Denied(e) => return Err((e, Failure::Denied)),
                 Attempt::Retry(e) => {
                     busy_word.clear();
                     (e, Failure::Unreachable, Answer::Nothing)
@@ -402,9 +404,6 @@ impl Http {
             last = failure;
             let next = tries.next(answer, Instant::now(), crate::crypto::random::fraction());
             let (n, failed) = tries.made();
-            if !matches!(next, Next::Pause(_)) {
-                keep(&tries, false);
-            }
             let delay = match next {
                 Next::Pause(d) => d,
                 Next::OutOfAttempts => {
@@ -1117,6 +1116,10 @@ mod tests {
             "{:?}",
             start.elapsed()
         );
+        // Three of the same Retry-After (a streak of 2), then an answer: the client's next
+        // request starts one step lower, from what this one learned.
+        let learned = format!("{:?}", *http.load.lock().unwrap());
+        assert!(learned.contains("streak: 1,"), "{learned}");
     }
 
     #[test]

@@ -70,7 +70,6 @@ impl Retry {
     pub fn capped_at(mut self, cap: Duration) -> Retry {
         self.cap = cap;
         self.longest = cap;
-        self.spread = self.spread.min(cap);
         self
     }
 
@@ -89,7 +88,7 @@ impl Retry {
         self.until = Some(deadline);
         self.budget = Duration::MAX;
         let run = deadline.saturating_duration_since(crate::node::status::started());
-        self.spread = (run / SPREAD_OF_DEADLINE).min(self.longest);
+        self.spread = run / SPREAD_OF_DEADLINE;
         self
     }
 }
@@ -121,7 +120,10 @@ pub enum Next {
 /// each of its next ones (three downloads in a row would each take as many refusals).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Load {
+    /// Busy answers in a row that said nothing new: the same `Retry-After` as the one
+    /// before (or none again); the spread window grows with it.
     streak: u32,
+    /// The last busy answer's `Retry-After` (`None`: no busy answer yet).
     last_after: Option<Option<Duration>>,
 }
 
@@ -134,10 +136,8 @@ pub struct Attempts {
     made: u32,
     failed: u32,
     busy: u32,
-    /// Busy answers in a row that said nothing new: the same `Retry-After` as the one
-    /// before (or none again); the spread window grows with it.
-    streak: u32,
-    last_after: Option<Option<Duration>>,
+    /// What the client knew before this request, and has learned in it since.
+    learned: Load,
 }
 
 impl Attempts {
@@ -149,8 +149,7 @@ impl Attempts {
             made: 0,
             failed: 0,
             busy: 0,
-            streak: load.streak,
-            last_after: load.last_after,
+            learned: load,
         }
     }
 
@@ -158,13 +157,14 @@ impl Attempts {
     /// window steps back once (a half), so that the next request of a node the server just
     /// served is not held back as long as one still waiting for its first answer.
     pub fn load(&self, answered: bool) -> Load {
+        let Load { streak, last_after } = self.learned;
         Load {
             streak: if answered {
-                self.streak.saturating_sub(1)
+                streak.saturating_sub(1)
             } else {
-                self.streak
+                streak
             },
-            last_after: self.last_after,
+            last_after,
         }
     }
 
@@ -204,8 +204,7 @@ impl Attempts {
         let pause = match answer {
             Answer::Nothing => {
                 self.failed += 1;
-                self.last_after = None;
-                self.streak = 0;
+                self.learned = Load::default();
                 if self.failed >= self.retry.attempts {
                     return Next::OutOfAttempts;
                 }
@@ -218,11 +217,14 @@ impl Attempts {
             }
             Answer::Busy(after) => {
                 self.busy += 1;
-                self.streak = match self.last_after {
-                    Some(before) if before == after => self.streak + 1,
+                let streak = match self.learned.last_after {
+                    Some(before) if before == after => self.learned.streak + 1,
                     _ => 0,
                 };
-                self.last_after = Some(after);
+                self.learned = Load {
+                    streak,
+                    last_after: Some(after),
+                };
                 if self.busy >= self.retry.busy_attempts {
                     return Next::OutOfAttempts;
                 }
@@ -235,7 +237,7 @@ impl Attempts {
                     Some(a) => a.max(Duration::from_secs(1)),
                     None => self.retry.initial,
                 };
-                let window = base.saturating_mul(SPREAD_GROWTH.saturating_pow(self.streak.min(20)));
+                let window = base.saturating_mul(SPREAD_GROWTH.saturating_pow(streak.min(20)));
                 // Never past the ceiling, nor past a best-effort client's longest pause; and none
                 // for a client told not to back off at all (an initial pause of 0).
                 let window = if self.retry.initial.is_zero() {
