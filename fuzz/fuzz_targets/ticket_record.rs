@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::activation::join_service::fuzz_parse_record;
+use nodestrap::activation::ledger::fuzz_parse_record;
 
 fuzz_target!(|text: &str| {
     let Ok(saved) = fuzz_parse_record(text, "tickets.json") else {

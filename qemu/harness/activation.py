@@ -87,7 +87,7 @@ def activate_config(s, d, node, join_port, token):
         })
         units.append(os.path.join(ACTIVATE_DIR, "nodestrap-join-service.service"))
         with open(os.path.join(d, "join-service.env"), "w") as f:
-            f.write("NODESTRAP_JOIN_SERVICE_ARGS=--api-server-endpoint %s:6443 --cluster-name qemu "
+            f.write("NODESTRAP_JOIN_SERVICE_ARGS=--ledger file --api-server-endpoint %s:6443 --cluster-name qemu "
                     "--kubernetes-version v1.31.2\nNODESTRAP_QEMU_TOKEN=%s\n" % (GUEST_HOST, token))
     else:
         args = "--kubeadm /opt/bin/kubeadm --join-endpoints https://%s:%d --join-interval 5" % (GUEST_HOST, join_port)

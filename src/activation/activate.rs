@@ -556,6 +556,7 @@ fn join_client(ctx: &Ctx) -> Result<Side> {
     if ctx.endpoints.is_empty() {
         log::info!("join client off: no --join-endpoints");
     }
+    let mut asked_later: Vec<Option<Instant>> = vec![None; ctx.endpoints.len()];
     loop {
         if ctx.lock.is_taken() {
             log::info!("join client: init has the node lock; not joining");
@@ -567,13 +568,27 @@ fn join_client(ctx: &Ctx) -> Result<Side> {
         // Each pause is random between half and one and a half intervals: a fleet that boots
         // together does not come back to the join services in waves.
         let pause = interval.mul_f64(0.5 + crate::crypto::random::fraction());
-        for ep in &ctx.endpoints {
+        for (ep, not_before) in ctx.endpoints.iter().zip(asked_later.iter_mut()) {
+            // A join service that said when to ask again (Retry-After) is not asked sooner.
+            if not_before.is_some_and(|t| Instant::now() < t) {
+                continue;
+            }
             match request_ticket(ctx, ep) {
                 Ok(t) => return join_with(ctx, ep, t),
-                Err(e) => log::warn!(
+                Err((e, None)) => log::warn!(
                     "join client: {e}; asking again in {:.1} s",
                     pause.as_secs_f64()
                 ),
+                Err((e, Some(after))) => {
+                    *not_before = Some(Instant::now() + after);
+                    log::warn!(
+                        "join client: {e}; {} asks to wait {} s (Retry-After): asking it again \
+                         in {:.1} s",
+                        ep.url,
+                        after.as_secs(),
+                        pause.max(after).as_secs_f64()
+                    )
+                }
             }
             if ctx.lock.is_taken() || ctx.stop.requested() {
                 break;
@@ -588,19 +603,27 @@ fn join_client(ctx: &Ctx) -> Result<Side> {
 }
 
 /// One ticket call, bounded by --join-timeout; the ticket only if it is valid in every part.
-fn request_ticket(ctx: &Ctx, ep: &Endpoint) -> Result<Ticket> {
+/// No ticket: why, and how long the service asked to be left alone (its `Retry-After`).
+fn request_ticket(
+    ctx: &Ctx,
+    ep: &Endpoint,
+) -> std::result::Result<Ticket, (Error, Option<Duration>)> {
     let t = Duration::from_secs(ctx.a.join_timeout);
-    let (status, body) =
-        mtls::post(&ctx.client, ep, None, TICKET_PATH, b"{}", t, t).map_err(|e| e.into_error())?;
-    if status != 200 {
-        let (_, msg) = mtls::answer_error(status, &body);
-        return Err(Error::failed(format!("ticket from {}: {msg}", ep.url)));
+    let a = mtls::post(&ctx.client, ep, None, TICKET_PATH, b"{}", t, t)
+        .map_err(|e| (e.into_error(), None))?;
+    if a.status != 200 {
+        let (_, msg) = mtls::answer_error(a.status, &a.body);
+        return Err((
+            Error::failed(format!("ticket from {}: {msg}", ep.url)),
+            a.retry_after,
+        ));
     }
-    let ticket: Ticket = serde_json::from_slice(&body)
-        .map_err(|e| Error::failed(format!("ticket from {}: does not parse: {e}", ep.url)))?;
+    let failed = |m: String| (Error::failed(format!("ticket from {}: {m}", ep.url)), None);
+    let ticket: Ticket =
+        serde_json::from_slice(&a.body).map_err(|e| failed(format!("does not parse: {e}")))?;
     ticket
         .validate(&ctx.pinned)
-        .map_err(|m| Error::failed(format!("ticket from {}: {m}; refused", ep.url)))?;
+        .map_err(|m| failed(format!("{m}; refused")))?;
     log::info!(
         "join client: ticket from {}: {} of cluster {} via API server {}",
         ep.url,

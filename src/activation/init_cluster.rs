@@ -76,7 +76,7 @@ pub fn run(a: &InitCluster) -> Result<()> {
             Duration::from_secs(10),
             Duration::from_secs(a.timeout),
         ) {
-            Ok(x) => break x,
+            Ok(x) => break (x.status, x.body),
             Err(CallError::Unreachable(e))
                 if start.elapsed() + RETRY < Duration::from_secs(a.wait) =>
             {

@@ -2,18 +2,17 @@
 //! control-plane nodes). A node is authenticated by its client certificate, which the
 //! node-provisioning CA issued; its identity is the certificate's public key hash, its role the
 //! certificate's organisation (`nodestrap:control-plane`, else worker). Each identity gets at
-//! most one ticket, ever: the record is written durably before the ticket leaves. Tokens and
-//! keys are never logged.
+//! most one ticket, ever, from all instances together: the ledger (ledger.rs) records it
+//! durably before the ticket leaves. Tokens and keys are never logged.
 
-use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rustls::ServerConfig;
-use serde::{Deserialize, Serialize};
 
 use crate::activation::kubeadm;
+use crate::activation::ledger::{self, Claim, ClusterLedger, FileLedger, Ledger};
 use crate::activation::mtls::{self, Peer};
 use crate::activation::nodelock::Role;
 use crate::activation::wire::{
@@ -21,39 +20,23 @@ use crate::activation::wire::{
 };
 use crate::cli::JoinService;
 use crate::error::{Error, Result};
+use crate::net::kube;
+use crate::net::retry::Retry;
 use crate::node::root::Root;
 use crate::node::signals;
 
 /// The certificate organisation that makes a node a control plane.
 const CONTROL_PLANE_ORG: &str = "nodestrap:control-plane";
 
-/// The ticket record: who got a ticket, by identity (`sha256:<hex>` of the node's public key):
-/// `{"issued": {IDENTITY: {"node": CN, "role": ROLE, "at": UNIX_SECONDS}}}`. Read strictly: a
-/// record that loses an entry would let that node get a second ticket.
-#[derive(Serialize, Deserialize, Debug, Default, PartialEq)]
-#[serde(deny_unknown_fields)]
-struct Record {
-    issued: Issued,
-}
+/// What a node asked to come back later is told to wait, at least: the ledger's API server
+/// was busy or down (or this instance is stopping).
+const TRY_LATER: u64 = 10;
 
-type Issued = BTreeMap<String, IssuedTo>;
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-#[serde(deny_unknown_fields)]
-struct IssuedTo {
-    /// The certificate's common name.
-    node: String,
-    role: Role,
-    /// Unix seconds.
-    at: u64,
-}
-
-/// The record file's text (`name` for messages); any flaw is an error, never an empty record.
-fn parse_record(text: &str, name: &str) -> Result<Issued> {
-    serde_json::from_str::<Record>(text)
-        .map(|r| r.issued)
-        .map_err(|e| Error::failed(format!("{name}: not a ticket record: {e}")))
-}
+/// The API client serving nodes: a ledger call gives up within this, so that a node waiting on
+/// an API server that is down gets "try later" well within its own --join-timeout.
+const LEDGER_CALL_BUDGET: Duration = Duration::from_secs(5);
+/// At start, the API server may itself be starting (a control-plane node that boots).
+const LEDGER_START_BUDGET: Duration = Duration::from_secs(120);
 
 struct Svc<'a> {
     a: &'a JoinService,
@@ -61,7 +44,7 @@ struct Svc<'a> {
     server: std::sync::Arc<rustls::ServerConfig>,
     discovery_hash: String,
     token_cmd: Vec<String>,
-    issued: Issued,
+    ledger: Ledger<'a>,
 }
 
 pub fn run(a: &JoinService) -> Result<()> {
@@ -90,6 +73,7 @@ pub fn run(a: &JoinService) -> Result<()> {
     if a.token_timeout == 0 {
         return Err(Error::config("--token-timeout 0: must be at least 1"));
     }
+    let instance = instance_name(a.instance.as_deref())?;
     let root = Root::open(&a.root)?;
 
     // 2. Inputs: serving identity, node CA, cluster CA (its hash goes into every ticket), the
@@ -104,15 +88,7 @@ pub fn run(a: &JoinService) -> Result<()> {
             show(&a.cluster_ca)
         ))
     })?;
-    let issued = match root.read_text(&a.state)? {
-        Some(t) => parse_record(&t, &show(&a.state))?,
-        None => Issued::new(),
-    };
-    log::info!(
-        "{} node identities already have a ticket (from {})",
-        issued.len(),
-        show(&a.state)
-    );
+    let ledger = open_ledger(a, &root, &instance)?;
     log::info!(
         "cluster CA {} gives the discovery hash {discovery_hash}",
         show(&a.cluster_ca)
@@ -123,7 +99,7 @@ pub fn run(a: &JoinService) -> Result<()> {
         root: &root,
         discovery_hash,
         token_cmd,
-        issued,
+        ledger,
     };
 
     // 3. Serve, one node at a time (each takes milliseconds plus the token command), until
@@ -135,8 +111,10 @@ pub fn run(a: &JoinService) -> Result<()> {
         .map(|l| l.to_string())
         .unwrap_or_default();
     log::info!(
-        "join service listening on {bound}: nodes need a certificate from {}",
-        show(&a.node_ca)
+        "join service {instance} listening on {bound}: nodes need a certificate from {}; \
+         tickets recorded in {}",
+        show(&a.node_ca),
+        svc.ledger.describe()
     );
     signals::catch_sigterm();
     let server = svc.server.clone();
@@ -152,13 +130,67 @@ pub fn run(a: &JoinService) -> Result<()> {
             // Stopping: no ticket is spent now; the node asks again (another service, or this
             // one once it is back).
             let b = mtls::error_body("stopping", "the join service is stopping; ask again");
-            if let Err(e) = mtls::respond(&mut asked.s, 503, &b) {
+            if let Err(e) = mtls::respond_later(&mut asked.s, &b, TRY_LATER) {
                 log::warn!("{}: answering: {e}", asked.who);
             }
         },
     )?;
+    svc.ledger.flush();
     log::info!("join service stopped by signal");
     Ok(())
+}
+
+/// `--instance`, else `NODE_NAME` (the DaemonSet's downward API), else the host name.
+fn instance_name(flag: Option<&str>) -> Result<String> {
+    let (name, from) = match flag {
+        Some(f) => (f.to_string(), "--instance"),
+        None => match std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()) {
+            Some(n) => (n, "NODE_NAME"),
+            None => (
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_string())
+                    .unwrap_or_default(),
+                "the host name",
+            ),
+        },
+    };
+    if name.is_empty() || name.len() > 253 || name.chars().any(|c| c.is_control()) {
+        return Err(Error::config(format!(
+            "{from} {name:?}: not an instance name (1 to 253 printable characters)"
+        )));
+    }
+    Ok(name)
+}
+
+/// The ledger `--ledger` names, checked before anything is served.
+fn open_ledger<'r>(a: &JoinService, root: &'r Root, instance: &str) -> Result<Ledger<'r>> {
+    match a.ledger {
+        crate::cli::Ledger::File => Ok(Ledger::File(FileLedger::open(root, &a.state)?)),
+        crate::cli::Ledger::Cluster => {
+            let pod = Root::open(std::path::Path::new("/"))?;
+            let client = |retry| kube::api_client(a.kubeconfig.as_deref(), &pod, retry);
+            let startup = client(
+                Retry::exponential(u32::MAX, Duration::from_secs(1)).within(LEDGER_START_BUDGET),
+            )?;
+            let serving = client(
+                Retry::exponential(3, Duration::from_millis(200))
+                    .capped_at(Duration::from_secs(2))
+                    .within(LEDGER_CALL_BUDGET),
+            )?;
+            // A claim is in flight as long as a ticket can take: the token command, the answer.
+            let lease = a.token_timeout + mtls::PREAUTH_TIMEOUT.as_secs() + ledger::LEASE_MARGIN;
+            let l = ClusterLedger::open(
+                &startup,
+                serving,
+                &a.ledger_namespace,
+                instance,
+                lease,
+                a.retry_window,
+            )?;
+            l.carry(root, &a.state)?;
+            Ok(Ledger::Cluster(l))
+        }
+    }
 }
 
 /// A node that passed its handshake with a well-formed ticket request.
@@ -206,48 +238,72 @@ fn preauth(server: &Arc<ServerConfig>, tcp: TcpStream, addr: SocketAddr) -> Opti
 }
 
 impl Svc<'_> {
-    /// The serialized part: one ticket at a time, recorded before it leaves.
+    /// The serialized part: one ticket at a time, claimed in the ledger before it is made and
+    /// settled there once it was written to the node.
     fn answer(&mut self, mut asked: Asked) {
-        let (status, body) = match self.ticket(&asked.peer, &asked.who) {
-            Ok(t) => match serde_json::to_value(&t) {
-                Ok(v) => (200, v),
-                Err(e) => (500, mtls::error_body("internal", &e.to_string())),
-            },
-            Err((status, code, e)) => {
-                log::warn!("{}: {e}", asked.who);
-                (status, mtls::error_body(code, &e))
+        self.ledger.flush();
+        let peer = &asked.peer;
+        let role = if peer.orgs.iter().any(|o| o == CONTROL_PLANE_ORG) {
+            Role::ControlPlane
+        } else {
+            Role::Worker
+        };
+        let held = match self.ledger.claim(&peer.spki, &peer.cn, role) {
+            Claim::Granted(h) => h,
+            Claim::Refused(code, m) => {
+                log::warn!("{}: {m}", asked.who);
+                return self.reply(&mut asked, 409, mtls::error_body(code, &m));
+            }
+            Claim::Unavailable(m) => {
+                log::warn!("{}: {m}; told to ask again in {TRY_LATER} s", asked.who);
+                let b = mtls::error_body("try_later", &format!("{m}; ask again"));
+                if let Err(e) = mtls::respond_later(&mut asked.s, &b, TRY_LATER) {
+                    log::warn!("{}: answering: {e}", asked.who);
+                }
+                return;
+            }
+        };
+        let ticket = self
+            .ticket(role)
+            .and_then(|t| serde_json::to_value(&t).map_err(|e| e.to_string()))
+            .and_then(|t| self.ledger.commit(&held).map(|()| t));
+        let t = match ticket {
+            Ok(t) => t,
+            Err(e) => {
+                log::warn!("{}: no ticket: {e}", asked.who);
+                self.ledger.settle(held, Err(short(&e)));
+                return self.reply(&mut asked, 500, mtls::error_body("internal", &e));
             }
         };
         // The token command had its own time limit: the answer gets a full one.
+        asked.s.sock.restart();
+        let sent = mtls::respond(&mut asked.s, 200, &t);
+        match &sent {
+            Ok(()) => log::info!(
+                "{}: ticket issued as {} (role from the certificate's organisation, attempt {}); \
+                 recorded in {}",
+                asked.who,
+                role.as_str(),
+                held.attempt(),
+                self.ledger.describe()
+            ),
+            Err(e) => log::warn!("{}: the ticket could not be written: {e}", asked.who),
+        }
+        self.ledger.settle(
+            held,
+            sent.map_err(|e| short(&format!("writing the ticket to the node: {e}"))),
+        );
+    }
+
+    fn reply(&self, asked: &mut Asked, status: u16, body: serde_json::Value) {
         asked.s.sock.restart();
         if let Err(e) = mtls::respond(&mut asked.s, status, &body) {
             log::warn!("{}: answering: {e}", asked.who);
         }
     }
 
-    /// Steps 2 to 6: not issued before; the role's files; a token; the durable record; the
-    /// ticket. An error is (HTTP status, code, message).
-    fn ticket(
-        &mut self,
-        peer: &Peer,
-        who: &str,
-    ) -> std::result::Result<Ticket, (u16, &'static str, String)> {
-        let internal = |e: String| (500, "internal", e);
-        if let Some(r) = self.issued.get(&peer.spki) {
-            return Err((
-                409,
-                "already_issued",
-                format!(
-                    "this node identity already got a ticket (as {:?} at {}); refused",
-                    r.node, r.at
-                ),
-            ));
-        }
-        let role = if peer.orgs.iter().any(|o| o == CONTROL_PLANE_ORG) {
-            Role::ControlPlane
-        } else {
-            Role::Worker
-        };
+    /// The ticket for `role`: its files and a new token.
+    fn ticket(&self, role: Role) -> std::result::Result<Ticket, String> {
         let mut files = Vec::new();
         if role == Role::ControlPlane {
             for name in CONTROL_PLANE_FILES {
@@ -255,34 +311,15 @@ impl Svc<'_> {
                 let data = self
                     .root
                     .read_text(&p)
-                    .map_err(|e| internal(e.to_string()))?
-                    .ok_or_else(|| internal(format!("{} does not exist", self.root.show(&p))))?;
+                    .map_err(|e| e.to_string())?
+                    .ok_or_else(|| format!("{} does not exist", self.root.show(&p)))?;
                 files.push(File {
                     name: name.to_string(),
                     data,
                 });
             }
         }
-        let token = self.token().map_err(|e| internal(e.to_string()))?;
-        let at = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        let record = IssuedTo {
-            node: peer.cn.clone(),
-            role,
-            at,
-        };
-        self.issued.insert(peer.spki.clone(), record);
-        if let Err(e) = self.save() {
-            self.issued.remove(&peer.spki);
-            return Err(internal(e.to_string()));
-        }
-        log::info!(
-            "{who}: ticket issued as {} (role from the certificate's organisation); recorded in {}",
-            role.as_str(),
-            self.root.show(&self.a.state)
-        );
+        let token = self.token().map_err(|e| e.to_string())?;
         Ok(Ticket {
             cluster_name: self.a.cluster_name.clone(),
             api_server_endpoint: self.a.api_server_endpoint.clone(),
@@ -320,72 +357,9 @@ impl Svc<'_> {
         log::info!("bootstrap token created by --token-command");
         Ok(token.to_string())
     }
-
-    fn save(&self) -> Result<()> {
-        let mut text = serde_json::to_vec_pretty(&Record {
-            issued: self.issued.clone(),
-        })?;
-        text.push(b'\n');
-        self.root.write_atomic(&self.a.state, &text, 0o644)
-    }
 }
 
-/// For the fuzz target (fuzz/): a ticket record as read, written back as `save` writes it.
-#[doc(hidden)]
-pub fn fuzz_parse_record(text: &str, name: &str) -> Result<String> {
-    let issued = parse_record(text, name)?;
-    Ok(serde_json::to_string_pretty(&Record { issued })?)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ticket_record_is_read_strictly() {
-        let good = r#"{"issued": {"sha256:ab": {"node": "n1", "role": "control-plane", "at": 7}}}"#;
-        let issued = parse_record(good, "/x/issued.json").unwrap();
-        assert_eq!(
-            issued["sha256:ab"],
-            IssuedTo {
-                node: "n1".into(),
-                role: Role::ControlPlane,
-                at: 7
-            }
-        );
-        // What save writes reads back the same.
-        let text = serde_json::to_string(&Record {
-            issued: issued.clone(),
-        })
-        .unwrap();
-        assert_eq!(parse_record(&text, "x").unwrap(), issued);
-        assert!(parse_record(r#"{"issued": {}}"#, "x").unwrap().is_empty());
-        // Valid JSON that is not a full record: an error naming the file and serde's reason,
-        // never an empty record (which would hand out second tickets).
-        for (bad, why) in [
-            ("{}", "missing field `issued`"),
-            (r#"{"issued": []}"#, "invalid type"),
-            (
-                r#"{"issued": {"sha256:ab": {"node": "n1"}}}"#,
-                "missing field `role`",
-            ),
-            (
-                r#"{"issued": {"sha256:ab": {"node": "n1", "role": "boss", "at": 1}}}"#,
-                "unknown variant `boss`",
-            ),
-            (
-                r#"{"issued": {}, "issuedd": {"sha256:ab": {}}}"#,
-                "unknown field `issuedd`",
-            ),
-            ("[]", "expected struct Record"),
-            ("", "EOF"),
-        ] {
-            let e = parse_record(bad, "/var/lib/x/issued.json").unwrap_err();
-            let m = e.to_string();
-            assert!(
-                m.starts_with("/var/lib/x/issued.json: not a ticket record: ") && m.contains(why),
-                "{bad}: {m}"
-            );
-        }
-    }
+/// A reason kept in a ticket record: its first 300 characters.
+fn short(m: &str) -> String {
+    m.chars().take(300).collect()
 }

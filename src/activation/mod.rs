@@ -8,6 +8,7 @@ pub mod init_cluster;
 pub mod init_secret;
 pub mod join_service;
 pub mod kubeadm;
+pub mod ledger;
 pub mod mtls;
 pub mod nodelock;
 pub mod wire;

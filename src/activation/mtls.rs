@@ -470,11 +470,19 @@ pub struct Request {
     pub body: Vec<u8>,
 }
 
+/// A message as read: its status or request line, its body and its `Retry-After`.
+struct Message {
+    first: String,
+    body: Vec<u8>,
+    retry_after: Option<Duration>,
+}
+
 /// Status line or request line, headers, and a Content-Length body of at most `BODY_CAP`.
-fn read_message(r: &mut impl BufRead, to_eof: bool) -> io::Result<(String, Vec<u8>)> {
+fn read_message(r: &mut impl BufRead, to_eof: bool) -> io::Result<Message> {
     let mut head = Vec::new();
     let mut first = String::new();
     let mut len: Option<usize> = None;
+    let mut retry_after = None;
     loop {
         let mut line = Vec::new();
         r.by_ref()
@@ -500,6 +508,9 @@ fn read_message(r: &mut impl BufRead, to_eof: bool) -> io::Result<(String, Vec<u
             break;
         }
         if let Some((k, v)) = text.split_once(':') {
+            if k.trim().eq_ignore_ascii_case("retry-after") {
+                retry_after = crate::net::fetch::retry_after(v, std::time::SystemTime::now());
+            }
             if k.trim().eq_ignore_ascii_case("content-length") {
                 len = Some(
                     v.trim()
@@ -523,11 +534,17 @@ fn read_message(r: &mut impl BufRead, to_eof: bool) -> io::Result<(String, Vec<u
         None if to_eof => crate::node::root::read_capped(r, BODY_CAP as u64)?,
         None => Vec::new(),
     };
-    Ok((first, body))
+    Ok(Message {
+        first,
+        body,
+        retry_after,
+    })
 }
 
 pub fn read_request(s: &mut impl Read) -> io::Result<Request> {
-    let (line, body) = read_message(&mut BufReader::new(s), false)?;
+    let Message {
+        first: line, body, ..
+    } = read_message(&mut BufReader::new(s), false)?;
     let mut parts = line.split_whitespace();
     let (Some(method), Some(path)) = (parts.next(), parts.next()) else {
         return Err(io::Error::other("not an HTTP request"));
@@ -540,6 +557,20 @@ pub fn read_request(s: &mut impl Read) -> io::Result<Request> {
 }
 
 pub fn respond(s: &mut impl Write, status: u16, body: &serde_json::Value) -> io::Result<()> {
+    respond_with(s, status, body, "")
+}
+
+/// 503 Service Unavailable with `Retry-After: secs`: ask again, not sooner.
+pub fn respond_later(s: &mut impl Write, body: &serde_json::Value, secs: u64) -> io::Result<()> {
+    respond_with(s, 503, body, &format!("Retry-After: {secs}\r\n"))
+}
+
+fn respond_with(
+    s: &mut impl Write,
+    status: u16,
+    body: &serde_json::Value,
+    extra: &str,
+) -> io::Result<()> {
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",
@@ -547,12 +578,13 @@ pub fn respond(s: &mut impl Write, status: u16, body: &serde_json::Value) -> io:
         404 => "Not Found",
         405 => "Method Not Allowed",
         409 => "Conflict",
+        503 => "Service Unavailable",
         _ => "Error",
     };
     let body = serde_json::to_vec(body).map_err(io::Error::other)?;
     write!(
         s,
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n",
         body.len()
     )?;
     s.write_all(&body)?;
@@ -627,8 +659,7 @@ impl CallError {
 
 /// POST `body` (JSON) to `path` on `ep` over mutual TLS, verifying the server's certificate
 /// for `server_name` (default: the endpoint's host). Everything after the connection is made,
-/// handshake to the last byte of the answer, is bounded by `io_timeout` together. The
-/// answer's status and body.
+/// handshake to the last byte of the answer, is bounded by `io_timeout` together.
 pub fn post(
     cfg: &Arc<ClientConfig>,
     ep: &Endpoint,
@@ -637,7 +668,7 @@ pub fn post(
     body: &[u8],
     connect_timeout: Duration,
     io_timeout: Duration,
-) -> std::result::Result<(u16, Vec<u8>), CallError> {
+) -> std::result::Result<Answer, CallError> {
     let what = format!("POST {}{path}", ep.url);
     let failed = |m: String| CallError::Failed(Error::failed(format!("{what}: {m}")));
     let name = server_name.unwrap_or(&ep.host).to_string();
@@ -685,7 +716,11 @@ pub fn post(
         .and_then(|_| s.write_all(body))
         .and_then(|_| s.flush())
         .map_err(|e| failed(format!("sending: {e}")))?;
-    let (status_line, body) = read_message(&mut BufReader::new(&mut s), true)
+    let Message {
+        first: status_line,
+        body,
+        retry_after,
+    } = read_message(&mut BufReader::new(&mut s), true)
         .map_err(|e| failed(format!("reading the answer: {e}")))?;
     let status = status_line
         .split_whitespace()
@@ -693,7 +728,19 @@ pub fn post(
         .and_then(|c| c.parse().ok())
         .filter(|_| status_line.starts_with("HTTP/1."))
         .ok_or_else(|| failed(format!("not an HTTP answer: {status_line:?}")))?;
-    Ok((status, body))
+    Ok(Answer {
+        status,
+        body,
+        retry_after,
+    })
+}
+
+/// What a server answered a `post`.
+pub struct Answer {
+    pub status: u16,
+    pub body: Vec<u8>,
+    /// Its `Retry-After` (seconds or an HTTP date), if it sent one: ask again, not sooner.
+    pub retry_after: Option<Duration>,
 }
 
 /// The `error` (and `code`) of a JSON error answer, or its first line.
@@ -711,7 +758,7 @@ pub fn answer_error(status: u16, body: &[u8]) -> (String, String) {
 /// For the fuzz target (fuzz/): an answer's framing as `post` reads it (body to EOF).
 #[doc(hidden)]
 pub fn fuzz_read_answer(r: &mut impl Read) -> io::Result<(String, Vec<u8>)> {
-    read_message(&mut BufReader::new(r), true)
+    read_message(&mut BufReader::new(r), true).map(|m| (m.first, m.body))
 }
 
 #[cfg(test)]

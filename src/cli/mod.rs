@@ -468,7 +468,26 @@ pub struct JoinService {
     /// seconds the token command may take (default 60)
     #[argh(option, default = "60")]
     pub token_timeout: u64,
-    /// record of the node identities a ticket went to
+    /// where the record of issued tickets lives: cluster (one ConfigMap per node identity,
+    /// shared by every instance; default) or file (--state, for a join service that runs
+    /// alone, without a cluster)
+    #[argh(option, default = "Ledger::Cluster")]
+    pub ledger: Ledger,
+    /// namespace of the cluster's ticket records (default nodestrap-join)
+    #[argh(option, default = "\"nodestrap-join\".into()")]
+    pub ledger_namespace: String,
+    /// kubeconfig for the cluster's ticket records (pod path); default: the pod's service
+    /// account
+    #[argh(option)]
+    pub kubeconfig: Option<PathBuf>,
+    /// this instance's name in the ticket records (default: $NODE_NAME, else the host name)
+    #[argh(option)]
+    pub instance: Option<String>,
+    /// seconds after a failed issuance in which the same node may ask again (default 900)
+    #[argh(option, default = "900")]
+    pub retry_window: u64,
+    /// the file record of issued tickets (--ledger file); with --ledger cluster, an existing
+    /// one is carried into the cluster once
     #[argh(
         option,
         default = "\"/var/lib/nodestrap/join-service/issued.json\".into()"
@@ -477,6 +496,23 @@ pub struct JoinService {
     /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
     #[argh(option, default = "\"info\".into()")]
     pub verbose: String,
+}
+
+/// Where join-service records the tickets it issued (`--ledger`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ledger {
+    Cluster,
+    File,
+}
+
+impl argh::FromArgValue for Ledger {
+    fn from_arg_value(v: &str) -> Result<Self, String> {
+        match v {
+            "cluster" => Ok(Ledger::Cluster),
+            "file" => Ok(Ledger::File),
+            _ => Err(format!("expected cluster or file, got {v:?}")),
+        }
+    }
 }
 
 #[derive(FromArgs, Debug)]

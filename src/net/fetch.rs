@@ -495,22 +495,26 @@ impl Http {
         req: &Request,
         cap: u64,
     ) -> std::result::Result<Vec<u8>, (Error, Failure)> {
-        self.fetch_inner(req, cap, &[])?
-            .map_err(|e| (e, Failure::Final))
+        self.fetch_status(req, cap, &[])?
+            .map_err(|(_, e)| (e, Failure::Final))
     }
 
     /// `fetch`, but an answer with a status in `pass` is handed back as the inner `Err`
     /// at once, for the caller's own retry rule (409 Conflict on a patch).
     pub fn fetch_passing(&self, req: &Request, cap: u64, pass: &[u16]) -> Result<Result<Vec<u8>>> {
-        self.fetch_inner(req, cap, pass).map_err(|(e, _)| e)
+        self.fetch_status(req, cap, pass)
+            .map(|r| r.map_err(|(_, e)| e))
+            .map_err(|(e, _)| e)
     }
 
-    fn fetch_inner(
+    /// `fetch_passing` with the passed answer's status, and why it failed for good.
+    #[allow(clippy::type_complexity)]
+    pub fn fetch_status(
         &self,
         req: &Request,
         cap: u64,
         pass: &[u16],
-    ) -> std::result::Result<Result<Vec<u8>>, (Error, Failure)> {
+    ) -> std::result::Result<std::result::Result<Vec<u8>, (u16, Error)>, (Error, Failure)> {
         let what = format!("{} {}", req.method, req.url);
         self.retrying(&what, |deadline| {
             let mut resp = match self.call(req, deadline) {
@@ -519,7 +523,9 @@ impl Http {
             };
             match status_failure(&what, &mut resp) {
                 None => {}
-                Some(r) if pass.contains(&r.status) => return Attempt::Done(Err(r.error)),
+                Some(r) if pass.contains(&r.status) => {
+                    return Attempt::Done(Err((r.status, r.error)))
+                }
                 Some(r) => return verdict(r),
             }
             if let Some(t) = resp.body().content_length().filter(|t| *t > cap) {

@@ -1,5 +1,6 @@
 //! A small Kubernetes API client: a kubeconfig or the pod's service account, `GET /version`,
-//! ConfigMaps and merge-`PATCH` of a Node. Credentials never reach a log line.
+//! ConfigMaps, merge-`PATCH` of a Node, and JSON calls whose status the caller decides on
+//! (`Kube::call`). Credentials never reach a log line.
 
 use std::path::Path;
 use std::time::Duration;
@@ -27,9 +28,62 @@ pub struct Kube {
     /// With `tls-server-name`: requests go to that name (resolved as the server's host), and
     /// carry the server's own host here, as kubectl's do.
     host_header: Option<String>,
-    token: Option<String>,
+    token: Option<Token>,
     /// Where the credentials came from, for messages.
     pub source: String,
+}
+
+/// A bearer token: given once, or the pod's projected service account token, which the
+/// kubelet rotates in place; re-read at most once a minute, as client-go does, so a service
+/// that runs for days keeps a valid one.
+enum Token {
+    Fixed(String),
+    File {
+        path: std::path::PathBuf,
+        read: std::sync::Mutex<(String, std::time::Instant)>,
+    },
+}
+
+/// How long a service account token read from its file is used before it is read again.
+const TOKEN_REREAD: Duration = Duration::from_secs(60);
+
+impl Token {
+    fn value(&self) -> String {
+        match self {
+            Token::Fixed(t) => t.clone(),
+            Token::File { path, read } => {
+                let mut g = read.lock().unwrap_or_else(|e| e.into_inner());
+                if g.1.elapsed() >= TOKEN_REREAD {
+                    match read_token(path) {
+                        Ok(t) => *g = (t, std::time::Instant::now()),
+                        // The one read before stays in use; the API server says if it expired.
+                        Err(e) => log::warn!("{e}; using the token read before"),
+                    }
+                }
+                g.0.clone()
+            }
+        }
+    }
+}
+
+fn read_token(path: &Path) -> Result<String> {
+    let t = crate::node::root::read_host_file(path, crate::node::root::CONFIG_CAP, "service account")
+        .map_err(|e| e.with_kind(crate::error::Kind::Failed))?;
+    let t = String::from_utf8_lossy(&t).trim().to_string();
+    if t.is_empty() {
+        return Err(Error::failed(format!(
+            "service account {} is empty",
+            path.display()
+        )));
+    }
+    Ok(t)
+}
+
+/// What the API server answered a `Kube::call`: 2xx with its JSON, or one of the statuses the
+/// caller asked to see (404 Not Found, 409 Conflict), with the server's message.
+pub enum Reply {
+    Ok(serde_json::Value),
+    Status(u16, Error),
 }
 
 impl Kube {
@@ -183,21 +237,22 @@ impl Kube {
             )
             .map_err(|e| e.with_kind(crate::error::Kind::Failed))
         };
-        let token = String::from_utf8_lossy(&read("token")?).trim().to_string();
-        if token.is_empty() {
-            return Err(Error::failed(format!(
-                "service account {dir}/token is empty"
-            )));
-        }
+        let token_path = std::path::PathBuf::from(format!("{dir}/token"));
+        let token = read_token(&token_path)?;
         let mut tls = Tls::default();
         tls.add_pem(&read("ca.crt")?, &format!("{dir}/ca.crt"))?;
-        Kube::new(
+        let mut k = Kube::new(
             &format!("https://{host}:{port}"),
             tls,
-            Some(token),
+            None,
             format!("the service account in {dir}"),
             retry,
-        )
+        )?;
+        k.token = Some(Token::File {
+            path: token_path,
+            read: std::sync::Mutex::new((token, std::time::Instant::now())),
+        });
+        Ok(k)
     }
 
     fn new(
@@ -217,7 +272,7 @@ impl Kube {
             http,
             server: server.trim_end_matches('/').to_string(),
             host_header: None,
-            token,
+            token: token.map(Token::Fixed),
             source,
         })
     }
@@ -230,7 +285,7 @@ impl Kube {
     ) -> Request<'a> {
         let mut headers = vec![("Accept", "application/json".to_string())];
         if let Some(t) = &self.token {
-            headers.push(("Authorization", format!("Bearer {t}")));
+            headers.push(("Authorization", format!("Bearer {}", t.value())));
         }
         if let Some(h) = &self.host_header {
             headers.push(("Host", h.clone()));
@@ -333,6 +388,34 @@ impl Kube {
                     return Err(e.context(format!("still a conflict after {CONFLICT_TRIES} tries")))
                 }
             }
+        }
+    }
+}
+
+impl Kube {
+    /// `method path` with an optional JSON body; 2xx is `Reply::Ok` with the answer's JSON, a
+    /// status in `pass` is `Reply::Status`, anything else fails, saying why (`Failure`). Busy
+    /// answers and broken connections follow this client's `Retry`.
+    pub fn call(
+        &self,
+        method: &'static str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+        pass: &[u16],
+    ) -> std::result::Result<Reply, (Error, Failure)> {
+        let url = format!("{}{path}", self.server);
+        let body = body.map(|b| ("application/json", b.to_string().into_bytes()));
+        match self
+            .http
+            .fetch_status(&self.request(method, &url, body), 8 << 20, pass)?
+        {
+            Ok(b) => serde_json::from_slice(&b).map(Reply::Ok).map_err(|e| {
+                (
+                    Error::failed(format!("{method} {url}: invalid JSON: {e}")),
+                    Failure::Final,
+                )
+            }),
+            Err((status, e)) => Ok(Reply::Status(status, e)),
         }
     }
 }
@@ -766,7 +849,7 @@ pub fn fuzz_parse_exec_output(out: &[u8], now: i64) -> std::result::Result<usize
 
 /// Seconds since the epoch of an RFC 3339 time (`2026-11-24T01:02:03Z`, fractions and offsets
 /// allowed).
-fn rfc3339(t: &str) -> Option<i64> {
+pub fn rfc3339(t: &str) -> Option<i64> {
     let b = t.as_bytes();
     if b.len() < 20
         || b[4] != b'-'
@@ -879,6 +962,11 @@ pub fn node_name(flag: Option<&str>, env: Option<&str>) -> Result<NodeName> {
             "{from} {n:?}: not a valid node name (a DNS subdomain)"
         ))
     })
+}
+
+/// A namespace's name: an RFC 1123 label (at most 63, no dots).
+pub fn dns_label(s: &str) -> bool {
+    s.len() <= 63 && !s.contains('.') && dns_subdomain(s)
 }
 
 pub fn dns_subdomain(s: &str) -> bool {

@@ -516,6 +516,10 @@ impl JoinSvc {
             "demo",
             "--kubernetes-version",
             "v1.31.2",
+            // The ledger in the cluster is tested against a real API server (tests/activation/
+            // ledger.rs); these tests are about the service's other parts.
+            "--ledger",
+            "file",
         ]);
         a.extend([
             "--root".into(),

@@ -1,0 +1,805 @@
+//! join-service's ledger: which node identities got a join ticket. Two homes, one question
+//! ("may this identity get a ticket now?") and one order (the record is durable before the
+//! ticket leaves):
+//!
+//! - `cluster` (the default): one ConfigMap per node identity in `--ledger-namespace`, shared
+//!   by every join-service instance. The claim is a create that fails when the object exists,
+//!   so of any number of instances asked at once exactly one issues; the states after it move
+//!   by updates that carry the `resourceVersion` read (optimistic concurrency).
+//! - `file` (`--state`): one JSON file, for a join service that runs alone without a cluster.
+//!
+//! docs/join-service.md ("The ledger") has the object's fields and the states.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::activation::nodelock::Role;
+use crate::error::{Error, Result};
+use crate::net::fetch::Failure;
+use crate::net::kube::{self, Kube, Reply};
+use crate::node::root::Root;
+use crate::node::status::rfc3339;
+
+/// The label every ticket record carries, so that `kubectl get -l` finds them all.
+const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "nodestrap-join-service");
+/// The object the start-up checks ask about (never a ticket record: not `ticket-<hex>`).
+const PROBE: &str = "ticket-permission-check";
+/// A claim is in flight this long beyond --token-timeout: the answer's own deadline (10 s),
+/// two ledger calls and a margin for the clocks of two control-plane nodes.
+pub const LEASE_MARGIN: u64 = 30;
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn stamp(secs: u64) -> String {
+    rfc3339(UNIX_EPOCH + Duration::from_secs(secs))
+}
+
+/// What the ledger answers a node that asks.
+pub enum Claim {
+    /// This instance issues the ticket, then tells the ledger how it went (`Ledger::settle`).
+    Granted(Held),
+    /// Not now and not later (409): the answer's code and why.
+    Refused(&'static str, String),
+    /// The ledger could not be asked or written (the API server busy or down): the node asks
+    /// again later (503 with Retry-After). No ticket leaves unrecorded.
+    Unavailable(String),
+}
+
+/// A claim this instance holds, until `settle`.
+pub struct Held {
+    identity: String,
+    node: String,
+    role: Role,
+    /// The cluster record as claimed, with its resourceVersion.
+    record: Option<(Entry, String)>,
+}
+
+impl Held {
+    /// Where the record is, for the log.
+    pub fn attempt(&self) -> u32 {
+        self.record.as_ref().map(|(e, _)| e.attempt()).unwrap_or(1)
+    }
+}
+
+pub enum Ledger<'r> {
+    File(FileLedger<'r>),
+    Cluster(ClusterLedger),
+}
+
+impl Ledger<'_> {
+    /// Where the records are, for the log.
+    pub fn describe(&self) -> String {
+        match self {
+            Ledger::File(f) => f.root.show(&f.path),
+            Ledger::Cluster(c) => format!(
+                "ConfigMaps ticket-<identity> in namespace {} ({})",
+                c.ns, c.kube.source
+            ),
+        }
+    }
+
+    /// May `identity` get a ticket now?
+    pub fn claim(&mut self, identity: &str, node: &str, role: Role) -> Claim {
+        match self {
+            Ledger::File(f) => f.claim(identity, node, role),
+            Ledger::Cluster(c) => c.claim(identity, node, role),
+        }
+    }
+
+    /// The ticket is ready and about to leave: the file ledger records it now (its only
+    /// record); an error means it must not leave. The cluster's record is the claim.
+    pub fn commit(&mut self, held: &Held) -> std::result::Result<(), String> {
+        match self {
+            Ledger::File(f) => f.commit(held),
+            Ledger::Cluster(_) => Ok(()),
+        }
+    }
+
+    /// How the issuance ended: the ticket was written to the node (`Ok`), or not (why).
+    pub fn settle(&mut self, held: Held, outcome: std::result::Result<(), String>) {
+        if let Ledger::Cluster(c) = self {
+            c.settle(held, outcome)
+        }
+    }
+
+    /// Records not yet written because the API server could not be reached: tried again
+    /// before each answer and once when stopping.
+    pub fn flush(&mut self) {
+        if let Ledger::Cluster(c) = self {
+            c.flush()
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The file
+
+/// The file record: who got a ticket, by identity (`sha256:<hex>` of the node's public key):
+/// `{"issued": {IDENTITY: {"node": CN, "role": ROLE, "at": UNIX_SECONDS}}}`. Read strictly: a
+/// record that loses an entry would let that node get a second ticket.
+#[derive(Serialize, Deserialize, Debug, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct Record {
+    issued: Issued,
+}
+
+type Issued = BTreeMap<String, IssuedTo>;
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct IssuedTo {
+    /// The certificate's common name.
+    node: String,
+    role: Role,
+    /// Unix seconds.
+    at: u64,
+}
+
+/// The record file's text (`name` for messages); any flaw is an error, never an empty record.
+fn parse_record(text: &str, name: &str) -> Result<Issued> {
+    serde_json::from_str::<Record>(text)
+        .map(|r| r.issued)
+        .map_err(|e| Error::failed(format!("{name}: not a ticket record: {e}")))
+}
+
+fn refused_before(node: &str, at: u64) -> (&'static str, String) {
+    (
+        "already_issued",
+        format!(
+            "this node identity already got a ticket (as {node:?} at {}); refused",
+            stamp(at)
+        ),
+    )
+}
+
+pub struct FileLedger<'r> {
+    root: &'r Root,
+    path: String,
+    issued: Issued,
+}
+
+impl<'r> FileLedger<'r> {
+    pub fn open(root: &'r Root, path: &str) -> Result<FileLedger<'r>> {
+        let issued = match root.read_text(path)? {
+            Some(t) => parse_record(&t, &root.show(path))?,
+            None => Issued::new(),
+        };
+        log::info!(
+            "{} node identities already have a ticket (from {})",
+            issued.len(),
+            root.show(path)
+        );
+        Ok(FileLedger {
+            root,
+            path: path.to_string(),
+            issued,
+        })
+    }
+
+    fn claim(&mut self, identity: &str, node: &str, role: Role) -> Claim {
+        if let Some(r) = self.issued.get(identity) {
+            let (code, m) = refused_before(&r.node, r.at);
+            return Claim::Refused(code, m);
+        }
+        Claim::Granted(Held {
+            identity: identity.to_string(),
+            node: node.to_string(),
+            role,
+            record: None,
+        })
+    }
+
+    /// Written durably before the ticket leaves: a restart does not issue again. A failure
+    /// to send after this stays recorded: the file ledger has no retry window.
+    fn commit(&mut self, held: &Held) -> std::result::Result<(), String> {
+        let entry = IssuedTo {
+            node: held.node.clone(),
+            role: held.role,
+            at: now(),
+        };
+        self.issued.insert(held.identity.clone(), entry);
+        let saved = serde_json::to_vec_pretty(&RecordOut {
+            issued: &self.issued,
+        })
+        .map_err(Error::from)
+        .and_then(|mut text| {
+            text.push(b'\n');
+            self.root.write_atomic(&self.path, &text, 0o644)
+        });
+        saved.map_err(|e| {
+            self.issued.remove(&held.identity);
+            e.to_string()
+        })
+    }
+}
+
+/// `Record` as written, borrowing the map.
+#[derive(Serialize)]
+struct RecordOut<'a> {
+    issued: &'a Issued,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cluster
+
+/// Where a ticket record stands.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum State {
+    /// Claimed by `instance` at `claimed-at`; its ticket is being made or sent.
+    Issuing,
+    /// The ticket was written to the node.
+    Issued,
+    /// The issuing instance failed to make or send it (`reason`): the same identity may ask
+    /// again until `failed-at` + --retry-window.
+    Failed,
+}
+
+/// A ticket record: the ConfigMap's `data` (every value a string, as ConfigMaps hold them).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct Entry {
+    /// `sha256:<hex>` of the node's public key.
+    identity: String,
+    /// The node certificate's common name.
+    node: String,
+    role: Role,
+    state: State,
+    /// The join-service instance that holds (or held) the claim.
+    instance: String,
+    /// RFC 3339 times.
+    claimed_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    issued_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    failed_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    /// Claims of this identity so far ("1" at first; a retry after a failure adds one).
+    attempt: String,
+    /// The file record it came from, when it was carried into the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    carried_from: Option<String>,
+}
+
+impl Entry {
+    fn attempt(&self) -> u32 {
+        self.attempt.parse().unwrap_or(1)
+    }
+}
+
+/// What a record already there means for a node that asks now.
+#[derive(Debug, PartialEq)]
+enum Verdict {
+    Refuse(&'static str, String),
+    /// A failed issuance within its window: claim it again.
+    Retry,
+}
+
+/// The rule, on the record's own times: issued or in flight is refused; a failure (or a
+/// claim whose lease ran out: its instance died) may be retried until the window closes.
+fn judge(e: &Entry, now: u64, lease: u64, window: u64) -> Verdict {
+    let at = |s: &Option<String>| s.as_deref().and_then(kube::rfc3339).map(|t| t.max(0) as u64);
+    let claimed = at(&Some(e.claimed_at.clone())).unwrap_or(0);
+    let failed_at = match e.state {
+        State::Issued => {
+            let t = at(&e.issued_at).unwrap_or(claimed);
+            return Verdict::Refuse(
+                "already_issued",
+                format!(
+                    "this node identity already got a ticket (as {:?}, from {} at {}); refused",
+                    e.node,
+                    e.instance,
+                    stamp(t)
+                ),
+            );
+        }
+        State::Issuing if now < claimed + lease => {
+            return Verdict::Refuse(
+                "already_issued",
+                format!(
+                    "a ticket for this node identity is being issued (by {} since {}); refused",
+                    e.instance, e.claimed_at
+                ),
+            )
+        }
+        // Its instance stopped before it said how it went: failed when the lease ran out.
+        State::Issuing => claimed + lease,
+        State::Failed => at(&e.failed_at).unwrap_or(claimed),
+    };
+    if now < failed_at + window {
+        return Verdict::Retry;
+    }
+    Verdict::Refuse(
+        "retry_window_closed",
+        format!(
+            "the ticket for this node identity failed at {} ({}) and the {window} s to ask \
+             again have passed; refused (an administrator deletes its record to allow one more)",
+            stamp(failed_at),
+            e.reason.as_deref().unwrap_or("its join service stopped")
+        ),
+    )
+}
+
+pub struct ClusterLedger {
+    kube: Kube,
+    ns: String,
+    instance: String,
+    lease: u64,
+    window: u64,
+    /// Records to write when the API server is back: (name, record, its resourceVersion).
+    pending: Vec<(String, Entry, String)>,
+}
+
+/// The ConfigMap that records `identity` (`sha256:<64 hex>` → `ticket-<64 hex>`).
+fn object_name(identity: &str) -> String {
+    format!(
+        "ticket-{}",
+        identity.strip_prefix("sha256:").unwrap_or(identity)
+    )
+}
+
+impl ClusterLedger {
+    /// The ledger in namespace `ns`, checked before anything is served: the namespace exists
+    /// and this instance may create, get and update ConfigMaps in it (dry-run calls of each:
+    /// the API server authorizes them as the real ones). `startup` may wait for an API server
+    /// that is starting; `kube` (short deadlines) serves the nodes.
+    pub fn open(
+        startup: &Kube,
+        kube: Kube,
+        ns: &str,
+        instance: &str,
+        lease: u64,
+        window: u64,
+    ) -> Result<ClusterLedger> {
+        if !kube::dns_label(ns) {
+            return Err(Error::config(format!(
+                "--ledger-namespace {ns:?}: not a namespace name (RFC 1123 label)"
+            )));
+        }
+        let base = format!("/api/v1/namespaces/{ns}/configmaps");
+        let probe = serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": PROBE, "namespace": ns},
+        });
+        let denied = |verb: &str, e: Error| {
+            Error::config(format!(
+                "{}: may not {verb} ConfigMaps in namespace {ns} ({e}); the Role of \
+                 deploy/join-service.yaml grants get, create and update there",
+                startup.source
+            ))
+        };
+        let failed = |verb: &str, (e, _): (Error, Failure)| {
+            Error::failed(format!(
+                "checking that this instance may {verb} ticket records: {e}"
+            ))
+        };
+        match startup
+            .call(
+                "POST",
+                &format!("{base}?dryRun=All"),
+                Some(&probe),
+                &[403, 404, 409],
+            )
+            .map_err(|e| failed("create", e))?
+        {
+            Reply::Ok(_) | Reply::Status(409, _) => {}
+            Reply::Status(403, e) => return Err(denied("create", e)),
+            Reply::Status(_, e) => {
+                return Err(Error::config(format!(
+                    "namespace {ns} of the ticket records does not exist ({e}); \
+                     deploy/join-service.yaml creates it"
+                )))
+            }
+        }
+        for (verb, method, body) in [("get", "GET", None), ("update", "PUT", Some(&probe))] {
+            let path = match method {
+                "PUT" => format!("{base}/{PROBE}?dryRun=All"),
+                _ => format!("{base}/{PROBE}"),
+            };
+            match startup
+                .call(method, &path, body, &[403, 404, 409])
+                .map_err(|e| failed(verb, e))?
+            {
+                Reply::Status(403, e) => return Err(denied(verb, e)),
+                // 404: allowed, nothing there (authorization comes first).
+                Reply::Ok(_) | Reply::Status(_, _) => {}
+            }
+        }
+        log::info!(
+            "ticket records: ConfigMaps in namespace {ns}, which this instance ({instance}) may \
+             create, get and update ({})",
+            startup.source
+        );
+        Ok(ClusterLedger {
+            kube,
+            ns: ns.to_string(),
+            instance: instance.to_string(),
+            lease,
+            window,
+            pending: Vec::new(),
+        })
+    }
+
+    fn path(&self, name: Option<&str>) -> String {
+        match name {
+            Some(n) => format!("/api/v1/namespaces/{}/configmaps/{n}", self.ns),
+            None => format!("/api/v1/namespaces/{}/configmaps", self.ns),
+        }
+    }
+
+    fn object(&self, name: &str, e: &Entry, rv: Option<&str>) -> serde_json::Value {
+        let mut meta = serde_json::json!({
+            "name": name,
+            "namespace": self.ns,
+            "labels": {MANAGED_BY.0: MANAGED_BY.1, "nodestrap.io/role": e.role.as_str()},
+        });
+        if let Some(rv) = rv {
+            meta["resourceVersion"] = rv.into();
+        }
+        serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": e})
+    }
+
+    /// `(record, resourceVersion)` of a ConfigMap as the API server returned it.
+    fn read(cm: &serde_json::Value, name: &str) -> std::result::Result<(Entry, String), String> {
+        let rv = cm["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        serde_json::from_value::<Entry>(cm["data"].clone())
+            .map(|e| (e, rv))
+            .map_err(|e| format!("ConfigMap {name}: not a ticket record: {e}"))
+    }
+
+    fn create(&self, name: &str, e: &Entry) -> std::result::Result<Option<String>, String> {
+        match self
+            .kube
+            .call("POST", &self.path(None), Some(&self.object(name, e, None)), &[409])
+        {
+            Ok(Reply::Ok(cm)) => Self::read(&cm, name).map(|(_, rv)| Some(rv)),
+            Ok(Reply::Status(_, _)) => Ok(None),
+            Err((e, _)) => Err(e.to_string()),
+        }
+    }
+
+    /// Replace the record if it is still at `rv`: `Ok(Some(new rv))`, `Ok(None)` when another
+    /// instance changed it first (or it is gone).
+    fn replace(&self, name: &str, e: &Entry, rv: &str) -> std::result::Result<Option<String>, String> {
+        match self.kube.call(
+            "PUT",
+            &self.path(Some(name)),
+            Some(&self.object(name, e, Some(rv))),
+            &[404, 409],
+        ) {
+            Ok(Reply::Ok(cm)) => Self::read(&cm, name).map(|(_, rv)| Some(rv)),
+            Ok(Reply::Status(_, _)) => Ok(None),
+            Err((e, _)) => Err(e.to_string()),
+        }
+    }
+
+    fn claim(&mut self, identity: &str, node: &str, role: Role) -> Claim {
+        let name = object_name(identity);
+        let t = now();
+        let mut entry = Entry {
+            identity: identity.to_string(),
+            node: node.to_string(),
+            role,
+            state: State::Issuing,
+            instance: self.instance.clone(),
+            claimed_at: stamp(t),
+            issued_at: None,
+            failed_at: None,
+            reason: None,
+            attempt: "1".into(),
+            carried_from: None,
+        };
+        let unavailable = |e: String| Claim::Unavailable(format!("the ticket ledger: {e}"));
+        match self.create(&name, &entry) {
+            Ok(Some(rv)) => return self.granted(entry, rv),
+            Ok(None) => {}
+            Err(e) => return unavailable(e),
+        }
+        // It exists: what does it say?
+        let (old, rv) = match self.kube.call("GET", &self.path(Some(&name)), None, &[404]) {
+            Ok(Reply::Ok(cm)) => match Self::read(&cm, &name) {
+                Ok(x) => x,
+                // Fail closed: a record nobody can read never hands out a second ticket.
+                Err(e) => return Claim::Refused("already_issued", format!("{e}; refused")),
+            },
+            Ok(Reply::Status(_, _)) => {
+                return unavailable(format!("{name} was deleted while being read; ask again"))
+            }
+            Err((e, _)) => return unavailable(e.to_string()),
+        };
+        match judge(&old, t, self.lease, self.window) {
+            Verdict::Refuse(code, m) => Claim::Refused(code, m),
+            Verdict::Retry => {
+                entry.attempt = (old.attempt() + 1).to_string();
+                match self.replace(&name, &entry, &rv) {
+                    Ok(Some(rv)) => {
+                        log::info!(
+                            "{name}: {} ({}) asks again after a failed issuance{}; claimed again \
+                             (attempt {})",
+                            old.node,
+                            identity,
+                            old.reason
+                                .as_deref()
+                                .map(|r| format!(" ({r})"))
+                                .unwrap_or_default(),
+                            entry.attempt
+                        );
+                        self.granted(entry, rv)
+                    }
+                    // Another instance claimed it between our read and our write.
+                    Ok(None) => Claim::Refused(
+                        "already_issued",
+                        "a ticket for this node identity is being issued by another instance; \
+                         refused"
+                            .into(),
+                    ),
+                    Err(e) => unavailable(e),
+                }
+            }
+        }
+    }
+
+    fn granted(&self, entry: Entry, rv: String) -> Claim {
+        Claim::Granted(Held {
+            identity: entry.identity.clone(),
+            node: entry.node.clone(),
+            role: entry.role,
+            record: Some((entry, rv)),
+        })
+    }
+
+    fn settle(&mut self, held: Held, outcome: std::result::Result<(), String>) {
+        let Some((mut e, rv)) = held.record else {
+            return;
+        };
+        let t = stamp(now());
+        match outcome {
+            Ok(()) => {
+                e.state = State::Issued;
+                e.issued_at = Some(t);
+            }
+            Err(reason) => {
+                e.state = State::Failed;
+                e.failed_at = Some(t);
+                e.reason = Some(reason);
+            }
+        }
+        let name = object_name(&e.identity);
+        self.write(name, e, rv);
+    }
+
+    /// Write a settled record, or keep it for `flush`.
+    fn write(&mut self, name: String, e: Entry, rv: String) {
+        match self.replace(&name, &e, &rv) {
+            Ok(Some(_)) => {}
+            Ok(None) => log::error!(
+                "{name}: the record was changed by another instance while this one held the \
+                 claim (its lease of {} s ran out); recorded state {:?} not written",
+                self.lease,
+                e.state
+            ),
+            Err(err) => {
+                log::warn!(
+                    "{name}: recording {:?} failed ({err}); kept to write when the API server \
+                     answers",
+                    e.state
+                );
+                self.pending.push((name, e, rv));
+            }
+        }
+    }
+
+    fn flush(&mut self) {
+        for (name, e, rv) in std::mem::take(&mut self.pending) {
+            log::info!("{name}: writing the {:?} record kept before", e.state);
+            self.write(name, e, rv);
+        }
+    }
+
+    /// An existing file record (`--state`) carried into the cluster: each identity in it gets
+    /// an `issued` record (one already there says issued too, or is made to), then the file is
+    /// renamed `<file>.carried` so that this happens once.
+    pub fn carry(&self, root: &Root, path: &str) -> Result<()> {
+        let Some(text) = root.read_text(path)? else {
+            return Ok(());
+        };
+        let from = root.show(path);
+        let issued = parse_record(&text, &from)?;
+        let fail = |m: String| Error::failed(format!("carrying {from} into the cluster: {m}"));
+        for (identity, r) in &issued {
+            let name = object_name(identity);
+            let e = Entry {
+                identity: identity.clone(),
+                node: r.node.clone(),
+                role: r.role,
+                state: State::Issued,
+                instance: self.instance.clone(),
+                claimed_at: stamp(r.at),
+                issued_at: Some(stamp(r.at)),
+                failed_at: None,
+                reason: None,
+                attempt: "1".into(),
+                carried_from: Some(from.clone()),
+            };
+            if self.create(&name, &e).map_err(&fail)?.is_some() {
+                continue;
+            }
+            let got = self
+                .kube
+                .call("GET", &self.path(Some(&name)), None, &[])
+                .map_err(|(e, _)| fail(e.to_string()))?;
+            let Reply::Ok(cm) = got else { continue };
+            let (old, rv) = Self::read(&cm, &name).map_err(&fail)?;
+            if old.state != State::Issued
+                && self.replace(&name, &e, &rv).map_err(&fail)?.is_none()
+            {
+                return Err(fail(format!("{name} changed while being carried; start again")));
+            }
+        }
+        let carried = format!("{path}.carried");
+        let (dir, file) = root.parent_of(path)?;
+        let (_, to) = root.parent_of(&carried)?;
+        dir.rename(&file, &to)?;
+        dir.fsync()?;
+        log::info!(
+            "{} identities of the file record {from} carried into namespace {}; the file is now {}",
+            issued.len(),
+            self.ns,
+            root.show(&carried)
+        );
+        Ok(())
+    }
+}
+
+/// For the fuzz target (fuzz/): a ticket record as read, written back as `save` writes it.
+#[doc(hidden)]
+pub fn fuzz_parse_record(text: &str, name: &str) -> Result<String> {
+    let issued = parse_record(text, name)?;
+    Ok(serde_json::to_string_pretty(&RecordOut { issued: &issued })?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticket_record_is_read_strictly() {
+        let good = r#"{"issued": {"sha256:ab": {"node": "n1", "role": "control-plane", "at": 7}}}"#;
+        let issued = parse_record(good, "/x/issued.json").unwrap();
+        assert_eq!(
+            issued["sha256:ab"],
+            IssuedTo {
+                node: "n1".into(),
+                role: Role::ControlPlane,
+                at: 7
+            }
+        );
+        // What save writes reads back the same.
+        let text = serde_json::to_string(&Record {
+            issued: issued.clone(),
+        })
+        .unwrap();
+        assert_eq!(parse_record(&text, "x").unwrap(), issued);
+        assert!(parse_record(r#"{"issued": {}}"#, "x").unwrap().is_empty());
+        // Valid JSON that is not a full record: an error naming the file and serde's reason,
+        // never an empty record (which would hand out second tickets).
+        for (bad, why) in [
+            ("{}", "missing field `issued`"),
+            (r#"{"issued": []}"#, "invalid type"),
+            (
+                r#"{"issued": {"sha256:ab": {"node": "n1"}}}"#,
+                "missing field `role`",
+            ),
+            (
+                r#"{"issued": {"sha256:ab": {"node": "n1", "role": "boss", "at": 1}}}"#,
+                "unknown variant `boss`",
+            ),
+            (
+                r#"{"issued": {}, "issuedd": {"sha256:ab": {}}}"#,
+                "unknown field `issuedd`",
+            ),
+            ("[]", "expected struct Record"),
+            ("", "EOF"),
+        ] {
+            let e = parse_record(bad, "/var/lib/x/issued.json").unwrap_err();
+            let m = e.to_string();
+            assert!(
+                m.starts_with("/var/lib/x/issued.json: not a ticket record: ") && m.contains(why),
+                "{bad}: {m}"
+            );
+        }
+    }
+
+    fn entry(state: State, claimed: u64, failed: Option<u64>) -> Entry {
+        Entry {
+            identity: "sha256:ab".into(),
+            node: "n1".into(),
+            role: Role::Worker,
+            state,
+            instance: "cp-1".into(),
+            claimed_at: stamp(claimed),
+            issued_at: (state == State::Issued).then(|| stamp(claimed + 1)),
+            failed_at: failed.map(stamp),
+            reason: failed.map(|_| "--token-command exit status: 1".into()),
+            attempt: "1".into(),
+            carried_from: None,
+        }
+    }
+
+    #[test]
+    fn issued_and_in_flight_are_refused_failures_retried_within_the_window() {
+        let t0 = 1_790_000_000;
+        let (lease, window) = (90, 900);
+        let code = |v: Verdict| match v {
+            Verdict::Refuse(c, _) => c,
+            Verdict::Retry => "retry",
+        };
+        // Issued: refused, however long ago.
+        for now in [t0, t0 + 10, t0 + 100_000] {
+            assert_eq!(
+                code(judge(&entry(State::Issued, t0, None), now, lease, window)),
+                "already_issued"
+            );
+        }
+        // In flight at another instance: refused until its lease runs out; then it counts as
+        // failed then, and may be retried for the window after that.
+        let e = entry(State::Issuing, t0, None);
+        assert_eq!(code(judge(&e, t0 + 89, lease, window)), "already_issued");
+        assert_eq!(code(judge(&e, t0 + 90, lease, window)), "retry");
+        assert_eq!(code(judge(&e, t0 + 90 + 899, lease, window)), "retry");
+        assert_eq!(
+            code(judge(&e, t0 + 90 + 900, lease, window)),
+            "retry_window_closed"
+        );
+        // Failed: retried from the failure on, for the window.
+        let e = entry(State::Failed, t0, Some(t0 + 5));
+        assert_eq!(code(judge(&e, t0 + 6, lease, window)), "retry");
+        assert_eq!(code(judge(&e, t0 + 904, lease, window)), "retry");
+        match judge(&e, t0 + 905, lease, window) {
+            Verdict::Refuse("retry_window_closed", m) => assert!(
+                m.contains("--token-command exit status: 1") && m.contains("deletes its record"),
+                "{m}"
+            ),
+            v => panic!("{v:?}"),
+        }
+        // A time that does not parse is the epoch: its window closed long ago (fail closed).
+        let mut e = entry(State::Failed, t0, Some(t0));
+        e.failed_at = Some("yesterday".into());
+        e.claimed_at = "yesterday".into();
+        assert_eq!(code(judge(&e, t0, lease, window)), "retry_window_closed");
+    }
+
+    #[test]
+    fn records_are_configmap_data_and_read_strictly() {
+        let e = entry(State::Failed, 1_790_000_000, Some(1_790_000_005));
+        let v = serde_json::to_value(&e).unwrap();
+        // ConfigMap data: a map of strings only.
+        for (k, x) in v.as_object().unwrap() {
+            assert!(x.is_string(), "{k}: {x}");
+        }
+        assert_eq!(v["state"], "failed");
+        assert_eq!(v["claimed-at"], "2026-09-21T14:13:20Z");
+        let cm = serde_json::json!({"metadata": {"resourceVersion": "42"}, "data": v});
+        assert_eq!(ClusterLedger::read(&cm, "x").unwrap(), (e, "42".into()));
+        let mut bad = cm.clone();
+        bad["data"]["state"] = "maybe".into();
+        assert!(ClusterLedger::read(&bad, "ticket-ab")
+            .unwrap_err()
+            .starts_with("ConfigMap ticket-ab: not a ticket record: unknown variant `maybe`"));
+        assert_eq!(
+            object_name("sha256:0123abcd"),
+            "ticket-0123abcd".to_string()
+        );
+    }
+}
