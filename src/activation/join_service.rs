@@ -242,6 +242,13 @@ impl Svc<'_> {
     /// settled there once it was written to the node.
     fn answer(&mut self, mut asked: Asked) {
         self.ledger.flush();
+        if !asked.s.sock.peer_waiting() {
+            log::warn!(
+                "{}: gone before its turn (it waited longer than it would); nothing spent",
+                asked.who
+            );
+            return;
+        }
         let peer = &asked.peer;
         let role = if peer.orgs.iter().any(|o| o == CONTROL_PLANE_ORG) {
             Role::ControlPlane
@@ -257,6 +264,7 @@ impl Svc<'_> {
             Claim::Unavailable(m) => {
                 log::warn!("{}: {m}; told to ask again in {TRY_LATER} s", asked.who);
                 let b = mtls::error_body("try_later", &format!("{m}; ask again"));
+                asked.s.sock.restart();
                 if let Err(e) = mtls::respond_later(&mut asked.s, &b, TRY_LATER) {
                     log::warn!("{}: answering: {e}", asked.who);
                 }
@@ -277,7 +285,11 @@ impl Svc<'_> {
         };
         // The token command had its own time limit: the answer gets a full one.
         asked.s.sock.restart();
-        let sent = mtls::respond(&mut asked.s, 200, &t);
+        let sent = if asked.s.sock.peer_waiting() {
+            mtls::respond(&mut asked.s, 200, &t)
+        } else {
+            Err(std::io::Error::other("the node was gone"))
+        };
         match &sent {
             Ok(()) => log::info!(
                 "{}: ticket issued as {} (role from the certificate's organisation, attempt {}); \

@@ -26,6 +26,10 @@ use crate::node::status::rfc3339;
 const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "nodestrap-join-service");
 /// The object the start-up checks ask about (never a ticket record: not `ticket-<hex>`).
 const PROBE: &str = "ticket-permission-check";
+/// After the API server failed a ledger call, nodes are told "try later" at once for this
+/// long, without asking it again: a node queued behind others must not wait out a timeout
+/// for each of them while the API server is down.
+const HOLD_OFF: Duration = Duration::from_secs(3);
 /// A claim is in flight this long beyond --token-timeout: the answer's own deadline (10 s),
 /// two ledger calls and a margin for the clocks of two control-plane nodes.
 pub const LEASE_MARGIN: u64 = 30;
@@ -285,8 +289,15 @@ enum Verdict {
 
 /// The rule, on the record's own times: issued or in flight is refused; a failure (or a
 /// claim whose lease ran out: its instance died) may be retried until the window closes.
-fn judge(e: &Entry, now: u64, lease: u64, window: u64) -> Verdict {
-    let at = |s: &Option<String>| s.as_deref().and_then(kube::rfc3339).map(|t| t.max(0) as u64);
+/// `mine`: the claim is this instance's own, made by a call that failed (the API server
+/// acted on a request whose answer never came back) or before a restart: an instance issues
+/// one ticket at a time, so it is in flight nowhere and failed when it was made.
+fn judge(e: &Entry, now: u64, lease: u64, window: u64, mine: bool) -> Verdict {
+    let at = |s: &Option<String>| {
+        s.as_deref()
+            .and_then(kube::rfc3339)
+            .map(|t| t.max(0) as u64)
+    };
     let claimed = at(&Some(e.claimed_at.clone())).unwrap_or(0);
     let failed_at = match e.state {
         State::Issued => {
@@ -301,6 +312,7 @@ fn judge(e: &Entry, now: u64, lease: u64, window: u64) -> Verdict {
                 ),
             );
         }
+        State::Issuing if mine => claimed,
         State::Issuing if now < claimed + lease => {
             return Verdict::Refuse(
                 "already_issued",
@@ -336,6 +348,8 @@ pub struct ClusterLedger {
     window: u64,
     /// Records to write when the API server is back: (name, record, its resourceVersion).
     pending: Vec<(String, Entry, String)>,
+    /// When a ledger call last failed for want of an answer, and why.
+    down: Option<(std::time::Instant, String)>,
 }
 
 /// The ConfigMap that records `identity` (`sha256:<64 hex>` → `ticket-<64 hex>`).
@@ -425,6 +439,7 @@ impl ClusterLedger {
             lease,
             window,
             pending: Vec::new(),
+            down: None,
         })
     }
 
@@ -459,10 +474,12 @@ impl ClusterLedger {
     }
 
     fn create(&self, name: &str, e: &Entry) -> std::result::Result<Option<String>, String> {
-        match self
-            .kube
-            .call("POST", &self.path(None), Some(&self.object(name, e, None)), &[409])
-        {
+        match self.kube.call(
+            "POST",
+            &self.path(None),
+            Some(&self.object(name, e, None)),
+            &[409],
+        ) {
             Ok(Reply::Ok(cm)) => Self::read(&cm, name).map(|(_, rv)| Some(rv)),
             Ok(Reply::Status(_, _)) => Ok(None),
             Err((e, _)) => Err(e.to_string()),
@@ -471,7 +488,12 @@ impl ClusterLedger {
 
     /// Replace the record if it is still at `rv`: `Ok(Some(new rv))`, `Ok(None)` when another
     /// instance changed it first (or it is gone).
-    fn replace(&self, name: &str, e: &Entry, rv: &str) -> std::result::Result<Option<String>, String> {
+    fn replace(
+        &self,
+        name: &str,
+        e: &Entry,
+        rv: &str,
+    ) -> std::result::Result<Option<String>, String> {
         match self.kube.call(
             "PUT",
             &self.path(Some(name)),
@@ -485,6 +507,21 @@ impl ClusterLedger {
     }
 
     fn claim(&mut self, identity: &str, node: &str, role: Role) -> Claim {
+        if let Some((at, why)) = self.down.as_ref().filter(|_| self.held_off()) {
+            return Claim::Unavailable(format!(
+                "the ticket ledger did not answer {:.1} s ago ({why})",
+                at.elapsed().as_secs_f64()
+            ));
+        }
+        let c = self.claim_now(identity, node, role);
+        self.down = match &c {
+            Claim::Unavailable(m) => Some((std::time::Instant::now(), m.clone())),
+            _ => None,
+        };
+        c
+    }
+
+    fn claim_now(&mut self, identity: &str, node: &str, role: Role) -> Claim {
         let name = object_name(identity);
         let t = now();
         let mut entry = Entry {
@@ -518,7 +555,10 @@ impl ClusterLedger {
             }
             Err((e, _)) => return unavailable(e.to_string()),
         };
-        match judge(&old, t, self.lease, self.window) {
+        // Our own claim, unless a record of it waits to be written.
+        let mine =
+            old.instance == self.instance && !self.pending.iter().any(|(n, _, _)| *n == name);
+        match judge(&old, t, self.lease, self.window, mine) {
             Verdict::Refuse(code, m) => Claim::Refused(code, m),
             Verdict::Retry => {
                 entry.attempt = (old.attempt() + 1).to_string();
@@ -579,10 +619,29 @@ impl ClusterLedger {
         self.write(name, e, rv);
     }
 
-    /// Write a settled record, or keep it for `flush`.
+    /// Whether the API server failed a ledger call less than `HOLD_OFF` ago.
+    fn held_off(&self) -> bool {
+        self.down
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() < HOLD_OFF)
+    }
+
+    /// Write a settled record, or keep it for `flush` (at once while the API server is held
+    /// off).
     fn write(&mut self, name: String, e: Entry, rv: String) {
+        if self.held_off() {
+            self.pending.push((name, e, rv));
+            return;
+        }
         match self.replace(&name, &e, &rv) {
             Ok(Some(_)) => {}
+            // An earlier attempt whose answer never came may have landed: then it is written.
+            Ok(None) if self.reads_as(&name, &e) => {
+                log::info!(
+                    "{name}: the {:?} record was written by an earlier attempt",
+                    e.state
+                )
+            }
             Ok(None) => log::error!(
                 "{name}: the record was changed by another instance while this one held the \
                  claim (its lease of {} s ran out); recorded state {:?} not written",
@@ -595,14 +654,28 @@ impl ClusterLedger {
                      answers",
                     e.state
                 );
+                self.down = Some((std::time::Instant::now(), err));
                 self.pending.push((name, e, rv));
             }
         }
     }
 
+    /// Whether the record `name` now says `e`.
+    fn reads_as(&self, name: &str, e: &Entry) -> bool {
+        match self.kube.call("GET", &self.path(Some(name)), None, &[404]) {
+            Ok(Reply::Ok(cm)) => Self::read(&cm, name).is_ok_and(|(now, _)| now == *e),
+            _ => false,
+        }
+    }
+
     fn flush(&mut self) {
+        if self.held_off() {
+            return;
+        }
         for (name, e, rv) in std::mem::take(&mut self.pending) {
-            log::info!("{name}: writing the {:?} record kept before", e.state);
+            if !self.held_off() {
+                log::info!("{name}: writing the {:?} record kept before", e.state);
+            }
             self.write(name, e, rv);
         }
     }
@@ -641,10 +714,11 @@ impl ClusterLedger {
                 .map_err(|(e, _)| fail(e.to_string()))?;
             let Reply::Ok(cm) = got else { continue };
             let (old, rv) = Self::read(&cm, &name).map_err(&fail)?;
-            if old.state != State::Issued
-                && self.replace(&name, &e, &rv).map_err(&fail)?.is_none()
+            if old.state != State::Issued && self.replace(&name, &e, &rv).map_err(&fail)?.is_none()
             {
-                return Err(fail(format!("{name} changed while being carried; start again")));
+                return Err(fail(format!(
+                    "{name} changed while being carried; start again"
+                )));
             }
         }
         let carried = format!("{path}.carried");
@@ -666,7 +740,9 @@ impl ClusterLedger {
 #[doc(hidden)]
 pub fn fuzz_parse_record(text: &str, name: &str) -> Result<String> {
     let issued = parse_record(text, name)?;
-    Ok(serde_json::to_string_pretty(&RecordOut { issued: &issued })?)
+    Ok(serde_json::to_string_pretty(&RecordOut {
+        issued: &issued,
+    })?)
 }
 
 #[cfg(test)]
@@ -748,25 +824,43 @@ mod tests {
         // Issued: refused, however long ago.
         for now in [t0, t0 + 10, t0 + 100_000] {
             assert_eq!(
-                code(judge(&entry(State::Issued, t0, None), now, lease, window)),
+                code(judge(
+                    &entry(State::Issued, t0, None),
+                    now,
+                    lease,
+                    window,
+                    false
+                )),
                 "already_issued"
             );
         }
         // In flight at another instance: refused until its lease runs out; then it counts as
         // failed then, and may be retried for the window after that.
         let e = entry(State::Issuing, t0, None);
-        assert_eq!(code(judge(&e, t0 + 89, lease, window)), "already_issued");
-        assert_eq!(code(judge(&e, t0 + 90, lease, window)), "retry");
-        assert_eq!(code(judge(&e, t0 + 90 + 899, lease, window)), "retry");
         assert_eq!(
-            code(judge(&e, t0 + 90 + 900, lease, window)),
+            code(judge(&e, t0 + 89, lease, window, false)),
+            "already_issued"
+        );
+        assert_eq!(code(judge(&e, t0 + 90, lease, window, false)), "retry");
+        assert_eq!(
+            code(judge(&e, t0 + 90 + 899, lease, window, false)),
+            "retry"
+        );
+        assert_eq!(
+            code(judge(&e, t0 + 90 + 900, lease, window, false)),
+            "retry_window_closed"
+        );
+        // This instance's own claim, which it no longer holds: failed when it was made.
+        assert_eq!(code(judge(&e, t0 + 1, lease, window, true)), "retry");
+        assert_eq!(
+            code(judge(&e, t0 + 900, lease, window, true)),
             "retry_window_closed"
         );
         // Failed: retried from the failure on, for the window.
         let e = entry(State::Failed, t0, Some(t0 + 5));
-        assert_eq!(code(judge(&e, t0 + 6, lease, window)), "retry");
-        assert_eq!(code(judge(&e, t0 + 904, lease, window)), "retry");
-        match judge(&e, t0 + 905, lease, window) {
+        assert_eq!(code(judge(&e, t0 + 6, lease, window, false)), "retry");
+        assert_eq!(code(judge(&e, t0 + 904, lease, window, false)), "retry");
+        match judge(&e, t0 + 905, lease, window, false) {
             Verdict::Refuse("retry_window_closed", m) => assert!(
                 m.contains("--token-command exit status: 1") && m.contains("deletes its record"),
                 "{m}"
@@ -777,7 +871,10 @@ mod tests {
         let mut e = entry(State::Failed, t0, Some(t0));
         e.failed_at = Some("yesterday".into());
         e.claimed_at = "yesterday".into();
-        assert_eq!(code(judge(&e, t0, lease, window)), "retry_window_closed");
+        assert_eq!(
+            code(judge(&e, t0, lease, window, false)),
+            "retry_window_closed"
+        );
     }
 
     #[test]

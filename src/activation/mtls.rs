@@ -285,6 +285,21 @@ impl Timed {
         self.end = Instant::now() + self.limit;
     }
 
+    /// Whether the peer is still waiting for the answer: it sent its whole request, so
+    /// anything more from it (its FIN, a TLS close_notify) means it gave up. A node that timed
+    /// out in the queue must not be handed a ticket nobody will read.
+    pub fn peer_waiting(&self) -> bool {
+        if self.tcp.set_nonblocking(true).is_err() {
+            return true;
+        }
+        let waiting = matches!(
+            self.tcp.peek(&mut [0u8; 1]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock
+        );
+        let _ = self.tcp.set_nonblocking(false);
+        waiting
+    }
+
     fn expired(&self) -> io::Error {
         io::Error::new(
             io::ErrorKind::TimedOut,

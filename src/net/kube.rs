@@ -67,8 +67,9 @@ impl Token {
 }
 
 fn read_token(path: &Path) -> Result<String> {
-    let t = crate::node::root::read_host_file(path, crate::node::root::CONFIG_CAP, "service account")
-        .map_err(|e| e.with_kind(crate::error::Kind::Failed))?;
+    let t =
+        crate::node::root::read_host_file(path, crate::node::root::CONFIG_CAP, "service account")
+            .map_err(|e| e.with_kind(crate::error::Kind::Failed))?;
     let t = String::from_utf8_lossy(&t).trim().to_string();
     if t.is_empty() {
         return Err(Error::failed(format!(

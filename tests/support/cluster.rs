@@ -15,6 +15,8 @@ use super::{unique_dir, Ca};
 
 pub struct Cluster {
     pub url: String,
+    /// kube-apiserver's process, for tests that stop it for a while (SIGSTOP, SIGCONT).
+    pub api_pid: u32,
     pub ca: Ca,
     pub ca_file: PathBuf,
     pub dir: PathBuf,
@@ -182,6 +184,7 @@ impl Cluster {
         let admin_leaf = ca.issue(admin_p);
         let c = Cluster {
             admin: dir.join("admin.kubeconfig"),
+            api_pid: api.id(),
             url,
             ca,
             ca_file,
