@@ -58,3 +58,14 @@ fn mappings_alias_bomb_is_refused() {
         r.err().map(|e| e.to_string())
     );
 }
+
+/// The ledger's rule at the far ends of time (`--retry-window` of u64::MAX, a record claimed in
+/// the year 9999): found by fuzz/ticket_object as an overflow of the claim's lease.
+#[test]
+fn ticket_object_at_the_end_of_time_is_judged_without_overflow() {
+    let cm = br#"{"metadata":{"name":"ticket-ab","resourceVersion":"42"},"data":{"identity":"sha256:ab","node":"n1","role":"worker","state":"issuing","instance":"cp-1","claimed-at":"9999-12-31T23:59:59Z","attempt":"1"}}"#;
+    assert_eq!(
+        nodestrap::activation::ledger::fuzz_read_object(cm).as_deref(),
+        Some("sha256:ab")
+    );
+}

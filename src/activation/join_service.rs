@@ -188,7 +188,7 @@ fn open_ledger<'r>(a: &JoinService, root: &'r Root, instance: &str) -> Result<Le
                 a.retry_window,
             )?;
             l.carry(root, &a.state)?;
-            Ok(Ledger::Cluster(l))
+            Ok(Ledger::Cluster(Box::new(l)))
         }
     }
 }

@@ -62,19 +62,19 @@ pub struct Held {
     node: String,
     role: Role,
     /// The cluster record as claimed, with its resourceVersion.
-    record: Option<(Entry, String)>,
+    record: Option<Box<(Entry, String)>>,
 }
 
 impl Held {
-    /// Where the record is, for the log.
+    /// Which claim of this identity it is (1, then one more after each failure), for the log.
     pub fn attempt(&self) -> u32 {
-        self.record.as_ref().map(|(e, _)| e.attempt()).unwrap_or(1)
+        self.record.as_ref().map(|r| r.0.attempt()).unwrap_or(1)
     }
 }
 
 pub enum Ledger<'r> {
     File(FileLedger<'r>),
-    Cluster(ClusterLedger),
+    Cluster(Box<ClusterLedger>),
 }
 
 impl Ledger<'_> {
@@ -313,7 +313,7 @@ fn judge(e: &Entry, now: u64, lease: u64, window: u64, mine: bool) -> Verdict {
             );
         }
         State::Issuing if mine => claimed,
-        State::Issuing if now < claimed + lease => {
+        State::Issuing if now < claimed.saturating_add(lease) => {
             return Verdict::Refuse(
                 "already_issued",
                 format!(
@@ -323,10 +323,10 @@ fn judge(e: &Entry, now: u64, lease: u64, window: u64, mine: bool) -> Verdict {
             )
         }
         // Its instance stopped before it said how it went: failed when the lease ran out.
-        State::Issuing => claimed + lease,
+        State::Issuing => claimed.saturating_add(lease),
         State::Failed => at(&e.failed_at).unwrap_or(claimed),
     };
-    if now < failed_at + window {
+    if now < failed_at.saturating_add(window) {
         return Verdict::Retry;
     }
     Verdict::Refuse(
@@ -595,12 +595,12 @@ impl ClusterLedger {
             identity: entry.identity.clone(),
             node: entry.node.clone(),
             role: entry.role,
-            record: Some((entry, rv)),
+            record: Some(Box::new((entry, rv))),
         })
     }
 
     fn settle(&mut self, held: Held, outcome: std::result::Result<(), String>) {
-        let Some((mut e, rv)) = held.record else {
+        let Some((mut e, rv)) = held.record.map(|b| *b) else {
             return;
         };
         let t = stamp(now());
@@ -743,6 +743,20 @@ pub fn fuzz_parse_record(text: &str, name: &str) -> Result<String> {
     Ok(serde_json::to_string_pretty(&RecordOut {
         issued: &issued,
     })?)
+}
+
+/// For the fuzz target (fuzz/): a ticket record's ConfigMap as the API server returns it, read
+/// as `claim` reads it, judged by the rule, and (when it reads) written back and read the same.
+#[doc(hidden)]
+pub fn fuzz_read_object(bytes: &[u8]) -> Option<String> {
+    let cm: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    let (e, rv) = ClusterLedger::read(&cm, "ticket-x").ok()?;
+    let _ = judge(&e, now(), 45, 900, false);
+    let _ = judge(&e, u64::MAX, u64::MAX, u64::MAX, true);
+    let back = serde_json::json!({"metadata": {"resourceVersion": rv}, "data": e});
+    let (again, _) = ClusterLedger::read(&back, "ticket-x").ok()?;
+    assert_eq!(again, e, "a record written reads back the same");
+    Some(again.identity)
 }
 
 #[cfg(test)]

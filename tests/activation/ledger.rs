@@ -110,7 +110,6 @@ struct Env {
     /// The node-provisioning CA (node identities).
     nodes: Ca,
     admin: Ca,
-    dir: PathBuf,
 }
 
 /// deploy/join-service.yaml applied, once per test binary.
@@ -152,7 +151,6 @@ fn env() -> &'static Env {
             kubeconfig,
             nodes: Ca::new("ledger node-provisioning CA"),
             admin: Ca::new("ledger admin CA"),
-            dir,
         }
     })
 }
@@ -261,23 +259,22 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// An instance's root: its serving certificate (from the cluster CA nodes pin), the
+/// node-provisioning CA, the cluster CA.
+fn instance_root(e: &Env, name: &str) -> PathBuf {
+    let root = unique_dir(&format!("ledger-{name}")).join("root");
+    let tls = e.cluster.ca.server();
+    let js = root.join("etc/nodestrap/join-service");
+    write(&js.join("tls.crt"), &tls.cert_pem);
+    write(&js.join("tls.key"), &tls.key_pem);
+    write(&js.join("node-ca.crt"), &e.nodes.pem);
+    write(&root.join("etc/kubernetes/pki/ca.crt"), &e.cluster.ca.pem);
+    root
+}
+
 impl Instance {
     fn new(e: &Env, name: &str, token_command: &str, extra: &[&str]) -> Instance {
-        let root = unique_dir(&format!("ledger-{name}")).join("root");
-        let tls = e.cluster.ca.server();
-        write(
-            &root.join("etc/nodestrap/join-service/tls.crt"),
-            &tls.cert_pem,
-        );
-        write(
-            &root.join("etc/nodestrap/join-service/tls.key"),
-            &tls.key_pem,
-        );
-        write(
-            &root.join("etc/nodestrap/join-service/node-ca.crt"),
-            &e.nodes.pem,
-        );
-        write(&root.join("etc/kubernetes/pki/ca.crt"), &e.cluster.ca.pem);
+        let root = instance_root(e, name);
         let port = free_port();
         let mut args = s(&[
             "join-service",
@@ -313,6 +310,8 @@ impl Instance {
 
     /// Start (again), and wait until it listens.
     fn start(&mut self, e: &Env) {
+        // (A restart's lines follow the earlier run's.)
+        let seen = self.lines.lock().unwrap().len();
         let url = e.cluster.url.strip_prefix("https://").unwrap();
         let (host, port) = url.rsplit_once(':').unwrap();
         let mut child = command(&self.args, None)
@@ -334,7 +333,12 @@ impl Instance {
         self.child = Some(child);
         let end = Instant::now() + Duration::from_secs(150);
         let mark = format!("listening on 127.0.0.1:{}", self.port);
-        while !self.log().contains(&mark) {
+        let listening = |lines: &[(Instant, String)]| {
+            lines[seen.min(lines.len())..]
+                .iter()
+                .any(|(_, l)| l.contains(&mark))
+        };
+        while !listening(&self.lines.lock().unwrap()) {
             if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("{} exited ({st}):\n{}", self.name, self.log());
             }
@@ -557,7 +561,7 @@ impl Node {
             "--join-interval".into(),
             "2".into(),
             "--join-timeout".into(),
-            "20".into(),
+            "60".into(),
             "--kubeadm".into(),
             bin.0.display().to_string(),
             "--kubelet-command".into(),
@@ -801,7 +805,15 @@ fn herd(tag: &str, fault: Fault) -> Outcome {
     // Every token created went into a ticket, but for those a fault cut off on their way.
     let orphans = tokens_created.len() - delivered.len();
     match fault {
-        Fault::None => assert_eq!(orphans, 0, "tokens created without a ticket"),
+        Fault::None => assert_eq!(
+            orphans,
+            0,
+            "tokens created without a ticket:\n{}",
+            logs.lines()
+                .filter(|l| l.starts_with("warn") || l.starts_with("error"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        ),
         _ => assert!(orphans <= 3, "{orphans} tokens without a ticket"),
     }
     assert!(
@@ -898,4 +910,219 @@ fn the_api_server_stopped_for_20_s_gets_try_later_and_no_ticket_leaves_unrecorde
     let _g = serial();
     let mut o = herd("api-stopped", Fault::StopApiServer);
     report("api-stopped", &mut o);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Start-up, failures, the file record
+
+/// join-service run until it exits (a start-up failure), with `kubeconfig` as its credentials.
+fn start_fails(e: &Env, kubeconfig: &Path, extra: &[&str]) -> Run {
+    let root = instance_root(e, "startfail");
+    let mut args = s(&[
+        "join-service",
+        "--api-server-endpoint",
+        "127.0.0.1:6443",
+        "--cluster-name",
+        "ledger",
+        "--listen",
+        "127.0.0.1:0",
+        "--instance",
+        "cp-x",
+        "--root",
+        &root.display().to_string(),
+        "--kubeconfig",
+        &kubeconfig.display().to_string(),
+    ]);
+    args.extend(extra.iter().map(|x| x.to_string()));
+    let out = command(&args, None).output().unwrap();
+    Run::from(out)
+}
+
+#[test]
+fn a_missing_permission_or_namespace_is_an_error_at_start() {
+    let _g = serial();
+    let e = env();
+    let dir = unique_dir("ledger-rbac");
+    // A user the API server knows, with no role: refused at start, naming what is missing.
+    let nobody = dir.join("nobody.kubeconfig");
+    e.cluster.kubeconfig("ledger-nobody", &nobody);
+    start_fails(e, &nobody, &[])
+        .assert_fails(2, "may not create ConfigMaps in namespace nodestrap-join");
+    // May create but not update: the update is checked too (a dry run, authorized as the real
+    // one), before any node is served.
+    let half = dir.join("half.kubeconfig");
+    e.cluster.kubeconfig("ledger-half", &half);
+    e.cluster.apply(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: ledger-half, namespace: nodestrap-join}\n\
+         rules: [{apiGroups: [\"\"], resources: [configmaps], verbs: [get, create]}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: ledger-half, namespace: nodestrap-join}\n\
+         roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: ledger-half}\n\
+         subjects: [{kind: User, name: ledger-half}]\n",
+    );
+    start_fails(e, &half, &[])
+        .assert_fails(2, "may not update ConfigMaps in namespace nodestrap-join");
+    // Every right, but the namespace is not there.
+    let admin = dir.join("admin.kubeconfig");
+    e.cluster.kubeconfig("ledger-admin", &admin);
+    e.cluster.apply(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: ledger-admin}\n\
+         roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cluster-admin}\n\
+         subjects: [{kind: User, name: ledger-admin}]\n",
+    );
+    start_fails(e, &admin, &["--ledger-namespace", "no-such-ledger"]).assert_fails(
+        2,
+        "namespace no-such-ledger of the ticket records does not exist",
+    );
+    // Unreachable at start: tried for a while, then a failure naming the API server (exit 1,
+    // and the DaemonSet's restart tries again). (Not waited out here: --help says the bound.)
+}
+
+/// The string values of `keys` in a record ("" for a missing one).
+fn fields<'a>(r: &'a serde_json::Value, keys: &[&str]) -> Vec<&'a str> {
+    keys.iter().map(|k| r[*k].as_str().unwrap_or("")).collect()
+}
+
+/// A token command that fails while `fail` exists beside it (removing it), else kubeadm's.
+fn flaky_token_command(e: &Env, dir: &Path) -> (String, PathBuf) {
+    let script = dir.join("token");
+    let flag = dir.join("fail");
+    executable(
+        &script,
+        &format!(
+            "#!/bin/sh\nif [ -f '{f}' ]; then rm -f '{f}'; echo 'stand-in: token creation failed' >&2; exit 1; fi\nexec {}\n",
+            kubeadm_token_command(e),
+            f = flag.display()
+        ),
+    );
+    (script.display().to_string(), flag)
+}
+
+#[test]
+fn a_failed_issuance_is_retried_by_the_same_identity_within_the_window_only() {
+    let _g = serial();
+    let e = env();
+    e.clean();
+    let dir = unique_dir("ledger-retry");
+    let (cmd, fail) = flaky_token_command(e, &dir);
+    let svc = Instance::new(e, "cp-r", &cmd, &[]);
+    let node = identity(&e.nodes, "retry-node");
+    let id = openssl_spki_hash(&node.cert_pem);
+
+    write(&fail, "");
+    let (status, body) = ask(svc.port, &e.cluster.ca, &node).unwrap();
+    assert_eq!(status, 500, "{body}");
+    let r = &e.records()[&id];
+    assert_eq!(
+        fields(r, &["state", "attempt", "instance"]),
+        ["failed", "1", "cp-r"],
+        "{r}"
+    );
+    assert!(
+        r["reason"].as_str().unwrap().contains("--token-command"),
+        "{r}"
+    );
+    assert!(r["failed-at"].as_str().unwrap().ends_with('Z'), "{r}");
+    // The same identity asks again: claimed again, issued.
+    let (status, body) = ask(svc.port, &e.cluster.ca, &node).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let r = &e.records()[&id];
+    assert_eq!(
+        (r["state"].as_str(), r["attempt"].as_str()),
+        (Some("issued"), Some("2")),
+        "{r}"
+    );
+    let (status, body) = ask(svc.port, &e.cluster.ca, &node).unwrap();
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("already_issued")),
+        "{body}"
+    );
+    drop(svc);
+
+    // With a window of 2 s: a failure, then a node that comes back too late.
+    let (cmd, fail) = flaky_token_command(e, &dir);
+    let svc = Instance::new(e, "cp-w", &cmd, &["--retry-window", "2"]);
+    let late = identity(&e.nodes, "late-node");
+    write(&fail, "");
+    assert_eq!(ask(svc.port, &e.cluster.ca, &late).unwrap().0, 500);
+    std::thread::sleep(Duration::from_secs(3));
+    let (status, body) = ask(svc.port, &e.cluster.ca, &late).unwrap();
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("retry_window_closed")),
+        "{body}"
+    );
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("deletes its record"),
+        "{body}"
+    );
+    // The administrator's fix: delete the record; the node gets its ticket.
+    let late_id = openssl_spki_hash(&late.cert_pem);
+    e.cluster.kubectl(&[
+        "-n",
+        NS,
+        "delete",
+        "configmap",
+        &format!("ticket-{}", late_id.strip_prefix("sha256:").unwrap()),
+    ]);
+    assert_eq!(ask(svc.port, &e.cluster.ca, &late).unwrap().0, 200);
+    assert_eq!(e.token_ids().len(), 2, "one token per ticket issued");
+}
+
+#[test]
+fn a_file_record_is_carried_into_the_cluster_once() {
+    let _g = serial();
+    let e = env();
+    e.clean();
+    let old = identity(&e.nodes, "old-node");
+    let old_id = openssl_spki_hash(&old.cert_pem);
+    let cmd = kubeadm_token_command(e);
+    // An instance that ran with the file record before: its root has one.
+    let mut svc = Instance::new(e, "cp-c", &cmd, &["--ledger", "file"]);
+    let state = svc.root.join("var/lib/nodestrap/join-service/issued.json");
+    assert_eq!(ask(svc.port, &e.cluster.ca, &old).unwrap().0, 200);
+    assert!(std::fs::read_to_string(&state).unwrap().contains(&old_id));
+    assert!(svc.stop().success());
+    assert!(
+        e.records().is_empty(),
+        "the file ledger wrote nothing to the cluster"
+    );
+
+    // Now with the cluster ledger: carried, renamed, and the identity is refused.
+    svc.args.retain(|a| a != "--ledger" && a != "file");
+    svc.start(e);
+    assert!(
+        svc.log().contains("1 identities of the file record"),
+        "{}",
+        svc.log()
+    );
+    assert!(!state.exists());
+    assert!(state.with_extension("json.carried").exists());
+    let r = &e.records()[&old_id];
+    assert_eq!(
+        fields(r, &["state", "node", "instance"]),
+        ["issued", "old-node", "cp-c"],
+        "{r}"
+    );
+    assert!(
+        r["carried-from"].as_str().unwrap().ends_with("issued.json"),
+        "{r}"
+    );
+    let (status, body) = ask(svc.port, &e.cluster.ca, &old).unwrap();
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("already_issued")),
+        "{body}"
+    );
+    // Once: a restart finds no file and carries nothing.
+    assert!(svc.stop().success());
+    let before = svc.log().matches("identities of the file record").count();
+    svc.start(e);
+    assert_eq!(
+        svc.log().matches("identities of the file record").count(),
+        before
+    );
 }
