@@ -271,9 +271,15 @@ impl Svc<'_> {
                 return;
             }
         };
+        // Made, then (the file ledger) recorded, then written, each only if the node still
+        // waits: a ticket is never recorded for a node that had gone.
         let ticket = self
             .ticket(role)
             .and_then(|t| serde_json::to_value(&t).map_err(|e| e.to_string()))
+            .and_then(|t| match asked.s.sock.peer_waiting() {
+                true => Ok(t),
+                false => Err("the node was gone before its ticket was made".into()),
+            })
             .and_then(|t| self.ledger.commit(&held).map(|()| t));
         let t = match ticket {
             Ok(t) => t,
@@ -285,11 +291,7 @@ impl Svc<'_> {
         };
         // The token command had its own time limit: the answer gets a full one.
         asked.s.sock.restart();
-        let sent = if asked.s.sock.peer_waiting() {
-            mtls::respond(&mut asked.s, 200, &t)
-        } else {
-            Err(std::io::Error::other("the node was gone"))
-        };
+        let sent = mtls::respond(&mut asked.s, 200, &t);
         match &sent {
             Ok(()) => log::info!(
                 "{}: ticket issued as {} (role from the certificate's organisation, attempt {}); \

@@ -635,19 +635,26 @@ impl ClusterLedger {
         }
         match self.replace(&name, &e, &rv) {
             Ok(Some(_)) => {}
-            // An earlier attempt whose answer never came may have landed: then it is written.
-            Ok(None) if self.reads_as(&name, &e) => {
-                log::info!(
+            Ok(None) => match self.current(&name) {
+                // An earlier attempt whose answer never came landed: it is written.
+                Some(now) if now == e => log::info!(
                     "{name}: the {:?} record was written by an earlier attempt",
                     e.state
-                )
-            }
-            Ok(None) => log::error!(
-                "{name}: the record was changed by another instance while this one held the \
-                 claim (its lease of {} s ran out); recorded state {:?} not written",
-                self.lease,
-                e.state
-            ),
+                ),
+                // A failure that landed late, and the node has been claimed again since (or
+                // this claim's lease ran out first): no ticket of this claim left, nothing lost.
+                _ if e.state == State::Failed => log::info!(
+                    "{name}: claimed again since this instance's failed attempt {}; nothing to \
+                     record",
+                    e.attempt
+                ),
+                _ => log::error!(
+                    "{name}: the record was changed by another instance while this one held the \
+                     claim (its lease of {} s ran out); the ticket this instance wrote is not \
+                     recorded as issued",
+                    self.lease
+                ),
+            },
             Err(err) => {
                 log::warn!(
                     "{name}: recording {:?} failed ({err}); kept to write when the API server \
@@ -660,11 +667,11 @@ impl ClusterLedger {
         }
     }
 
-    /// Whether the record `name` now says `e`.
-    fn reads_as(&self, name: &str, e: &Entry) -> bool {
+    /// The record `name` as it is now, if it reads.
+    fn current(&self, name: &str) -> Option<Entry> {
         match self.kube.call("GET", &self.path(Some(name)), None, &[404]) {
-            Ok(Reply::Ok(cm)) => Self::read(&cm, name).is_ok_and(|(now, _)| now == *e),
-            _ => false,
+            Ok(Reply::Ok(cm)) => Self::read(&cm, name).ok().map(|(e, _)| e),
+            _ => None,
         }
     }
 

@@ -624,6 +624,9 @@ enum Fault {
 }
 
 struct Outcome {
+    /// Records left `issuing` by the kill, tokens that never reached a node.
+    unsettled: usize,
+    orphans: usize,
     nodes: usize,
     raw: usize,
     tokens_created: usize,
@@ -823,6 +826,8 @@ fn herd(tag: &str, fault: Fault) -> Outcome {
     let _ = std::fs::remove_dir_all(&base);
     drop(nodes);
     Outcome {
+        unsettled,
+        orphans,
         nodes: n,
         raw: 50,
         tokens_created: tokens_created.len(),
@@ -878,13 +883,16 @@ fn report(tag: &str, o: &mut Outcome) {
     let tickets = o.nodes + o.raw;
     eprintln!(
         "ledger herd {tag}: {} nodes joined + {} raw identities; {tickets} tickets, {} tokens \
-         created; seconds to joined p50 {:.1} p99 {:.1}; API requests (configmaps, secrets) \
-         per ticket {}",
+         created ({} reached no node), {} records left issuing; seconds to joined p50 {:.1} \
+         p99 {:.1} max {:.1}; API requests (configmaps, secrets) per ticket {}",
         o.nodes,
         o.raw,
         o.tokens_created,
+        o.orphans,
+        o.unsettled,
         q(0.5),
         q(0.99),
+        q(1.0),
         o.api_requests
             .map(|r| format!("{:.2}", r as f64 / tickets as f64))
             .unwrap_or_else(|| "?".into())
