@@ -9,7 +9,10 @@ import secrets
 import subprocess
 import time
 
-from harness.common import *  # noqa: F401,F403
+from harness.common import (
+    ANSI, DEADLINE, GUEST_HOST, HERE, QUIET, Scenario, TIMELINE, TOP, disk_file, disk_ls,
+    free_port, run, say,
+)
 from harness.vm import Boot
 
 

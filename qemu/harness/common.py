@@ -1,5 +1,6 @@
 """What every part of the QEMU harness shares: the run's constants, console and command
 helpers, reading a node's disk, and the Scenario record."""
+import dataclasses
 import os
 import re
 import socket
@@ -77,12 +78,27 @@ def disk_ls(raw, node_dir):
             names.append(parts[4])
     return sorted(names)
 
+@dataclasses.dataclass
 class Scenario:
-    def __init__(self, name, doc, initrd, boots, tag, os_after, api_up=True, upgrade_os=False,
-                 update_engine=None, master=False, tamper=False, stores=(OS_VERSION,), runner=None,
-                 rtc_past=False, torcx_base="/var/lib/torcx"):
-        self.__dict__.update(locals())
-        del self.__dict__["self"]
+    """One QEMU scenario: what the guest boots into and what the harness checks after."""
+    name: str
+    doc: str
+    initrd: bool
+    boots: int
+    tag: object
+    os_after: object
+    api_up: bool = True
+    upgrade_os: bool = False
+    update_engine: object = None
+    master: bool = False
+    tamper: bool = False
+    stores: tuple = (OS_VERSION,)
+    runner: object = None
+    rtc_past: bool = False
+    torcx_base: str = "/var/lib/torcx"
+    # Filled in by the run: the boot's timeline figures, and what the cluster reported.
+    timings: dict = dataclasses.field(default_factory=dict)
+    proof: object = None
 
 KERNEL_STAMP = re.compile(r"^\[\s*(\d+\.\d+)\] ")
 

@@ -5,7 +5,9 @@ import os
 import subprocess
 import time
 
-from harness.common import *  # noqa: F401,F403
+from harness.common import (
+    IPB_LABEL, RENDERED, RHCOS_NODE, disk_file, run, say,
+)
 from harness.vm import boot_until
 
 

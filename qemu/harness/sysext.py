@@ -13,7 +13,9 @@ import subprocess
 import sys
 import time
 
-from harness.common import *  # noqa: F401,F403
+from harness.common import (
+    CURRENT, GUEST_HOST, HERE, PREVIOUS, TOP, disk_file, disk_ls, joined, run, say, timings,
+)
 from harness.cluster import Joining, kubelet_config, static_pod
 from harness.vm import boot_until
 

@@ -10,7 +10,10 @@ import re
 import subprocess
 import time
 
-from harness.common import *  # noqa: F401,F403
+from harness.common import (
+    CURRENT, DOCKER, DOCKER_RE, KUBELET_RE, NEXT_OS, OS_VERSION, PREVIOUS, SIG_FAIL, Scenario, TOP,
+    disk_file, disk_ls, joined, run, say, timings
+)
 from harness.cluster import Joining
 from harness.vm import boot_until
 from harness.inplace import run_reprovision

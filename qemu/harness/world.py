@@ -9,7 +9,10 @@ import shutil
 import subprocess
 import sys
 
-from harness.common import *  # noqa: F401,F403 (the run's constants and helpers)
+from harness.common import (
+    DOCKER, GUEST_HOST, HERE, IPB_LABEL, MCO_IMAGE, NEXT_OS, OS_VERSION, RENDERED, RHCOS_NODE,
+    free_port, run,
+)
 from harness.cluster import kubelet_config, static_pod
 
 

@@ -16,7 +16,6 @@ name, object path, interface and wire format, and the tests that use it say so.
                         (only the signals tell the rest)
 Prints "ready" once it owns its name."""
 import argparse
-import sys
 import time
 
 import dbus
