@@ -1,3 +1,6 @@
+# shellcheck shell=bash
+# (Sourced: $bin, $work and $ns_url are for the scripts that source it.)
+# shellcheck disable=SC2034
 # Used by bench/fetch: a local "release server" for torcx images.
 # Source it from the repository's top, then: ns_begin TAG; ns_publish OS FILE VERSION;
 # ns_node ROOT OS TAG MINOR VERSION; ns_args ROOT.

@@ -16,6 +16,8 @@ trap 'rm -rf "$go_out"' EXIT
 (qemu/build-torcx >"$go_out/torcx" && qemu/build-kubernetes >"$go_out/kubernetes") 2>"$go_out/log" &
 go_build=$!
 cargo fmt --check
+# clippy -D warnings, shellcheck, pyflakes, the minimum Rust (.ci/lint says what each covers).
+.ci/lint
 .ci/licenses --check
 # The import rule of README.md's Layout: families over floors, no cycles.
 .ci/check-layout

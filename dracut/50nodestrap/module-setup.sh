@@ -2,6 +2,8 @@
 # dracut module for nodestrap: bootstraps the node from the initramfs, after the real root is
 # mounted at /sysroot (and after Ignition's files stage on a first boot), before switch-root.
 # Laid out like Ignition's and afterburn's modules.
+# moddir, systemdsystemunitdir, systemdutildir: dracut's, set before it sources this file.
+# shellcheck disable=SC2154
 
 # Only included on request (`--add nodestrap` or a distro module's depends()).
 check() {
