@@ -296,8 +296,8 @@ reprovision_args! {{
         #[argh(option)]
         pub secret_dir: PathBuf,
         /// auto (from the node's os-release ID), rhcos or rhel (default auto)
-        #[argh(option, default = "\"auto\".into()")]
-        pub flow: String,
+        #[argh(option, default = "Pick::Auto")]
+        pub flow: Pick<Flow>,
         /// this Node's name (default: env NODE)
         #[argh(option)]
         pub node_name: Option<String>,
@@ -322,8 +322,8 @@ reprovision_args! {{
         pub entry_timeout: u64,
         /// RHEL: auto (reboot only if --root is /), host (--root is the host's root
         /// mounted in this pod: reboot the host through the system bus) or never
-        #[argh(option, default = "\"auto\".into()")]
-        pub reboot: String,
+        #[argh(option, default = "HostReboot::Auto")]
+        pub reboot: HostReboot,
         /// check and fetch, change nothing on the node or the Node, reboot nothing
         #[argh(switch)]
         pub dry_run: bool,
@@ -766,6 +766,71 @@ pub fn bootstrap(b: &Bootstrap, args: &[String], run: &dyn Fn(&Bootstrap) -> Res
         }
         run(b)
     })
+}
+
+/// What an in-place reprovision installs (`--flow`): it decides which Secret keys are read
+/// and how the node takes its new configuration. Persisted in the state file by these names.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Flow {
+    Rhcos,
+    Rhel,
+}
+
+impl Flow {
+    pub fn name(self) -> &'static str {
+        match self {
+            Flow::Rhcos => "rhcos",
+            Flow::Rhel => "rhel",
+        }
+    }
+}
+
+impl argh::FromArgValue for Flow {
+    fn from_arg_value(v: &str) -> Result<Self, String> {
+        match v {
+            "rhcos" => Ok(Flow::Rhcos),
+            "rhel" => Ok(Flow::Rhel),
+            _ => Err(format!("expected auto, rhcos or rhel, got {v:?}")),
+        }
+    }
+}
+
+/// An option that is `auto` (the command works it out) or a value given.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Pick<T> {
+    Auto,
+    Given(T),
+}
+
+impl<T: argh::FromArgValue> argh::FromArgValue for Pick<T> {
+    fn from_arg_value(v: &str) -> Result<Self, String> {
+        match v {
+            "auto" => Ok(Pick::Auto),
+            _ => T::from_arg_value(v).map(Pick::Given),
+        }
+    }
+}
+
+/// How reprovision's RHEL flow reboots (`--reboot`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum HostReboot {
+    /// Only if --root is / (this system).
+    Auto,
+    /// --root is the host's root mounted in this pod: through the host's system bus.
+    Host,
+    Never,
+}
+
+impl argh::FromArgValue for HostReboot {
+    fn from_arg_value(v: &str) -> Result<Self, String> {
+        match v {
+            "auto" => Ok(HostReboot::Auto),
+            "host" => Ok(HostReboot::Host),
+            "never" => Ok(HostReboot::Never),
+            _ => Err(format!("expected auto, host or never, got {v:?}")),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]

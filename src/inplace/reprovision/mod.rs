@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::cli::Reprovision;
+use crate::cli::{HostReboot, Reprovision};
 use crate::error::{Error, Result};
 use crate::inplace::progress::Reporter;
 use crate::net::kube::Kube;
@@ -55,7 +55,7 @@ pub fn run(a: &Reprovision) -> Result<()> {
 
     // 1. Where a previous run got to.
     let prev = read_state(&s.root)?.filter(|st| {
-        let same = st.target == target && st.flow == flow.name();
+        let same = st.target == target && st.flow == flow;
         if !same {
             log::info!("state file is for another reprovision target; starting afresh");
         }
@@ -172,7 +172,7 @@ pub fn run(a: &Reprovision) -> Result<()> {
         write_state(
             &work,
             &State {
-                flow: flow.name().into(),
+                flow,
                 target: target.clone(),
                 phase: Phase::Configured,
                 boot_id: boot.clone(),
@@ -200,7 +200,7 @@ pub fn run(a: &Reprovision) -> Result<()> {
     // 6. Hand off: the state first, so a crash from here on is recognised after the reboot.
     let work = work_dir(&s.root)?;
     let handed = State {
-        flow: flow.name().into(),
+        flow,
         target,
         phase: Phase::HandedOff,
         boot_id: boot,
@@ -304,10 +304,10 @@ fn remove_label(kube: &Kube, node: &str, label: &str) -> Result<()> {
 }
 
 fn rebooter(a: &Reprovision, root: &Root) -> Box<dyn Rebooter> {
-    match a.reboot.as_str() {
-        "host" => reboot::for_host_mount(a.dry_run),
-        "never" => reboot::for_run(root, false, a.dry_run),
-        _ => reboot::for_run(root, true, a.dry_run),
+    match a.reboot {
+        HostReboot::Host => reboot::for_host_mount(a.dry_run),
+        HostReboot::Never => reboot::for_run(root, false, a.dry_run),
+        HostReboot::Auto => reboot::for_run(root, true, a.dry_run),
     }
 }
 

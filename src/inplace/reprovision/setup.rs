@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::cli::Reprovision;
+use crate::cli::{Pick, Reprovision};
 use crate::crypto::digest::{self, Algo, Digest};
 use crate::error::{Error, Result};
 use crate::inplace::mco;
@@ -29,20 +29,7 @@ pub(super) const PAYLOAD_CAP: u64 = 4 << 30;
 pub(super) const EXTRACT_TIMEOUT: Duration = Duration::from_secs(900);
 pub(super) const KILL_GRACE: Duration = Duration::from_secs(10);
 
-#[derive(Clone, Copy, PartialEq, Debug)]
-pub enum Flow {
-    Rhcos,
-    Rhel,
-}
-
-impl Flow {
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            Flow::Rhcos => "rhcos",
-            Flow::Rhel => "rhel",
-        }
-    }
-}
+pub use crate::cli::Flow;
 
 /// The Secret, one file per key. Not `Debug`: it holds tokens.
 pub struct Secrets {
@@ -216,15 +203,8 @@ pub(super) fn parse_sha256(v: &str) -> Option<Digest> {
 
 /// Which flow: `--flow`, else the node's os-release `ID`.
 pub(super) fn flow(a: &Reprovision, root: &Root) -> Result<Flow> {
-    match a.flow.as_str() {
-        "rhcos" => return Ok(Flow::Rhcos),
-        "rhel" => return Ok(Flow::Rhel),
-        "auto" => {}
-        f => {
-            return Err(Error::config(format!(
-                "--flow {f:?}: expected auto, rhcos or rhel"
-            )))
-        }
+    if let Pick::Given(f) = a.flow {
+        return Ok(f);
     }
     for p in OS_RELEASE {
         let Some(text) = root.read_text(p)? else {
@@ -315,12 +295,6 @@ pub(super) fn setup(a: &Reprovision, cmd: Command) -> Result<Setup> {
         }
     }
     check_key("--label", &a.label)?;
-    if !matches!(a.reboot.as_str(), "auto" | "host" | "never") {
-        return Err(Error::config(format!(
-            "--reboot {:?}: expected auto, host or never",
-            a.reboot
-        )));
-    }
     let entry = Path::new(&a.payload_entry);
     if a.payload_entry.is_empty()
         || entry.is_absolute()

@@ -7,7 +7,7 @@ use crate::node::root::{Dir, Root, CONFIG_CAP};
 /// `<root>/var/lib/nodestrap/reprovision/state.json`.
 #[derive(serde::Serialize, serde::Deserialize, Clone, PartialEq, Debug)]
 pub(super) struct State {
-    pub(super) flow: String,
+    pub(super) flow: Flow,
     pub(super) target: String,
     pub(super) phase: Phase,
     #[serde(rename = "bootId")]
