@@ -540,11 +540,11 @@ fn remove_or_warn(root: &Root, node_path: &str, what: &str) {
 
 /// An empty manifests folder: what a previous attempt left must not confuse kubeadm.
 fn reset_manifests(root: &Root) -> Result<()> {
-    let parent = root.dir("/etc/kubernetes", true)?.expect("created");
+    let parent = root.make_dir("/etc/kubernetes")?;
     if parent.remove_dir_tree("manifests")? {
         log::info!("emptied {}", root.show(MANIFESTS));
     }
-    root.dir(MANIFESTS, true)?;
+    root.make_dir(MANIFESTS)?;
     Ok(())
 }
 

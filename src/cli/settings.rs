@@ -158,7 +158,7 @@ fn dropins(root: &Root, dirs: &[String], notes: &mut Vec<String>) -> Result<Vec<
     let mut listed = Vec::new();
     let mut names: Vec<String> = Vec::new();
     for d in dirs {
-        let Some(dir) = root.dir(d, false).map_err(|e| e.with_kind(Kind::Config))? else {
+        let Some(dir) = root.dir(d).map_err(|e| e.with_kind(Kind::Config))? else {
             continue;
         };
         let entries = dir.entries().map_err(|e| e.with_kind(Kind::Config))?;

@@ -550,7 +550,7 @@ mod tests {
             std::fs::write(base.join("canary/keep"), "keep").unwrap();
             let root = Root::open(&base).unwrap();
             let dest = root
-                .dir("/", false)
+                .dir("/")
                 .unwrap()
                 .unwrap()
                 .create_private_dir("dest")

@@ -21,6 +21,9 @@ use crate::error::{Context, Error, Result};
 /// A size cap for configuration files read whole into memory.
 pub const CONFIG_CAP: u64 = 4 << 20;
 
+/// A directory handle: readable, not O_PATH, since it is listed and fsynced.
+const DIR_FLAGS: OFlags = OFlags::RDONLY.union(OFlags::DIRECTORY);
+
 pub struct Root {
     fd: OwnedFd,
     path: PathBuf,
@@ -138,7 +141,7 @@ impl Root {
     pub fn remove(&self, node_path: &str) -> Result<()> {
         let (dir, name) = split_node_path(node_path)
             .ok_or_else(|| Error::config(format!("{node_path}: not a file path")))?;
-        match self.dir(dir, false)? {
+        match self.dir(dir)? {
             Some(d) => d.remove(name),
             None => Ok(()),
         }
@@ -158,21 +161,23 @@ impl Root {
         self.resolve(node_path, OFlags::PATH, Mode::empty()).is_ok()
     }
 
-    /// Open a directory, creating it and its parents (mode 0755) when `create` is set.
-    /// `None` when it does not exist and `create` is not set.
-    pub fn dir(&self, node_path: &str, create: bool) -> Result<Option<Dir>> {
-        let shown = self.show(node_path);
-        // Readable, not O_PATH: the handle is listed and fsynced.
-        let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY;
-        match self.resolve(node_path, dir_flags, Mode::empty()) {
-            Ok(fd) => return Ok(Some(self.wrap_dir(fd, node_path))),
-            Err(e) if e.kind() == io::ErrorKind::NotFound && create => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(Error::from(e).context(shown)),
+    /// Open a directory; `None` when it does not exist.
+    pub fn dir(&self, node_path: &str) -> Result<Option<Dir>> {
+        match self.resolve(node_path, DIR_FLAGS, Mode::empty()) {
+            Ok(fd) => Ok(Some(self.wrap_dir(fd, node_path))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::from(e).context(self.show(node_path))),
+        }
+    }
+
+    /// Open a directory, creating it and its parents (mode 0755) first when it does not exist.
+    pub fn make_dir(&self, node_path: &str) -> Result<Dir> {
+        if let Some(d) = self.dir(node_path)? {
+            return Ok(d);
         }
         // mkdir -p, one component at a time, each parent resolved inside the root. A new entry
         // is fsynced into its parent: it must survive a crash as much as the files put in it.
-        let ro = dir_flags;
+        let ro = DIR_FLAGS;
         let mut prefix = String::new();
         let mut parent = self
             .resolve("/", ro, Mode::empty())
@@ -200,7 +205,7 @@ impl Root {
                 Err(e) => return Err(Error::from(e).context(self.show(&prefix))),
             }
         }
-        Ok(Some(self.wrap_dir(parent, node_path)))
+        Ok(self.wrap_dir(parent, node_path))
     }
 
     fn wrap_dir(&self, fd: OwnedFd, node_path: &str) -> Dir {
@@ -216,7 +221,7 @@ impl Root {
     pub fn parent_of(&self, node_path: &str) -> Result<(Dir, String)> {
         let (dir, name) = split_node_path(node_path)
             .ok_or_else(|| Error::config(format!("{node_path}: not a file path")))?;
-        let d = self.dir(dir, true)?.expect("created");
+        let d = self.make_dir(dir)?;
         Ok((d, name.to_string()))
     }
 
@@ -782,7 +787,7 @@ mod tests {
     #[test]
     fn temp_file_vanishes_unless_persisted() {
         let (p, r) = tmp_root();
-        let d = r.dir("/a/b", true).unwrap().unwrap();
+        let d = r.make_dir("/a/b").unwrap();
         {
             let mut t = d.create_temp("f", 0o600).unwrap();
             t.write_all(b"partial").unwrap();

@@ -83,9 +83,7 @@ impl<'r> Undo<'r> {
                 self.steps.push(Step::Dir(prefix.clone()));
             }
         }
-        self.root
-            .dir(dir, true)?
-            .ok_or_else(|| Error::failed(format!("{}: could not be made", self.root.show(dir))))
+        self.root.make_dir(dir)
     }
 
     /// Replace `path` with `data`, atomically.
@@ -192,7 +190,7 @@ impl<'r> Undo<'r> {
         let (dir, name) = split(path)?;
         let d = self
             .root
-            .dir(dir, false)?
+            .dir(dir)?
             .ok_or_else(|| Error::failed(format!("{}: does not exist", self.root.show(dir))))?;
         if d.kind_of(name) != Some(FileType::RegularFile) {
             return Err(Error::failed(format!(
@@ -243,7 +241,7 @@ impl<'r> Undo<'r> {
                 }
                 Step::Dir(d) => {
                     let r = match split(&d) {
-                        Ok((parent, name)) => match self.root.dir(parent, false) {
+                        Ok((parent, name)) => match self.root.dir(parent) {
                             Ok(Some(p)) => p.remove_empty_dir(name),
                             Ok(None) => Ok(()),
                             Err(e) => Err(e),
@@ -260,7 +258,7 @@ impl<'r> Undo<'r> {
                 Step::Aside { path, aside, .. } => {
                     let r = split(&path).and_then(|(dir, name)| {
                         let (_, a) = split(&aside)?;
-                        match self.root.dir(dir, false)? {
+                        match self.root.dir(dir)? {
                             Some(d) if d.kind_of(a).is_some() => {
                                 d.rename(a, name)?;
                                 // Two names of one file: rename leaves both (POSIX).
@@ -322,7 +320,7 @@ impl<'r> Undo<'r> {
 
     fn prior(&self, path: &str) -> Result<Prior> {
         let (dir, name) = split(path)?;
-        let Some(d) = self.root.dir(dir, false)? else {
+        let Some(d) = self.root.dir(dir)? else {
             return Ok(Prior::Absent);
         };
         Ok(match d.kind_of(name) {
@@ -427,7 +425,7 @@ mod tests {
         assert!(!u.link("/etc/ext/k.raw", "/opt/b").unwrap());
         u.link("/etc/ext/c.raw", "/opt/c").unwrap();
         u.remove("/etc/gone").unwrap();
-        let ext = r.dir("/etc/ext", false).unwrap().unwrap();
+        let ext = r.dir("/etc/ext").unwrap().unwrap();
         u.creating(&ext, "img").unwrap();
         // As every caller does: a new file renamed over the old name.
         std::fs::write(p.join("etc/ext/.img.new"), "new image").unwrap();
@@ -461,7 +459,7 @@ mod tests {
         u.set_aside("/s/old").unwrap();
         u.write("/s/new", b"new", 0o644).unwrap();
         // A concurrent sweep leaves the held file alone.
-        r.dir("/s", false).unwrap().unwrap().sweep_leftovers(false);
+        r.dir("/s").unwrap().unwrap().sweep_leftovers(false);
         assert_eq!(std::fs::read_dir(p.join("s")).unwrap().count(), 3);
         u.commit();
         assert_eq!(listing(&p), vec!["s/", "s/keep = keep", "s/new = new"]);

@@ -36,7 +36,7 @@ pub enum Link {
 
 impl Link {
     pub fn of(root: &Root, name: &str) -> Result<Link> {
-        let Some(dir) = root.dir(LINKS, false)? else {
+        let Some(dir) = root.dir(LINKS)? else {
             return Ok(Link::Absent);
         };
         if dir.kind_of(name) == Some(FileType::Directory) {
@@ -161,7 +161,7 @@ pub fn prune(
     keep: &[&str],
     undo: &mut Undo,
 ) -> Result<Vec<String>> {
-    let Some(dir) = root.dir(&format!("{STORE}/{name}"), false)? else {
+    let Some(dir) = root.dir(&format!("{STORE}/{name}"))? else {
         return Ok(Vec::new());
     };
     let mut found: Vec<(Version, String)> = dir

@@ -196,7 +196,7 @@ impl Layout {
             }
             // A store that is not there is skipped, as torcx skips it; one that cannot be
             // read is an error: torcx might read what nodestrap could not check.
-            let Some(dir) = root.dir(store, false)? else {
+            let Some(dir) = root.dir(store)? else {
                 continue;
             };
             let entries = dir.entries()?;

@@ -241,7 +241,7 @@ pub fn stage_image(
 fn local_copies(root: &Root, layout: &Layout, file: &str, except: &str) -> Result<Vec<String>> {
     let top = layout.store_root();
     let mut out = vec![format!("{top}/{file}")];
-    if let Some(d) = root.dir(&top, false)? {
+    if let Some(d) = root.dir(&top)? {
         for e in d.entries()? {
             let p = format!("{top}/{e}");
             if p != except && plain_name(&e) {
@@ -427,7 +427,7 @@ pub struct Collected {
 /// stay). A store that cannot be removed (a mount point, EBUSY, EXDEV, a permission error) is
 /// skipped, and the others are still collected, whatever their order.
 pub fn gc_stores(root: &Root, layout: &Layout, current: &str, next: &str) -> Result<Collected> {
-    let Some(d) = root.dir(&layout.store_root(), false)? else {
+    let Some(d) = root.dir(&layout.store_root())? else {
         return Ok(Collected::default());
     };
     let mut done = Collected::default();

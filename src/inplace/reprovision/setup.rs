@@ -358,7 +358,7 @@ pub(super) fn setup(a: &Reprovision, cmd: Command) -> Result<Setup> {
 }
 
 pub(super) fn work_dir(root: &Root) -> Result<Dir> {
-    let d = root.dir(WORK, true)?.expect("created");
+    let d = root.make_dir(WORK)?;
     // Private: the state names the target, the payload may hold credentials.
     d.chmod(0o700)?;
     Ok(d)
