@@ -9,7 +9,7 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -17,7 +17,7 @@ use std::sync::{Arc, Barrier, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose};
-use support::cluster::{cluster, Cluster};
+use support::cluster::{cluster, free_port, Cluster};
 use support::*;
 
 const NS: &str = "nodestrap-join";
@@ -251,14 +251,6 @@ struct Instance {
     lines: Arc<Mutex<Vec<(Instant, String)>>>,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// An instance's root: its serving certificate (from the cluster CA nodes pin), the
 /// node-provisioning CA, the cluster CA.
 fn instance_root(e: &Env, name: &str) -> PathBuf {
@@ -410,47 +402,10 @@ fn three(e: &Env) -> Vec<Instance> {
 // ---------------------------------------------------------------------------------------------
 // Clients
 
-/// POST /v1/ticket as `leaf`, trusting `ca`: (status, JSON body, Retry-After).
+/// POST /v1/ticket as `leaf`, trusting `ca`: (status, JSON body with the answer's Retry-After
+/// as `retry_after`).
 fn ask(port: u16, ca: &Ca, leaf: &Leaf) -> Result<(u16, serde_json::Value), String> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap())
-        .unwrap();
-    let chain = vec![CertificateDer::from_pem_slice(leaf.cert_pem.as_bytes()).unwrap()];
-    let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap();
-    let cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)
-        .unwrap();
-    let conn =
-        rustls::ClientConnection::new(Arc::new(cfg), ServerName::try_from("127.0.0.1").unwrap())
-            .unwrap();
-    let tcp = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
-    tcp.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut tls = rustls::StreamOwned::new(conn, tcp);
-    let body = "{}";
-    let req = format!(
-        "POST /v1/ticket HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    tls.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-    let mut out = Vec::new();
-    match tls.read_to_end(&mut out) {
-        Ok(_) => {}
-        Err(e) if out.is_empty() => return Err(e.to_string()),
-        Err(_) => {}
-    }
-    let text = String::from_utf8_lossy(&out);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("no HTTP answer: {text:?}"))?;
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let mut v: serde_json::Value = serde_json::from_str(body).unwrap();
+    let (status, head, mut v) = mtls_post(port, ca, leaf, "/v1/ticket", "{}", &|| {})?;
     if let Some(ra) = head.lines().find_map(|l| l.strip_prefix("Retry-After: ")) {
         v["retry_after"] = ra.trim().parse::<u64>().unwrap().into();
     }

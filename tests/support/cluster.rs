@@ -47,7 +47,7 @@ pub fn cluster() -> &'static Cluster {
     })
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

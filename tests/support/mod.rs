@@ -166,3 +166,66 @@ impl From<Output> for Run {
         }
     }
 }
+
+/// POST `body` to `path` on 127.0.0.1:`port` over mutual TLS as `leaf`, trusting `ca`, with
+/// `meanwhile` run between the handshake and the request: (status, head, JSON body).
+pub fn mtls_post(
+    port: u16,
+    ca: &Ca,
+    leaf: &Leaf,
+    path: &str,
+    body: &str,
+    meanwhile: &dyn Fn(),
+) -> Result<(u16, String, serde_json::Value), String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use std::io::{Read, Write};
+    use std::sync::Arc;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap())
+        .unwrap();
+    let chain = vec![CertificateDer::from_pem_slice(leaf.cert_pem.as_bytes()).unwrap()];
+    let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap();
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+    let conn =
+        rustls::ClientConnection::new(Arc::new(cfg), ServerName::try_from("127.0.0.1").unwrap())
+            .unwrap();
+    let tcp = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    while tls.conn.is_handshaking() {
+        tls.conn
+            .complete_io(&mut tls.sock)
+            .map_err(|e| e.to_string())?;
+    }
+    meanwhile();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tls.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    match tls.read_to_end(&mut out) {
+        Ok(_) => {}
+        Err(e) if out.is_empty() => return Err(e.to_string()),
+        Err(_) => {}
+    }
+    let text = String::from_utf8_lossy(&out);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no HTTP answer: {text:?}"))?;
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    Ok((
+        status,
+        head.to_string(),
+        serde_json::from_str(body).unwrap(),
+    ))
+}
