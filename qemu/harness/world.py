@@ -94,7 +94,7 @@ class Run:
             run(["gpg", "--batch", "--yes", "--armor", "--detach-sign", os.path.join(d, "torcx_manifest.json")])
 
     def publish_rhcos(self):
-        """What a machine-config-server serves an RHCOS worker (ignition.md 4.4-4.5): the
+        """What a machine-config-server serves an RHCOS worker (the files and units the MCO's templates give a node: docs/reprovision.md): the
         encapsulated MachineConfig naming the rendered config, a file and a unit of its own,
         and the firstboot unit that names the machine-config-operator image."""
         for name in ("ign-token", "progress-token"):

@@ -401,7 +401,8 @@ fn left_alone(root: &Root, name: &str) -> Result<Option<Outcome>> {
     })
 }
 
-/// A /dev/null link does not hide a copy in a lower search directory (sysext.md §1.3).
+/// A /dev/null link does not hide a copy in a lower search directory (systemd-sysext reads
+/// every directory of its search path; as tried with systemd 252).
 fn warn_lower_copies(root: &Root, name: &str) {
     for d in ["/run/extensions", "/var/lib/extensions"] {
         let p = format!("{d}/{name}.raw");

@@ -365,7 +365,7 @@ mod tests {
         validate(&EnvFile::parse(text, "t").unwrap(), "k", h)
     }
 
-    /// The cases of sysext.md §4 and §4.1, as systemd 252 and 257 decided them there.
+    /// The cases as systemd-sysext 252 (Debian 12) and 257 (Debian 13) decided them when tried.
     #[test]
     fn systemd_order_and_words() {
         let deb = host("debian", Some("13"), None);

@@ -252,9 +252,10 @@ impl World {
     }
 }
 
-/// Run `script` with sh in a private mount namespace laid out as sysext.md §4 found systemd-sysext
-/// needs it: `/` shared inside the namespace, a tmpfs on /run, and overlays on /etc and
-/// /var/lib so that nothing of the host changes; `opt` is bound on /opt.
+/// Run `script` with sh in a private mount namespace laid out as systemd-sysext needs it (found
+/// by trying it on Debian 12's systemd 252): `/` shared inside the namespace, a tmpfs on /run,
+/// and overlays on /etc and /var/lib so that nothing of the host changes; `opt` is bound on
+/// /opt.
 fn in_namespace(opt: &Path, script: &str, env: &[(&str, &str)]) -> (bool, String) {
     let scratch = unique_dir("ns");
     let prelude = format!(
