@@ -35,9 +35,9 @@ use state::*;
 /// `nodestrap reprovision`.
 pub fn run(a: &Reprovision) -> Result<()> {
     // 0. Options, Secret, flow and clients (exit 2 on any configuration error).
-    let s = setup(a, Command::Reprovision)?;
-    let node = s.node.clone().expect("need_node");
-    let kube = s.kube.as_ref().expect("need_node");
+    let (s, api) = setup::<ForReprovision>(a)?;
+    let node = api.node.clone();
+    let kube = &api.kube;
     let flow = s.secrets.flow;
     let target = s.secrets.target();
     let boot = boot_id()?;
@@ -126,7 +126,7 @@ pub fn run(a: &Reprovision) -> Result<()> {
             checks,
             config,
             payload_sha256,
-        } = preflight_checks(&s);
+        } = preflight_checks(&s, Some(&api));
         print_table(&checks)?;
         let failed: Vec<String> = checks
             .iter()

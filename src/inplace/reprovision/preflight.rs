@@ -125,7 +125,7 @@ pub(super) struct Preflight {
 
 /// Every check the flow depends on, side by side (each in its own thread), so that the table is
 /// ready within the deadline however many endpoints are slow; in the flow's order.
-pub(super) fn preflight_checks(s: &Setup) -> Preflight {
+pub(super) fn preflight_checks(s: &Setup, api: Option<&Api>) -> Preflight {
     let mut payload_sha256 = None;
     let mut config = None;
     let checks = std::thread::scope(|t| {
@@ -165,7 +165,7 @@ pub(super) fn preflight_checks(s: &Setup) -> Preflight {
         if let Some(u) = &s.secrets.progress_url {
             jobs.push(t.spawn(move || check("progress", u, probe_progress(s, u))));
         }
-        if let (Some(k), Some(n)) = (&s.kube, &s.node) {
+        if let Some(Api { node: n, kube: k }) = api {
             jobs.push(t.spawn(move || {
                 let r = k
                     .get_node(n)
@@ -227,8 +227,8 @@ pub(super) fn summary(line: std::fmt::Arguments) {
 
 /// `nodestrap preflight`.
 pub fn preflight(a: &Reprovision) -> Result<()> {
-    let s = setup(a, Command::Preflight)?;
-    let checks = preflight_checks(&s).checks;
+    let (s, api) = setup::<ForPreflight>(a)?;
+    let checks = preflight_checks(&s, api.as_ref()).checks;
     print_table(&checks)?;
     let failed = checks.iter().filter(|c| !c.pass).count();
     if failed > 0 {

@@ -240,8 +240,60 @@ pub(super) struct Setup {
     /// Registry, mirrors, progress: the system roots and ca.crt.
     pub(super) open: Http,
     pub(super) open_tls: Tls,
-    pub(super) node: Option<NodeName>,
-    pub(super) kube: Option<Kube>,
+}
+
+/// This node's Node and a client of the API server.
+pub(super) struct Api {
+    pub(super) node: NodeName,
+    pub(super) kube: Kube,
+}
+
+/// What a command needs of the cluster, as a type: reprovision cannot run without its Node and
+/// an API client (`Api`), preflight checks what it can reach (`Option<Api>`). Each is asked in
+/// the order `setup` checks its inputs, so the first configuration error is the same either way.
+pub(super) trait Needs {
+    const COMMAND: Command;
+    type Node;
+    type Api;
+    fn node(r: Result<NodeName>) -> Result<Self::Node>;
+    fn api(node: Self::Node, client: impl FnOnce() -> Result<Kube>) -> Result<Self::Api>;
+}
+
+pub(super) struct ForReprovision;
+pub(super) struct ForPreflight;
+
+impl Needs for ForReprovision {
+    const COMMAND: Command = Command::Reprovision;
+    type Node = NodeName;
+    type Api = Api;
+    fn node(r: Result<NodeName>) -> Result<NodeName> {
+        r
+    }
+    fn api(node: NodeName, client: impl FnOnce() -> Result<Kube>) -> Result<Api> {
+        Ok(Api {
+            node,
+            kube: client()?,
+        })
+    }
+}
+
+impl Needs for ForPreflight {
+    const COMMAND: Command = Command::Preflight;
+    type Node = Option<NodeName>;
+    type Api = Option<Api>;
+    fn node(r: Result<NodeName>) -> Result<Option<NodeName>> {
+        Ok(r.ok())
+    }
+    fn api(node: Option<NodeName>, client: impl FnOnce() -> Result<Kube>) -> Result<Option<Api>> {
+        let Some(node) = node else { return Ok(None) };
+        match client() {
+            Ok(kube) => Ok(Some(Api { node, kube })),
+            Err(e) => {
+                log::warn!("no Kubernetes API client: {e}");
+                Ok(None)
+            }
+        }
+    }
 }
 
 /// Which command sets up: preflight checks within a short deadline and takes a busy answer as
@@ -255,8 +307,8 @@ pub(super) enum Command {
 /// The one short wait preflight gives a busy endpoint (a `Retry-After` is cut to it).
 pub(super) const PREFLIGHT_BUSY_WAIT: Duration = Duration::from_secs(3);
 
-pub(super) fn setup(a: &Reprovision, cmd: Command) -> Result<Setup> {
-    let need_node = cmd == Command::Reprovision;
+pub(super) fn setup<N: Needs>(a: &Reprovision) -> Result<(Setup, N::Api)> {
+    let cmd = N::COMMAND;
     let until = crate::cli::deadline(a.deadline.unwrap_or(match cmd {
         Command::Preflight => crate::cli::PREFLIGHT_DEADLINE_SECS,
         Command::Reprovision => crate::cli::REPROVISION_DEADLINE_SECS,
@@ -307,14 +359,10 @@ pub(super) fn setup(a: &Reprovision, cmd: Command) -> Result<Setup> {
             a.payload_entry
         )));
     }
-    let node = match node_name(
+    let node = N::node(node_name(
         a.node_name.as_deref(),
         std::env::var("NODE").ok().as_deref(),
-    ) {
-        Ok(n) => Some(n),
-        Err(e) if need_node => return Err(e),
-        Err(_) => None,
-    };
+    ))?;
     let root = Root::open(&a.root)?;
     let flow = flow(a, &root)?;
     let secrets = Secrets::read(&a.secret_dir, flow)?;
@@ -328,33 +376,22 @@ pub(super) fn setup(a: &Reprovision, cmd: Command) -> Result<Setup> {
         a.fetch_attempts,
         Duration::from_millis(a.fetch_backoff_ms),
     ));
-    let kube = match &node {
-        Some(_) => {
-            let pod = Root::open(Path::new("/"))?;
-            let retry = bounded(Retry::exponential(
-                a.api_tries,
-                Duration::from_secs(a.api_retry_delay),
-            ));
-            match api_client(a.kubeconfig.as_deref(), &pod, retry) {
-                Ok(k) => Some(k),
-                Err(e) if need_node => return Err(e),
-                Err(e) => {
-                    log::warn!("no Kubernetes API client: {e}");
-                    None
-                }
-            }
-        }
-        None => None,
-    };
-    Ok(Setup {
+    let api = N::api(node, || {
+        let pod = Root::open(Path::new("/"))?;
+        let retry = bounded(Retry::exponential(
+            a.api_tries,
+            Duration::from_secs(a.api_retry_delay),
+        ));
+        api_client(a.kubeconfig.as_deref(), &pod, retry)
+    })?;
+    let s = Setup {
         pinned: Http::new(&pinned_tls, retry).with_limits(limits),
         open: Http::new(&open_tls, retry).with_limits(limits),
         open_tls,
         root,
         secrets,
-        node,
-        kube,
-    })
+    };
+    Ok((s, api))
 }
 
 pub(super) fn work_dir(root: &Root) -> Result<Dir> {
