@@ -15,9 +15,6 @@ use crate::node::exec::{self, Command, Env};
 use crate::node::root::Root;
 use crate::yaml;
 
-const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
-/// Test hook: the integration tests put a service account directory elsewhere.
-const SA_DIR_ENV: &str = "NODESTRAP_SA_DIR";
 /// Conflict retries of a patch: CLUO's 4 steps from 10 ms, factor 5.
 const CONFLICT_TRIES: u32 = 4;
 const CONFLICT_FIRST_DELAY: Duration = Duration::from_millis(10);
@@ -228,25 +225,25 @@ impl Kube {
         } else {
             host
         };
-        let dir = std::env::var(SA_DIR_ENV).unwrap_or_else(|_| SA_DIR.into());
-        let read = |name: &str| -> Result<Vec<u8>> {
-            let p = format!("{dir}/{name}");
-            crate::node::root::read_host_file(
-                std::path::Path::new(&p),
+        let dir = crate::node::seams::Seam::ServiceAccount.path();
+        let token_path = dir.join("token");
+        let token = read_token(&token_path)?;
+        let ca = dir.join("ca.crt");
+        let mut tls = Tls::default();
+        tls.add_pem(
+            &crate::node::root::read_host_file(
+                &ca,
                 crate::node::root::CONFIG_CAP,
                 "service account",
             )
-            .map_err(|e| e.with_kind(crate::error::Kind::Failed))
-        };
-        let token_path = std::path::PathBuf::from(format!("{dir}/token"));
-        let token = read_token(&token_path)?;
-        let mut tls = Tls::default();
-        tls.add_pem(&read("ca.crt")?, &format!("{dir}/ca.crt"))?;
+            .map_err(|e| e.with_kind(crate::error::Kind::Failed))?,
+            &ca.display().to_string(),
+        )?;
         let mut k = Kube::new(
             &format!("https://{host}:{port}"),
             tls,
             None,
-            format!("the service account in {dir}"),
+            format!("the service account in {}", dir.display()),
             retry,
         )?;
         k.token = Some(Token::File {

@@ -23,10 +23,6 @@ const NODE_STAMPS: [&str; 3] = [
     "/usr/lib/clock-epoch",
     "/var/lib/systemd/timesync/clock",
 ];
-/// systemd-timesyncd creates it once the clock is synchronised (a host path: the running
-/// system's). `NODESTRAP_TIMESYNC_FILE` moves it, for tests.
-const SYNCHRONIZED: &str = "/run/systemd/timesync/synchronized";
-const SYNCHRONIZED_ENV: &str = "NODESTRAP_TIMESYNC_FILE";
 const POLL: Duration = Duration::from_millis(500);
 
 /// The newest time the clock cannot be before, and where it comes from.
@@ -58,11 +54,10 @@ pub fn floor(root: &Root) -> Floor {
     f
 }
 
+/// systemd-timesyncd creates it once the clock is synchronised (a host path: the running
+/// system's).
 fn synchronized_file() -> PathBuf {
-    std::env::var_os(SYNCHRONIZED_ENV)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(SYNCHRONIZED))
+    crate::node::seams::Seam::TimesyncFile.path()
 }
 
 /// Go on when the clock is at or past the floor; else wait up to `wait` for it to get there

@@ -4,16 +4,13 @@
 use crate::error::Result;
 use crate::node::root::read_host_file;
 
-const PROC_CMDLINE: &str = "/proc/cmdline";
-/// Test hook: the integration tests point this at a file standing in for /proc/cmdline.
-const PROC_CMDLINE_ENV: &str = "NODESTRAP_PROC_CMDLINE";
 /// Larger than the kernel's own limit on any architecture.
 const CAP: u64 = 64 << 10;
 
 /// /proc/cmdline as text.
 pub fn read() -> Result<String> {
-    let p = std::env::var_os(PROC_CMDLINE_ENV).unwrap_or_else(|| PROC_CMDLINE.into());
-    let bytes = read_host_file(p.as_ref(), CAP, "kernel command line")?;
+    let p = crate::node::seams::Seam::ProcCmdline.path();
+    let bytes = read_host_file(&p, CAP, "kernel command line")?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 

@@ -12,6 +12,7 @@ pub mod mappings;
 pub mod marker;
 pub mod reboot;
 pub mod root;
+pub mod seams;
 pub mod signals;
 pub mod status;
 pub mod undo;

@@ -19,10 +19,6 @@ use crate::error::{Error, Result};
 use crate::node::root::{read_capped, Root};
 
 pub const SCHEMA: u32 = 1;
-/// The running system's copy (a host path: in the initramfs, the /run that switch-root carries
-/// over). `NODESTRAP_RUN_DIR` moves it, for tests.
-const RUN_DIR: &str = "/run/nodestrap";
-const RUN_DIR_ENV: &str = "NODESTRAP_RUN_DIR";
 const FILE: &str = "status.json";
 /// The last completed run's copy, a node path under the root.
 pub const KEPT: &str = "/var/lib/nodestrap/status.json";
@@ -274,11 +270,10 @@ fn to_json(r: &Record) -> Result<Vec<u8>> {
     Ok(v)
 }
 
+/// The running system's copy (a host path: in the initramfs, the /run that switch-root carries
+/// over).
 fn run_dir() -> PathBuf {
-    std::env::var_os(RUN_DIR_ENV)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(RUN_DIR))
+    crate::node::seams::Seam::RunDir.path()
 }
 
 pub fn run_file() -> PathBuf {

@@ -22,8 +22,6 @@ pub(super) const PAYLOAD_DIR: &str = "payload";
 pub(super) const MCD_DIR: &str = "mcd";
 pub(super) const OS_RELEASE: &[&str] = &["/etc/os-release", "/usr/lib/os-release"];
 /// The kernel's id of this boot; tests point it elsewhere to stand for a reboot.
-pub(super) const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
-pub(super) const BOOT_ID_ENV: &str = "NODESTRAP_BOOT_ID";
 pub(super) const IGNITION_CAP: u64 = 64 << 20;
 pub(super) const PAYLOAD_CAP: u64 = 4 << 30;
 pub(super) const EXTRACT_TIMEOUT: Duration = Duration::from_secs(900);

@@ -33,10 +33,10 @@ pub(super) enum Phase {
 }
 
 pub(super) fn boot_id() -> Result<String> {
-    let p = std::env::var(BOOT_ID_ENV).unwrap_or_else(|_| BOOT_ID.into());
+    let p = crate::node::seams::Seam::BootId.path();
     std::fs::read_to_string(&p)
         .map(|s| s.trim().to_string())
-        .map_err(|e| Error::failed(format!("{p}: {e}")))
+        .map_err(|e| Error::failed(format!("{}: {e}", p.display())))
 }
 
 pub(super) fn read_state(root: &Root) -> Result<Option<State>> {
