@@ -10,6 +10,7 @@
 //!   nothing of ours above the ground.
 //! - the ground, usable by all: `error`, `logger`, `output`, `yaml`; it imports only itself.
 //! - `cli` (every command's options) sits over the floors; families read their options from it.
+//! - `fuzz`: the fuzz crate's one way in, over everything (like this file and main.rs).
 
 // Families.
 pub mod activation;
@@ -24,6 +25,10 @@ pub mod node;
 
 // The command line.
 pub mod cli;
+
+// The fuzz crate's way in to parsers private to their modules.
+#[doc(hidden)]
+pub mod fuzz;
 
 // The ground.
 pub mod error;

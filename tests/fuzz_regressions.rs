@@ -65,7 +65,7 @@ fn mappings_alias_bomb_is_refused() {
 fn ticket_object_at_the_end_of_time_is_judged_without_overflow() {
     let cm = br#"{"metadata":{"name":"ticket-ab","resourceVersion":"42"},"data":{"identity":"sha256:ab","node":"n1","role":"worker","state":"issuing","instance":"cp-1","claimed-at":"9999-12-31T23:59:59Z","attempt":"1"}}"#;
     assert_eq!(
-        nodestrap::activation::ledger::fuzz_read_object(cm).as_deref(),
+        nodestrap::fuzz::ticket_object(cm).as_deref(),
         Some("sha256:ab")
     );
 }

@@ -3,10 +3,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::cli::settings::{fuzz_parse_file, KEYS};
+use nodestrap::cli::settings::KEYS;
+use nodestrap::fuzz::config_file;
 
 fuzz_target!(|text: &str| {
-    let Ok(settings) = fuzz_parse_file(text, "bootstrap.conf") else {
+    let Ok(settings) = config_file(text, "bootstrap.conf") else {
         return;
     };
     for (i, (k, _)) in settings.iter().enumerate() {
@@ -17,6 +18,6 @@ fuzz_target!(|text: &str| {
         .iter()
         .map(|(k, v)| format!("{k}=\"{v}\"\n"))
         .collect();
-    let again = fuzz_parse_file(&written, "rewritten").expect("rewritten file parses");
+    let again = config_file(&written, "rewritten").expect("rewritten file parses");
     assert_eq!(again, settings);
 });

@@ -3,10 +3,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::net::kube::fuzz_parse_exec_output;
+use nodestrap::fuzz::exec_credential;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(n) = fuzz_parse_exec_output(data, 1_800_000_000) {
+    if let Ok(n) = exec_credential(data, 1_800_000_000) {
         assert!(n > 0, "an empty credential was accepted");
     }
 });

@@ -3,10 +3,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::cli::settings::{fuzz_parse_cmdline, KEYS};
+use nodestrap::cli::settings::KEYS;
+use nodestrap::fuzz::kernel_cmdline;
 
 fuzz_target!(|text: &str| {
-    let Ok(settings) = fuzz_parse_cmdline(text) else {
+    let Ok(settings) = kernel_cmdline(text) else {
         return;
     };
     for (i, (k, _)) in settings.iter().enumerate() {
@@ -19,7 +20,7 @@ fuzz_target!(|text: &str| {
             .iter()
             .map(|(k, v)| format!("nodestrap.{k}=\"{v}\""))
             .collect();
-        let again = fuzz_parse_cmdline(&written.join(" ")).expect("rewritten arguments parse");
+        let again = kernel_cmdline(&written.join(" ")).expect("rewritten arguments parse");
         assert_eq!(again, settings);
     }
 });

@@ -3,8 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::activation::ledger::fuzz_read_object;
+use nodestrap::fuzz::ticket_object;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = fuzz_read_object(data);
+    let _ = ticket_object(data);
 });

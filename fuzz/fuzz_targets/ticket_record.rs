@@ -3,12 +3,12 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::activation::ledger::fuzz_parse_record;
+use nodestrap::fuzz::ticket_record;
 
 fuzz_target!(|text: &str| {
-    let Ok(saved) = fuzz_parse_record(text, "tickets.json") else {
+    let Ok(saved) = ticket_record(text, "tickets.json") else {
         return;
     };
-    let again = fuzz_parse_record(&saved, "saved").expect("a saved record reads back");
+    let again = ticket_record(&saved, "saved").expect("a saved record reads back");
     assert_eq!(again, saved);
 });

@@ -6,7 +6,7 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Err(e) = nodestrap::torcx::layout::fuzz_parse(data) {
+    if let Err(e) = nodestrap::fuzz::torcx_config(data) {
         assert!(e.contains("torcx would not start"), "{e}");
     }
 });

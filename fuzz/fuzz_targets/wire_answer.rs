@@ -3,14 +3,15 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::activation::mtls::{answer_error, fuzz_read_answer};
+use nodestrap::activation::mtls::answer_error;
+use nodestrap::fuzz::wire_answer;
 use nodestrap::activation::wire::Ticket;
 
 // The pin of the tests' CA would need its key; any well-formed pin exercises every check.
 const PIN: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
 
 fuzz_target!(|data: &[u8]| {
-    let Ok((status_line, body)) = fuzz_read_answer(&mut &data[..]) else {
+    let Ok((status_line, body)) = wire_answer(&mut &data[..]) else {
         return;
     };
     // The status line is decoded lossily (it can outgrow its bytes); the body cannot.

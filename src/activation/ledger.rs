@@ -34,7 +34,7 @@ const HOLD_OFF: Duration = Duration::from_secs(3);
 /// two ledger calls and a margin for the clocks of two control-plane nodes.
 pub const LEASE_MARGIN: u64 = 30;
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -134,11 +134,11 @@ struct Record {
     issued: Issued,
 }
 
-type Issued = BTreeMap<String, IssuedTo>;
+pub(crate) type Issued = BTreeMap<String, IssuedTo>;
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
-struct IssuedTo {
+pub(crate) struct IssuedTo {
     /// The certificate's common name.
     node: String,
     role: Role,
@@ -147,7 +147,7 @@ struct IssuedTo {
 }
 
 /// The record file's text (`name` for messages); any flaw is an error, never an empty record.
-fn parse_record(text: &str, name: &str) -> Result<Issued> {
+pub(crate) fn parse_record(text: &str, name: &str) -> Result<Issued> {
     serde_json::from_str::<Record>(text)
         .map(|r| r.issued)
         .map_err(|e| Error::failed(format!("{name}: not a ticket record: {e}")))
@@ -226,8 +226,8 @@ impl<'r> FileLedger<'r> {
 
 /// `Record` as written, borrowing the map.
 #[derive(Serialize)]
-struct RecordOut<'a> {
-    issued: &'a Issued,
+pub(crate) struct RecordOut<'a> {
+    pub(crate) issued: &'a Issued,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -249,9 +249,9 @@ enum State {
 /// A ticket record: the ConfigMap's `data` (every value a string, as ConfigMaps hold them).
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct Entry {
+pub(crate) struct Entry {
     /// `sha256:<hex>` of the node's public key.
-    identity: String,
+    pub(crate) identity: String,
     /// The node certificate's common name.
     node: String,
     role: Role,
@@ -281,7 +281,7 @@ impl Entry {
 
 /// What a record already there means for a node that asks now.
 #[derive(Debug, PartialEq)]
-enum Verdict {
+pub(crate) enum Verdict {
     Refuse(&'static str, String),
     /// A failed issuance within its window: claim it again.
     Retry,
@@ -292,7 +292,7 @@ enum Verdict {
 /// `mine`: the claim is this instance's own, made by a call that failed (the API server
 /// acted on a request whose answer never came back) or before a restart: an instance issues
 /// one ticket at a time, so it is in flight nowhere and failed when it was made.
-fn judge(e: &Entry, now: u64, lease: u64, window: u64, mine: bool) -> Verdict {
+pub(crate) fn judge(e: &Entry, now: u64, lease: u64, window: u64, mine: bool) -> Verdict {
     let at = |s: &Option<String>| {
         s.as_deref()
             .and_then(kube::rfc3339)
@@ -463,7 +463,10 @@ impl ClusterLedger {
     }
 
     /// `(record, resourceVersion)` of a ConfigMap as the API server returned it.
-    fn read(cm: &serde_json::Value, name: &str) -> std::result::Result<(Entry, String), String> {
+    pub(crate) fn read(
+        cm: &serde_json::Value,
+        name: &str,
+    ) -> std::result::Result<(Entry, String), String> {
         let rv = cm["metadata"]["resourceVersion"]
             .as_str()
             .unwrap_or_default()
@@ -741,29 +744,6 @@ impl ClusterLedger {
         );
         Ok(())
     }
-}
-
-/// For the fuzz target (fuzz/): a ticket record as read, written back as `save` writes it.
-#[doc(hidden)]
-pub fn fuzz_parse_record(text: &str, name: &str) -> Result<String> {
-    let issued = parse_record(text, name)?;
-    Ok(serde_json::to_string_pretty(&RecordOut {
-        issued: &issued,
-    })?)
-}
-
-/// For the fuzz target (fuzz/): a ticket record's ConfigMap as the API server returns it, read
-/// as `claim` reads it, judged by the rule, and (when it reads) written back and read the same.
-#[doc(hidden)]
-pub fn fuzz_read_object(bytes: &[u8]) -> Option<String> {
-    let cm: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-    let (e, rv) = ClusterLedger::read(&cm, "ticket-x").ok()?;
-    let _ = judge(&e, now(), 45, 900, false);
-    let _ = judge(&e, u64::MAX, u64::MAX, u64::MAX, true);
-    let back = serde_json::json!({"metadata": {"resourceVersion": rv}, "data": e});
-    let (again, _) = ClusterLedger::read(&back, "ticket-x").ok()?;
-    assert_eq!(again, e, "a record written reads back the same");
-    Some(again.identity)
 }
 
 #[cfg(test)]

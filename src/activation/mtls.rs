@@ -486,14 +486,14 @@ pub struct Request {
 }
 
 /// A message as read: its status or request line, its body and its `Retry-After`.
-struct Message {
-    first: String,
-    body: Vec<u8>,
-    retry_after: Option<Duration>,
+pub(crate) struct Message {
+    pub(crate) first: String,
+    pub(crate) body: Vec<u8>,
+    pub(crate) retry_after: Option<Duration>,
 }
 
 /// Status line or request line, headers, and a Content-Length body of at most `BODY_CAP`.
-fn read_message(r: &mut impl BufRead, to_eof: bool) -> io::Result<Message> {
+pub(crate) fn read_message(r: &mut impl BufRead, to_eof: bool) -> io::Result<Message> {
     let mut head = Vec::new();
     let mut first = String::new();
     let mut len: Option<usize> = None;
@@ -768,12 +768,6 @@ pub fn answer_error(status: u16, body: &[u8]) -> (String, String) {
         .or_else(|| crate::net::fetch::server_message(body))
         .unwrap_or_default();
     (code, format!("HTTP {status}: {msg}"))
-}
-
-/// For the fuzz target (fuzz/): an answer's framing as `post` reads it (body to EOF).
-#[doc(hidden)]
-pub fn fuzz_read_answer(r: &mut impl Read) -> io::Result<(String, Vec<u8>)> {
-    read_message(&mut BufReader::new(r), true).map(|m| (m.first, m.body))
 }
 
 #[cfg(test)]

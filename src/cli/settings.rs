@@ -65,9 +65,9 @@ const NODE_FILE_KEYS: &[&str] = &["keyring", "ca-file"];
 
 /// One `key=value` from a source, the key in its canonical spelling.
 #[derive(Debug, PartialEq)]
-struct Setting {
-    key: &'static str,
-    value: String,
+pub(crate) struct Setting {
+    pub(crate) key: &'static str,
+    pub(crate) value: String,
 }
 
 pub struct Merged {
@@ -210,7 +210,7 @@ fn add(settings: &[Setting], from: &str, synthetic: &mut Vec<String>, notes: &mu
 }
 
 /// `key=value` lines; blank lines and `#` comments skipped; `name` is how errors name the file.
-fn parse_file(text: &str, name: &str) -> Result<Vec<Setting>> {
+pub(crate) fn parse_file(text: &str, name: &str) -> Result<Vec<Setting>> {
     let mut out: Vec<(Setting, usize)> = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let n = i + 1;
@@ -238,7 +238,7 @@ fn parse_file(text: &str, name: &str) -> Result<Vec<Setting>> {
 }
 
 /// `nodestrap.<key>=<value>` arguments; every other argument belongs to someone else.
-fn parse_cmdline(text: &str) -> Result<Vec<Setting>> {
+pub(crate) fn parse_cmdline(text: &str) -> Result<Vec<Setting>> {
     let mut out: Vec<Setting> = Vec::new();
     for (raw, param, value) in kernel_args(text) {
         let Some(k) = param.strip_prefix(KARG_PREFIX) else {
@@ -365,18 +365,6 @@ fn check_value(key: &str, value: &str) -> std::result::Result<(), String> {
     crate::cli::check::check_values(&b)
         .map(|_| ())
         .map_err(|e| e.to_string())
-}
-
-/// For the fuzz targets (fuzz/): the config-file parser, settings as (key, value).
-#[doc(hidden)]
-pub fn fuzz_parse_file(text: &str, name: &str) -> Result<Vec<(&'static str, String)>> {
-    parse_file(text, name).map(|v| v.into_iter().map(|s| (s.key, s.value)).collect())
-}
-
-/// For the fuzz targets (fuzz/): the kernel-command-line parser, settings as (key, value).
-#[doc(hidden)]
-pub fn fuzz_parse_cmdline(text: &str) -> Result<Vec<(&'static str, String)>> {
-    parse_cmdline(text).map(|v| v.into_iter().map(|s| (s.key, s.value)).collect())
 }
 
 #[cfg(test)]

@@ -509,7 +509,7 @@ const EXEC_FIELDS: &[&str] = &[
     "interactiveMode",
 ];
 /// The exec credential API versions kubectl 1.32 speaks (v1alpha1 is gone from it).
-const EXEC_VERSIONS: &[&str] = &[
+pub(crate) const EXEC_VERSIONS: &[&str] = &[
     "client.authentication.k8s.io/v1",
     "client.authentication.k8s.io/v1beta1",
 ];
@@ -724,7 +724,7 @@ impl Exec {
 }
 
 /// What an exec plugin answered.
-enum ExecCredential {
+pub(crate) enum ExecCredential {
     Token(String),
     /// Client certificate and key, PEM.
     Cert(Vec<u8>, Vec<u8>),
@@ -789,7 +789,7 @@ fn now_unix() -> i64 {
 
 /// An `ExecCredential` answer: its apiVersion must be the one asked for; a token, or a client
 /// certificate and key; an `expirationTimestamp` in the past is refused.
-fn parse_exec_output(
+pub(crate) fn parse_exec_output(
     out: &[u8],
     api_version: &str,
     now: i64,
@@ -828,21 +828,6 @@ fn parse_exec_output(
         )),
         _ => Err("status has neither a token nor a client certificate and key".into()),
     }
-}
-
-/// For the fuzz target (fuzz/): `parse_exec_output` on raw bytes; `Ok` holds the token's or
-/// the certificate's length.
-#[doc(hidden)]
-pub fn fuzz_parse_exec_output(out: &[u8], now: i64) -> std::result::Result<usize, String> {
-    for v in EXEC_VERSIONS {
-        if let Ok(c) = parse_exec_output(out, v, now) {
-            return Ok(match c {
-                ExecCredential::Token(t) => t.len(),
-                ExecCredential::Cert(c, _) => c.len(),
-            });
-        }
-    }
-    Err("not an ExecCredential".into())
 }
 
 /// Seconds since the epoch of an RFC 3339 time (`2026-11-24T01:02:03Z`, fractions and offsets

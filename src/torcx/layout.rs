@@ -364,17 +364,6 @@ fn string(v: &J, key: &str) -> std::result::Result<String, String> {
     }
 }
 
-/// For the fuzz target: parse, then check what is derived from the result.
-pub fn fuzz_parse(data: &[u8]) -> std::result::Result<usize, String> {
-    let l = Layout::parse(data, "fuzz").map_err(|e| e.to_string())?;
-    for p in l.stores("1.2.3", true) {
-        if !p.starts_with('/') || p.split('/').any(|c| c == ".." || c == ".") {
-            return Err(format!("unclean store path {p:?}"));
-        }
-    }
-    Ok(l.store_paths.len())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

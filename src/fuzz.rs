@@ -1,0 +1,72 @@
+//! The fuzz crate's one way in (fuzz/): each function runs a parser that is private to its
+//! module as the target of the same name needs it. Not part of nodestrap's interface; nothing
+//! in nodestrap calls these.
+
+use std::io::{BufReader, Read};
+
+use crate::activation::ledger::{self, ClusterLedger, RecordOut};
+use crate::error::Result;
+
+/// join-service's file ledger as read, written back as it writes it.
+pub fn ticket_record(text: &str, name: &str) -> Result<String> {
+    let issued = ledger::parse_record(text, name)?;
+    Ok(serde_json::to_string_pretty(&RecordOut {
+        issued: &issued,
+    })?)
+}
+
+/// A ticket record's ConfigMap as the API server returns it, read as a claim reads it, judged
+/// by the rule at the ends of time, and (when it reads) written back and read the same.
+pub fn ticket_object(bytes: &[u8]) -> Option<String> {
+    let cm: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    let (e, rv) = ClusterLedger::read(&cm, "ticket-x").ok()?;
+    let _ = ledger::judge(&e, ledger::now(), 45, 900, false);
+    let _ = ledger::judge(&e, u64::MAX, u64::MAX, u64::MAX, true);
+    let back = serde_json::json!({"metadata": {"resourceVersion": rv}, "data": e});
+    let (again, _) = ClusterLedger::read(&back, "ticket-x").ok()?;
+    assert_eq!(again, e, "a record written reads back the same");
+    Some(again.identity)
+}
+
+/// An answer's framing as activate's `post` reads it (the body to EOF).
+pub fn wire_answer(r: &mut impl Read) -> std::io::Result<(String, Vec<u8>)> {
+    crate::activation::mtls::read_message(&mut BufReader::new(r), true).map(|m| (m.first, m.body))
+}
+
+/// The config-file parser, settings as (key, value).
+pub fn config_file(text: &str, name: &str) -> Result<Vec<(&'static str, String)>> {
+    crate::cli::settings::parse_file(text, name)
+        .map(|v| v.into_iter().map(|s| (s.key, s.value)).collect())
+}
+
+/// The kernel-command-line parser, settings as (key, value).
+pub fn kernel_cmdline(text: &str) -> Result<Vec<(&'static str, String)>> {
+    crate::cli::settings::parse_cmdline(text)
+        .map(|v| v.into_iter().map(|s| (s.key, s.value)).collect())
+}
+
+/// An exec plugin's output in every apiVersion kubectl speaks; `Ok` holds the token's or the
+/// certificate's length.
+pub fn exec_credential(out: &[u8], now: i64) -> std::result::Result<usize, String> {
+    use crate::net::kube::{parse_exec_output, ExecCredential, EXEC_VERSIONS};
+    for v in EXEC_VERSIONS {
+        if let Ok(c) = parse_exec_output(out, v, now) {
+            return Ok(match c {
+                ExecCredential::Token(t) => t.len(),
+                ExecCredential::Cert(c, _) => c.len(),
+            });
+        }
+    }
+    Err("not an ExecCredential".into())
+}
+
+/// torcx's configuration file: parsed, then every store path derived from it checked clean.
+pub fn torcx_config(data: &[u8]) -> std::result::Result<usize, String> {
+    let l = crate::torcx::layout::Layout::parse(data, "fuzz").map_err(|e| e.to_string())?;
+    for p in l.stores("1.2.3", true) {
+        if !p.starts_with('/') || p.split('/').any(|c| c == ".." || c == ".") {
+            return Err(format!("unclean store path {p:?}"));
+        }
+    }
+    Ok(l.store_paths.len())
+}
