@@ -289,22 +289,10 @@ impl Proc {
 
     /// Exit within `secs` (the watchdog: a hang fails the test instead of blocking it).
     fn wait(mut self, secs: u64) -> Run {
-        let end = Instant::now() + Duration::from_secs(secs);
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() > end {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!(
-                    "{}: still running after {secs} s (hang):\n{}",
-                    self.what,
-                    self.stderr()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let (what, lines) = (&self.what, &self.lines);
+        let status = exit_within(&mut self.child, secs, || {
+            format!("{what} (hang):\n{}", lines.lock().unwrap().join("\n"))
+        });
         std::thread::sleep(Duration::from_millis(50)); // let the readers drain
         Run {
             code: status.code().unwrap_or(-1),

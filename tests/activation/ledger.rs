@@ -367,14 +367,9 @@ impl Instance {
     fn stop(&mut self) -> std::process::ExitStatus {
         let mut c = self.child.take().unwrap();
         unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        let end = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(st) = c.try_wait().unwrap() {
-                return st;
-            }
-            assert!(Instant::now() < end, "{} ignores SIGTERM", self.name);
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        exit_within(&mut c, 30, || {
+            format!("{}, SIGTERM'd:\n{}", self.name, self.log())
+        })
     }
 }
 

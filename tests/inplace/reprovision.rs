@@ -72,6 +72,12 @@ struct World {
     env: Vec<(String, String)>,
 }
 
+impl NodeRoot for World {
+    fn root(&self) -> &std::path::Path {
+        &self.root
+    }
+}
+
 impl World {
     fn new(os_id: &str) -> World {
         let root = unique_dir("rp-root");
@@ -158,14 +164,6 @@ impl World {
     fn set_env(&mut self, key: &str, value: &str) {
         self.env.retain(|(k, _)| k != key);
         self.env.push((key.into(), value.into()));
-    }
-
-    fn path(&self, node_path: &str) -> PathBuf {
-        under(&self.root, node_path)
-    }
-
-    fn write(&self, node_path: &str, content: &str) {
-        write_under(&self.root, node_path, content);
     }
 
     /// Keys as a Secret volume lays them out: symlinks into a `..data` folder.
@@ -1098,17 +1096,9 @@ fn a_queued_reboot_is_reported_then_sigterm_ends_the_wait_with_exit_0() {
         .status()
         .unwrap()
         .success());
-    let stopped = std::time::Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if stopped.elapsed() > std::time::Duration::from_secs(5) {
-            let _ = child.kill();
-            panic!("still running 5 s after SIGTERM (the reboot wait ignored it)");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let status = exit_within(&mut child, 5, || {
+        "SIGTERM'd (the reboot wait ignored it)".into()
+    });
     let r = Run::from(child.wait_with_output().unwrap());
     assert_eq!(status.code(), Some(0), "{}", r.stderr);
     assert!(
@@ -1240,17 +1230,7 @@ fn rhcos_an_mcd_killed_by_the_shutdown_after_applying_is_a_hand_off() {
     // The node goes down: stopping the pod's scope sends SIGTERM to every process in it.
     signal("-TERM", &mcd);
     signal("-TERM", &child.id().to_string());
-    let stopped = std::time::Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if stopped.elapsed() > std::time::Duration::from_secs(5) {
-            let _ = child.kill();
-            panic!("still running 5 s after SIGTERM");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let status = exit_within(&mut child, 5, || "SIGTERM'd".into());
     let r = Run::from(child.wait_with_output().unwrap());
     assert_eq!(status.code(), Some(0), "{}", r.stderr);
     assert!(

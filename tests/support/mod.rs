@@ -58,6 +58,24 @@ pub fn write_under(root: &Path, node_path: &str, content: &str) {
     std::fs::write(p, content).unwrap();
 }
 
+/// A test world with a node root: node paths resolved, written and read under it, one way for
+/// every test binary.
+pub trait NodeRoot {
+    fn root(&self) -> &Path;
+
+    fn path(&self, node_path: &str) -> PathBuf {
+        under(self.root(), node_path)
+    }
+
+    fn write(&self, node_path: &str, content: &str) {
+        write_under(self.root(), node_path, content);
+    }
+
+    fn read(&self, node_path: &str) -> Option<String> {
+        std::fs::read_to_string(self.path(node_path)).ok()
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Running the binary
 
@@ -228,4 +246,25 @@ pub fn mtls_post(
         head.to_string(),
         serde_json::from_str(body).unwrap(),
     ))
+}
+
+/// The child's exit status, once it exits within `secs`; past that it is killed and the test
+/// fails with `what()` (the watchdog: a hang fails the test instead of blocking it).
+pub fn exit_within(
+    child: &mut std::process::Child,
+    secs: u64,
+    what: impl FnOnce() -> String,
+) -> std::process::ExitStatus {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if std::time::Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("still running after {secs} s: {}", what());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }

@@ -121,6 +121,12 @@ struct World {
     extra: Vec<String>,
 }
 
+impl NodeRoot for World {
+    fn root(&self) -> &Path {
+        &self.root
+    }
+}
+
 impl World {
     /// A Debian 13 node (os-release), cluster v1.32.4 (from the installer's kubelet.env), and a
     /// source offering kubernetes v1.31.9, v1.32.1, v1.32.3 and containerd 1.7.20, 1.7.24.
@@ -191,18 +197,6 @@ impl World {
             Reply::ok(self.signer.sign_binary(sums.as_bytes())),
         );
         sums
-    }
-
-    fn path(&self, node_path: &str) -> PathBuf {
-        under(&self.root, node_path)
-    }
-
-    fn write(&self, node_path: &str, content: &str) {
-        write_under(&self.root, node_path, content);
-    }
-
-    fn read(&self, node_path: &str) -> Option<String> {
-        std::fs::read_to_string(self.path(node_path)).ok()
     }
 
     fn link(&self, name: &str) -> Option<String> {

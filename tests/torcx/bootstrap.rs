@@ -48,6 +48,12 @@ struct World {
     run_dir: String,
 }
 
+impl NodeRoot for World {
+    fn root(&self) -> &Path {
+        &self.root
+    }
+}
+
 impl World {
     fn new() -> World {
         let root = unique_dir("root");
@@ -104,18 +110,6 @@ impl World {
             &format!("{p}.asc"),
             Reply::ok(self.signer.sign(manifest.as_bytes())),
         );
-    }
-
-    fn path(&self, node_path: &str) -> PathBuf {
-        under(&self.root, node_path)
-    }
-
-    fn write(&self, node_path: &str, content: &str) {
-        write_under(&self.root, node_path, content);
-    }
-
-    fn read(&self, node_path: &str) -> Option<String> {
-        std::fs::read_to_string(self.path(node_path)).ok()
     }
 
     fn args(&self) -> Vec<String> {

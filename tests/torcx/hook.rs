@@ -8,7 +8,7 @@ mod support;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sha2::Digest as _;
 use support::*;
@@ -52,6 +52,12 @@ struct World {
     signer: Signer_,
     extra: Vec<String>,
     env: Vec<(String, String)>,
+}
+
+impl NodeRoot for World {
+    fn root(&self) -> &Path {
+        &self.root
+    }
 }
 
 impl World {
@@ -130,14 +136,6 @@ impl World {
             &format!("{p}.asc"),
             Reply::ok(self.signer.sign(m.as_bytes())),
         );
-    }
-
-    fn path(&self, node_path: &str) -> PathBuf {
-        under(&self.root, node_path)
-    }
-
-    fn write(&self, node_path: &str, content: &str) {
-        write_under(&self.root, node_path, content);
     }
 
     fn args(&self) -> Vec<String> {
@@ -614,17 +612,7 @@ fn sleep_stays_up_and_exits_0_on_sigterm() {
     assert!(child.try_wait().unwrap().is_none(), "must stay up");
     let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > Duration::from_secs(5) {
-            let _ = child.kill();
-            panic!("still running 5 s after SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = exit_within(&mut child, 5, || "SIGTERM'd".into());
     assert_eq!(status.code(), Some(0), "{status:?}");
     assert_eq!(w.patches().len(), 1);
 }
