@@ -2,7 +2,7 @@
 //! control-plane nodes). A node is authenticated by its client certificate, which the
 //! node-provisioning CA issued; its identity is the certificate's public key hash, its role the
 //! certificate's organisation (`nodestrap:control-plane`, else worker). Each identity gets at
-//! most one ticket, ever, from all instances together: the ledger (ledger.rs) records it
+//! most one ticket, ever, from all instances together: the ledger (ledger/) records it
 //! durably before the ticket leaves. Tokens and keys are never logged.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -1,26 +1,17 @@
-//! join-service's ledger: which node identities got a join ticket. Two homes, one question
-//! ("may this identity get a ticket now?") and one order (the record is durable before the
-//! ticket leaves):
-//!
-//! - `cluster` (the default): one ConfigMap per node identity in `--ledger-namespace`, shared
-//!   by every join-service instance. The claim is a create that fails when the object exists,
-//!   so of any number of instances asked at once exactly one issues; the states after it move
-//!   by updates that carry the `resourceVersion` read (optimistic concurrency).
-//! - `file` (`--state`): one JSON file, for a join service that runs alone without a cluster.
-//!
-//! docs/join-service.md ("The ledger") has the object's fields and the states.
+//! The cluster ledger (`--ledger cluster`): one ConfigMap per node identity, shared by every
+//! join-service instance.
 
-use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::file::parse_record;
+use super::{now, stamp, Claim, Held};
 use crate::activation::nodelock::Role;
 use crate::error::{Error, Result};
 use crate::net::fetch::Failure;
 use crate::net::kube::{self, Kube, Reply};
 use crate::node::root::Root;
-use crate::node::status::rfc3339;
 
 /// The label every ticket record carries, so that `kubectl get -l` finds them all.
 const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "nodestrap-join-service");
@@ -33,205 +24,6 @@ const HOLD_OFF: Duration = Duration::from_secs(3);
 /// A claim is in flight this long beyond --token-timeout: the answer's own deadline (10 s),
 /// two ledger calls and a margin for the clocks of two control-plane nodes.
 pub const LEASE_MARGIN: u64 = 30;
-
-pub(crate) fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-fn stamp(secs: u64) -> String {
-    rfc3339(UNIX_EPOCH + Duration::from_secs(secs))
-}
-
-/// What the ledger answers a node that asks.
-pub enum Claim {
-    /// This instance issues the ticket, then tells the ledger how it went (`Ledger::settle`).
-    Granted(Held),
-    /// Not now and not later (409): the answer's code and why.
-    Refused(&'static str, String),
-    /// The ledger could not be asked or written (the API server busy or down): the node asks
-    /// again later (503 with Retry-After). No ticket leaves unrecorded.
-    Unavailable(String),
-}
-
-/// A claim this instance holds, until `settle`.
-pub struct Held {
-    identity: String,
-    node: String,
-    role: Role,
-    /// The cluster record as claimed, with its resourceVersion.
-    record: Option<Box<(Entry, String)>>,
-}
-
-impl Held {
-    /// Which claim of this identity it is (1, then one more after each failure), for the log.
-    pub fn attempt(&self) -> u32 {
-        self.record.as_ref().map(|r| r.0.attempt()).unwrap_or(1)
-    }
-}
-
-pub enum Ledger<'r> {
-    File(FileLedger<'r>),
-    Cluster(Box<ClusterLedger>),
-}
-
-impl Ledger<'_> {
-    /// Where the records are, for the log.
-    pub fn describe(&self) -> String {
-        match self {
-            Ledger::File(f) => f.root.show(&f.path),
-            Ledger::Cluster(c) => format!(
-                "ConfigMaps ticket-<identity> in namespace {} ({})",
-                c.ns, c.kube.source
-            ),
-        }
-    }
-
-    /// May `identity` get a ticket now?
-    pub fn claim(&mut self, identity: &str, node: &str, role: Role) -> Claim {
-        match self {
-            Ledger::File(f) => f.claim(identity, node, role),
-            Ledger::Cluster(c) => c.claim(identity, node, role),
-        }
-    }
-
-    /// The ticket is ready and about to leave: the file ledger records it now (its only
-    /// record); an error means it must not leave. The cluster's record is the claim.
-    pub fn commit(&mut self, held: &Held) -> std::result::Result<(), String> {
-        match self {
-            Ledger::File(f) => f.commit(held),
-            Ledger::Cluster(_) => Ok(()),
-        }
-    }
-
-    /// How the issuance ended: the ticket was written to the node (`Ok`), or not (why).
-    pub fn settle(&mut self, held: Held, outcome: std::result::Result<(), String>) {
-        if let Ledger::Cluster(c) = self {
-            c.settle(held, outcome)
-        }
-    }
-
-    /// Records not yet written because the API server could not be reached: tried again
-    /// before each answer and once when stopping.
-    pub fn flush(&mut self) {
-        if let Ledger::Cluster(c) = self {
-            c.flush()
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// The file
-
-/// The file record: who got a ticket, by identity (`sha256:<hex>` of the node's public key):
-/// `{"issued": {IDENTITY: {"node": CN, "role": ROLE, "at": UNIX_SECONDS}}}`. Read strictly: a
-/// record that loses an entry would let that node get a second ticket.
-#[derive(Serialize, Deserialize, Debug, Default, PartialEq)]
-#[serde(deny_unknown_fields)]
-struct Record {
-    issued: Issued,
-}
-
-pub(crate) type Issued = BTreeMap<String, IssuedTo>;
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct IssuedTo {
-    /// The certificate's common name.
-    node: String,
-    role: Role,
-    /// Unix seconds.
-    at: u64,
-}
-
-/// The record file's text (`name` for messages); any flaw is an error, never an empty record.
-pub(crate) fn parse_record(text: &str, name: &str) -> Result<Issued> {
-    serde_json::from_str::<Record>(text)
-        .map(|r| r.issued)
-        .map_err(|e| Error::failed(format!("{name}: not a ticket record: {e}")))
-}
-
-fn refused_before(node: &str, at: u64) -> (&'static str, String) {
-    (
-        "already_issued",
-        format!(
-            "this node identity already got a ticket (as {node:?} at {}); refused",
-            stamp(at)
-        ),
-    )
-}
-
-pub struct FileLedger<'r> {
-    root: &'r Root,
-    path: String,
-    issued: Issued,
-}
-
-impl<'r> FileLedger<'r> {
-    pub fn open(root: &'r Root, path: &str) -> Result<FileLedger<'r>> {
-        let issued = match root.read_text(path)? {
-            Some(t) => parse_record(&t, &root.show(path))?,
-            None => Issued::new(),
-        };
-        log::info!(
-            "{} node identities already have a ticket (from {})",
-            issued.len(),
-            root.show(path)
-        );
-        Ok(FileLedger {
-            root,
-            path: path.to_string(),
-            issued,
-        })
-    }
-
-    fn claim(&mut self, identity: &str, node: &str, role: Role) -> Claim {
-        if let Some(r) = self.issued.get(identity) {
-            let (code, m) = refused_before(&r.node, r.at);
-            return Claim::Refused(code, m);
-        }
-        Claim::Granted(Held {
-            identity: identity.to_string(),
-            node: node.to_string(),
-            role,
-            record: None,
-        })
-    }
-
-    /// Written durably before the ticket leaves: a restart does not issue again. A failure
-    /// to send after this stays recorded: the file ledger has no retry window.
-    fn commit(&mut self, held: &Held) -> std::result::Result<(), String> {
-        let entry = IssuedTo {
-            node: held.node.clone(),
-            role: held.role,
-            at: now(),
-        };
-        self.issued.insert(held.identity.clone(), entry);
-        let saved = serde_json::to_vec_pretty(&RecordOut {
-            issued: &self.issued,
-        })
-        .map_err(Error::from)
-        .and_then(|mut text| {
-            text.push(b'\n');
-            self.root.write_atomic(&self.path, &text, 0o644)
-        });
-        saved.map_err(|e| {
-            self.issued.remove(&held.identity);
-            e.to_string()
-        })
-    }
-}
-
-/// `Record` as written, borrowing the map.
-#[derive(Serialize)]
-pub(crate) struct RecordOut<'a> {
-    pub(crate) issued: &'a Issued,
-}
-
-// ---------------------------------------------------------------------------------------------
-// The cluster
 
 /// Where a ticket record stands.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -274,7 +66,7 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
-    fn attempt(&self) -> u32 {
+    pub(super) fn attempt(&self) -> u32 {
         self.attempt.parse().unwrap_or(1)
     }
 }
@@ -443,6 +235,14 @@ impl ClusterLedger {
         })
     }
 
+    /// Where the records are, for the log.
+    pub(super) fn describe(&self) -> String {
+        format!(
+            "ConfigMaps ticket-<identity> in namespace {} ({})",
+            self.ns, self.kube.source
+        )
+    }
+
     fn path(&self, name: Option<&str>) -> String {
         match name {
             Some(n) => format!("/api/v1/namespaces/{}/configmaps/{n}", self.ns),
@@ -509,7 +309,7 @@ impl ClusterLedger {
         }
     }
 
-    fn claim(&mut self, identity: &str, node: &str, role: Role) -> Claim {
+    pub(super) fn claim(&mut self, identity: &str, node: &str, role: Role) -> Claim {
         if let Some((at, why)) = self.down.as_ref().filter(|_| self.held_off()) {
             return Claim::Unavailable(format!(
                 "the ticket ledger did not answer {:.1} s ago ({why})",
@@ -602,7 +402,7 @@ impl ClusterLedger {
         })
     }
 
-    fn settle(&mut self, held: Held, outcome: std::result::Result<(), String>) {
+    pub(super) fn settle(&mut self, held: Held, outcome: std::result::Result<(), String>) {
         let Some((mut e, rv)) = held.record.map(|b| *b) else {
             return;
         };
@@ -678,7 +478,7 @@ impl ClusterLedger {
         }
     }
 
-    fn flush(&mut self) {
+    pub(super) fn flush(&mut self) {
         if self.held_off() {
             return;
         }
@@ -749,54 +549,6 @@ impl ClusterLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ticket_record_is_read_strictly() {
-        let good = r#"{"issued": {"sha256:ab": {"node": "n1", "role": "control-plane", "at": 7}}}"#;
-        let issued = parse_record(good, "/x/issued.json").unwrap();
-        assert_eq!(
-            issued["sha256:ab"],
-            IssuedTo {
-                node: "n1".into(),
-                role: Role::ControlPlane,
-                at: 7
-            }
-        );
-        // What save writes reads back the same.
-        let text = serde_json::to_string(&Record {
-            issued: issued.clone(),
-        })
-        .unwrap();
-        assert_eq!(parse_record(&text, "x").unwrap(), issued);
-        assert!(parse_record(r#"{"issued": {}}"#, "x").unwrap().is_empty());
-        // Valid JSON that is not a full record: an error naming the file and serde's reason,
-        // never an empty record (which would hand out second tickets).
-        for (bad, why) in [
-            ("{}", "missing field `issued`"),
-            (r#"{"issued": []}"#, "invalid type"),
-            (
-                r#"{"issued": {"sha256:ab": {"node": "n1"}}}"#,
-                "missing field `role`",
-            ),
-            (
-                r#"{"issued": {"sha256:ab": {"node": "n1", "role": "boss", "at": 1}}}"#,
-                "unknown variant `boss`",
-            ),
-            (
-                r#"{"issued": {}, "issuedd": {"sha256:ab": {}}}"#,
-                "unknown field `issuedd`",
-            ),
-            ("[]", "expected struct Record"),
-            ("", "EOF"),
-        ] {
-            let e = parse_record(bad, "/var/lib/x/issued.json").unwrap_err();
-            let m = e.to_string();
-            assert!(
-                m.starts_with("/var/lib/x/issued.json: not a ticket record: ") && m.contains(why),
-                "{bad}: {m}"
-            );
-        }
-    }
 
     fn entry(state: State, claimed: u64, failed: Option<u64>) -> Entry {
         Entry {

@@ -1,0 +1,110 @@
+//! join-service's ledger: which node identities got a join ticket. Two homes, one question
+//! ("may this identity get a ticket now?") and one order (the record is durable before the
+//! ticket leaves):
+//!
+//! - `cluster` (the default): one ConfigMap per node identity in `--ledger-namespace`, shared
+//!   by every join-service instance. The claim is a create that fails when the object exists,
+//!   so of any number of instances asked at once exactly one issues; the states after it move
+//!   by updates that carry the `resourceVersion` read (optimistic concurrency).
+//! - `file` (`--state`): one JSON file, for a join service that runs alone without a cluster.
+//!
+//! docs/join-service.md ("The ledger") has the object's fields and the states.
+
+mod cluster;
+mod file;
+
+pub(crate) use cluster::judge;
+pub use cluster::{ClusterLedger, LEASE_MARGIN};
+pub use file::FileLedger;
+pub(crate) use file::{parse_record, RecordOut};
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::activation::nodelock::Role;
+use crate::node::status::rfc3339;
+use cluster::Entry;
+
+pub(crate) fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn stamp(secs: u64) -> String {
+    rfc3339(UNIX_EPOCH + Duration::from_secs(secs))
+}
+
+/// What the ledger answers a node that asks.
+pub enum Claim {
+    /// This instance issues the ticket, then tells the ledger how it went (`Ledger::settle`).
+    Granted(Held),
+    /// Not now and not later (409): the answer's code and why.
+    Refused(&'static str, String),
+    /// The ledger could not be asked or written (the API server busy or down): the node asks
+    /// again later (503 with Retry-After). No ticket leaves unrecorded.
+    Unavailable(String),
+}
+
+/// A claim this instance holds, until `settle`.
+pub struct Held {
+    identity: String,
+    node: String,
+    role: Role,
+    /// The cluster record as claimed, with its resourceVersion.
+    record: Option<Box<(Entry, String)>>,
+}
+
+impl Held {
+    /// Which claim of this identity it is (1, then one more after each failure), for the log.
+    pub fn attempt(&self) -> u32 {
+        self.record.as_ref().map(|r| r.0.attempt()).unwrap_or(1)
+    }
+}
+
+pub enum Ledger<'r> {
+    File(FileLedger<'r>),
+    Cluster(Box<ClusterLedger>),
+}
+
+impl Ledger<'_> {
+    /// Where the records are, for the log.
+    pub fn describe(&self) -> String {
+        match self {
+            Ledger::File(f) => f.describe(),
+            Ledger::Cluster(c) => c.describe(),
+        }
+    }
+
+    /// May `identity` get a ticket now?
+    pub fn claim(&mut self, identity: &str, node: &str, role: Role) -> Claim {
+        match self {
+            Ledger::File(f) => f.claim(identity, node, role),
+            Ledger::Cluster(c) => c.claim(identity, node, role),
+        }
+    }
+
+    /// The ticket is ready and about to leave: the file ledger records it now (its only
+    /// record); an error means it must not leave. The cluster's record is the claim.
+    pub fn commit(&mut self, held: &Held) -> std::result::Result<(), String> {
+        match self {
+            Ledger::File(f) => f.commit(held),
+            Ledger::Cluster(_) => Ok(()),
+        }
+    }
+
+    /// How the issuance ended: the ticket was written to the node (`Ok`), or not (why).
+    pub fn settle(&mut self, held: Held, outcome: std::result::Result<(), String>) {
+        if let Ledger::Cluster(c) = self {
+            c.settle(held, outcome)
+        }
+    }
+
+    /// Records not yet written because the API server could not be reached: tried again
+    /// before each answer and once when stopping.
+    pub fn flush(&mut self) {
+        if let Ledger::Cluster(c) = self {
+            c.flush()
+        }
+    }
+}
