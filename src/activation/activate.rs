@@ -580,6 +580,7 @@ fn join_client(ctx: &Ctx) -> Result<Side> {
                     pause.as_secs_f64()
                 ),
                 Err((e, Some(after))) => {
+                    let after = after.min(LONGEST_RETRY_AFTER);
                     *not_before = Some(Instant::now() + after);
                     log::warn!(
                         "join client: {e}; {} asks to wait {} s (Retry-After): asking it again \
@@ -601,6 +602,10 @@ fn join_client(ctx: &Ctx) -> Result<Side> {
         }
     }
 }
+
+/// A join service's `Retry-After` is honoured up to this: a value beyond it (a misconfigured
+/// service) must not keep a node from asking it for days.
+const LONGEST_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
 /// One ticket call, bounded by --join-timeout; the ticket only if it is valid in every part.
 /// No ticket: why, and how long the service asked to be left alone (its `Retry-After`).
