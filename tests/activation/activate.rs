@@ -87,27 +87,6 @@ fn secret_hash(secret: &str) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// kubeadm's discovery hash the way its documentation computes it, with openssl.
-fn openssl_spki_hash(pem_file: &Path) -> String {
-    let out = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "openssl x509 -pubkey -noout -in '{}' | openssl pkey -pubin -outform der | sha256sum",
-            pem_file.display()
-        ))
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    format!(
-        "sha256:{}",
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .split_whitespace()
-            .next()
-            .unwrap()
-    )
-}
-
 /// Stand-in kubeadm and kubelet starter in `bin/`: every call appended to `bin/kubeadm.log`,
 /// config files copied, manifests folder listed; behaviour switched by files in `bin/`:
 /// `fail-init`, `fail-join` (count of failures left), `fail-token`, `sleep-init` (seconds).

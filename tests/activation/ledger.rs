@@ -74,28 +74,13 @@ fn identity(ca: &Ca, cn: &str) -> Leaf {
 }
 
 /// kubeadm's discovery-hash form of a certificate's key, computed by openssl.
-fn openssl_spki_hash(pem: &str) -> String {
+fn spki_hash(pem: &str) -> String {
     let dir = unique_dir("spki");
     let f = dir.join("c.pem");
     write(&f, pem);
-    let out = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "openssl x509 -pubkey -noout -in '{}' | openssl pkey -pubin -outform der | sha256sum",
-            f.display()
-        ))
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    let h = openssl_spki_hash(&f);
     let _ = std::fs::remove_dir_all(&dir);
-    format!(
-        "sha256:{}",
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .split_whitespace()
-            .next()
-            .unwrap()
-    )
+    h
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -706,7 +691,7 @@ fn herd(tag: &str, fault: Fault) -> Outcome {
             node.cn
         );
     }
-    let spot = openssl_spki_hash(&nodes[0].leaf.cert_pem);
+    let spot = spki_hash(&nodes[0].leaf.cert_pem);
     assert_eq!(
         records[&spot]["node"], nodes[0].cn,
         "identity is the key's hash"
@@ -964,7 +949,7 @@ fn a_failed_issuance_is_retried_by_the_same_identity_within_the_window_only() {
     let (cmd, fail) = flaky_token_command(e, &dir);
     let svc = Instance::new(e, "cp-r", &cmd, &[]);
     let node = identity(&e.nodes, "retry-node");
-    let id = openssl_spki_hash(&node.cert_pem);
+    let id = spki_hash(&node.cert_pem);
 
     write(&fail, "");
     let (status, body) = ask(svc.port, &e.cluster.ca, &node).unwrap();
@@ -1018,7 +1003,7 @@ fn a_failed_issuance_is_retried_by_the_same_identity_within_the_window_only() {
         "{body}"
     );
     // The administrator's fix: delete the record; the node gets its ticket.
-    let late_id = openssl_spki_hash(&late.cert_pem);
+    let late_id = spki_hash(&late.cert_pem);
     e.cluster.kubectl(&[
         "-n",
         NS,
@@ -1036,7 +1021,7 @@ fn a_file_record_is_carried_into_the_cluster_once() {
     let e = env();
     e.clean();
     let old = identity(&e.nodes, "old-node");
-    let old_id = openssl_spki_hash(&old.cert_pem);
+    let old_id = spki_hash(&old.cert_pem);
     let cmd = kubeadm_token_command(e);
     // An instance that ran with the file record before: its root has one.
     let mut svc = Instance::new(e, "cp-c", &cmd, &["--ledger", "file"]);

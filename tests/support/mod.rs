@@ -268,3 +268,24 @@ pub fn exit_within(
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// kubeadm's discovery hash the way its documentation computes it, with openssl.
+pub fn openssl_spki_hash(pem_file: &Path) -> String {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "openssl x509 -pubkey -noout -in '{}' | openssl pkey -pubin -outform der | sha256sum",
+            pem_file.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    format!(
+        "sha256:{}",
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+    )
+}
