@@ -46,6 +46,11 @@ impl Error {
         self.kind = kind;
         self
     }
+    /// The setting or step that fixes it, after the reason.
+    pub fn hint(mut self, fix: impl fmt::Display) -> Self {
+        self.msg = format!("{}: {fix}", self.msg);
+        self
+    }
     pub fn context(mut self, what: impl fmt::Display) -> Self {
         self.msg = format!("{what}: {}", self.msg);
         self

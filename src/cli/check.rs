@@ -5,6 +5,18 @@ use crate::cli::{at_most, Bootstrap, Common, Payload, DEFAULT_MANIFEST_URL};
 use crate::error::{Error, Result};
 use crate::node::root::plain_name;
 
+/// Options only the torcx payload acts on, by their settings key.
+pub const TORCX_ONLY: &[&str] = &[
+    "torcx-manifest-url",
+    "torcx-profile",
+    "torcx-skip-setup",
+    "upgrade-os",
+    "update-timeout",
+    "reboot",
+];
+/// Options only the sysext payload acts on.
+pub const SYSEXT_ONLY: &[&str] = &["sysext-url"];
+
 /// Step 0 for the merged options: each value, then the rules between options; returns the
 /// manifest URL template.
 pub fn check_options(a: &Bootstrap) -> Result<ManifestUrl> {
@@ -90,6 +102,11 @@ impl ManifestUrl {
     pub fn parse(template: &str) -> Result<ManifestUrl> {
         render_url(template, "amd64-usr", "1.0.0")?;
         Ok(ManifestUrl(template.to_string()))
+    }
+
+    /// The template as given, for messages.
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
 
     /// The manifest's URL for `board` and `os_version`.

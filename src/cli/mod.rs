@@ -15,17 +15,31 @@ use crate::net::retry::Retry;
 use crate::node::root::{read_host_file, Root};
 
 pub mod check;
+pub mod help;
 pub mod settings;
 
 pub const DEFAULT_MANIFEST_URL: &str =
     "https://tectonic-torcx.release.core-os.net/manifests/{{.Board}}/{{.OSVersion}}/torcx_manifest.json";
 
 #[derive(FromArgs, Debug)]
+#[argh(help_triggers("-h", "--help", "help"))]
 /// Prepare this machine to join a Kubernetes cluster before anything else runs.
 pub struct Cli {
     #[argh(subcommand)]
     pub cmd: Cmd,
 }
+
+/// The subcommands' names, for a did-you-mean.
+pub const COMMANDS: &[&str] = &[
+    "bootstrap",
+    "hook",
+    "preflight",
+    "reprovision",
+    "activate",
+    "join-service",
+    "init-cluster",
+    "status",
+];
 
 #[derive(FromArgs, Debug)]
 #[argh(subcommand)]
@@ -41,7 +55,23 @@ pub enum Cmd {
 }
 
 #[derive(FromArgs, Debug)]
-#[argh(subcommand, name = "bootstrap")]
+#[argh(
+    subcommand,
+    name = "bootstrap",
+    help_triggers("-h", "--help", "help"),
+    usage = "[--payload torcx|sysext] [options]",
+    example = "A sysext node, its cluster's version from the API server:\n  nodestrap bootstrap --payload sysext \\\n    --sysext-url 'https://mirror.example.com/extensions/${{NAME}}/' \\\n    --keyring /etc/nodestrap/bakery.asc\nA Container Linux node in the initramfs, settings from the node's files:\n  nodestrap bootstrap --root /sysroot --upgrade-os=false --cmdline",
+    note = "Node paths are read and written under --root (the node's files: kubeconfig,\nkubelet.env, runtime mappings, and --keyring or --ca-file when set in a config\nfile or on the kernel command line). Host paths are this machine's, as given\n(--root, and --keyring and --ca-file on the command line).\nSettings come from the command line, then the kernel command line (--cmdline),\nthen the config file and its drop-ins, then the defaults.\nAn option of the other payload is refused (exit 2), unless it only turns off\nwhat this payload never does (--upgrade-os=false, --reboot=false with sysext).",
+    error_code(0, "done: staged, kubelet.env written (or nothing to do)"),
+    error_code(
+        1,
+        "failed: nothing of this run is left, kubelet.env not written; the unit retries"
+    ),
+    error_code(
+        2,
+        "wrong options or settings, named with where they were set; the node is unchanged"
+    )
+)]
 /// Stage what the cluster needs on this node (a torcx runtime image for this OS and a pending OS
 /// update, or systemd-sysext images), write kubelet.env, and reboot only if that is needed.
 pub struct Bootstrap {
@@ -57,14 +87,14 @@ pub struct Bootstrap {
     /// payload family: torcx (runtime image under a torcx profile) or sysext (default torcx)
     #[argh(option, default = "Payload::Torcx")]
     pub payload: Payload,
-    /// sysext: URL of the directory holding SHA256SUMS, its signature and the images; ${NAME}
-    /// or {{.Name}} is the extension's name
+    /// URL of the directory holding SHA256SUMS, its signature and the images; ${NAME} or
+    /// {{.Name}} is the extension's name (required with --payload sysext)
     #[argh(option, default = "String::new()")]
     pub sysext_url: String,
     /// kubeconfig for the API server (node path, default /etc/kubernetes/kubeconfig)
     #[argh(option, default = "\"/etc/kubernetes/kubeconfig\".into()")]
     pub kubeconfig: String,
-    /// use this Kubernetes version instead of detecting it
+    /// use this Kubernetes version instead of asking the API server (default: ask)
     #[argh(option)]
     pub force_kube_version: Option<String>,
     /// runtime mappings file (node path, default /etc/kubernetes/installer/runtime-mappings.yaml)
@@ -73,37 +103,44 @@ pub struct Bootstrap {
         default = "\"/etc/kubernetes/installer/runtime-mappings.yaml\".into()"
     )]
     pub version_manifest: String,
-    /// installer kubelet.env: fallback version source and template (node path)
+    /// installer kubelet.env: fallback version source and template (node path, default
+    /// /etc/kubernetes/installer/kubelet.env)
     #[argh(option, default = "\"/etc/kubernetes/installer/kubelet.env\".into()")]
     pub installer_kubelet_env: String,
     /// torcx manifest URL template: {{.Board}} {{.OSVersion}} ${COREOS_BOARD} ${VERSION_ID}
+    /// (default Tectonic's, tectonic-torcx.release.core-os.net)
     #[argh(option, default = "DEFAULT_MANIFEST_URL.into()")]
     pub torcx_manifest_url: String,
-    /// armored OpenPGP keyring that signs manifests (host path; a node path when set on the node)
+    /// armored OpenPGP keyring that signs manifests and SHA256SUMS (host path; a node path when
+    /// set on the node; default /usr/share/nodestrap/keyring.asc)
     #[argh(
         option,
         default = "Input::Host(PathBuf::from(\"/usr/share/nodestrap/keyring.asc\"))"
     )]
     pub keyring: Input,
-    /// extra PEM trust anchors for the system roots (host path; a node path when set on the node)
+    /// extra PEM trust anchors beside the system roots (host path; a node path when set on the
+    /// node; default: the system roots only)
     #[argh(option)]
     pub ca_file: Option<Input>,
-    /// skip the manifest signature check (and do not fetch .asc): dangerous
+    /// skip the signature check of manifests and SHA256SUMS (and do not fetch them): dangerous
+    /// (default false)
     #[argh(option, default = "false")]
     pub no_verify_signatures: bool,
     /// ask update_engine to update and wait; false: only read its status (default true)
     #[argh(option, default = "true")]
     pub upgrade_os: bool,
-    /// skip all torcx steps, still write kubelet.env
+    /// skip all torcx steps, still write kubelet.env (default false)
     #[argh(option, default = "false")]
     pub torcx_skip_setup: bool,
     /// profile to create when no user next-profile exists (default tectonic)
     #[argh(option, default = "\"tectonic\".into()")]
     pub torcx_profile: String,
-    /// where to write kubelet.env (node path; empty: do not write it)
+    /// where to write kubelet.env (node path; empty: do not write it; default
+    /// /etc/kubernetes/kubelet.env)
     #[argh(option, default = "\"/etc/kubernetes/kubelet.env\".into()")]
     pub kubelet_env_path: String,
-    /// auto (reboot when needed, only if --root is /) or never (report only)
+    /// reboot when the OS update or the runtime needs it, only if --root is /; false: report
+    /// only (default true)
     #[argh(option, default = "RebootMode::Auto")]
     pub reboot: RebootMode,
     /// print the plan; write nothing, update nothing, reboot nothing
@@ -131,6 +168,7 @@ pub struct Bootstrap {
     #[argh(option, default = "6")]
     pub fetch_attempts: u32,
     /// first retry delay in milliseconds; doubles per retry with full jitter, capped at 60 s
+    /// (default 1000)
     #[argh(option, default = "1000")]
     pub fetch_backoff_ms: u64,
     /// seconds one download attempt may take, from connecting to the last byte (default 300)
@@ -154,7 +192,7 @@ pub const DEFAULT_HOOK_ANNOTATION: &str =
     "container-linux-update.v1.coreos.com/tectonic-torcx-pre-hook-ok";
 
 #[derive(FromArgs, Debug)]
-#[argh(subcommand, name = "hook")]
+#[argh(subcommand, name = "hook", help_triggers("-h", "--help", "help"))]
 /// Pre-reboot hook of the update operator: stage the runtime for the pending OS version, drop
 /// stores of older versions, and annotate the Node. Never updates, reboots or writes kubelet.env.
 pub struct Hook {
@@ -210,6 +248,7 @@ pub struct Hook {
     #[argh(option, default = "6")]
     pub fetch_attempts: u32,
     /// first retry delay in milliseconds; doubles per retry with full jitter, capped at 60 s
+    /// (default 1000)
     #[argh(option, default = "1000")]
     pub fetch_backoff_ms: u64,
     /// seconds one download attempt may take, from connecting to the last byte (default 300)
@@ -268,13 +307,13 @@ pub const DEFAULT_MCD_EXTRACT: &str = "oc image extract --registry-config={root}
 macro_rules! reprovision_args {
     ({ $($body:tt)* } [$($f:ident),*]) => {
         #[derive(FromArgs, Debug)]
-        #[argh(subcommand, name = "preflight")]
+        #[argh(subcommand, name = "preflight", help_triggers("-h", "--help", "help"))]
         /// Check every dependency of an in-place re-bootstrap (Ignition or payload endpoint,
         /// registry, mirrors, progress endpoint) and print a table; exit 0 only if all pass.
         pub struct Preflight { $($body)* }
 
         #[derive(FromArgs, Debug)]
-        #[argh(subcommand, name = "reprovision")]
+        #[argh(subcommand, name = "reprovision", help_triggers("-h", "--help", "help"))]
         /// Re-bootstrap this RHCOS or RHEL node in place from a mounted Secret and reboot it
         /// into its new configuration (IBM's in-place bootstrapper flow).
         pub struct Reprovision { $($body)* }
@@ -320,8 +359,8 @@ reprovision_args! {{
         /// RHEL: seconds the entry script may run (default 3600)
         #[argh(option, default = "3600")]
         pub entry_timeout: u64,
-        /// RHEL: auto (reboot only if --root is /), host (--root is the host's root
-        /// mounted in this pod: reboot the host through the system bus) or never
+        /// RHEL: true (reboot only if --root is /), host (--root is the host's root
+        /// mounted in this pod: reboot the host through the system bus) or false (default true)
         #[argh(option, default = "HostReboot::Auto")]
         pub reboot: HostReboot,
         /// check and fetch, change nothing on the node or the Node, reboot nothing
@@ -367,7 +406,7 @@ pub const PREFLIGHT_DEADLINE_SECS: u64 = 60;
 pub const REPROVISION_DEADLINE_SECS: u64 = DEFAULT_DEADLINE_SECS;
 
 #[derive(FromArgs, Debug)]
-#[argh(subcommand, name = "activate")]
+#[argh(subcommand, name = "activate", help_triggers("-h", "--help", "help"))]
 /// Activate a fresh node: initialize a cluster when an admin asks (init server) or join one
 /// (join client), whichever is authenticated first, under a one-way node lock.
 pub struct Activate {
@@ -419,7 +458,8 @@ pub struct Activate {
     /// command that starts the kubelet on an activated node (default: kubelet.service via systemd)
     #[argh(option)]
     pub kubelet_command: Option<String>,
-    /// auto (reboot after a failure past the node lock, only if --root is /) or never
+    /// reboot after a failure past the node lock, only if --root is /; false: never (default
+    /// true)
     #[argh(option, default = "RebootMode::Auto")]
     pub reboot: RebootMode,
     /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
@@ -428,7 +468,11 @@ pub struct Activate {
 }
 
 #[derive(FromArgs, Debug)]
-#[argh(subcommand, name = "join-service")]
+#[argh(
+    subcommand,
+    name = "join-service",
+    help_triggers("-h", "--help", "help")
+)]
 /// Hand out join tickets to nodes that present a certificate from the node-provisioning CA, at
 /// most one per node identity.
 pub struct JoinService {
@@ -516,7 +560,7 @@ impl argh::FromArgValue for Ledger {
 }
 
 #[derive(FromArgs, Debug)]
-#[argh(subcommand, name = "status")]
+#[argh(subcommand, name = "status", help_triggers("-h", "--help", "help"))]
 /// Show what the last bootstrap decided and did (its status record); exit 0 done, 1 failed,
 /// 3 still running, 4 no record.
 pub struct Status {
@@ -529,7 +573,11 @@ pub struct Status {
 }
 
 #[derive(FromArgs, Debug)]
-#[argh(subcommand, name = "init-cluster")]
+#[argh(
+    subcommand,
+    name = "init-cluster",
+    help_triggers("-h", "--help", "help")
+)]
 /// Ask a fresh node's init server to initialize a cluster; write the admin kubeconfig it returns.
 pub struct InitCluster {
     /// the node's init server, https://HOST:PORT
@@ -663,7 +711,7 @@ impl Common<'_> {
         }
         let data = self.keyring.read(root, 16 << 20, "keyring")?;
         let name = self.keyring.label(root);
-        let k = Keyring::parse(&data, &name).map_err(|e| e.with_kind(self.keyring.kind()))?;
+        let k = Keyring::parse(&data, &name).map_err(|e| e.with_kind(Kind::Config))?;
         crate::debug!("keyring {name}: {}", k.fingerprints().join(", "));
         Ok(Some(k))
     }
@@ -683,6 +731,7 @@ impl Common<'_> {
     /// The HTTPS client for manifests and images: system roots plus `--ca-file`.
     pub fn http(&self, root: &Root) -> Result<Http> {
         let mut tls = Tls::system(root)?;
+        tls.fix = Some("--ca-file (a PEM file)".into());
         match self.ca_file {
             Some(Input::Host(p)) => tls.add_file(p, "--ca-file")?,
             Some(ca) => {
@@ -741,11 +790,13 @@ pub fn bootstrap(b: &Bootstrap, args: &[String], run: &dyn Fn(&Bootstrap) -> Res
         Err(e) => {
             crate::logger::init(log::LevelFilter::Info);
             log::error!("{e}");
+            crate::net::cluster::report_unknown(&e);
             // A node whose settings are wrong is one an operator asks about too.
             if !b.dry_run {
                 crate::node::status::begin("bootstrap", &b.root);
                 crate::node::status::finish(e.exit_code(), Some(&e));
             }
+            last_line(e.exit_code());
             return e.exit_code();
         }
     };
@@ -764,7 +815,9 @@ pub fn bootstrap(b: &Bootstrap, args: &[String], run: &dyn Fn(&Bootstrap) -> Res
         if !b.dry_run {
             crate::node::status::begin("bootstrap", &b.root);
         }
-        run(b)
+        settings::payload_options(b, &merged)?;
+        // Every run prints its plan line, a failed one too.
+        run(b).inspect_err(|e| crate::net::cluster::report_unknown(e))
     })
 }
 
@@ -825,10 +878,11 @@ pub enum HostReboot {
 impl argh::FromArgValue for HostReboot {
     fn from_arg_value(v: &str) -> Result<Self, String> {
         match v {
-            "auto" => Ok(HostReboot::Auto),
+            // auto and never: the spellings before one vocabulary, still read.
+            "true" | "auto" => Ok(HostReboot::Auto),
             "host" => Ok(HostReboot::Host),
-            "never" => Ok(HostReboot::Never),
-            _ => Err(format!("expected auto, host or never, got {v:?}")),
+            "false" | "never" => Ok(HostReboot::Never),
+            _ => Err(format!("expected true, host or false, got {v:?}")),
         }
     }
 }
@@ -842,9 +896,10 @@ pub enum RebootMode {
 impl argh::FromArgValue for RebootMode {
     fn from_arg_value(v: &str) -> Result<Self, String> {
         match v {
-            "auto" => Ok(RebootMode::Auto),
-            "never" => Ok(RebootMode::Never),
-            _ => Err(format!("expected auto or never, got {v:?}")),
+            // auto and never: the spellings before one vocabulary, still read.
+            "true" | "auto" => Ok(RebootMode::Auto),
+            "false" | "never" => Ok(RebootMode::Never),
+            _ => Err(format!("expected true or false, got {v:?}")),
         }
     }
 }
@@ -854,6 +909,7 @@ const BOOL_OPTIONS: &[&str] = &[
     "--no-verify-signatures",
     "--upgrade-os",
     "--torcx-skip-setup",
+    "--reboot",
 ];
 /// Switches that may be written `--dry-run=true` / `--dry-run=false`.
 const SWITCHES: &[&str] = &["--dry-run", "--cmdline"];
@@ -894,6 +950,11 @@ pub fn normalize(args: &[String]) -> Vec<String> {
         }
     }
     last_wins(out)
+}
+
+/// Whether `flag` (normalised) takes no value.
+pub fn is_switch(flag: &str) -> bool {
+    SWITCHES.contains(&flag) || flag == "--help"
 }
 
 /// Go's flag package lets a later `--flag v` override an earlier one; argh refuses duplicates.
@@ -977,12 +1038,12 @@ impl Input {
         }
     }
 
-    /// A bad file given on the command line is a usage error; one on the node is the node's
-    /// failure, as for every other node file.
-    pub fn kind(&self) -> Kind {
+    /// The setting to change when the file is wrong: the option, or the line or kernel
+    /// argument that set it.
+    fn fix(&self, key: &str) -> String {
         match self {
-            Input::Host(_) => Kind::Config,
-            Input::Node { .. } => Kind::Failed,
+            Input::Host(_) => format!("give --{key} an existing file"),
+            Input::Node { from, .. } => format!("put it there, or change {key}= in {from}"),
         }
     }
 
@@ -990,11 +1051,14 @@ impl Input {
     pub fn read(&self, root: &Root, cap: u64, key: &str) -> Result<Vec<u8>> {
         match self {
             Input::Host(p) => read_host_file(p, cap, &format!("--{key}")),
+            // A file a setting names that is not there is the setting's error (exit 2), wherever
+            // the setting was made.
             Input::Node { path, from } => match root.read(path, cap) {
                 Ok(Some(b)) => Ok(b),
-                Ok(None) => Err(Error::failed(format!(
-                    "{}: does not exist",
-                    self.name(root, key)
+                Ok(None) => Err(Error::config(format!(
+                    "{}: does not exist: {}",
+                    self.name(root, key),
+                    self.fix(key)
                 ))),
                 Err(e) => Err(e.context(format!("{key} (from {from})"))),
             },
@@ -1044,13 +1108,17 @@ pub fn logged(verbose: &str, f: impl FnOnce() -> Result<()>) -> i32 {
     };
     // The status record, when the run keeps one, ends with the same outcome.
     crate::node::status::finish(code, r.as_ref().err());
-    // The last line: how long the run took, whatever its end.
+    last_line(code);
+    code
+}
+
+/// The last line of every run: how long it took, whatever its end.
+fn last_line(code: i32) {
     log::info!(
         "run {} after {:.1} s (exit {code})",
         if code == 0 { "done" } else { "failed" },
         started().elapsed().as_secs_f64()
     );
-    code
 }
 
 fn log_level(verbose: &str) -> Option<log::LevelFilter> {
@@ -1067,17 +1135,32 @@ fn log_level(verbose: &str) -> Option<log::LevelFilter> {
 
 /// argh over normalised arguments; `Err` is the exit code once its output is printed.
 pub fn parse(args: &[String]) -> std::result::Result<Cli, i32> {
+    use std::io::Write as _;
+    if matches!(args.first().map(String::as_str), Some("--version" | "-V")) {
+        let line = format!("nodestrap {}\n", env!("CARGO_PKG_VERSION"));
+        return Err(match std::io::stdout().write_all(line.as_bytes()) {
+            Ok(()) => 0,
+            Err(_) => 1,
+        });
+    }
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     Cli::from_args(&["nodestrap"], &refs).map_err(|e| {
-        use std::io::Write as _;
         // A closed stdout or stderr must not panic; the exit code still tells.
         if e.status.is_ok() {
-            match std::io::stdout().write_all(e.output.as_bytes()) {
+            let text = if e.output.starts_with("Usage: nodestrap bootstrap ") {
+                help::grouped(&e.output)
+            } else {
+                e.output
+            };
+            match std::io::stdout().write_all(text.as_bytes()) {
                 Ok(()) => 0,
                 Err(_) => 1,
             }
         } else {
             let _ = std::io::stderr().write_all(e.output.as_bytes());
+            if let Some(hint) = help::did_you_mean(&e.output, args) {
+                let _ = std::io::stderr().write_all(hint.as_bytes());
+            }
             2
         }
     })

@@ -6,7 +6,8 @@
 
 use argh::FromArgs;
 
-use crate::cli::{self, Bootstrap, Cli, Cmd, Input};
+use crate::cli::check::{SYSEXT_ONLY, TORCX_ONLY};
+use crate::cli::{self, Bootstrap, Cli, Cmd, Input, Payload};
 use crate::error::{excerpt, Error, Kind, Result};
 use crate::node::root::Root;
 
@@ -76,6 +77,80 @@ pub struct Merged {
     /// One line per source read, keys only (values may be secret-ish), logged once the logger
     /// is set up with the merged `--verbose`.
     pub notes: Vec<String>,
+    /// Each option set anywhere, with where the value in force came from (the last source
+    /// that set it): how an error about an option names the line to change.
+    pub given: Vec<(&'static str, String)>,
+}
+
+impl Merged {
+    /// Where the value in force of `key` came from; `None` when it is the default.
+    pub fn source(&self, key: &str) -> Option<&str> {
+        self.given
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == key)
+            .map(|(_, f)| f.as_str())
+    }
+}
+
+/// An option set anywhere (`merged.given`) that the chosen payload would silently ignore is an
+/// error naming where it was set and why; one that only turns off what the payload never does
+/// (`--upgrade-os=false`, `--reboot=false`, `--torcx-skip-setup` with sysext, an empty
+/// `--sysext-url` with torcx) is accepted, so one initramfs unit serves both payloads.
+pub fn payload_options(a: &Bootstrap, merged: &Merged) -> Result<()> {
+    let (other, theirs) = match a.payload {
+        Payload::Torcx => ("sysext", SYSEXT_ONLY),
+        Payload::Sysext => ("torcx", TORCX_ONLY),
+    };
+    let chosen = if other == "torcx" { "sysext" } else { "torcx" };
+    for key in theirs {
+        let Some(from) = merged.source(key) else {
+            continue;
+        };
+        let off = match *key {
+            "upgrade-os" => !a.upgrade_os,
+            "reboot" => a.reboot == cli::RebootMode::Never,
+            "torcx-skip-setup" => a.torcx_skip_setup,
+            "sysext-url" => a.sysext_url.is_empty(),
+            _ => false,
+        };
+        if off {
+            continue;
+        }
+        let payload_from = merged.source("payload").unwrap_or("the default");
+        let why = match *key {
+            "upgrade-os" => {
+                "; a sysext node's OS is updated by its own update_engine, not by nodestrap"
+            }
+            "reboot" => "; a sysext run never reboots (the images are merged, or merged at boot)",
+            _ => "",
+        };
+        return Err(Error::config(format!(
+            "--{key} (from {from}) is for --payload {other}, and this run's payload is {chosen} (from {payload_from}){why}: remove it, or set --payload {other}"
+        )));
+    }
+    Ok(())
+}
+
+/// The options `user` (normalised arguments after the subcommand) sets, as settings keys.
+fn on_command_line(user: &[String]) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    let mut it = user.iter();
+    while let Some(a) = it.next() {
+        if a == "--" {
+            break;
+        }
+        let Some(name) = a.strip_prefix("--") else {
+            continue;
+        };
+        if let Some(key) = KEYS.iter().find(|k| **k == name) {
+            out.push((*key, "the command line".to_string()));
+        }
+        if !cli::is_switch(a) {
+            it.next();
+        }
+    }
+    out
 }
 
 /// Put the settings of the config file and (with `--cmdline`) the kernel command line before
@@ -83,6 +158,7 @@ pub struct Merged {
 pub fn merge(b: &Bootstrap, user: &[String]) -> Result<Merged> {
     let mut synthetic = Vec::new();
     let mut notes = Vec::new();
+    let mut given = Vec::new();
     let root = Root::open(&b.root)?;
     let (path, explicit) = match &b.config {
         Some(p) => (p.as_str(), true),
@@ -105,7 +181,7 @@ pub fn merge(b: &Bootstrap, user: &[String]) -> Result<Merged> {
             None => {}
             Some(bytes) => {
                 let settings = parse_file(&utf8(bytes, &name)?, &name)?;
-                add(&settings, &name, &mut synthetic, &mut notes);
+                add(&settings, &name, &mut synthetic, &mut notes, &mut given);
             }
         }
         let dirs = if explicit {
@@ -123,19 +199,21 @@ pub fn merge(b: &Bootstrap, user: &[String]) -> Result<Merged> {
                 continue;
             };
             let settings = parse_file(&utf8(bytes, &name)?, &name)?;
-            add(&settings, &name, &mut synthetic, &mut notes);
+            add(&settings, &name, &mut synthetic, &mut notes, &mut given);
         }
     }
     if b.cmdline {
         let text =
             crate::node::cmdline::read().map_err(|e| e.with_kind(crate::error::Kind::Config))?;
         let settings = parse_cmdline(&text)?;
-        add(&settings, KERNEL, &mut synthetic, &mut notes);
+        add(&settings, KERNEL, &mut synthetic, &mut notes, &mut given);
     }
+    given.extend(on_command_line(user.get(1..).unwrap_or_default()));
     if synthetic.is_empty() {
         return Ok(Merged {
             args: user.to_vec(),
             notes,
+            given,
         });
     }
     let (sub, rest) = user.split_first().expect("argh parsed a subcommand");
@@ -145,6 +223,7 @@ pub fn merge(b: &Bootstrap, user: &[String]) -> Result<Merged> {
     Ok(Merged {
         args: cli::last_wins(args),
         notes,
+        given,
     })
 }
 
@@ -190,7 +269,13 @@ fn dropins(root: &Root, dirs: &[String], notes: &mut Vec<String>) -> Result<Vec<
     Ok(out)
 }
 
-fn add(settings: &[Setting], from: &str, synthetic: &mut Vec<String>, notes: &mut Vec<String>) {
+fn add(
+    settings: &[Setting],
+    from: &str,
+    synthetic: &mut Vec<String>,
+    notes: &mut Vec<String>,
+    given: &mut Vec<(&'static str, String)>,
+) {
     let keys: Vec<&str> = settings.iter().map(|s| s.key).collect();
     let keys = if keys.is_empty() {
         "none".to_string()
@@ -199,6 +284,7 @@ fn add(settings: &[Setting], from: &str, synthetic: &mut Vec<String>, notes: &mu
     };
     notes.push(format!("settings from {from}: {keys}"));
     for s in settings {
+        given.push((s.key, from.to_string()));
         let value = if NODE_FILE_KEYS.contains(&s.key) {
             Input::marker(&s.value, from)
         } else {
@@ -315,7 +401,11 @@ fn canonical(k: &str) -> std::result::Result<&'static str, String> {
     if COMMAND_LINE_ONLY.contains(&k) {
         return Err(format!("{k:?} can only be given on the command line"));
     }
-    Err(format!("unknown key \"{}\"", excerpt(k, 64)))
+    let known = KEYS.iter().chain(ALIASES.iter().map(|(a, _)| a)).copied();
+    let hint = crate::cli::help::closest(k, known)
+        .map(|c| format!(": did you mean {c}?"))
+        .unwrap_or_default();
+    Err(format!("unknown key \"{}\"{hint}", excerpt(k, 64)))
 }
 
 /// A value in matching double quotes loses them; a lone quote at one end is an error.
@@ -527,10 +617,11 @@ mod tests {
             Err(e) => e.output,
             Ok(_) => unreachable!(),
         };
-        let mut options: Vec<&str> = help
-            .lines()
-            .filter_map(|l| l.trim_start().strip_prefix("--"))
-            .map(|l| l.split([' ', ',']).next().unwrap())
+        let (_, rest) = help.split_once("\nOptions:\n").unwrap();
+        let entries = crate::cli::help::entries(rest.split("\n\n").next().unwrap());
+        let mut options: Vec<&str> = entries
+            .iter()
+            .map(|(n, _)| if n.is_empty() { "help" } else { n.as_str() })
             .collect();
         options.sort();
         let mut expected: Vec<&str> = KEYS.iter().chain(COMMAND_LINE_ONLY).copied().collect();

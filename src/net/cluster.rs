@@ -120,15 +120,30 @@ pub struct Version {
     pub source: Source,
 }
 
+/// Whether this run printed its plan line.
+static REPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 impl Version {
-    /// The plan's line on stdout, also under `--dry-run`: `nodestrap: k8s=<v> from=<word> (<source>)`.
-    pub fn report(&self) -> Result<()> {
+    /// The plan's line on stdout as soon as the version is known, also under `--dry-run`:
+    /// `nodestrap: k8s=<v> from=<word> (<source>)`.
+    fn report(&self) -> Result<()> {
+        REPORTED.store(true, std::sync::atomic::Ordering::Relaxed);
         crate::outln!(
             "nodestrap: k8s={} from={} ({})",
             self.value,
             self.source.word(),
             self.source
         )
+    }
+}
+
+/// The plan line of a run that ended before its version was known, so that every run prints
+/// one (`nodestrap: k8s=unknown from=none (<error>)`): a fleet's count of `from=` words then
+/// covers the failed nodes too.
+pub fn report_unknown(why: &dyn fmt::Display) {
+    if !REPORTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        // Best effort: the run has failed already and says why on stderr.
+        let _ = crate::outln!("nodestrap: k8s=unknown from=none ({why})");
     }
 }
 
@@ -142,6 +157,7 @@ pub fn version(root: &Root, s: &Sources) -> Result<Version> {
         format_args!("{} ({})", v.source.word(), v.source),
     );
     status::phase(status::Phase::Version);
+    v.report()?;
     Ok(v)
 }
 
@@ -170,12 +186,22 @@ fn find_version(root: &Root, s: &Sources) -> Result<Version> {
                     "the API server refused (--version-fallback always-after-deadline): {e}"
                 ),
             },
+            // Credentials the cluster rejects: that first, and how to fix it; the fallback
+            // policy only says why the node's files were not used instead.
+            Err((e, Failure::Denied)) => {
+                return Err(Error::failed(format!(
+                    "unable to determine the cluster version: the API server rejected the credentials of {} ({e}): give the node a kubeconfig whose credentials the cluster accepts, or set --force-kube-version (--version-fallback {} does not let {} decide)",
+                    k.source,
+                    s.fallback.word(),
+                    root.show(s.installer_env)
+                )));
+            }
             Err((e, failure)) => {
                 let state = match failure {
                     Failure::Unreachable => "unreachable",
                     Failure::Busy => "busy until the run's deadline (--deadline)",
-                    Failure::Final => "refusing",
-                    Failure::Denied => "refusing these credentials",
+                    // Denied is answered above.
+                    Failure::Final | Failure::Denied => "refusing",
                 };
                 return Err(e.context(format!(
                     "unable to determine the cluster version: the API server is {state}, and --version-fallback {} does not let {} decide",

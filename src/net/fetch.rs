@@ -34,6 +34,9 @@ pub struct Tls {
     pub client: Option<ClientCert>,
     /// Where the roots came from, for the log line.
     pub sources: Vec<String>,
+    /// The setting that adds a trust anchor for this client, named when a server's certificate
+    /// is not signed by one (`--ca-file`, a kubeconfig's `certificate-authority`).
+    pub fix: Option<String>,
 }
 
 impl Tls {
@@ -519,7 +522,7 @@ impl Http {
         self.retrying(&what, |deadline| {
             let mut resp = match self.call(req, deadline) {
                 Ok(r) => r,
-                Err(e) => return classify_transport(&what, e, deadline),
+                Err(e) => return classify_transport(&what, e, deadline, &self.tls),
             };
             match status_failure(&what, &mut resp) {
                 None => {}
@@ -589,7 +592,7 @@ impl Http {
         self.retrying(&what, |deadline| {
             let mut resp = match self.call(req, deadline) {
                 Ok(r) => r,
-                Err(e) => return classify_transport(&what, e, deadline),
+                Err(e) => return classify_transport(&what, e, deadline, &self.tls),
             };
             if let Some(r) = status_failure(&what, &mut resp) {
                 return verdict(r);
@@ -673,11 +676,23 @@ fn read_failure(e: &io::Error, deadline: Duration) -> String {
     }
 }
 
-fn classify_transport<T>(what: &str, e: ureq::Error, deadline: Duration) -> Attempt<T> {
-    let msg = match &e {
+fn classify_transport<T>(what: &str, e: ureq::Error, deadline: Duration, tls: &Tls) -> Attempt<T> {
+    let mut msg = match &e {
         ureq::Error::Timeout(t) => format!("{what}: {}", timeout_words(t, deadline)),
         e => format!("{what}: {e}"),
     };
+    // A server whose certificate no anchor signs: say which anchors, and how to add one.
+    if msg.contains("UnknownIssuer") {
+        let fix = tls.fix.as_deref().unwrap_or("a trust anchor");
+        msg = format!(
+            "{msg}: the server's certificate is not signed by a CA trusted here ({}): add its CA with {fix}",
+            if tls.sources.is_empty() {
+                "none".to_string()
+            } else {
+                tls.sources.join(", ")
+            }
+        );
+    }
     match e {
         ureq::Error::BadUri(_)
         | ureq::Error::Http(_)
@@ -754,6 +769,10 @@ pub fn server_message(body: &[u8]) -> Option<String> {
     }
     let text = String::from_utf8_lossy(body);
     let line = text.lines().map(str::trim).find(|l| !l.is_empty())?;
+    // A web server's error page (`<!DOCTYPE HTML>`) says nothing the status does not.
+    if line.starts_with('<') {
+        return None;
+    }
     Some(line.chars().take(200).collect())
 }
 
@@ -1210,8 +1229,12 @@ mod tests {
         let b = br#"{"kind":"Status","status":"Failure","message":"configmaps \"x\" is forbidden","code":403}"#;
         assert_eq!(server_message(b).unwrap(), "configmaps \"x\" is forbidden");
         assert_eq!(
-            server_message(b"\n<html>oops</html>\n").unwrap(),
-            "<html>oops</html>"
+            server_message(b"\n<!DOCTYPE HTML>\n<html>oops</html>\n"),
+            None
+        );
+        assert_eq!(
+            server_message(b"\nno such bucket\n").unwrap(),
+            "no such bucket"
         );
     }
 }

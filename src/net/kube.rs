@@ -121,6 +121,9 @@ impl Kube {
             // kubectl trusts the system roots when the kubeconfig names no CA.
             (None, None) => tls = Tls::system(root)?,
         }
+        tls.fix = Some(format!(
+            "certificate-authority-data (or certificate-authority) of the cluster in {name}"
+        ));
         let cert = match (&kc.cert_data, &kc.cert_file) {
             (Some(d), _) => Some(b64(d, &name, "client-certificate-data")?),
             (None, Some(f)) => Some(read(f)?),

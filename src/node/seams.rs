@@ -49,3 +49,11 @@ impl Seam {
             .unwrap_or_else(|| PathBuf::from(self.default_path()))
     }
 }
+
+/// This boot's ID (a test moves it with `NODESTRAP_BOOT_ID`).
+pub fn boot_id() -> crate::error::Result<String> {
+    let p = Seam::BootId.path();
+    std::fs::read_to_string(&p)
+        .map(|s| s.trim().to_string())
+        .map_err(|e| crate::error::Error::failed(format!("{}: {e}", p.display())))
+}

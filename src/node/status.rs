@@ -51,6 +51,9 @@ pub enum State {
     Running,
     Done,
     Failed,
+    /// Never written: what a reader makes of `running` when the run's process is gone (killed,
+    /// or the machine rebooted) so it never ended its record.
+    Interrupted,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,6 +107,49 @@ pub struct Record {
     pub files: Vec<Staged>,
     pub reboot: Reboot,
     pub kubelet_env: Option<Marker>,
+    /// The run's process, so that a reader tells a live run from a killed one (`null` in
+    /// records of older versions).
+    #[serde(default)]
+    pub process: Option<Process>,
+}
+
+/// Who wrote a record: this boot's ID, the PID and the process's start (clock ticks after
+/// boot, /proc/PID/stat field 22), which together name one process even when PIDs are reused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Process {
+    pub pid: u32,
+    pub start_ticks: u64,
+    pub boot_id: String,
+}
+
+impl Process {
+    fn this() -> Option<Process> {
+        let pid = std::process::id();
+        Some(Process {
+            pid,
+            start_ticks: start_ticks(pid)?,
+            boot_id: crate::node::seams::boot_id().ok()?,
+        })
+    }
+
+    /// Whether this process still runs (on this boot). Unknowable ones count as alive: a
+    /// reader must not call a live run interrupted.
+    fn alive(&self) -> bool {
+        match crate::node::seams::boot_id() {
+            Ok(b) if b != self.boot_id => false,
+            _ => {
+                start_ticks(self.pid).is_none_or(|t| t == self.start_ticks)
+                    && std::path::Path::new(&format!("/proc/{}", self.pid)).exists()
+            }
+        }
+    }
+}
+
+/// Field 22 of /proc/PID/stat (after the command name, which may hold spaces and parentheses).
+fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
 struct Open {
@@ -147,6 +193,7 @@ pub fn begin(command: &str, root: &Path) {
         files: Vec::new(),
         reboot: Reboot::Undecided,
         kubelet_env: None,
+        process: Process::this(),
     };
     if let Ok(mut g) = OPEN.lock() {
         *g = Some(Open {
@@ -280,35 +327,82 @@ pub fn run_file() -> PathBuf {
     run_dir().join(FILE)
 }
 
-/// Replaced atomically by a rename, not fsynced: /run is a tmpfs, gone at the next boot anyway,
-/// and a run should not wait on a disk for its progress report.
+/// Replaced atomically by a rename from a temp file of nodestrap's naming (locked while it is
+/// written), so that the temp of a run killed mid-write is swept by the next. Not fsynced:
+/// /run is a tmpfs, gone at the next boot anyway, and a run should not wait on a disk for its
+/// progress report.
 fn save_run_dir(json: &[u8]) -> Result<()> {
+    use std::io::Write as _;
     let dir = run_dir();
     let at = dir.join(FILE);
-    let tmp = dir.join(format!(".{FILE}.{}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .and_then(|()| std::fs::write(&tmp, json))
-        .and_then(|()| std::fs::rename(&tmp, &at))
-        .map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            Error::failed(format!("status record {}: {e}", at.display()))
-        })
+    let tmp = dir.join(crate::node::root::temp_name(FILE));
+    let write = || -> std::io::Result<()> {
+        std::fs::create_dir_all(&dir)?;
+        let mut f = std::fs::File::options()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
+        f.write_all(json)?;
+        std::fs::rename(&tmp, &at)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::failed(format!("status record {}: {e}", at.display()))
+    })?;
+    if let Ok(Some(d)) = Root::open(&dir).and_then(|r| r.dir("/")) {
+        d.sweep_leftovers(false);
+    }
+    Ok(())
 }
 
-/// The newest record: the running system's, else the one kept under `root`. `None` when
-/// neither exists; a file that is not a record is an error naming it.
+/// The record of the last run on `root`: the running system's copy when that run was on this
+/// root (a run in the initramfs on /sysroot was on the root this system booted into), else the
+/// one kept under `root`. `None` when neither exists; a file that is not a record is an error
+/// naming it. A record of a run whose process is gone reads as interrupted.
 pub fn load(root: &Path) -> Result<Option<(Record, String)>> {
     let run = run_file();
-    match std::fs::File::open(&run) {
-        Ok(f) => return parse(f, &run.display().to_string()).map(Some),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+    let found = match std::fs::File::open(&run) {
+        Ok(f) => Some(parse(f, &run.display().to_string())?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(Error::failed(format!("{}: {e}", run.display()))),
-    }
-    let root = Root::open(root)?;
-    match root.open_file(KEPT)? {
-        Some(f) => parse(f, &root.show(KEPT)).map(Some),
-        None => Ok(None),
-    }
+    };
+    let found = match found {
+        Some((r, from)) if same_root(&r.root, root) => Some((r, from)),
+        Some((r, from)) => {
+            log::info!(
+                "{from} is the record of a run on root {}, not {}: reading the record kept under {}",
+                r.root,
+                root.display(),
+                root.display()
+            );
+            None
+        }
+        None => None,
+    };
+    let found = match found {
+        Some(x) => Some(x),
+        None => {
+            let root = Root::open(root)?;
+            match root.open_file(KEPT)? {
+                Some(f) => Some(parse(f, &root.show(KEPT))?),
+                None => None,
+            }
+        }
+    };
+    Ok(found.map(|(mut r, from)| {
+        if r.state == State::Running && r.process.as_ref().is_some_and(|p| !p.alive()) {
+            r.state = State::Interrupted;
+        }
+        (r, from)
+    }))
+}
+
+/// Whether a record written with `--root written` is of the root `asked`.
+fn same_root(written: &str, asked: &Path) -> bool {
+    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let (w, a) = (canon(Path::new(written)), canon(asked));
+    w == a || (a == Path::new("/") && Path::new(written) == Path::new("/sysroot"))
 }
 
 fn parse(f: std::fs::File, name: &str) -> Result<(Record, String)> {
@@ -335,8 +429,8 @@ pub fn to_json_text(r: &Record) -> Result<String> {
     to_json(r).map(|v| String::from_utf8_lossy(&v).into_owned())
 }
 
-/// What `nodestrap status` exits with: 0 the last run is done, 1 it failed, 3 it is still
-/// running, 4 there is no record.
+/// What `nodestrap status` exits with: 0 the last run is done, 1 it failed or was interrupted,
+/// 3 it is still running, 4 there is no record.
 pub fn print(root: &Path, json: bool) -> Result<i32> {
     let Some((r, from)) = load(root)? else {
         log::error!(
@@ -355,7 +449,7 @@ pub fn print(root: &Path, json: bool) -> Result<i32> {
     }
     Ok(match r.state {
         State::Done => 0,
-        State::Failed => 1,
+        State::Failed | State::Interrupted => 1,
         State::Running => 3,
     })
 }
@@ -366,6 +460,11 @@ pub fn human_lines(r: &Record, from: &str) -> Vec<String> {
     let state = match (r.state, r.exit_code) {
         (State::Running, _) => format!("running, phase {}", phase_word(r.phase)),
         (State::Done, _) => "done".to_string(),
+        (State::Interrupted, _) => format!(
+            "INTERRUPTED in phase {}: its process {} is gone (killed, or the machine restarted) before it ended its record",
+            phase_word(r.phase),
+            r.process.as_ref().map_or(0, |p| p.pid)
+        ),
         (State::Failed, c) => format!(
             "FAILED (exit {}) in phase {}",
             c.unwrap_or(1),

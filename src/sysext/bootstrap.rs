@@ -6,7 +6,7 @@
 use crate::cli::check::{check_options, SysextUrl};
 use crate::cli::Bootstrap;
 use crate::crypto::openpgp::Keyring;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::net::cluster;
 use crate::net::fetch::{Http, Request};
 use crate::net::kube::Kube;
@@ -223,15 +223,16 @@ impl<'a> Apply<'a> {
     /// Stage, link, keep sysupdate following, prune, and merge; the activation word.
     fn apply(&self, undo: &mut Undo<'a>) -> Result<&'static str> {
         let (root, steps) = (self.root, self.steps);
+        // One run at a time switches links; what killed runs left (temp links, temp images in
+        // any extension's store, whichever version the next run picks) goes first.
+        stage::lock_links(undo)?;
+        stage::sweep_stores(root);
         if steps.is_empty() {
             status::phase(status::Phase::Staged);
             status::decide("activation", "unchanged", "nothing staged");
             status::reboot(status::Reboot::No);
             return Ok("unchanged");
         }
-        // One run at a time switches links; a killed run's temp links go first.
-        stage::lock_links(undo)?;
-
         // 6. Fetch and check every image before any link changes.
         for s in steps {
             stage::fetch_image(
@@ -308,7 +309,6 @@ fn summary(
     state: &str,
     activation: &str,
 ) -> Result<()> {
-    version.report()?;
     crate::outln!(
         "nodestrap: sysext {state} k8s={} {KUBERNETES}={} {runtime_name}={} activation={activation}",
         version.value,
@@ -466,21 +466,30 @@ impl Lists<'_> {
         let url = format!("{dir}SHA256SUMS");
         let body = self
             .http
-            .fetch(&Request::get(&url), crate::sysext::sums::MAX_BYTES)?;
+            .fetch_passing(&Request::get(&url), crate::sysext::sums::MAX_BYTES, &[404])?
+            .map_err(|e| {
+                e.hint(format!(
+                    "the source has no list for {name} where --sysext-url points ({dir}): check --sysext-url and that the mirror holds {name}"
+                ))
+            })?;
         match self.keyring {
             Some(k) => {
-                let sig_url = format!("{url}.gpg");
-                let sig =
-                    match self
-                        .http
-                        .fetch_passing(&Request::get(&sig_url), SIGNATURE_CAP, &[404])?
-                    {
-                        Ok(s) => s,
-                        // As systemd-pull does: a detached armored signature when there is no .gpg.
-                        Err(_) => self
-                            .http
-                            .fetch(&Request::get(&format!("{url}.asc")), SIGNATURE_CAP)?,
-                    };
+                let get = |ext: &str| {
+                    self.http.fetch_passing(
+                        &Request::get(&format!("{url}.{ext}")),
+                        SIGNATURE_CAP,
+                        &[404],
+                    )
+                };
+                // As systemd-pull does: a detached armored signature when there is no .gpg.
+                let sig = match get("gpg")? {
+                    Ok(s) => s,
+                    Err(_) => get("asc")?.map_err(|_| {
+                        Error::failed(format!(
+                            "{url} is not signed: neither SHA256SUMS.gpg nor SHA256SUMS.asc is beside it (HTTP 404 for both): sign it as systemd-sysupdate reads it (gpg --detach-sign --output SHA256SUMS.gpg SHA256SUMS) with a key of --keyring, or, dangerous, --no-verify-signatures"
+                        ))
+                    })?,
+                };
                 let by = k.verify_detached(&body, &sig, &url)?;
                 log::info!("{url}: good signature by {by}");
             }

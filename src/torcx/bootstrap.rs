@@ -142,7 +142,6 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         next: next.as_deref(),
         update: &update,
         k8s: &k8s,
-        version: &version,
     }
     .run(&mut undo, &*rebooter);
     match staged {
@@ -167,7 +166,6 @@ struct Staging<'a> {
     next: Option<&'a str>,
     update: &'a Update,
     k8s: &'a str,
-    version: &'a cluster::Version,
 }
 
 impl<'a> Staging<'a> {
@@ -237,7 +235,6 @@ impl<'a> Staging<'a> {
         // 11. Report, and reboot only when needed. Whatever fails here (stdout gone, the
         //     reboot refused) undoes the run, so the unit runs again rather than starting the
         //     kubelet on a half-done node.
-        self.version.report()?;
         let reboot = if reasons.is_empty() {
             "no".to_string()
         } else {

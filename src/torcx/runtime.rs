@@ -152,7 +152,16 @@ impl Manifests<'_> {
 
     fn get(&self, os_version: &str) -> Result<PackageList> {
         let url = self.url(os_version)?;
-        let body = self.http.fetch(&Request::get(&url), MANIFEST_CAP)?;
+        let body = self
+            .http
+            .fetch_passing(&Request::get(&url), MANIFEST_CAP, &[404])?
+            .map_err(|e| {
+                e.hint(format!(
+                    "no torcx manifest for OS {os_version} board {} there: check --torcx-manifest-url ({})",
+                    self.board,
+                    self.template.as_str()
+                ))
+            })?;
         match self.keyring {
             Some(k) => {
                 let sig_url = format!("{url}.asc");

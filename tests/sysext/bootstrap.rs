@@ -158,27 +158,25 @@ impl World {
             "KUBELET_IMAGE_TAG=v1.32.4\n",
         );
         w.write("/etc/kubernetes/installer/runtime-mappings.yaml", MAPPINGS);
-        let k: Vec<(String, Vec<u8>)> = ["1.31.9", "1.32.1", "1.32.3"]
-            .iter()
-            .map(|v| {
-                (
-                    format!("kubernetes-v{v}-x86-64.raw"),
-                    kubernetes(&w.work, v, ANY),
-                )
-            })
-            .collect();
-        w.publish("kubernetes", &k, "");
-        let c: Vec<(String, Vec<u8>)> = ["1.7.20", "1.7.24"]
-            .iter()
-            .map(|v| {
-                (
-                    format!("containerd-v{v}-x86-64.raw"),
-                    containerd(&w.work, v, 0),
-                )
-            })
-            .collect();
-        w.publish("containerd", &c, "");
+        w.publish_versions("kubernetes", &["1.31.9", "1.32.1", "1.32.3"]);
+        w.publish_versions("containerd", &["1.7.20", "1.7.24"]);
         w
+    }
+
+    /// Make and serve `name`'s images of `versions` (x86-64), signed: the images, in order.
+    fn publish_versions(&self, name: &str, versions: &[&str]) -> Vec<(String, Vec<u8>)> {
+        let images: Vec<(String, Vec<u8>)> = versions
+            .iter()
+            .map(|v| {
+                let body = match name {
+                    "kubernetes" => kubernetes(&self.work, v, ANY),
+                    _ => containerd(&self.work, v, 0),
+                };
+                (format!("{name}-v{v}-x86-64.raw"), body)
+            })
+            .collect();
+        self.publish(name, &images, "");
+        images
     }
 
     /// Serve `images` of `name` with a SHA256SUMS (plus `extra` lines) signed by the world's key.
@@ -1158,4 +1156,377 @@ fn the_log_names_kubelet_envs_real_source() {
         "{}",
         r.stderr
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// An operator's first hour: options that would be ignored, the plan line of a failed run, the
+// status of another root and of a killed run, and what killed runs leave behind.
+
+/// An option the chosen payload would ignore is refused (exit 2), naming where it was set and
+/// why; one that only turns off what the payload never does is taken, so one initramfs unit
+/// serves both payloads. `-h` and `--version` work, and the help is grouped.
+#[test]
+fn options_of_the_other_payload_are_refused_with_their_source() {
+    let w = World::new();
+    let root = format!("--root={}", w.root.display());
+    // sysext's source without --payload sysext: torcx would run and ignore it.
+    let r = nodestrap(
+        &[
+            "bootstrap".into(),
+            root.clone(),
+            format!("--sysext-url={}", w.files.url("/ext/${NAME}")),
+        ],
+        None,
+        &[],
+    );
+    r.assert_fails(
+        2,
+        "--sysext-url (from the command line) is for --payload sysext, and this run's payload is torcx (from the default)",
+    );
+    // A torcx option in a drop-in, with the payload from the config file.
+    w.write("/etc/nodestrap/bootstrap.conf", "payload=sysext\n");
+    w.write(
+        "/etc/nodestrap/bootstrap.conf.d/10-profile.conf",
+        "torcx-profile=mine\n",
+    );
+    let mut a = w.args_for(&w.root.display().to_string());
+    a.retain(|x| x != "--payload=sysext");
+    let r = nodestrap(&a, None, &[]);
+    r.assert_fails(
+        2,
+        &format!(
+            "--torcx-profile (from {}) is for --payload torcx, and this run's payload is sysext (from {})",
+            w.path("/etc/nodestrap/bootstrap.conf.d/10-profile.conf").display(),
+            w.path("/etc/nodestrap/bootstrap.conf").display()
+        ),
+    );
+    // Asking a sysext run to update the OS is refused, with the reason.
+    std::fs::remove_file(w.path("/etc/nodestrap/bootstrap.conf.d/10-profile.conf")).unwrap();
+    let mut up = a.clone();
+    up.push("--upgrade-os=true".into());
+    nodestrap(&up, None, &[]).assert_fails(2, "not by nodestrap: remove it");
+    w.assert_nothing_staged();
+    // Turning off what sysext never does is fine (the dracut unit passes --upgrade-os=false),
+    // in the one vocabulary of true/false.
+    let mut off = a.clone();
+    off.extend(["--upgrade-os=false".into(), "--reboot=false".into()]);
+    nodestrap(&off, None, &[]).assert_ok();
+    // -h and --version.
+    let h = nodestrap(&["bootstrap".into(), "-h".into()], None, &[]);
+    h.assert_ok();
+    assert!(h
+        .stdout
+        .starts_with("Usage: nodestrap bootstrap [--payload torcx|sysext] [options]\n"));
+    for group in [
+        "sysext payload (--payload sysext):",
+        "Network (the API server and downloads):",
+        "Examples:",
+        "Node paths are read and written under --root",
+    ] {
+        assert!(h.stdout.contains(group), "{group} not in\n{}", h.stdout);
+    }
+    let v = nodestrap(&["--version".into()], None, &[]);
+    v.assert_ok();
+    assert_eq!(
+        v.stdout,
+        format!("nodestrap {}\n", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+/// Every run prints its plan line, a failed one too, so that a fleet's `grep from=` counts
+/// every node; a settings error also ends with the run's last line.
+#[test]
+fn failed_runs_print_the_plan_line_and_the_last_line() {
+    let w = World::new();
+    // (A run that fails after its version is known: errors_name_the_fix.)
+    // Fails before: a config file line that is wrong.
+    w.write("/etc/nodestrap/bootstrap.conf", "fetch-attempts=many\n");
+    let r = w.run();
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stdout.starts_with("nodestrap: k8s=unknown from=none (")
+            && r.stdout.contains("bootstrap.conf:1: fetch-attempts"),
+        "{}",
+        r.stdout
+    );
+    let last = r.stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("run failed after") && last.ends_with("(exit 2)"),
+        "{}",
+        r.stderr
+    );
+}
+
+/// The run dir shared by the runs of one test, apart from every other test's.
+fn own_run_dir() -> (PathBuf, String) {
+    let d = unique_dir("run");
+    let s = d.display().to_string();
+    (d, s)
+}
+
+/// A run of `args` (status records in `run`) started while `name`'s `image` trickles in (a
+/// byte every 5 ms): it stays in its download until killed.
+fn held_up(
+    w: &World,
+    args: &[String],
+    run: &str,
+    name: &str,
+    image: &(String, Vec<u8>),
+) -> std::process::Child {
+    w.files.set(
+        &format!("/ext/{name}/{}", image.0),
+        Reply::trickled(image.1.clone(), std::time::Duration::from_millis(5)),
+    );
+    command(args, None)
+        .env("NODESTRAP_RUN_DIR", run)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// `status --root X` shows X's record, never the running system's record of another root; a
+/// run whose process is gone reads as interrupted (exit 1), a live one as running (exit 3).
+#[test]
+fn status_reads_the_roots_own_record_and_knows_a_killed_run() {
+    let (_dir, run) = own_run_dir();
+    let env = [("NODESTRAP_RUN_DIR", run.as_str())];
+    let a = World::new();
+    let b = World::new();
+    // a's run; then b's, whose record is the one in the run dir.
+    nodestrap(&a.args_for(&a.root.display().to_string()), None, &env).assert_ok();
+    let mut fail = b.args_for(&b.root.display().to_string());
+    fail.push("--force-kube-version=v1.40.0".into());
+    nodestrap(&fail, None, &env);
+    let st = |root: &Path| {
+        nodestrap(
+            &[
+                "status".into(),
+                format!("--root={}", root.display()),
+                "--json".into(),
+            ],
+            None,
+            &env,
+        )
+    };
+    let sa = st(&a.root);
+    assert_eq!(sa.code, 0, "{}{}", sa.stdout, sa.stderr);
+    let rec: serde_json::Value = serde_json::from_str(&sa.stdout).unwrap();
+    assert_eq!(rec["root"], a.root.display().to_string());
+    assert!(
+        sa.stderr.contains("is the record of a run on root"),
+        "{}",
+        sa.stderr
+    );
+    let sb = st(&b.root);
+    assert_eq!(sb.code, 1, "{}{}", sb.stdout, sb.stderr);
+    let rec: serde_json::Value = serde_json::from_str(&sb.stdout).unwrap();
+    assert_eq!(rec["root"], b.root.display().to_string());
+    assert!(rec["process"]["pid"].as_u64().is_some(), "{rec}");
+
+    // A run held up by a trickling image: running while it runs, interrupted once killed.
+    let c = World::new();
+    let k = c.publish_versions("kubernetes", &["1.32.3"]);
+    let args = c.args_for(&c.root.display().to_string());
+    let mut child = held_up(&c, &args, &run, "kubernetes", &k[0]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let s = st(&c.root);
+        if s.code == 3 {
+            assert!(s.stdout.contains("\"running\""), "{}", s.stdout);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never running: {}{}",
+            s.stdout,
+            s.stderr
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let s = nodestrap(
+        &["status".into(), format!("--root={}", c.root.display())],
+        None,
+        &env,
+    );
+    assert_eq!(s.code, 1, "{}{}", s.stdout, s.stderr);
+    assert!(
+        s.stdout.contains(": INTERRUPTED in phase ") && s.stdout.contains(": its process"),
+        "{}",
+        s.stdout
+    );
+}
+
+/// A download cut short by a kill leaves its temp image (as large as the image) in the store;
+/// the next run sweeps it even when it fetches nothing of that extension (here the operator
+/// opted out of it meanwhile), and the status record's temps of killed runs go too.
+#[test]
+fn the_temp_image_of_a_killed_download_goes_whatever_the_next_run_picks() {
+    let (_dir, run) = own_run_dir();
+    let env = [("NODESTRAP_RUN_DIR", run.as_str())];
+    let w = World::new();
+    let args = w.args_for(&w.root.display().to_string());
+    nodestrap(&args, None, &env).assert_ok();
+    assert_eq!(w.store("containerd"), ["containerd-v1.7.24-x86-64.raw"]);
+    // A new containerd trickles in; the run is killed mid-download.
+    let c = w.publish_versions("containerd", &["1.7.24", "1.7.30"]);
+    let mut child = held_up(&w, &args, &run, "containerd", &c[1]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !w
+        .store("containerd")
+        .iter()
+        .any(|n| n.starts_with(".containerd-v1.7.30"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no temp image: {:?}",
+            w.store("containerd")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // A record temp of a killed run, as nodestrap names them.
+    std::fs::write(format!("{run}/.status.json.nodestrap-0123456789ab"), "{").unwrap();
+    // The operator opts out of nodestrap's containerd: the next run never opens its store.
+    std::fs::remove_file(w.path("/etc/extensions/containerd.raw")).unwrap();
+    std::os::unix::fs::symlink("/dev/null", w.path("/etc/extensions/containerd.raw")).unwrap();
+    let r = nodestrap(&args, None, &env);
+    r.assert_ok();
+    assert!(r.stdout.contains("containerd=masked"), "{}", r.stdout);
+    assert_eq!(
+        w.store("containerd"),
+        ["containerd-v1.7.24-x86-64.raw"],
+        "{}",
+        r.stderr
+    );
+    let left: Vec<String> = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["status.json"], "{}", r.stderr);
+}
+
+/// Every error names the input, the reason and the setting that fixes it: an unsigned list, a
+/// directory that is not there, a typo in an option or a config key, and a keyring that is
+/// missing (exit 2 wherever the setting was made).
+#[test]
+fn errors_name_the_fix() {
+    let w = World::new();
+    // Neither signature.
+    w.files
+        .set("/ext/kubernetes/SHA256SUMS.gpg", Reply::status(404));
+    let r = w.run();
+    r.assert_fails(1, "SHA256SUMS is not signed: neither SHA256SUMS.gpg nor SHA256SUMS.asc is beside it (HTTP 404 for both): sign it as systemd-sysupdate reads it");
+    // A run that fails after its version is known has printed its plan line.
+    assert!(
+        r.stdout
+            .starts_with("nodestrap: k8s=v1.32.4 from=fallback (KUBELET_IMAGE_TAG in "),
+        "{}",
+        r.stdout
+    );
+    // A directory that is not there, answered with a web server's error page.
+    w.files.set(
+        "/ext/kubernetes/SHA256SUMS",
+        Reply {
+            body: b"<!DOCTYPE HTML>\n<html><body>Not found</body></html>\n".to_vec(),
+            ..Reply::status(404)
+        },
+    );
+    let r = w.run();
+    r.assert_fails(
+        1,
+        "HTTP 404 Not Found: the source has no list for kubernetes where --sysext-url points (",
+    );
+    assert!(!r.stderr.contains("DOCTYPE"), "{}", r.stderr);
+    w.assert_nothing_staged();
+    // Typos.
+    let mut a = w.args_for(&w.root.display().to_string());
+    a.push("--sysext-ur=x".into());
+    let r = nodestrap(&a, None, &[]);
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("Did you mean --sysext-url?"),
+        "{}",
+        r.stderr
+    );
+    w.write("/etc/nodestrap/bootstrap.conf", "fetch-attempt=3\n");
+    let r = w.run();
+    r.assert_fails(
+        2,
+        "unknown key \"fetch-attempt\": did you mean fetch-attempts?",
+    );
+    std::fs::remove_file(w.path("/etc/nodestrap/bootstrap.conf")).unwrap();
+    // A keyring that is not there: 2 from the command line and from the config file alike.
+    let mut a = w.args_for(&w.root.display().to_string());
+    a.retain(|x| !x.starts_with("--keyring"));
+    let mut cl = a.clone();
+    cl.push("--keyring=/nonexistent/keyring.asc".into());
+    nodestrap(&cl, None, &[]).assert_fails(2, "--keyring /nonexistent/keyring.asc");
+    w.write(
+        "/etc/nodestrap/bootstrap.conf",
+        "keyring=/etc/nodestrap/keyring.asc\n",
+    );
+    nodestrap(&a, None, &[]).assert_fails(
+        2,
+        &format!(
+            "keyring {} (from {}): does not exist: put it there, or change keyring= in {}",
+            w.path("/etc/nodestrap/keyring.asc").display(),
+            w.path("/etc/nodestrap/bootstrap.conf").display(),
+            w.path("/etc/nodestrap/bootstrap.conf").display()
+        ),
+    );
+    w.assert_nothing_staged();
+}
+
+/// docs/try-it.md's block, run as written in an empty folder with nodestrap on PATH.
+#[test]
+fn the_try_it_page_runs_as_written() {
+    let page =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/try-it.md")).unwrap();
+    let (_, rest) = page.split_once("<!-- try-it -->\n```sh\n").unwrap();
+    let (script, _) = rest.split_once("```\n<!-- /try-it -->").unwrap();
+    let dir = unique_dir("try-it");
+    let bin_dir = unique_dir("try-it-bin");
+    std::os::unix::fs::symlink(bin(), bin_dir.join("nodestrap")).unwrap();
+    let (_run, run) = own_run_dir();
+    let port = support::cluster::free_port().to_string();
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .current_dir(&dir)
+        .env_clear()
+        .env("PATH", format!("{}:/usr/bin:/bin", bin_dir.display()))
+        .env("HOME", &dir)
+        .env("PORT", &port)
+        .env("NODESTRAP_RUN_DIR", &run)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    for want in [
+        "nodestrap: sysext done k8s=v1.32.4 kubernetes=v1.32.3 runtime=none activation=staged",
+        "nodestrap bootstrap 0.1.0: done",
+        "KUBELET_VERSION=v1.32.3",
+        "signature check against keyring",
+        "bootstrap exited 1",
+        "FAILED (exit 1) in phase version",
+        "status exited 1",
+    ] {
+        assert!(text.contains(want), "{want:?} not in\n{text}");
+    }
+    let links: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("/opt/extensions/kubernetes/"))
+        .collect();
+    assert_eq!(links.len(), 2, "{text}");
+    assert!(links
+        .iter()
+        .all(|l| l.starts_with("/opt/extensions/kubernetes/kubernetes-v1.32.3-")));
 }

@@ -730,7 +730,8 @@ fn bearer_token_kubeconfig_and_secrets_stay_out_of_logs() {
     assert_eq!(r2.code, 1, "{}", r2.stderr);
     assert!(r2.stderr.contains("HTTP 401"), "{}", r2.stderr);
     assert!(
-        r2.stderr.contains("the API server is refusing"),
+        r2.stderr
+            .contains("the API server rejected the credentials of"),
         "{}",
         r2.stderr
     );
@@ -1490,7 +1491,7 @@ fn malformed_kubeconfig() {
 fn usage_errors_exit_2() {
     let cases: &[(&[&str], &str)] = &[
         (&["--no-such-flag"], "Unrecognized argument: --no-such-flag"),
-        (&["--reboot=sometimes"], "expected auto or never"),
+        (&["--reboot=sometimes"], "expected true or false"),
         (&["--verbose=loud"], "--verbose \"loud\""),
         (
             &["--torcx-manifest-url=https://x/{{.Channel}}/m.json"],
@@ -1894,11 +1895,11 @@ fn config_file_supplies_the_manifest_url_and_node_keyring_and_ca() {
             r.stderr
         );
     }
-    // A node file the settings name that is not there: the node's failure, named with its source.
+    // A node file the settings name that is not there: the setting's error, named with its source.
     std::fs::remove_file(w.path("/etc/nodestrap/ca.pem")).unwrap();
     std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
     nodestrap(&w.args_without(FROM_CONF), None, &[]).assert_fails(
-        1,
+        2,
         &format!("ca-file {node}/ca.pem (from {conf}): does not exist"),
     );
     assert!(!w.path("/etc/kubernetes/kubelet.env").exists());
@@ -1907,7 +1908,7 @@ fn config_file_supplies_the_manifest_url_and_node_keyring_and_ca() {
     let mut args = w.args_without(FROM_CONF);
     args.push("--cmdline".into());
     w.run_with_cmdline(&args, &cmdline).assert_fails(
-        1,
+        2,
         &format!("ca-file {node}/karg-ca.pem (from the kernel command line): does not exist"),
     );
     w.write("/etc/nodestrap/karg-ca.pem", &w.ca.pem);
@@ -2030,7 +2031,7 @@ fn node_paths_from_the_config_file_never_leave_the_root() {
     let args = w.args_without(&["--keyring", "--ca-file"]);
     let run = || nodestrap(&args, None, &[]);
     run().assert_fails(
-        1,
+        2,
         &format!("keyring {node}/keyring.asc (from {conf}): does not exist"),
     );
     // What it names inside the root is what is read: another key, so the signature fails.
@@ -2048,7 +2049,7 @@ fn node_paths_from_the_config_file_never_leave_the_root() {
     let rel = format!("../../../../../../../..{}", w.ca_file.display());
     std::os::unix::fs::symlink(&rel, w.path("/etc/nodestrap/ca.pem")).unwrap();
     run().assert_fails(
-        1,
+        2,
         &format!("ca-file {node}/ca.pem (from {conf}): does not exist"),
     );
     w.assert_nothing_written();
@@ -2207,14 +2208,27 @@ fn a_failed_data_fsync_names_the_final_path() {
 
 #[test]
 fn a_closed_stdout_takes_the_done_marker_back() {
+    use std::io::BufRead as _;
     let w = World::new();
+    // The manifest trickles in over about a second, so the plan line is read, and the pipe
+    // closed, well before the summary line is written.
+    let p = World::manifest_path(CUR);
+    let m = w.manifest(CUR, &["17.03", "17.06"]);
+    w.files.set(
+        &p,
+        Reply::trickled(m.into_bytes(), std::time::Duration::from_millis(3)),
+    );
     let mut child = command(&w.args(), None)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Close the reading end before the summary line is written: the write fails (EPIPE).
-    drop(child.stdout.take());
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert!(first.starts_with("nodestrap: k8s="), "{first}");
+    // Close the reading end before the summary line is written: that write fails (EPIPE).
+    drop(out);
     let r = Run::from(child.wait_with_output().unwrap());
     r.assert_fails(1, "writing to standard output");
     assert!(
@@ -2223,6 +2237,20 @@ fn a_closed_stdout_takes_the_done_marker_back() {
         r.stderr
     );
     assert!(!w.path("/etc/kubernetes/kubelet.env").exists());
+}
+
+#[test]
+fn a_stdout_closed_from_the_start_fails_at_the_plan_line_and_writes_nothing() {
+    let w = World::new();
+    let mut child = command(&w.args(), None)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let r = Run::from(child.wait_with_output().unwrap());
+    r.assert_fails(1, "writing to standard output");
+    w.assert_nothing_written();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2789,4 +2817,67 @@ fn a_real_api_server_decides_as_far_as_rbac_allows() {
     );
     w.assert_nothing_written();
     assert_eq!(w.files.seen().len(), 0, "nothing fetched");
+}
+
+/// Errors one step short of the fix, made whole: rejected credentials come first with what
+/// fixes them; a kubeconfig whose CA does not sign the server names the CA field to change; a
+/// manifest that is not there names the template that built its URL, not the server's page.
+#[test]
+fn api_and_manifest_errors_name_the_setting_that_fixes_them() {
+    let mut w = World::new();
+    let (api, _ca) = w.with_api("v1.10.2+coreos.0", None);
+    api.set("/version", Reply::status(401));
+    w.extra.push("--version-fallback=never".into());
+    let r = w.run();
+    r.assert_fails(
+        1,
+        "unable to determine the cluster version: the API server rejected the credentials of ",
+    );
+    assert!(
+        r.stderr.contains("give the node a kubeconfig whose credentials the cluster accepts, or set --force-kube-version"),
+        "{}",
+        r.stderr
+    );
+    // A kubeconfig whose CA is another one.
+    let other = Ca::new("another CA");
+    use base64::Engine as _;
+    let kc = w.read("/etc/kubernetes/kubeconfig").unwrap();
+    let ours = base64::engine::general_purpose::STANDARD.encode(&w.ca.pem);
+    let theirs = base64::engine::general_purpose::STANDARD.encode(&other.pem);
+    w.write("/etc/kubernetes/kubeconfig", &kc.replace(&ours, &theirs));
+    let r = w.run();
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("UnknownIssuer") && r.stderr.contains("add its CA with certificate-authority-data (or certificate-authority) of the cluster in "),
+        "{}",
+        r.stderr
+    );
+    // No manifest for this OS: the option and its template, and no HTML.
+    w.extra = vec!["--force-kube-version=v1.10.2".into()];
+    let p = World::manifest_path(CUR);
+    w.files.set(
+        &p,
+        Reply {
+            body: b"<!DOCTYPE HTML>\n<html><title>404</title></html>\n".to_vec(),
+            ..Reply::status(404)
+        },
+    );
+    let r = w.run();
+    r.assert_fails(
+        1,
+        &format!(
+            "no torcx manifest for OS {CUR} board amd64-usr there: check --torcx-manifest-url ("
+        ),
+    );
+    assert!(!r.stderr.contains("DOCTYPE"), "{}", r.stderr);
+    // Manifests from a server whose CA is not given: --ca-file is the fix.
+    w.extra = vec!["--force-kube-version=v1.10.2".into()];
+    let args: Vec<String> = w
+        .args()
+        .into_iter()
+        .filter(|a| !a.starts_with("--ca-file"))
+        .collect();
+    let r = nodestrap(&args, None, &[]);
+    r.assert_fails(1, "add its CA with --ca-file (a PEM file)");
+    w.assert_nothing_written();
 }

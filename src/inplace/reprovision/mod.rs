@@ -24,6 +24,7 @@ use crate::inplace::progress::Reporter;
 use crate::net::kube::Kube;
 use crate::node::reboot::{self, Rebooter, Requested};
 use crate::node::root::Root;
+use crate::node::seams::boot_id;
 
 pub use preflight::preflight;
 use preflight::*;

@@ -1,7 +1,7 @@
 //! The state file: how far a reprovision got, in which boot.
 
 use super::setup::*;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::node::root::{Dir, Root, CONFIG_CAP};
 
 /// `<root>/var/lib/nodestrap/reprovision/state.json`.
@@ -30,13 +30,6 @@ pub(super) enum Phase {
     RebootPending,
     /// The node came back with it.
     Done,
-}
-
-pub(super) fn boot_id() -> Result<String> {
-    let p = crate::node::seams::Seam::BootId.path();
-    std::fs::read_to_string(&p)
-        .map(|s| s.trim().to_string())
-        .map_err(|e| Error::failed(format!("{}: {e}", p.display())))
 }
 
 pub(super) fn read_state(root: &Root) -> Result<Option<State>> {
