@@ -43,6 +43,7 @@ pub fn check_values(a: &Bootstrap) -> Result<ManifestUrl> {
     ];
     for (flag, p) in [
         ("--kubeconfig", &a.kubeconfig),
+        ("--bootstrap-kubeconfig", &a.bootstrap_kubeconfig),
         ("--kubelet-env-path", &a.kubelet_env_path),
     ] {
         if !p.is_empty() {
@@ -60,9 +61,18 @@ pub fn check_values(a: &Bootstrap) -> Result<ManifestUrl> {
         crate::cli::check_image_max(m)?;
     }
     if let Some(v) = &a.force_kube_version {
-        if crate::node::mappings::major_minor(v).is_none() {
+        if crate::node::mappings::minor_of(v).is_none() {
             return Err(Error::config(format!(
-                "--force-kube-version {v:?}: expected a version like v1.10.2"
+                "--force-kube-version {v:?}: expected a version like v1.31.7 (that patch) or v1.31 (the newest patch of the minor)"
+            )));
+        }
+    }
+    if !a.api_server.is_empty() {
+        let rest = a.api_server.strip_prefix("https://").unwrap_or_default();
+        if rest.is_empty() || rest.starts_with('/') || a.api_server.contains(['?', '#']) {
+            return Err(Error::config(format!(
+                "--api-server {:?}: expected https://HOST[:PORT]",
+                a.api_server
             )));
         }
     }

@@ -94,7 +94,16 @@ pub struct Bootstrap {
     /// kubeconfig for the API server (node path, default /etc/kubernetes/kubeconfig)
     #[argh(option, default = "\"/etc/kubernetes/kubeconfig\".into()")]
     pub kubeconfig: String,
-    /// use this Kubernetes version instead of asking the API server (default: ask)
+    /// when --kubeconfig does not exist: the kubelet's bootstrap kubeconfig, asked for the
+    /// version only (node path; empty: none; default /etc/kubernetes/bootstrap-kubelet.conf)
+    #[argh(option, default = "\"/etc/kubernetes/bootstrap-kubelet.conf\".into()")]
+    pub bootstrap_kubeconfig: String,
+    /// when neither kubeconfig exists: the API server's URL, its /version read without
+    /// credentials, trusted through the system roots and --ca-file (default: none)
+    #[argh(option, default = "String::new()")]
+    pub api_server: String,
+    /// use this Kubernetes version instead of asking the API server: v1.31.7 that exact patch,
+    /// v1.31 the newest patch of the minor (sysext only) (default: ask)
     #[argh(option)]
     pub force_kube_version: Option<String>,
     /// runtime mappings file (node path, default /etc/kubernetes/installer/runtime-mappings.yaml)
@@ -730,6 +739,13 @@ impl Common<'_> {
 
     /// The HTTPS client for manifests and images: system roots plus `--ca-file`.
     pub fn http(&self, root: &Root) -> Result<Http> {
+        let tls = self.tls(root)?;
+        let limits = self.limits()?;
+        Ok(Http::new(&tls, self.fetch_retry()).with_limits(limits))
+    }
+
+    /// The system roots plus `--ca-file`: the downloads' trust, and `--api-server`'s.
+    pub fn tls(&self, root: &Root) -> Result<Tls> {
         let mut tls = Tls::system(root)?;
         tls.fix = Some("--ca-file (a PEM file)".into());
         match self.ca_file {
@@ -747,8 +763,7 @@ impl Common<'_> {
         } else {
             crate::debug!("trust anchors: {}", tls.sources.join(", "));
         }
-        let limits = self.limits()?;
-        Ok(Http::new(&tls, self.fetch_retry()).with_limits(limits))
+        Ok(tls)
     }
 
     /// The downloads' retry rule: attempts without an answer up to `--fetch-attempts`, busy

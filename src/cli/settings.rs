@@ -32,6 +32,8 @@ pub const KEYS: &[&str] = &[
     "payload",
     "sysext-url",
     "kubeconfig",
+    "bootstrap-kubeconfig",
+    "api-server",
     "force-kube-version",
     "version-manifest",
     "installer-kubelet-env",
@@ -103,6 +105,13 @@ pub fn payload_options(a: &Bootstrap, merged: &Merged) -> Result<()> {
         Payload::Sysext => ("torcx", TORCX_ONLY),
     };
     let chosen = if other == "torcx" { "sysext" } else { "torcx" };
+    if let Some(v) = a.force_kube_version.as_deref() {
+        if a.payload == Payload::Torcx && crate::node::mappings::is_minor_only(v) {
+            return Err(Error::config(format!(
+                "--force-kube-version {v}: the torcx payload writes the kubelet's image tag, a full version like {v}.7; a minor alone is for --payload sysext"
+            )));
+        }
+    }
     for key in theirs {
         let Some(from) = merged.source(key) else {
             continue;

@@ -65,14 +65,61 @@ impl argh::FromArgValue for Fallback {
 pub struct Sources<'a> {
     /// `--force-kube-version`.
     pub forced: Option<&'a str>,
-    /// The API server, when a kubeconfig exists.
+    /// The API server, when a kubeconfig exists (or a source `before_join` found).
     pub kube: Option<&'a Kube>,
-    /// `--kubeconfig`, named when it does not exist.
+    /// `--kubeconfig`, `--bootstrap-kubeconfig` and `--api-server`, named when none is there.
     pub kubeconfig: &'a str,
+    pub bootstrap_kubeconfig: &'a str,
+    pub api_server: &'a str,
     /// `--installer-kubelet-env`.
     pub installer_env: &'a str,
     /// `--version-fallback`.
     pub fallback: Fallback,
+}
+
+impl Sources<'_> {
+    /// What was looked for and not found, for a message.
+    fn none_there(&self, root: &Root) -> String {
+        let at = |p: &str| {
+            if p.is_empty() {
+                "none set".to_string()
+            } else {
+                format!("none at {}", root.show(p))
+            }
+        };
+        format!(
+            "no kubeconfig ({}), no kubelet bootstrap kubeconfig ({}) and no --api-server",
+            at(self.kubeconfig),
+            at(self.bootstrap_kubeconfig)
+        )
+    }
+}
+
+/// A node that has not joined has no kubeconfig, but the cluster it will join already answers
+/// `/version` (system:public-info-viewer: anyone, authenticated or not): ask it through the
+/// kubelet's bootstrap kubeconfig, else at `--api-server` without credentials. For the version
+/// only. `None` when neither is set or there.
+pub fn before_join(
+    root: &Root,
+    bootstrap_kubeconfig: &str,
+    api_server: &str,
+    retry: crate::net::retry::Retry,
+    tls: impl FnOnce() -> Result<crate::net::fetch::Tls>,
+) -> Result<Option<Kube>> {
+    if !bootstrap_kubeconfig.is_empty() {
+        if let Some(k) = Kube::from_kubeconfig(root, bootstrap_kubeconfig, retry)? {
+            log::info!(
+                "no kubeconfig yet: asking the API server for its version through the kubelet's bootstrap kubeconfig {}",
+                root.show(bootstrap_kubeconfig)
+            );
+            return Ok(Some(k));
+        }
+    }
+    if api_server.is_empty() {
+        return Ok(None);
+    }
+    log::info!("no kubeconfig yet: asking {api_server} for its version, without credentials");
+    Kube::anonymous(api_server, tls()?, retry).map(Some)
 }
 
 /// Where the version came from, for the log, the plan and the summary.
@@ -212,11 +259,11 @@ fn find_version(root: &Root, s: &Sources) -> Result<Version> {
         },
         None if s.fallback == Fallback::Never => {
             return Err(Error::failed(format!(
-                "unable to determine the cluster version: no kubeconfig at {}, and --version-fallback never",
-                root.show(s.kubeconfig)
+                "unable to determine the cluster version: {}, and --version-fallback never: give the node one of them, or set --force-kube-version",
+                s.none_there(root)
             )))
         }
-        None => format!("no kubeconfig at {}", root.show(s.kubeconfig)),
+        None => s.none_there(root),
     };
     let file = root.show(s.installer_env);
     let value = kubelet_env_version(root, s.installer_env)?.ok_or_else(|| {

@@ -256,6 +256,19 @@ impl Kube {
         Ok(k)
     }
 
+    /// An API server asked without credentials (`--api-server`): what anyone may read.
+    pub fn anonymous(server: &str, tls: Tls, retry: Retry) -> Result<Kube> {
+        let mut tls = tls;
+        tls.fix = Some("--ca-file (a PEM file)".into());
+        Kube::new(
+            server,
+            tls,
+            None,
+            format!("none (--api-server {server}; /version is public)"),
+            retry,
+        )
+    }
+
     fn new(
         server: &str,
         tls: Tls,

@@ -61,7 +61,7 @@ impl Mappings {
 
     /// Preferred `want` versions for Kubernetes `k8s_version` (`v1.10.2+coreos.0` → key `1.10`).
     pub fn runtime_for(&self, k8s_version: &str, want: &str) -> Result<Vec<String>> {
-        let minor = major_minor(k8s_version).ok_or_else(|| {
+        let minor = minor_of(k8s_version).ok_or_else(|| {
             Error::failed(format!(
                 "Kubernetes version {k8s_version:?} is not a semantic version"
             ))
@@ -90,7 +90,7 @@ impl Mappings {
     /// Every runtime and its preferred versions for Kubernetes `k8s_version`'s minor, in file
     /// order; `None` when the minor (or the `k8s` table) has no entry.
     pub fn runtimes_for(&self, k8s_version: &str) -> Option<&[(String, Vec<String>)]> {
-        let minor = major_minor(k8s_version)?;
+        let minor = minor_of(k8s_version)?;
         let (_, minors) = self.versions.iter().find(|(h, _)| h == "k8s")?;
         minors
             .iter()
@@ -101,6 +101,25 @@ impl Mappings {
 
 /// `v1.10.2+coreos.0` → `1.10`. The version must be semver-shaped: MAJOR.MINOR.PATCH with
 /// optional pre-release and build parts.
+/// `1.9` of a full version (`major_minor`) or of a minor alone (`v1.9`, as `--force-kube-version`
+/// takes it).
+pub fn minor_of(v: &str) -> Option<String> {
+    major_minor(v).or_else(|| {
+        let (a, b) = v.strip_prefix('v').unwrap_or(v).split_once('.')?;
+        let num = |s: &str| {
+            (!s.is_empty() && s.len() <= 9 && s.bytes().all(|c| c.is_ascii_digit()))
+                .then(|| s.parse::<u64>().ok())
+                .flatten()
+        };
+        Some(format!("{}.{}", num(a)?, num(b)?))
+    })
+}
+
+/// Whether `v` names a minor only (`v1.31`), not a patch.
+pub fn is_minor_only(v: &str) -> bool {
+    major_minor(v).is_none() && minor_of(v).is_some()
+}
+
 pub fn major_minor(v: &str) -> Option<String> {
     let v = v.trim_start_matches('v');
     let core = v.split(['-', '+']).next()?;

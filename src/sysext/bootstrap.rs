@@ -83,19 +83,39 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     } else {
         Kube::from_kubeconfig(&root, &a.kubeconfig, common.api_retry())?
     };
+    let joining = if kube.is_none() && a.force_kube_version.is_none() {
+        cluster::before_join(
+            &root,
+            &a.bootstrap_kubeconfig,
+            &a.api_server,
+            common.api_retry(),
+            || common.tls(&root),
+        )?
+    } else {
+        None
+    };
     let version = cluster::version(
         &root,
         &cluster::Sources {
             forced: a.force_kube_version.as_deref(),
-            kube: kube.as_ref(),
+            kube: kube.as_ref().or(joining.as_ref()),
             kubeconfig: &a.kubeconfig,
+            bootstrap_kubeconfig: &a.bootstrap_kubeconfig,
+            api_server: &a.api_server,
             installer_env: &a.installer_kubelet_env,
             fallback: a.version_fallback,
         },
     )?;
     let k8s = version.value.clone();
+    let want = match version.source {
+        cluster::Source::Forced if crate::node::mappings::is_minor_only(&k8s) => {
+            choose::Want::Minor
+        }
+        cluster::Source::Forced => choose::Want::Patch,
+        _ => choose::Want::Cluster,
+    };
     // The API server is not asked again: its idle connection goes now (see the torcx payload).
-    drop(kube);
+    drop((kube, joining));
 
     // 3-4. Choose: Kubernetes by the cluster's version, the runtime by the mappings.
     let lists = Lists {
@@ -110,7 +130,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         None => {
             let (list, dir_url) = lists.get(KUBERNETES)?;
             let (img, why) =
-                choose::kubernetes(&k8s, &list.images(KUBERNETES, host.arch), &dir_url)?;
+                choose::kubernetes(&k8s, want, &list.images(KUBERNETES, host.arch), &dir_url)?;
             log::info!(
                 "{KUBERNETES} {} chosen for a {k8s} cluster ({why})",
                 img.label()

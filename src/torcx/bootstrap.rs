@@ -89,12 +89,27 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     } else {
         None
     };
+    // Not joined yet: the cluster's version from the kubelet's bootstrap kubeconfig or
+    // --api-server (the runtime mappings then come from the node's file).
+    let joining = if kube.is_none() && a.force_kube_version.is_none() {
+        cluster::before_join(
+            &root,
+            &a.bootstrap_kubeconfig,
+            &a.api_server,
+            api_retry,
+            || a.common().tls(&root),
+        )?
+    } else {
+        None
+    };
     let version = cluster::version(
         &root,
         &cluster::Sources {
             forced: a.force_kube_version.as_deref(),
-            kube: kube.as_ref(),
+            kube: kube.as_ref().or(joining.as_ref()),
             kubeconfig: &a.kubeconfig,
+            bootstrap_kubeconfig: &a.bootstrap_kubeconfig,
+            api_server: &a.api_server,
             installer_env: &a.installer_kubelet_env,
             fallback: a.version_fallback,
         },
@@ -109,7 +124,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     };
     // The API server is not asked again: its idle connection goes now, not at exit, so that a
     // herd of nodes downloading holds one connection each at the servers.
-    drop(kube);
+    drop((kube, joining));
 
     // 4. update_engine.
     let update = os_update(a, &root)?;

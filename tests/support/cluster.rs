@@ -164,6 +164,8 @@ impl Cluster {
                     w("sa.key", &sa.serialize_pem())
                 ),
                 "--authorization-mode=Node,RBAC".into(),
+                // kubeadm's default: a joining kubelet's bootstrap token authenticates.
+                "--enable-bootstrap-token-auth".into(),
                 format!("--client-ca-file={}", ca_file.display()),
                 format!("--tls-cert-file={}", w("apiserver.crt", &serving.cert_pem)),
                 format!(

@@ -1530,3 +1530,184 @@ fn the_try_it_page_runs_as_written() {
         .iter()
         .all(|l| l.starts_with("/opt/extensions/kubernetes/kubernetes-v1.32.3-")));
 }
+
+// ---------------------------------------------------------------------------------------------
+// A node that has not joined: its version from the real API server it will join
+
+/// The sysext world with images of the real API server's minor (v1.37, from
+/// qemu/build-kubernetes) and no kubeconfig: the node has not joined.
+fn joining_world() -> World {
+    let w = World::new();
+    w.publish_versions("kubernetes", &["1.36.4", "1.37.0", "1.37.2"]);
+    w.write(
+        "/etc/kubernetes/installer/runtime-mappings.yaml",
+        "kind: VersionManifestV1\nversions:\n  k8s:\n    \"1.37\":\n      containerd: [\"1.7\"]\n",
+    );
+    std::fs::remove_file(w.path("/etc/kubernetes/installer/kubelet.env")).unwrap();
+    w
+}
+
+fn args_without_kubeconfig(w: &World) -> Vec<String> {
+    let mut a = w.args_for(&w.root.display().to_string());
+    a.retain(|x| x != "--kubeconfig=");
+    a.push("--version-fallback=never".into());
+    a
+}
+
+/// `/version` is public on a default cluster (system:public-info-viewer), so a node that has no
+/// kubeconfig yet asks the real kube-apiserver through the kubelet's bootstrap kubeconfig (a
+/// real bootstrap token, as kubeadm makes them) or at `--api-server` without credentials; the
+/// errors are the API server's own (a token it rejects, a CA that does not sign it).
+#[test]
+fn a_node_that_has_not_joined_asks_the_real_api_server() {
+    let c = support::cluster::cluster();
+    let version = c.kubectl(&["version", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&version).unwrap();
+    let server = v["serverVersion"]["gitVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(server.starts_with("v1.37."), "{server}");
+    let w = joining_world();
+    let ca_file = w.work.join("cluster-ca.pem");
+    std::fs::write(&ca_file, &c.ca.pem).unwrap();
+
+    // Nothing to ask: the error names every source and the fix.
+    let r = nodestrap(&args_without_kubeconfig(&w), None, &[]);
+    r.assert_fails(1, "no kubeconfig (none at ");
+    assert!(
+        r.stderr.contains("no kubelet bootstrap kubeconfig (none at ")
+            && r.stderr.contains("and no --api-server, and --version-fallback never: give the node one of them, or set --force-kube-version"),
+        "{}",
+        r.stderr
+    );
+
+    // --api-server, trusted through --ca-file, without credentials.
+    let mut a = args_without_kubeconfig(&w);
+    a.retain(|x| !x.starts_with("--ca-file"));
+    a.push(format!("--api-server={}", c.url));
+    let r = nodestrap(&a, None, &[]);
+    r.assert_fails(1, "add its CA with --ca-file (a PEM file)");
+    a.push(format!("--ca-file={}", ca_file.display()));
+    // The images come from the test's own server, whose CA --ca-file must hold too.
+    let both = w.work.join("both-ca.pem");
+    std::fs::write(
+        &both,
+        format!(
+            "{}{}",
+            c.ca.pem,
+            std::fs::read_to_string(&w.ca_file).unwrap()
+        ),
+    )
+    .unwrap();
+    a.retain(|x| !x.starts_with("--ca-file"));
+    a.push(format!("--ca-file={}", both.display()));
+    let r = nodestrap(&a, None, &[]);
+    r.assert_ok();
+    assert!(
+        r.stdout.contains(&format!(
+            "nodestrap: k8s={server} from=api-server (the API server, GET /version, credentials from none (--api-server {}; /version is public))",
+            c.url
+        )),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("kubernetes=v1.37.2"), "{}", r.stdout);
+
+    // The kubelet's bootstrap kubeconfig, with a bootstrap token the cluster knows.
+    c.kubectl(&[
+        "-n",
+        "kube-system",
+        "create",
+        "secret",
+        "generic",
+        "bootstrap-token-nstrap",
+        "--type=bootstrap.kubernetes.io/token",
+        "--from-literal=token-id=nstrap",
+        "--from-literal=token-secret=0123456789abcdef",
+        "--from-literal=usage-bootstrap-authentication=true",
+    ]);
+    use base64::Engine as _;
+    let kc = |token: &str| {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: tls-bootstrap-token-user\n  user:\n    token: {token}\ncontexts:\n- name: b\n  context:\n    cluster: c\n    user: tls-bootstrap-token-user\ncurrent-context: b\n",
+            c.url,
+            base64::engine::general_purpose::STANDARD.encode(&c.ca.pem)
+        )
+    };
+    w.write(
+        "/etc/kubernetes/bootstrap-kubelet.conf",
+        &kc("nstrap.0123456789abcdef"),
+    );
+    let mut a = args_without_kubeconfig(&w);
+    a.push(format!("--api-server={}", c.url));
+    let r = nodestrap(&a, None, &[]);
+    r.assert_ok();
+    assert!(
+        r.stdout.contains(&format!(
+            "nodestrap: k8s={server} from=api-server (the API server, GET /version, credentials from {})",
+            w.path("/etc/kubernetes/bootstrap-kubelet.conf").display()
+        )),
+        "{}",
+        r.stdout
+    );
+    // A token the cluster does not know: rejected credentials, said first.
+    w.write(
+        "/etc/kubernetes/bootstrap-kubelet.conf",
+        &kc("nstrap.fedcba9876543210"),
+    );
+    let r = nodestrap(&a, None, &[]);
+    r.assert_fails(1, "the API server rejected the credentials of ");
+    assert!(r.stderr.contains("HTTP 401"), "{}", r.stderr);
+}
+
+/// `--force-kube-version v1.32.1` pins that patch, `v1.32` takes the newest patch of the
+/// minor; a patch the source lacks is refused naming what it offers; torcx takes no minor.
+#[test]
+fn a_forced_version_pins_a_patch_or_a_minor() {
+    let w = World::new();
+    let run = |v: &str| {
+        let mut a = w.args_for(&w.root.display().to_string());
+        a.push(format!("--force-kube-version={v}"));
+        nodestrap(&a, None, &[])
+    };
+    let r = run("v1.32.1");
+    r.assert_ok();
+    assert!(
+        r.stdout.contains("k8s=v1.32.1 kubernetes=v1.32.1"),
+        "{}",
+        r.stdout
+    );
+    let r = run("v1.32");
+    r.assert_ok();
+    assert!(
+        r.stdout.contains("k8s=v1.32 kubernetes=v1.32.3"),
+        "{}",
+        r.stdout
+    );
+    let r = run("v1.32.2");
+    r.assert_fails(1, "--force-kube-version v1.32.2: ");
+    assert!(
+        r.stderr
+            .contains("has no kubernetes v1.32.2: it offers v1.31.9, v1.32.1, v1.32.3"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        w.link("kubernetes").as_deref(),
+        Some("/opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw")
+    );
+    let r = nodestrap(
+        &[
+            "bootstrap".into(),
+            format!("--root={}", w.root.display()),
+            "--force-kube-version=v1.32".into(),
+        ],
+        None,
+        &[],
+    );
+    r.assert_fails(
+        2,
+        "--force-kube-version v1.32: the torcx payload writes the kubelet's image tag",
+    );
+}
