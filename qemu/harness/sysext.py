@@ -313,9 +313,8 @@ def check(w, sc, events, joining, started, failures, reports, disk):
                 p.append("/opt/extensions/kubernetes holds %r, expected %r" % (store, want))
             if "kubernetes-%s-x86-64.raw" % current not in link("kubernetes"):
                 p.append("/etc/extensions/kubernetes.raw does not name %s" % current)
-            t = (disk_file(raw, "/etc/sysupdate.kubernetes.d/kubernetes-v%s.transfer" % minor(current)) or b"").decode()
-            if "MatchPattern=kubernetes-v%s.@v-%%a.raw" % minor(current) not in t or "Verify=yes" not in t:
-                p.append("sysupdate transfer: %r" % t[:200])
+            if disk_ls(raw, "/etc/sysupdate.kubernetes.d"):
+                p.append("sysupdate files were written: %r" % disk_ls(raw, "/etc/sysupdate.kubernetes.d"))
             if "KUBELET_VERSION=%s" % current not in (env or b"").decode():
                 p.append("kubelet.env on disk: %r" % env)
             if not sc.expect_runtime and "/dev/null" not in link("containerd"):

@@ -210,6 +210,16 @@ pub fn systemd_reboot() -> Result<String> {
     start_unit("reboot.target", "replace-irreversibly")
 }
 
+/// Restart `unit` if it runs (systemctl try-restart); a unit that does not run stays stopped.
+pub fn systemd_try_restart(unit: &str) -> Result<String> {
+    zbus::block_on(call_systemd::<_, zbus::OwnedObjectPath>(
+        "TryRestartUnit",
+        &(unit, "replace"),
+    ))
+    .map(|job| job.to_string())
+    .map_err(|e| Error::failed(format!("systemd TryRestartUnit({unit}) over D-Bus: {e}")))
+}
+
 /// Start (or keep running) `unit` through systemd on the system bus.
 pub fn systemd_start(unit: &str) -> Result<String> {
     start_unit(unit, "replace")

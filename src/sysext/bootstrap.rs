@@ -161,13 +161,6 @@ pub fn run(a: &Bootstrap) -> Result<()> {
                 stage::LINKS,
                 s.img.name
             )?;
-            let (ma, mi) = s.img.version.minor();
-            crate::outln!(
-                "plan: sysupdate transfer /etc/sysupdate.{}.d/{}-{}{ma}.{mi}.transfer (and .conf) following the {ma}.{mi} patch stream",
-                s.img.name,
-                s.img.name,
-                if s.img.v_prefix { "v" } else { "" }
-            )?;
         }
         if !steps.is_empty() {
             crate::outln!(
@@ -191,7 +184,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     }
 
     // 6-11 change the node: every change goes through the undo log, so that a failure puts the
-    //    node back as it was (links, images added, sysupdate files, versions pruned,
+    //    node back as it was (links, images added, old sysupdate files, versions pruned,
     //    kubelet.env, and the merge), and a success deletes only what it set aside.
     let mut undo = Undo::new(&root);
     let run = Apply {
@@ -200,11 +193,13 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         http: &http,
         host: &host,
         steps: &steps,
-        signed: keyring.is_some(),
         live,
     };
     match run.apply(&mut undo) {
-        Ok(activation) => {
+        Ok(Applied {
+            activation,
+            restart,
+        }) => {
             // 11. The done marker, last; the summary after it (undone too if even that fails).
             let done = write_marker(&root, a, &kubernetes, &k8s, &mut undo).and_then(|()| {
                 summary(
@@ -219,7 +214,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
             match done {
                 Ok(()) => {
                     undo.commit();
-                    Ok(())
+                    restart_changed(&restart)
                 }
                 Err(e) => Err(undo.undo(e)),
             }
@@ -235,13 +230,50 @@ struct Apply<'a> {
     http: &'a Http,
     host: &'a Host,
     steps: &'a [Step],
-    signed: bool,
     live: bool,
 }
 
+/// What steps 6 to 10 did: the activation word, and the services to restart once the run is
+/// done (unit, the version now merged).
+struct Applied {
+    activation: &'static str,
+    restart: Vec<(&'static str, String)>,
+}
+
+/// The service that runs from extension `name`'s image.
+fn service_of(name: &str) -> Option<&'static str> {
+    match name {
+        KUBERNETES => Some("kubelet.service"),
+        "containerd" => Some("containerd.service"),
+        "docker" => Some("docker.service"),
+        _ => None,
+    }
+}
+
+/// On a running system, after the merge is done and recorded: restart what runs from an image
+/// that changed (`systemctl try-restart`: a service that is not running stays stopped), and
+/// nothing else. A restart that fails fails the run, naming the command that finishes the job;
+/// the merge stays.
+fn restart_changed(restart: &[(&'static str, String)]) -> Result<()> {
+    for (unit, version) in restart {
+        crate::node::dbus::systemd_try_restart(unit).map_err(|e| {
+            e.hint(format!(
+                "{version} is merged and recorded, but {unit} still runs the previous binary: systemctl restart {unit}"
+            ))
+        })?;
+        log::info!("{unit} restarted (if it ran): its extension changed to {version}");
+        status::decide(
+            unit,
+            "restarted",
+            format_args!("its extension changed to {version}"),
+        );
+    }
+    Ok(())
+}
+
 impl<'a> Apply<'a> {
-    /// Stage, link, keep sysupdate following, prune, and merge; the activation word.
-    fn apply(&self, undo: &mut Undo<'a>) -> Result<&'static str> {
+    /// Stage, link, drop old sysupdate files, prune, and merge; the activation word.
+    fn apply(&self, undo: &mut Undo<'a>) -> Result<Applied> {
         let (root, steps) = (self.root, self.steps);
         // One run at a time switches links; what killed runs left (temp links, temp images in
         // any extension's store, whichever version the next run picks) goes first.
@@ -251,7 +283,10 @@ impl<'a> Apply<'a> {
             status::phase(status::Phase::Staged);
             status::decide("activation", "unchanged", "nothing staged");
             status::reboot(status::Reboot::No);
-            return Ok("unchanged");
+            return Ok(Applied {
+                activation: "unchanged",
+                restart: Vec::new(),
+            });
         }
         // 6. Fetch and check every image before any link changes.
         for s in steps {
@@ -266,20 +301,23 @@ impl<'a> Apply<'a> {
         }
 
         // 7. Switch the links.
+        let mut changed = Vec::new();
         for s in steps {
-            stage::switch_link(root, &s.img, undo)?;
+            if stage::switch_link(root, &s.img, undo)? {
+                changed.push(&s.img);
+            }
         }
 
-        // 8-9. sysupdate follows the chosen minors from now on; versions beyond the kept ones
-        //      are set aside (deleted once the run is done).
+        // 8-9. The sysupdate files of earlier versions go; versions beyond the kept ones are
+        //      set aside (deleted once the run is done).
         for s in steps {
-            let t = stage::write_transfer(&s.img, &s.dir_url, self.signed, undo)?;
-            log::info!("wrote {t}: systemd-sysupdate keeps {} patched", s.img.name);
+            stage::remove_transfers(root, &s.img.name, undo)?;
             let keep = [s.img.file.as_str()];
             stage::prune(root, &s.img.name, self.host.arch, &keep, undo)?;
         }
 
         // 10. Merge (running system) or leave it to the boot (initramfs).
+        let mut restart = Vec::new();
         let activation = if self.live {
             let expect: Vec<Expect> = steps
                 .iter()
@@ -293,6 +331,11 @@ impl<'a> Apply<'a> {
             // previous extensions again once their links are back.
             undo.then_on_undo("the previous extensions are merged again", merge::refresh);
             merge::refresh().and_then(|()| merge::prove(&expect))?;
+            // What runs from the old images restarts once the run is done.
+            restart = changed
+                .iter()
+                .filter_map(|img| service_of(&img.name).map(|u| (u, img.label())))
+                .collect();
             "merged"
         } else {
             if !sysext_unit_enabled(root) {
@@ -317,7 +360,10 @@ impl<'a> Apply<'a> {
         );
         // sysext never reboots: the extensions merge without one.
         status::reboot(status::Reboot::No);
-        Ok(activation)
+        Ok(Applied {
+            activation,
+            restart,
+        })
     }
 }
 

@@ -1,6 +1,6 @@
 //! Flatcar's layout on the node: images in `/opt/extensions/<name>/`, the current one named by
-//! the symlink `/etc/extensions/<name>.raw`, older ones kept for rollback, and sysupdate
-//! transfer files that follow the chosen minor's patch stream (docs/bootstrap.md, "sysext").
+//! the symlink `/etc/extensions/<name>.raw`, and older ones kept for rollback (docs/bootstrap.md,
+//! "sysext").
 
 use rustix::fs::FileType;
 
@@ -18,8 +18,8 @@ pub const LINKS: &str = "/etc/extensions";
 /// Where the images are kept (never in a search directory: an unchecked or foreign file there
 /// can stop every extension from merging).
 pub const STORE: &str = "/opt/extensions";
-/// Versions kept per extension: the current one and two older ones, as sysupdate's
-/// `InstancesMax=3` keeps, so that nodestrap and sysupdate prune alike.
+/// Versions kept per extension: the current one and two older ones (systemd-sysupdate's
+/// `InstancesMax=3` in Flatcar's sysext-bakery transfer files).
 pub const KEEP: usize = 3;
 
 /// What `/etc/extensions/<name>.raw` is now.
@@ -166,14 +166,16 @@ pub fn lock_links(undo: &mut Undo) -> Result<()> {
 }
 
 /// Point `/etc/extensions/<name>.raw` at the image in one step (nothing when it already does).
-pub fn switch_link(root: &Root, img: &Image, undo: &mut Undo) -> Result<()> {
+/// Returns whether the link changed.
+pub fn switch_link(root: &Root, img: &Image, undo: &mut Undo) -> Result<bool> {
     let link = format!("{LINKS}/{}.raw", img.name);
-    if undo.link(&link, &image_path(img))? {
+    let changed = undo.link(&link, &image_path(img))?;
+    if changed {
         log::info!("{} -> {}", root.show(&link), image_path(img));
     } else {
         log::info!("{} already links to {}", root.show(&link), image_path(img));
     }
-    Ok(())
+    Ok(changed)
 }
 
 /// Set aside all but the `KEEP` newest versions of `name` for `arch`, to be deleted once the run
@@ -226,40 +228,38 @@ fn version_of(file: &str, name: &str, arch: &str) -> Option<Version> {
     Version::parse(mid)
 }
 
-/// The sysupdate transfer for `img`'s minor: `/etc/sysupdate.<name>.d/<name>-<minor>.transfer`
-/// and the same bytes as `.conf` (systemd < 257 reads only those). Files of other minors that
-/// nodestrap wrote there are removed, so sysupdate follows exactly one patch stream.
-pub fn write_transfer(img: &Image, dir_url: &str, signed: bool, undo: &mut Undo) -> Result<String> {
-    let (major, minor) = img.version.minor();
-    let v = if img.v_prefix { "v" } else { "" };
-    let stream = format!("{}-{v}{major}.{minor}", img.name);
-    let pattern = format!("{stream}.@v-%a.raw");
-    // systemd expands %-specifiers in Path=: a literal % in the URL must be doubled.
-    let path = dir_url.replace('%', "%%");
-    let text = format!(
-        "# Written by nodestrap: {name} follows the {v}{major}.{minor} patch stream of {dir_url}\n\
-[Transfer]\nVerify={verify}\n\n\
-[Source]\nType=url-file\nPath={path}\nMatchPattern={pattern}\n\n\
-[Target]\nType=regular-file\nPath={STORE}/{name}\nMatchPattern={pattern}\nCurrentSymlink={LINKS}/{name}.raw\nInstancesMax={KEEP}\n",
-        name = img.name,
-        verify = if signed { "yes" } else { "no" },
-    );
-    let dir_path = format!("/etc/sysupdate.{}.d", img.name);
-    let ours = [format!("{stream}.transfer"), format!("{stream}.conf")];
-    for f in &ours {
-        undo.write(&format!("{dir_path}/{f}"), text.as_bytes(), 0o644)?;
-    }
-    let dir = undo.make_dir(&dir_path)?;
+/// The first line of the systemd-sysupdate transfer files earlier versions wrote.
+const TRANSFER_MARK: &str = "# Written by nodestrap:";
+
+/// Take away the systemd-sysupdate transfer files (`.transfer`, `.conf`) that nodestrap wrote
+/// in `/etc/sysupdate.<name>.d` before: they promised a patch stream that never ran
+/// (docs/bootstrap.md, "No systemd-sysupdate files"). Files without nodestrap's first line
+/// are the admin's and stay. Through `undo`, so a failed run puts them back.
+pub fn remove_transfers(root: &Root, name: &str, undo: &mut Undo) -> Result<()> {
+    let dir_path = format!("/etc/sysupdate.{name}.d");
+    let Some(dir) = root.dir(&dir_path)? else {
+        return Ok(());
+    };
     for f in dir.entries()? {
-        let old = f.starts_with(&format!("{}-", img.name))
+        let candidate = f.starts_with(&format!("{name}-"))
             && (f.ends_with(".transfer") || f.ends_with(".conf"))
-            && !ours.contains(&f);
-        if old {
-            undo.remove(&format!("{dir_path}/{f}"))?;
-            log::info!("removed {} (another minor's patch stream)", dir.show(&f));
+            && dir.kind_of(&f) == Some(FileType::RegularFile);
+        if !candidate {
+            continue;
+        }
+        let path = format!("{dir_path}/{f}");
+        let ours = root
+            .read(&path, 64 << 10)?
+            .is_some_and(|b| b.starts_with(TRANSFER_MARK.as_bytes()));
+        if ours {
+            undo.remove(&path)?;
+            log::info!(
+                "removed {}: nodestrap no longer writes systemd-sysupdate files",
+                dir.show(&f)
+            );
         }
     }
-    Ok(dir.show(&ours[0]))
+    Ok(())
 }
 
 #[cfg(test)]

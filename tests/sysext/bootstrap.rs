@@ -299,23 +299,8 @@ fn initramfs_staging_is_merged_by_the_real_systemd_sysext() {
         w.link("containerd").as_deref(),
         Some("/opt/extensions/containerd/containerd-v1.7.24-x86-64.raw")
     );
-    let t = w
-        .read("/etc/sysupdate.kubernetes.d/kubernetes-v1.32.transfer")
-        .unwrap();
-    for l in [
-        "Verify=yes",
-        "MatchPattern=kubernetes-v1.32.@v-%a.raw",
-        "CurrentSymlink=/etc/extensions/kubernetes.raw",
-        "InstancesMax=3",
-        "Path=/opt/extensions/kubernetes",
-    ] {
-        assert!(t.contains(l), "{l}: {t}");
-    }
-    assert_eq!(
-        w.read("/etc/sysupdate.kubernetes.d/kubernetes-v1.32.conf")
-            .unwrap(),
-        t
-    );
+    // No systemd-sysupdate files: nothing would run them (docs/bootstrap.md).
+    assert!(!w.path("/etc/sysupdate.kubernetes.d").exists());
     assert!(w
         .read("/etc/kubernetes/kubelet.env")
         .unwrap()
@@ -398,7 +383,8 @@ fn initramfs_staging_is_merged_by_the_real_systemd_sysext() {
 fn live_refresh_merges_reloads_and_proves_the_version() {
     let w = World::new();
     let mut bus = Bus::start();
-    bus.systemd(&[]);
+    let calls = unique_dir("systemd").join("calls");
+    bus.systemd(&["--record", calls.to_str().unwrap()]);
     // The node is this machine's root inside the namespace: Debian 12 (systemd 252).
     let opt = unique_dir("opt");
     let installer = w.path("/etc/kubernetes/installer/kubelet.env");
@@ -411,16 +397,32 @@ fn live_refresh_merges_reloads_and_proves_the_version() {
         format!("--kubelet-env-path={}", env_out.display()),
     ]);
     let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
+    // Twice: the second run finds everything merged and restarts nothing.
     let (ok, out) = in_namespace(
         &opt,
         &format!(
-            "{} {}\nsystemd-sysext status --json=short\necho\nkubelet --version\n",
-            bin(),
-            quoted.join(" ")
+            "{b} {a}\nsystemd-sysext status --json=short\necho\nkubelet --version\necho second run\n{b} {a} 2>&1\necho second run ends\n",
+            b = bin(),
+            a = quoted.join(" ")
         ),
         &[("DBUS_SYSTEM_BUS_ADDRESS", &bus.address)],
     );
     assert!(ok, "{out}");
+    // What runs from the images that changed is restarted, once, after the merge.
+    assert_eq!(
+        std::fs::read_to_string(&calls).unwrap_or_default(),
+        "TryRestartUnit kubelet.service replace\nTryRestartUnit containerd.service replace\n",
+        "{out}"
+    );
+    let second = out
+        .split("second run\n")
+        .nth(1)
+        .and_then(|r| r.split("second run ends").next())
+        .unwrap_or_default();
+    assert!(
+        second.contains("already links to") && !second.contains("restarted"),
+        "{second}"
+    );
     for needle in [
         "systemd reloaded: units inside the extensions are visible",
         "kubernetes merged into /usr: /usr/bin/kubelet --version says Kubernetes v1.32.3",
@@ -701,9 +703,8 @@ fn a_cluster_one_minor_newer_switches_keeps_old_ones_and_prunes() {
         )
         .unwrap();
     }
-    assert!(w
-        .path("/etc/sysupdate.kubernetes.d/kubernetes-v1.31.transfer")
-        .exists());
+    // The transfer files an earlier nodestrap wrote go; the admin's own stay.
+    seed_old_transfers(&w);
     std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
     w.write(
         "/etc/kubernetes/installer/kubelet.env",
@@ -724,12 +725,30 @@ fn a_cluster_one_minor_newer_switches_keeps_old_ones_and_prunes() {
             "kubernetes-v1.32.3-x86-64.raw"
         ]
     );
-    assert!(!w
-        .path("/etc/sysupdate.kubernetes.d/kubernetes-v1.31.transfer")
-        .exists());
-    assert!(w
-        .path("/etc/sysupdate.kubernetes.d/kubernetes-v1.32.transfer")
-        .exists());
+    let left: Vec<String> = std::fs::read_dir(w.path("/etc/sysupdate.kubernetes.d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["kubernetes-mine.transfer"], "{}", r.stderr);
+    assert!(
+        r.stderr.contains(
+            "kubernetes-v1.31.transfer: nodestrap no longer writes systemd-sysupdate files"
+        ),
+        "{}",
+        r.stderr
+    );
+}
+
+/// What nodestrap before this version wrote in /etc/sysupdate.kubernetes.d (a transfer file
+/// and its `.conf` copy, first line its mark), beside a transfer file of the admin's own.
+fn seed_old_transfers(w: &World) {
+    let old = "# Written by nodestrap: kubernetes follows the v1.31 patch stream of https://x/\n[Transfer]\nVerify=yes\n";
+    w.write("/etc/sysupdate.kubernetes.d/kubernetes-v1.31.transfer", old);
+    w.write("/etc/sysupdate.kubernetes.d/kubernetes-v1.31.conf", old);
+    w.write(
+        "/etc/sysupdate.kubernetes.d/kubernetes-mine.transfer",
+        "[Transfer]\nVerify=yes\n",
+    );
 }
 
 #[test]
@@ -777,7 +796,6 @@ fn dry_run_prints_the_plan_and_writes_nothing() {
     for needle in [
         "plan: fetch https://127.0.0.1",
         "/ext/kubernetes/kubernetes-v1.32.3-x86-64.raw -> /opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw",
-        "plan: sysupdate transfer /etc/sysupdate.kubernetes.d/kubernetes-v1.32.transfer",
         "plan: leave the merge to the real root's systemd-sysext at boot",
         "KUBELET_VERSION=v1.32.3",
         "nodestrap: sysext planned k8s=v1.32.4 kubernetes=v1.32.3 containerd=v1.7.24",
@@ -945,16 +963,7 @@ fn a_merge_that_does_not_prove_itself_is_rolled_back() {
 /// containerd to 1.7.24.
 fn upgrade_world() -> World {
     let w = World::new();
-    let c: Vec<(String, Vec<u8>)> = ["1.7.20"]
-        .iter()
-        .map(|v| {
-            (
-                format!("containerd-v{v}-x86-64.raw"),
-                containerd(&w.work, v, 0),
-            )
-        })
-        .collect();
-    w.publish("containerd", &c, "");
+    w.publish_versions("containerd", &["1.7.20"]);
     w.write(
         "/etc/kubernetes/installer/kubelet.env",
         "KUBELET_IMAGE_TAG=v1.31.2\n",
@@ -969,16 +978,9 @@ fn upgrade_world() -> World {
         )
         .unwrap();
     }
-    let c: Vec<(String, Vec<u8>)> = ["1.7.20", "1.7.24"]
-        .iter()
-        .map(|v| {
-            (
-                format!("containerd-v{v}-x86-64.raw"),
-                containerd(&w.work, v, 0),
-            )
-        })
-        .collect();
-    w.publish("containerd", &c, "");
+    // As an earlier nodestrap left the node: its sysupdate files, which this run removes.
+    seed_old_transfers(&w);
+    w.publish_versions("containerd", &["1.7.20", "1.7.24"]);
     w.write(
         "/etc/kubernetes/installer/kubelet.env",
         "KUBELET_IMAGE_TAG=v1.32.4\n",
@@ -1039,12 +1041,10 @@ fn a_failed_fsync_after_the_link_switch_keeps_the_merged_kubernetes() {
         Some("/opt/extensions/kubernetes/kubernetes-v1.31.9-x86-64.raw")
     );
     assert_eq!(merged_versions(&w), before);
-    // Nothing of the failed run stays: not the new images, not its sysupdate files.
+    // Nothing of the failed run stays: not the new images, and the old sysupdate files are
+    // still there.
     assert!(!w
         .path("/opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw")
-        .exists());
-    assert!(!w
-        .path("/etc/sysupdate.kubernetes.d/kubernetes-v1.32.transfer")
         .exists());
     assert!(w
         .path("/etc/sysupdate.kubernetes.d/kubernetes-v1.31.transfer")
@@ -1092,7 +1092,7 @@ fn temp_links_and_files_of_a_killed_run_are_swept() {
 }
 
 /// An upgrade (kubernetes v1.31.9 to v1.32.3, containerd 1.7.20 to 1.7.24, one older kubernetes
-/// version pruned, the sysupdate files moved to the new minor, kubelet.env rewritten) run once
+/// version pruned, an earlier nodestrap's sysupdate files removed, kubelet.env rewritten) run once
 /// per mutating system call from its first rename on, with EIO and with ENOSPC injected there,
 /// and once per rename and fsync with SIGKILL on entry. A failed run must leave the node as it
 /// was, a run that succeeds as a clean run leaves it; a killed run leaves every file either as
@@ -1132,7 +1132,7 @@ fn fault_matrix_of_an_upgrade() {
 fn the_log_names_kubelet_envs_real_source() {
     let mut w = World::new();
     std::fs::remove_file(w.path("/etc/kubernetes/installer/kubelet.env")).unwrap();
-    w.extra.push("--force-kube-version=v1.32.4".into());
+    w.extra.push("--force-kube-version=v1.32.3".into());
     let r = w.run();
     r.assert_ok();
     let line = r
@@ -1146,7 +1146,7 @@ fn the_log_names_kubelet_envs_real_source() {
     );
     // With the installer's file, that file is the source.
     let mut w = World::new();
-    w.extra.push("--force-kube-version=v1.32.4".into());
+    w.extra.push("--force-kube-version=v1.32.3".into());
     let r = w.run();
     r.assert_ok();
     assert!(
@@ -1511,7 +1511,7 @@ fn the_try_it_page_runs_as_written() {
     );
     assert!(out.status.success(), "{text}");
     for want in [
-        "nodestrap: sysext done k8s=v1.32.4 kubernetes=v1.32.3 runtime=none activation=staged",
+        "nodestrap: sysext done k8s=v1.32 kubernetes=v1.32.3 runtime=none activation=staged",
         "nodestrap bootstrap 0.1.0: done",
         "KUBELET_VERSION=v1.32.3",
         "signature check against keyring",
