@@ -123,6 +123,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         url: &url,
         keyring: keyring.as_ref(),
         arch: host.arch,
+        read: Default::default(),
     };
     let mut steps = Vec::new();
     let kubernetes = match left_alone(&root, KUBERNETES)? {
@@ -522,6 +523,9 @@ struct Lists<'a> {
     url: &'a SysextUrl,
     keyring: Option<&'a Keyring>,
     arch: &'a str,
+    /// Lists already read, by directory: a flat source (one folder and one SHA256SUMS for every
+    /// extension, as sysext-bakery publishes) is fetched and verified once.
+    read: std::cell::RefCell<Vec<(String, Sums)>>,
 }
 
 impl Lists<'_> {
@@ -529,6 +533,15 @@ impl Lists<'_> {
     /// freshness; with the directory's URL.
     fn get(&self, name: &str) -> Result<(Sums, String)> {
         let dir = self.url.dir(name)?;
+        if let Some((_, s)) = self.read.borrow().iter().find(|(d, _)| *d == dir) {
+            return Ok((s.clone(), dir));
+        }
+        let sums = self.fetch(&dir, name)?;
+        self.read.borrow_mut().push((dir.clone(), sums.clone()));
+        Ok((sums, dir))
+    }
+
+    fn fetch(&self, dir: &str, name: &str) -> Result<Sums> {
         let url = format!("{dir}SHA256SUMS");
         let body = self
             .http
@@ -567,6 +580,6 @@ impl Lists<'_> {
             .map(|d| d.as_secs())
             .unwrap_or(0);
         sums.check_fresh(now, &url)?;
-        Ok((sums, dir))
+        Ok(sums)
     }
 }

@@ -79,7 +79,7 @@ impl std::fmt::Display for Date {
     }
 }
 
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct Sums {
     pub entries: Vec<Entry>,
     pub best_before: Vec<Date>,

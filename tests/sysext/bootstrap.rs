@@ -1711,3 +1711,162 @@ fn a_forced_version_pins_a_patch_or_a_minor() {
         "--force-kube-version v1.32: the torcx payload writes the kubelet's image tag",
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Sources: a bakery folder signed by deploy/sign-sysext-source, and the bakery's flat layout
+
+/// deploy/sign-sysext-source turns a folder of images named as sysext-bakery names them into a
+/// source nodestrap reads: per extension a SHA256SUMS with BEST-BEFORE, and its signature as
+/// .gpg and .asc, both good for the real gpgv. The bakery's own flat layout (every image and one
+/// SHA256SUMS in one folder, `--sysext-url` without `${NAME}`) is a source too, its list read
+/// and verified once.
+#[test]
+fn a_bakery_folder_signed_by_the_script_and_the_flat_layout_are_sources() {
+    let w = World::new();
+    let gnupg = unique_dir("gnupg");
+    std::fs::set_permissions(&gnupg, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let gpg = |args: &[&str]| {
+        let out = Command::new("gpg")
+            .args(["--batch", "--passphrase", ""])
+            .args(args)
+            .env("GNUPGHOME", &gnupg)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "gpg {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    gpg(&[
+        "--quick-gen-key",
+        "mirror <mirror@nodestrap.invalid>",
+        "ed25519",
+        "sign",
+        "never",
+    ]);
+    let armored = w.work.join("mirror.asc");
+    std::fs::write(
+        &armored,
+        gpg(&["--armor", "--export", "mirror@nodestrap.invalid"]),
+    )
+    .unwrap();
+    let binary = w.work.join("mirror.gpg");
+    std::fs::write(&binary, gpg(&["--export", "mirror@nodestrap.invalid"])).unwrap();
+
+    // The bakery's names: kubernetes keeps upstream's v, containerd drops it.
+    let images = unique_dir("bakery");
+    for v in ["1.32.1", "1.32.3"] {
+        std::fs::write(
+            images.join(format!("kubernetes-v{v}-x86-64.raw")),
+            kubernetes(&w.work, v, ANY),
+        )
+        .unwrap();
+    }
+    std::fs::write(
+        images.join("containerd-1.7.24-x86-64.raw"),
+        containerd(&w.work, "1.7.24", 0),
+    )
+    .unwrap();
+    let out = unique_dir("mirror");
+    let script = Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/sign-sysext-source"
+    ))
+    .args(["--key", "mirror@nodestrap.invalid", "--valid-days", "7"])
+    .arg(&images)
+    .arg(&out)
+    .env("GNUPGHOME", &gnupg)
+    .output()
+    .unwrap();
+    let said = String::from_utf8_lossy(&script.stdout).into_owned();
+    assert!(
+        script.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&script.stderr)
+    );
+    let best_before = String::from_utf8_lossy(
+        &Command::new("date")
+            .args(["-u", "-d", "+7 days", "+%Y-%m-%d"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .trim()
+    .to_string();
+    for ext in ["kubernetes", "containerd"] {
+        let d = out.join(ext);
+        let sums = std::fs::read_to_string(d.join("SHA256SUMS")).unwrap();
+        assert!(
+            sums.ends_with(&format!("{EMPTY_SHA}  BEST-BEFORE-{best_before}\n")),
+            "{sums}"
+        );
+        // The oracle: gpgv takes both signatures.
+        for sig in ["SHA256SUMS.gpg", "SHA256SUMS.asc"] {
+            let v = Command::new("gpgv")
+                .arg("--keyring")
+                .arg(&binary)
+                .arg(d.join(sig))
+                .arg(d.join("SHA256SUMS"))
+                .output()
+                .unwrap();
+            assert!(
+                v.status.success(),
+                "gpgv {ext}/{sig}: {}",
+                String::from_utf8_lossy(&v.stderr)
+            );
+        }
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            w.files.set(
+                &format!("/mirror/{ext}/{name}"),
+                Reply::ok(std::fs::read(e.path()).unwrap()),
+            );
+        }
+    }
+    let mut a = w.args_for(&w.root.display().to_string());
+    a.retain(|x| !x.starts_with("--sysext-url") && !x.starts_with("--keyring"));
+    a.push(format!("--sysext-url={}", w.files.url("/mirror/${NAME}/")));
+    a.push(format!("--keyring={}", armored.display()));
+    let r = nodestrap(&a, None, &[]);
+    r.assert_ok();
+    assert!(
+        r.stdout
+            .contains("kubernetes=v1.32.3 containerd=1.7.24 activation=staged"),
+        "{}",
+        r.stdout
+    );
+
+    // The flat layout: every image and one signed SHA256SUMS in one folder.
+    let flat = World::new();
+    let mut sums = String::new();
+    for e in std::fs::read_dir(&images).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        let body = std::fs::read(e.path()).unwrap();
+        sums.push_str(&format!("{}  {name}\n", sha256(&body)));
+        flat.files.set(&format!("/flat/{name}"), Reply::ok(body));
+    }
+    // The bakery lists its sysupdate .conf files in the same SHA256SUMS.
+    sums.push_str(&format!("{EMPTY_SHA}  kubernetes-v1.32.conf\n"));
+    flat.files.set("/flat/SHA256SUMS", Reply::ok(sums.clone()));
+    flat.files.set(
+        "/flat/SHA256SUMS.gpg",
+        Reply::ok(flat.signer.sign_binary(sums.as_bytes())),
+    );
+    let mut a = flat.args_for(&flat.root.display().to_string());
+    a.retain(|x| !x.starts_with("--sysext-url"));
+    a.push(format!("--sysext-url={}", flat.files.url("/flat/")));
+    let r = nodestrap(&a, None, &[]);
+    r.assert_ok();
+    assert!(
+        r.stdout
+            .contains("kubernetes=v1.32.3 containerd=1.7.24 activation=staged"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(flat.files.hits("/flat/SHA256SUMS"), 1, "{}", r.stderr);
+    assert_eq!(flat.files.hits("/flat/SHA256SUMS.gpg"), 1, "{}", r.stderr);
+}
