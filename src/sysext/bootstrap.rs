@@ -328,16 +328,26 @@ impl<'a> Apply<'a> {
                     version: s.img.version.to_string(),
                 })
                 .collect();
-            // Registered before the first refresh: whatever fails from here on merges the
-            // previous extensions again once their links are back.
-            undo.then_on_undo("the previous extensions are merged again", merge::refresh);
-            merge::refresh().and_then(|()| merge::prove(&expect))?;
-            // What runs from the old images restarts once the run is done.
-            restart = changed
-                .iter()
-                .filter_map(|img| service_of(&img.name).map(|u| (u, img.label())))
-                .collect();
-            "merged"
+            // Nothing relinked and already merged at the chosen versions (a patch run with no
+            // new patch): /usr is left alone, nothing restarts.
+            let unchanged = changed.is_empty()
+                && merge::prove(&expect)
+                    .inspect_err(|e| log::info!("merging again: {e}"))
+                    .is_ok();
+            if unchanged {
+                "unchanged"
+            } else {
+                // Registered before the first refresh: whatever fails from here on merges the
+                // previous extensions again once their links are back.
+                undo.then_on_undo("the previous extensions are merged again", merge::refresh);
+                merge::refresh().and_then(|()| merge::prove(&expect))?;
+                // What runs from the old images restarts once the run is done.
+                restart = changed
+                    .iter()
+                    .filter_map(|img| service_of(&img.name).map(|u| (u, img.label())))
+                    .collect();
+                "merged"
+            }
         } else {
             if !sysext_unit_enabled(root) {
                 log::warn!(
@@ -353,7 +363,9 @@ impl<'a> Apply<'a> {
         status::decide(
             "activation",
             activation,
-            if self.live {
+            if activation == "unchanged" {
+                "already merged at the chosen versions on the running system"
+            } else if self.live {
                 "systemd-sysext refresh on the running system"
             } else {
                 "the real root's systemd-sysext at boot"
