@@ -11,9 +11,10 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # qemu/
 TOP = os.path.dirname(HERE)
 OS_VERSION = "2345.3.0"  # qemu/guest/layout's VERSION_ID
 NEXT_OS = "2401.0.0"
-# The Kubernetes releases of the run (qemu/build-kubernetes): the cluster's, and the previous
-# minor's that the installer's fallback kubelet.env names.
-CURRENT, PREVIOUS = "current", "previous"
+# The Kubernetes releases of the run (qemu/build-kubernetes): the cluster's, the previous
+# minor's that the installer's fallback kubelet.env names, and an earlier patch of the cluster's
+# minor (the patch stream's starting point).
+CURRENT, PREVIOUS, PATCH = "current", "previous", "patch"
 DOCKER = "20.10"  # qemu/build-docker's image: Debian 12's docker.io 20.10.24
 GUEST_HOST = "10.0.2.2"
 RHCOS_NODE = "node-rhcos"  # qemu/rhcos/ipb-reprovision.service's NODE

@@ -14,7 +14,7 @@ import sys
 import time
 
 from harness.common import (
-    CURRENT, GUEST_HOST, HERE, PREVIOUS, TOP, disk_file, disk_ls, joined, run, say, timings,
+    CURRENT, GUEST_HOST, HERE, PATCH, PREVIOUS, TOP, disk_file, disk_ls, joined, run, say, timings,
 )
 from harness.cluster import Joining, kubelet_config, static_pod
 from harness.vm import boot_until
@@ -23,6 +23,10 @@ EMPTY_SHA = hashlib.sha256(b"").hexdigest()
 FAIL_RE = re.compile(r"nodestrap\[\d+\]: (?:<3>)?(?:error: )?(.*(?:refused|signature check|out of date).*)")
 REPORT_RE = re.compile(r"nodestrap-qemu: after bootstrap \((\S+)\): (.*)")
 KUBELET_STARTED_RE = re.compile(r"nodestrap-qemu: kubelet starting|Started kubelet\.service")
+# The patch scenario's window: every minute, each node at its fixed offset in the first 20 s.
+PATCH_WINDOW = "[Timer]\nOnCalendar=\nOnCalendar=*:*:00\nRandomizedDelaySec=20s\nAccuracySec=1s\n"
+# ... and the patch run's log on the console, as the first-boot unit's is.
+PATCH_CONSOLE = "[Service]\nStandardOutput=journal+console\nStandardError=journal+console\n"
 
 
 class Sx:
@@ -55,6 +59,9 @@ SCENARIOS = [
     Sx("sysext-upgrade", "node merged the previous release, the cluster is the current one: the "
        "current kubernetes image staged beside it, link switched, refreshed live, the node joins",
        initrd=False, preseed=(("kubernetes", PREVIOUS),)),
+    Sx("sysext-patch", "the mirror offers an earlier patch of the cluster's minor: the node joins "
+       "with it; a newer patch is published while it runs: nodestrap-patch.timer merges it in its "
+       "window, the kubelet restarts, and the Node reports the new patch", initrd=True, mirror="patch"),
 ]
 
 
@@ -72,7 +79,8 @@ class World:
         self.images = dict(l.split("=", 1) for l in out.splitlines() if "=" in l)
         self.ext = self.images["SYSEXT_IMAGES"]
         self.containerd = self.images["CONTAINERD_VERSION"]
-        self.release = {CURRENT: s.images["KUBE_VERSION"], PREVIOUS: s.images["KUBE_PREV_VERSION"]}
+        self.release = {CURRENT: s.images["KUBE_VERSION"], PREVIOUS: s.images["KUBE_PREV_VERSION"],
+                        PATCH: s.images["KUBE_PATCH_VERSION"]}
         self.www = s.path("sysext-www")
         os.makedirs(self.www)
         with open(s.path("sysext-configmaps.json"), "w") as f:
@@ -99,27 +107,42 @@ class World:
 
     def publish(self, sc):
         """The scenario's own mirror directory: images, SHA256SUMS and its binary signature."""
+        releases = (PREVIOUS, PATCH) if sc.mirror == "patch" else (PREVIOUS, CURRENT)
         offer = {"kubernetes": [("kubernetes-%s-x86-64.raw" % self.release[w], self.image("kubernetes", w))
-                                for w in (PREVIOUS, CURRENT)],
+                                for w in releases],
                  "containerd": [("containerd-v%s-x86-64.raw" % self.containerd, self.image("containerd", None))]}
         if sc.mirror == "mismatch":
             offer["kubernetes"][-1] = (offer["kubernetes"][-1][0], os.path.join(self.ext, "kubernetes-fedora.raw"))
         for name, files in offer.items():
-            d = os.path.join(self.www, sc.name, name)
-            os.makedirs(d)
-            lines = []
-            for fname, src in files:
-                os.link(src, os.path.join(d, fname))
-                lines.append("%s  %s\n" % (hashlib.sha256(open(src, "rb").read()).hexdigest(), fname))
-            lines.append("%s  BEST-BEFORE-%s\n" % (EMPTY_SHA, "2021-06-30" if sc.mirror == "expired" else "2099-12-31"))
-            sums = os.path.join(d, "SHA256SUMS")
-            with open(sums, "w") as f:
-                f.writelines(lines)
-            run(["gpg", "--batch", "--yes", "--detach-sign", "-o", sums + ".gpg", sums])
-            if sc.mirror == "tampered" and name == "kubernetes":
-                with open(sums, "a") as f:
-                    f.write("%s  kubernetes-v1.99.9-x86-64.raw\n" % EMPTY_SHA)
+            self.sign(sc, name, files)
         return "https://%s:%d/%s/${NAME}" % (GUEST_HOST, self.port, sc.name)
+
+    def publish_patch(self, sc):
+        """The patch scenario's new patch: the current release added to the kubernetes folder and
+        its SHA256SUMS signed again, as a mirror publishes one while nodes run."""
+        self.sign(sc, "kubernetes", [("kubernetes-%s-x86-64.raw" % self.release[w], self.image("kubernetes", w))
+                                     for w in (PREVIOUS, PATCH, CURRENT)])
+
+    def sign(self, sc, name, files):
+        """`files` (name, source) in the scenario's folder of extension `name`, with their
+        SHA256SUMS and its signature, the list replaced atomically after its signature."""
+        d = os.path.join(self.www, sc.name, name)
+        os.makedirs(d, exist_ok=True)
+        lines = []
+        for fname, src in files:
+            if not os.path.exists(os.path.join(d, fname)):
+                os.link(src, os.path.join(d, fname))
+            lines.append("%s  %s\n" % (hashlib.sha256(open(src, "rb").read()).hexdigest(), fname))
+        lines.append("%s  BEST-BEFORE-%s\n" % (EMPTY_SHA, "2021-06-30" if sc.mirror == "expired" else "2099-12-31"))
+        sums = os.path.join(d, "SHA256SUMS")
+        with open(sums + ".new", "w") as f:
+            f.writelines(lines)
+        run(["gpg", "--batch", "--yes", "--detach-sign", "-o", sums + ".gpg.new", sums + ".new"])
+        os.rename(sums + ".gpg.new", sums + ".gpg")
+        os.rename(sums + ".new", sums)
+        if sc.mirror == "tampered" and name == "kubernetes":
+            with open(sums, "a") as f:
+                f.write("%s  kubernetes-v1.99.9-x86-64.raw\n" % EMPTY_SHA)
 
     def node_files(self, sc, url):
         """What Ignition puts on the node: nodestrap's settings, keyring and trust anchors, its
@@ -155,6 +178,14 @@ class World:
             args += ["--file", "%s=%s" % (node_path, local)]
         for node_path, target in sc.links:
             args += ["--link", "%s=%s" % (node_path, target)]
+        if sc.mirror == "patch":
+            # The patch window shortened to a minute for the test, and the run on the console.
+            for unit, text in (("nodestrap-patch.timer", PATCH_WINDOW), ("nodestrap-patch.service", PATCH_CONSOLE)):
+                drop = os.path.join(d, unit + ".d")
+                os.makedirs(drop)
+                with open(os.path.join(drop, "10-test.conf"), "w") as f:
+                    f.write(text)
+                args += ["--unit", os.path.join(drop, "10-test.conf")]
         return args
 
     def disk(self, sc):
@@ -221,22 +252,47 @@ def run_sysext(s, sc, accel, boot_timeout):
         if not sc.fails and sc.expect_runtime:
             joining.poll(now)
 
+    patch = {}
+
     def done(boots):
         if sc.fails:
             return len(reports) >= 2  # the unit failed, reported, retried and failed again
         if not sc.expect_runtime:
             return bool(started)  # the kubelet ran; with no runtime it cannot join
         joining.poll(time.time() - t0)
-        return joining.done()
+        if sc.mirror != "patch" or not joining.done():
+            return joining.done()
+        # The patch stream: once the node runs with the earlier patch, the mirror publishes the
+        # new one, and the scenario ends when the API server reports the Node's kubelet at it.
+        now = time.time() - t0
+        if "published" not in patch:
+            patch["joined"], patch["published"] = joining.info, now
+            w.publish_patch(sc)
+            say("  %5.1fs  the mirror publishes kubernetes %s" % (now, w.release[CURRENT]))
+            return False
+        if now - patch.get("asked", 0) < 3:
+            return False
+        patch["asked"] = now
+        info = w.cp.node_info(sc.name)
+        if info and info[0] == w.release[CURRENT]:
+            patch["reported"] = now
+            joining.info = info
+            say("  %5.1fs  the Node reports kubelet %s" % (now, info[0]))
+            return True
+        return False
 
+    if sc.mirror == "patch":
+        boot_timeout += 300  # the join, then a patch window, a download and a restart
     boots, problems, log = boot_until(s, sc, disk, config, accel, boot_timeout, base, t0, events,
                                       on_line, done, "the node's join" if not sc.fails else "two failed attempts",
                                       "no Node registered with its pod running" if not sc.fails
                                       else "no second failed attempt")
     if not problems:
-        problems = check(w, sc, events, joining, started, failures, reports, disk)
+        problems = check(w, sc, events, joining, started, failures, reports, disk, patch)
     sc.timings = timings(events, started[0] if started else None)
     sc.timings.update(joined(events, joining))
+    if "reported" in patch:
+        sc.timings["patch published to Node at it"] = round(patch["reported"] - patch["published"], 1)
     sc.proof = joining.info
     for p in problems:
         say("  problem: " + p)
@@ -246,11 +302,22 @@ def run_sysext(s, sc, accel, boot_timeout):
     return not problems, boots, started[0] if started else None, problems
 
 
-def check(w, sc, events, joining, started, failures, reports, disk):
+def check(w, sc, events, joining, started, failures, reports, disk, patch):
     p = []
     texts = [(b, k, t) for _, b, k, t in events]
     said = [t for _, k, t in texts if k == "nodestrap"]
     current, previous = w.release[CURRENT], w.release[PREVIOUS]
+    if sc.mirror == "patch":
+        # Joined with the earlier patch (staged by the initramfs), then patched live.
+        first = w.release[PATCH]
+        if not patch.get("joined") or patch["joined"][0] != first:
+            p.append("the Node joined with kubelet %r, the mirror offered %s then" % (patch.get("joined"), first))
+        if not any("kubernetes=%s containerd=v%s activation=staged" % (first, w.containerd) in t for t in said):
+            p.append("the initramfs did not stage %s" % first)
+        for want in ("kubernetes=%s containerd=v%s activation=merged" % (current, w.containerd),
+                     "kubelet.service restarted (if it ran): its extension changed to %s" % current):
+            if not any(want in t for t in said):
+                p.append("the patch run did not say %r" % want)
     if sc.fails:
         if not any(sc.fails in f for f in failures):
             p.append("no failure naming %r (saw %r)" % (sc.fails, failures[:3]))
@@ -263,7 +330,7 @@ def check(w, sc, events, joining, started, failures, reports, disk):
                 p.append("a bootstrap attempt succeeded: %s" % rest)
     else:
         summary = [t for t in said if "nodestrap: sysext done" in t]
-        activation = "staged" if sc.initrd else "merged"
+        activation = "staged" if sc.initrd and sc.mirror != "patch" else "merged"
         want = "kubernetes=%s %s activation=%s" % (
             current, "containerd=v" + w.containerd if sc.expect_runtime else "containerd=masked", activation)
         if not any(want in t for t in summary):
@@ -309,6 +376,11 @@ def check(w, sc, events, joining, started, failures, reports, disk):
             want = ["kubernetes-%s-x86-64.raw" % current]
             if sc.preseed:
                 want = sorted(want + ["kubernetes-%s-x86-64.raw" % previous])
+            if sc.mirror == "patch":
+                want = sorted(want + ["kubernetes-%s-x86-64.raw" % w.release[PATCH]])
+                rec = (disk_file(raw, "/var/lib/nodestrap/status.json") or b"").decode()
+                if '"what": "kubelet.service"' not in rec or '"value": "restarted"' not in rec:
+                    p.append("the status record does not say kubelet.service was restarted: %r" % rec[-400:])
             if store != want:
                 p.append("/opt/extensions/kubernetes holds %r, expected %r" % (store, want))
             if "kubernetes-%s-x86-64.raw" % current not in link("kubernetes"):
