@@ -104,10 +104,3 @@ impl From<serde_json::Error> for Error {
         Error::failed(e.to_string())
     }
 }
-
-/// `bail!(failed, "...")` / `bail!(config, "...")`.
-#[macro_export]
-macro_rules! bail {
-    (config, $($arg:tt)*) => { return Err($crate::error::Error::config(format!($($arg)*))) };
-    (failed, $($arg:tt)*) => { return Err($crate::error::Error::failed(format!($($arg)*))) };
-}
