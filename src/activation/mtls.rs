@@ -7,7 +7,6 @@
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -411,15 +410,17 @@ pub fn serve<T: Send>(
                     break 'serving;
                 }
             }
-            let mut pfd = libc::pollfd {
-                fd: listener.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
+            // Short, so that requests that passed their pre-authentication are handled
+            // promptly.
+            let mut pfd = [rustix::event::PollFd::new(
+                &listener,
+                rustix::event::PollFlags::IN,
+            )];
+            let tick = rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: 20_000_000,
             };
-            // SAFETY: one valid pollfd for the length of the call. Short, so that requests
-            // that passed their pre-authentication are handled promptly.
-            let n = unsafe { libc::poll(&mut pfd, 1, 20) };
-            if n <= 0 {
+            if !matches!(rustix::event::poll(&mut pfd, Some(&tick)), Ok(n) if n > 0) {
                 continue;
             }
             match listener.accept() {
