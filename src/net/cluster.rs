@@ -67,10 +67,10 @@ pub struct Sources<'a> {
     pub forced: Option<&'a str>,
     /// The API server, when a kubeconfig exists (or a source `before_join` found).
     pub kube: Option<&'a Kube>,
-    /// `--kubeconfig`, `--bootstrap-kubeconfig` and `--api-server`, named when none is there.
+    /// `--kubeconfig` and `--bootstrap-kubeconfig`, named when neither is there (nor an
+    /// `--api-server`).
     pub kubeconfig: &'a str,
     pub bootstrap_kubeconfig: &'a str,
-    pub api_server: &'a str,
     /// `--installer-kubelet-env`.
     pub installer_env: &'a str,
     /// `--version-fallback`.

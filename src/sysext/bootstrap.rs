@@ -101,7 +101,6 @@ pub fn run(a: &Bootstrap) -> Result<()> {
             kube: kube.as_ref().or(joining.as_ref()),
             kubeconfig: &a.kubeconfig,
             bootstrap_kubeconfig: &a.bootstrap_kubeconfig,
-            api_server: &a.api_server,
             installer_env: &a.installer_kubelet_env,
             fallback: a.version_fallback,
         },
