@@ -388,10 +388,18 @@ impl Http {
                     last,
                 ));
             }
-            let (e, failure, answer) = match op(self.limits.deadline.min(left)) {
+            // An attempt the run's deadline cuts short says nothing new of the server: the
+            // busy answer before it stays the reason.
+            let given = self.limits.deadline.min(left);
+            let began = Instant::now();
+            let cut_short = || left < self.limits.deadline && began.elapsed() >= given;
+            let (e, failure, answer) = match op(given) {
                 Attempt::Done(t) => return Ok(t),
                 Attempt::Final(e) => return Err((e, Failure::Final)),
                 Attempt::Denied(e) => return Err((e, Failure::Denied)),
+                Attempt::Retry(e) if last == Failure::Busy && cut_short() => {
+                    (e, Failure::Busy, Answer::Nothing)
+                }
                 Attempt::Retry(e) => {
                     busy_word.clear();
                     (e, Failure::Unreachable, Answer::Nothing)
@@ -659,8 +667,8 @@ impl Http {
 fn timeout_words(t: &ureq::Timeout, deadline: Duration) -> String {
     match t {
         ureq::Timeout::Global => format!(
-            "the attempt's deadline of {:.0} s passed (--fetch-timeout, or the run's --deadline)",
-            deadline.as_secs_f64()
+            "the attempt's deadline of {} passed (--fetch-timeout, or the run's --deadline)",
+            crate::node::exec::secs(deadline)
         ),
         ureq::Timeout::PerRead => {
             "no byte arrived for a whole rate window (--fetch-min-rate-window)".into()
@@ -1165,6 +1173,35 @@ mod tests {
         });
         let (e, why) = http.fetch_why(&Request::get(&dead), 1 << 20).unwrap_err();
         assert_eq!(why, Failure::Unreachable, "{e}");
+    }
+
+    #[test]
+    fn an_attempt_the_deadline_cuts_short_keeps_the_busy_answer_as_the_reason() {
+        // The first request is answered 503 with Retry-After 1, the second never: the run's
+        // deadline ends it, and the error still says the server was busy.
+        use std::net::TcpListener;
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/x", l.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for (i, c) in l.incoming().enumerate() {
+                let Ok(mut c) = c else { continue };
+                let _ = c.read(&mut [0u8; 4096]);
+                if i == 0 {
+                    let _ = c.write_all(b"HTTP/1.1 503 Busy\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                } else {
+                    held.push(c);
+                }
+            }
+        });
+        let http = Http::new(
+            &Tls::default(),
+            Retry::exponential(3, Duration::from_millis(10))
+                .until(Instant::now() + Duration::from_secs(5)),
+        );
+        let (e, why) = http.fetch_why(&Request::get(&url), 1 << 20).unwrap_err();
+        assert_eq!(why, Failure::Busy, "{e}");
+        assert!(e.to_string().contains("busy: 503, Retry-After 1;"), "{e}");
     }
 
     #[test]

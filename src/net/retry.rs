@@ -17,6 +17,11 @@ const SPREAD_GROWTH: u32 = 2;
 /// trade-off it sets between requests and time).
 const SPREAD_OF_DEADLINE: u32 = 6;
 
+/// No retry starts with less than this left of the request's budget or the run (nor with less
+/// than a tenth of the budget): an attempt that short can only time out, and its timeout would
+/// hide the answer the server last gave.
+const LEAST_ATTEMPT: Duration = Duration::from_secs(1);
+
 /// When to try again, built one way for every retrying client: `Retry::exponential`, adjusted
 /// with `capped_at`, `within` and `until`. Attempts bound only the failures that
 /// got no answer; busy answers (408, 429, 5xx) are bounded by time alone, so that a healthy
@@ -196,8 +201,8 @@ impl Attempts {
     /// same `Retry-After` again, or none at all (then `initial` stands for it), says nothing of
     /// how many nodes are waiting: the window doubles with each such answer in a row, up to
     /// `spread`, so a herd larger than the server's capacity comes back over a window that
-    /// grows to its size rather than in waves. A pause that would end past the deadline ends
-    /// the request instead.
+    /// grows to its size rather than in waves. A pause that would end past the deadline, or
+    /// leave the next attempt under [`LEAST_ATTEMPT`], ends the request instead.
     pub fn next(&mut self, answer: Answer, now: Instant, jitter: f64) -> Next {
         let jitter = jitter.clamp(0.0, 1.0);
         self.made += 1;
@@ -250,7 +255,8 @@ impl Attempts {
                 floor.saturating_add(window.mul_f64(jitter))
             }
         };
-        if pause >= self.left(now) {
+        let least = LEAST_ATTEMPT.min(self.retry.budget / 10);
+        if pause.saturating_add(least) >= self.left(now) {
             return Next::OutOfTime;
         }
         Next::Pause(pause)
@@ -350,6 +356,26 @@ mod tests {
             a.next(Answer::Busy(Some(S(20))), late, 0.5),
             Next::Pause(S(30))
         );
+    }
+
+    #[test]
+    fn no_retry_starts_too_late_to_finish() {
+        // 10 s left: a pause of 9.5 s would leave the attempt half a second, which can only
+        // time out and hide the server's busy answer; a pause of 8.5 s leaves it 1.5 s.
+        let now = Instant::now();
+        let r = Retry::exponential(3, S(2)).within(S(10));
+        let busy = Answer::Busy(Some(S(5)));
+        let mut a = Attempts::new(r, now, Load::default());
+        assert_eq!(a.next(busy, now, 0.9), Next::OutOfTime);
+        let mut a = Attempts::new(r, now, Load::default());
+        assert_eq!(
+            a.next(busy, now, 0.7),
+            Next::Pause(S(5) + S(5).mul_f64(0.7))
+        );
+        // A short budget keeps its retries: the floor is at most a tenth of it.
+        let r = Retry::exponential(3, Duration::from_millis(100)).within(S(1));
+        let mut a = Attempts::new(r, now, Load::default());
+        assert!(matches!(a.next(Answer::Nothing, now, 0.5), Next::Pause(_)));
     }
 
     #[test]

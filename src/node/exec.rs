@@ -499,8 +499,8 @@ fn signal_name(sig: i32) -> &'static str {
     }
 }
 
-/// `1 s`, `1.5 s`.
-fn secs(d: Duration) -> String {
+/// `1 s`, `1.5 s`: how a log line says a duration.
+pub fn secs(d: Duration) -> String {
     if d.subsec_millis() == 0 {
         format!("{} s", d.as_secs())
     } else {
