@@ -726,7 +726,7 @@ fn a_busy_api_server_ends_the_hook_at_its_deadline_and_changes_nothing() {
     w.write("/etc/torcx/next-profile", "tectonic\n");
     w.api
         .set(&format!("PATCH {}", node_path()), Reply::busy(503, "1"));
-    w.extra.push("--deadline=4".into());
+    w.extra.push("--deadline=6".into());
     let before = support::faults::snapshot(&w.root, &[]);
     let bus = pending_bus(None);
     let start = std::time::Instant::now();
