@@ -6,14 +6,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The test programs built from the Go module proxy (cached by version; test programs only): the
-# real torcx, the oracle of what torcx finds at boot (tests/torcx, the QEMU guests), and real
+# real torcx, the oracle of what torcx finds at boot (tests/torcx, the QEMU guests), real
 # Kubernetes, the cluster the commands that talk to one are tested against
-# (tests/support/cluster.rs) and the QEMU nodes join. Cold, they take minutes: they build in
+# (tests/support/cluster.rs) and the QEMU nodes join, and real Butane (ignition/check). Cold, they take minutes: they build in
 # the background while the release binaries link (mostly one core: LTO), and are waited for
 # before the tests that need them.
 go_out=$(mktemp -d)
 trap 'rm -rf "$go_out"' EXIT
-(qemu/build-torcx >"$go_out/torcx" && qemu/build-kubernetes >"$go_out/kubernetes") 2>"$go_out/log" &
+(qemu/build-torcx >"$go_out/torcx" && qemu/build-kubernetes >"$go_out/kubernetes" && qemu/build-butane >/dev/null) \
+  2>"$go_out/log" &
 go_build=$!
 cargo fmt --check
 # clippy -D warnings, shellcheck, pyflakes, the minimum Rust (.ci/lint says what each covers).

@@ -33,7 +33,8 @@ class Sx:
     """One sysext scenario: which path bootstraps (initramfs or first-boot unit), what the
     mirror serves, what the disk holds before the boot, Ignition links, what must be staged."""
 
-    def __init__(self, name, doc, initrd, mirror="good", preseed=(), links=(), expect_runtime=True, fails=None):
+    def __init__(self, name, doc, initrd, mirror="good", preseed=(), links=(), expect_runtime=True, fails=None,
+                 butane=False):
         self.__dict__.update(locals())
         del self.__dict__["self"]
         self.boots = 1
@@ -59,6 +60,10 @@ SCENARIOS = [
     Sx("sysext-upgrade", "node merged the previous release, the cluster is the current one: the "
        "current kubernetes image staged beside it, link switched, refreshed live, the node joins",
        initrd=False, preseed=(("kubernetes", PREVIOUS),)),
+    Sx("sysext-butane", "the operator's on-ramp: ignition/examples/sysext-worker.bu as shipped, rendered "
+       "by real Butane with this cluster's files and mirror; no kubeconfig: the version comes from the "
+       "kubelet's bootstrap kubeconfig; the initramfs stages, the node joins in the first boot",
+       initrd=True, butane=True),
     Sx("sysext-patch", "the mirror offers an earlier patch of the cluster's minor: the node joins "
        "with it; a newer patch is published while it runs: nodestrap-patch.timer merges it in its "
        "window, the kubelet restarts, and the Node reports the new patch", initrd=True, mirror="patch"),
@@ -188,6 +193,40 @@ class World:
                 args += ["--unit", os.path.join(drop, "10-test.conf")]
         return args
 
+    def butane_config(self, sc, url, config):
+        """ignition/examples/sysext-worker.bu as an operator uses it: its four files replaced with
+        this cluster's (the signing key, the mirror's CA, a bootstrap token kubeconfig, the
+        cluster's CA), its example mirror URL with this one, rendered by real Butane, strict.
+        A second Butane config merges it and adds what only the test needs: the node's name
+        (a cloud's metadata gives it) and a static pod to prove the kubelet runs one."""
+        s, cp = self.s, self.cp
+        d = s.path(sc.name + "-butane")
+        os.makedirs(d)
+        for name, text in (("sysext-keyring.asc", open(s.path("keyring.asc")).read()),
+                           ("mirror-ca.pem", open(s.path("ca.pem")).read()),
+                           ("bootstrap-kubelet.conf", cp.kubeconfig(token=cp.bootstrap_token)),
+                           ("cluster-ca.crt", cp.ca_pem()),
+                           ("hostname", sc.name + "\n"),
+                           ("probe.yaml", static_pod(self.s.images["BUSYBOX_REF"]))):
+            with open(os.path.join(d, name), "w") as f:
+                f.write(text)
+        example = open(os.path.join(TOP, "ignition/examples/sysext-worker.bu")).read()
+        shipped = "sysext-url=https://extensions.example.com/${NAME}/"
+        if shipped not in example:
+            raise SystemExit("qemu/run: sysext-worker.bu no longer says %r" % shipped)
+        with open(os.path.join(d, "sysext-worker.bu"), "w") as f:
+            f.write(example.replace(shipped, "sysext-url=%s/" % url))
+        butane = run(["bash", os.path.join(HERE, "build-butane")], stdout=subprocess.PIPE).stdout.strip()
+        with open(os.path.join(d, "sysext-worker.ign"), "w") as f:
+            run([butane, "--strict", "--files-dir", d, os.path.join(d, "sysext-worker.bu")], stdout=f)
+        with open(os.path.join(d, "test.bu"), "w") as f:
+            f.write("variant: flatcar\nversion: 1.0.0\nignition:\n  config:\n    merge:\n"
+                    "      - local: sysext-worker.ign\nstorage:\n  files:\n"
+                    "    - path: /etc/hostname\n      overwrite: true\n      contents: {local: hostname}\n"
+                    "    - path: /etc/kubernetes/manifests/probe.yaml\n      contents: {local: probe.yaml}\n")
+        with open(config, "w") as f:
+            run([butane, "--strict", "--files-dir", d, os.path.join(d, "test.bu")], stdout=f)
+
     def disk(self, sc):
         """A copy-on-write overlay of the node image; with `preseed`, over a copy that already
         holds those images and links, as an earlier bootstrap left them."""
@@ -226,8 +265,11 @@ def run_sysext(s, sc, accel, boot_timeout):
     w = WORLD["w"]
     url = w.publish(sc)
     config = s.path(sc.name + ".ign")
-    with open(config, "w") as f:
-        run([os.path.join(TOP, "ignition/render"), "sysext"] + w.node_files(sc, url), stdout=f)
+    if sc.butane:
+        w.butane_config(sc, url, config)
+    else:
+        with open(config, "w") as f:
+            run([os.path.join(TOP, "ignition/render"), "sysext"] + w.node_files(sc, url), stdout=f)
     run(["ignition-validate", config])
     disk = w.disk(sc)
     base = ["root=LABEL=root", "rw", "console=ttyS0", "loglevel=5", "panic=-1", "rd.shell=0",
@@ -318,6 +360,9 @@ def check(w, sc, events, joining, started, failures, reports, disk, patch):
                      "kubelet.service restarted (if it ran): its extension changed to %s" % current):
             if not any(want in t for t in said):
                 p.append("the patch run did not say %r" % want)
+    if sc.butane and not any("from=api-server" in t and "bootstrap-kubelet.conf" in t for t in said):
+        p.append("the version did not come from the API server through the bootstrap kubeconfig: %r"
+                 % [t for t in said if "k8s=" in t][:2])
     if sc.fails:
         if not any(sc.fails in f for f in failures):
             p.append("no failure naming %r (saw %r)" % (sc.fails, failures[:3]))
