@@ -248,7 +248,7 @@ impl<'a> Ctx<'a> {
         )?;
         let admin_ca = mtls::load_certs(root, "--admin-ca", &a.admin_ca)?;
         let cluster_ca = mtls::load_certs(root, "--cluster-ca", &a.cluster_ca)?;
-        let pinned = mtls::spki_sha256(&cluster_ca[0]).ok_or_else(|| {
+        let pinned = crate::crypto::x509::spki_sha256(&cluster_ca[0]).ok_or_else(|| {
             Error::config(format!(
                 "{}: certificate does not parse",
                 show(&a.cluster_ca)
@@ -393,7 +393,7 @@ fn init_conn(ctx: &Ctx, asked: Asked) -> Conn {
             .ok()
             .flatten()
             .and_then(|pem| mtls::certs(&pem, "ca.crt").ok())
-            .and_then(|c| mtls::spki_sha256(&c[0]));
+            .and_then(|c| crate::crypto::x509::spki_sha256(&c[0]));
         ctx.lock.done(ca_hash.clone()).map_err(plain)?;
         Ok((kubeconfig, ca_hash))
     });

@@ -82,7 +82,7 @@ pub fn run(a: &JoinService) -> Result<()> {
     let id = mtls::load_identity(&root, ("--cert", &a.cert), ("--key", &a.key))?;
     let node_ca = mtls::load_certs(&root, "--node-ca", &a.node_ca)?;
     let cluster_ca = mtls::load_certs(&root, "--cluster-ca", &a.cluster_ca)?;
-    let discovery_hash = mtls::spki_sha256(&cluster_ca[0]).ok_or_else(|| {
+    let discovery_hash = crate::crypto::x509::spki_sha256(&cluster_ca[0]).ok_or_else(|| {
         Error::config(format!(
             "{}: certificate does not parse",
             show(&a.cluster_ca)

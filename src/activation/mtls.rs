@@ -15,7 +15,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig, StreamOwned};
 
-use crate::crypto::digest::{hex, sha256};
+use crate::crypto::x509::spki_sha256;
 use crate::error::{Error, Result};
 use crate::node::root::{Root, CONFIG_CAP};
 
@@ -184,52 +184,17 @@ fn tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     (b.len() >= len).then(|| (tag, &b[..len], &b[len..]))
 }
 
-/// The subject and the whole SubjectPublicKeyInfo TLV of an X.509 certificate.
-fn subject_and_spki(der: &[u8]) -> Option<(&[u8], &[u8])> {
-    let (0x30, cert, _) = tlv(der)? else {
-        return None;
-    };
-    let (0x30, tbs, _) = tlv(cert)? else {
-        return None;
-    };
-    let mut rest = tbs;
-    let (tag, _, r) = tlv(rest)?;
-    if tag == 0xa0 {
-        rest = r; // explicit version
-    }
-    // serial, signature algorithm, issuer, validity
-    for _ in 0..4 {
-        rest = tlv(rest)?.2;
-    }
-    let (0x30, subject, r) = tlv(rest)? else {
-        return None;
-    };
-    let spki_len = rest_len(r)?;
-    Some((subject, &r[..spki_len]))
-}
-
-fn rest_len(b: &[u8]) -> Option<usize> {
-    let (0x30, _, after) = tlv(b)? else {
-        return None;
-    };
-    Some(b.len() - after.len())
-}
-
-pub fn spki_sha256(cert_der: &[u8]) -> Option<String> {
-    let (_, spki) = subject_and_spki(cert_der)?;
-    Some(format!("sha256:{}", hex(&sha256(spki))))
-}
-
 pub fn peer(cert_der: &[u8]) -> Option<Peer> {
     const CN: &[u8] = &[0x55, 0x04, 0x03];
     const O: &[u8] = &[0x55, 0x04, 0x0a];
-    let (subject, spki) = subject_and_spki(cert_der)?;
+    let der = CertificateDer::from(cert_der);
+    let cert = webpki::EndEntityCert::try_from(&der).ok()?;
     let mut p = Peer {
         cn: String::new(),
         orgs: Vec::new(),
-        spki: format!("sha256:{}", hex(&sha256(spki))),
+        spki: spki_sha256(cert_der)?,
     };
-    let mut rdns = subject;
+    let mut rdns = cert.subject();
     while !rdns.is_empty() {
         let (0x31, set, r) = tlv(rdns)? else {
             return None;

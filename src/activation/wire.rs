@@ -213,7 +213,7 @@ impl Ticket {
                     .data;
                 let der = crate::activation::mtls::certs(ca.as_bytes(), "ca.crt")
                     .map_err(|e| format!("control_plane_files: {e}"))?;
-                if crate::activation::mtls::spki_sha256(&der[0]).as_deref() != Some(pinned_hash) {
+                if crate::crypto::x509::spki_sha256(&der[0]).as_deref() != Some(pinned_hash) {
                     return Err("control_plane_files: ca.crt is not the pinned cluster CA".into());
                 }
             }
