@@ -19,6 +19,18 @@ pub const MAX_NODES: u64 = 100_000;
 
 /// Parse a single-document YAML text; `name` names the input in errors.
 pub fn parse(text: &str, name: &str) -> Result<Yaml> {
+    let mut docs = parse_all(text, name)?;
+    match docs.len() {
+        0 => Err(Error::failed(format!("{name}: empty YAML document"))),
+        1 => Ok(docs.remove(0)),
+        n => Err(Error::failed(format!(
+            "{name}: expected one YAML document, found {n}"
+        ))),
+    }
+}
+
+/// Parse every document of a YAML text (`---` between them), within one budget for all.
+pub fn parse_all(text: &str, name: &str) -> Result<Vec<Yaml>> {
     if text.len() > MAX_BYTES {
         return Err(Error::failed(format!(
             "{name}: {} bytes of YAML is over the {MAX_BYTES}-byte limit",
@@ -33,15 +45,7 @@ pub fn parse(text: &str, name: &str) -> Result<Yaml> {
     if let Some(over) = budget.over {
         return Err(Error::failed(format!("{name}: {over}")));
     }
-    let mut docs = YamlLoader::load_from_str(text)
-        .map_err(|e| Error::failed(format!("{name}: invalid YAML: {e}")))?;
-    match docs.len() {
-        0 => Err(Error::failed(format!("{name}: empty YAML document"))),
-        1 => Ok(docs.remove(0)),
-        n => Err(Error::failed(format!(
-            "{name}: expected one YAML document, found {n}"
-        ))),
-    }
+    YamlLoader::load_from_str(text).map_err(|e| Error::failed(format!("{name}: invalid YAML: {e}")))
 }
 
 /// Event receiver that sizes the tree a loader would build.

@@ -44,6 +44,7 @@ pub fn check_values(a: &Bootstrap) -> Result<ManifestUrl> {
     for (flag, p) in [
         ("--kubeconfig", &a.kubeconfig),
         ("--bootstrap-kubeconfig", &a.bootstrap_kubeconfig),
+        ("--join-config", &a.join_config),
         ("--kubelet-env-path", &a.kubelet_env_path),
     ] {
         if !p.is_empty() {

@@ -1,5 +1,5 @@
 //! `nodestrap bootstrap --help` in groups. argh lists options in field order, which for
-//! bootstrap's 35 is one long list; an operator looks for the ones of a payload or of the
+//! bootstrap's three dozen is one long list; an operator looks for the ones of a payload or of the
 //! network. The groups come from the tables that also decide which options each payload takes
 //! (`check::TORCX_ONLY`, `check::SYSEXT_ONLY`), so the help cannot say otherwise than the check.
 

@@ -98,7 +98,11 @@ pub struct Bootstrap {
     /// version only (node path; empty: none; default /etc/kubernetes/bootstrap-kubelet.conf)
     #[argh(option, default = "\"/etc/kubernetes/bootstrap-kubelet.conf\".into()")]
     pub bootstrap_kubeconfig: String,
-    /// when neither kubeconfig exists: the API server's URL, its /version read without
+    /// when neither kubeconfig exists: kubeadm's JoinConfiguration (the file `kubeadm join
+    /// --config` takes), its discovery asked for the version only (node path; default: none)
+    #[argh(option, default = "String::new()")]
+    pub join_config: String,
+    /// when no kubeconfig nor join configuration exists: the API server's URL, its /version read without
     /// credentials, trusted through the system roots and --ca-file (default: none)
     #[argh(option, default = "String::new()")]
     pub api_server: String,
@@ -289,6 +293,15 @@ impl Bootstrap {
             Payload::Sysext => SYSEXT_IMAGE_MAX_MIB,
         });
         mib << 20
+    }
+
+    /// Where this node finds its cluster before it has joined.
+    pub fn before_join(&self) -> crate::net::cluster::BeforeJoin<'_> {
+        crate::net::cluster::BeforeJoin {
+            bootstrap_kubeconfig: &self.bootstrap_kubeconfig,
+            join_config: &self.join_config,
+            api_server: &self.api_server,
+        }
     }
 }
 

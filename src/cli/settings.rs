@@ -33,6 +33,7 @@ pub const KEYS: &[&str] = &[
     "sysext-url",
     "kubeconfig",
     "bootstrap-kubeconfig",
+    "join-config",
     "api-server",
     "force-kube-version",
     "version-manifest",

@@ -67,10 +67,9 @@ pub struct Sources<'a> {
     pub forced: Option<&'a str>,
     /// The API server, when a kubeconfig exists (or a source `before_join` found).
     pub kube: Option<&'a Kube>,
-    /// `--kubeconfig` and `--bootstrap-kubeconfig`, named when neither is there (nor an
-    /// `--api-server`).
+    /// `--kubeconfig`, and the sources of a node that has not joined, named when none is there.
     pub kubeconfig: &'a str,
-    pub bootstrap_kubeconfig: &'a str,
+    pub before_join: &'a BeforeJoin<'a>,
     /// `--installer-kubelet-env`.
     pub installer_env: &'a str,
     /// `--version-fallback`.
@@ -88,29 +87,51 @@ impl Sources<'_> {
             }
         };
         format!(
-            "no kubeconfig ({}), no kubelet bootstrap kubeconfig ({}) and no --api-server",
+            "no kubeconfig ({}), no kubelet bootstrap kubeconfig ({}), no join configuration ({}) and no --api-server",
             at(self.kubeconfig),
-            at(self.bootstrap_kubeconfig)
+            at(self.before_join.bootstrap_kubeconfig),
+            at(self.before_join.join_config)
         )
     }
 }
 
+/// Where a node that has not joined finds its cluster, in this order: `--bootstrap-kubeconfig`,
+/// `--join-config`, `--api-server` (empty: not set).
+pub struct BeforeJoin<'a> {
+    pub bootstrap_kubeconfig: &'a str,
+    pub join_config: &'a str,
+    pub api_server: &'a str,
+}
+
 /// A node that has not joined has no kubeconfig, but the cluster it will join already answers
 /// `/version` (system:public-info-viewer: anyone, authenticated or not): ask it through the
-/// kubelet's bootstrap kubeconfig, else at `--api-server` without credentials. For the version
-/// only. `None` when neither is set or there.
+/// kubelet's bootstrap kubeconfig, else through kubeadm's join configuration, else at
+/// `--api-server` without credentials. For the version only. `None` when none is set or there.
 pub fn before_join(
     root: &Root,
-    bootstrap_kubeconfig: &str,
-    api_server: &str,
+    b: &BeforeJoin,
     retry: crate::net::retry::Retry,
     tls: impl FnOnce() -> Result<crate::net::fetch::Tls>,
 ) -> Result<Option<Kube>> {
+    let BeforeJoin {
+        bootstrap_kubeconfig,
+        join_config,
+        api_server,
+    } = *b;
     if !bootstrap_kubeconfig.is_empty() {
         if let Some(k) = Kube::from_kubeconfig(root, bootstrap_kubeconfig, retry)? {
             log::info!(
                 "no kubeconfig yet: asking the API server for its version through the kubelet's bootstrap kubeconfig {}",
                 root.show(bootstrap_kubeconfig)
+            );
+            return Ok(Some(k));
+        }
+    }
+    if !join_config.is_empty() {
+        if let Some(k) = crate::net::join_config::kube(root, join_config, retry)? {
+            log::info!(
+                "no kubeconfig yet: asking the API server for its version through the join configuration {}",
+                root.show(join_config)
             );
             return Ok(Some(k));
         }

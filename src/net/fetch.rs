@@ -37,6 +37,18 @@ pub struct Tls {
     /// The setting that adds a trust anchor for this client, named when a server's certificate
     /// is not signed by one (`--ca-file`, a kubeconfig's `certificate-authority`).
     pub fix: Option<String>,
+    pub check: Check,
+}
+
+/// Whether a server's certificate is checked against the roots.
+#[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Check {
+    #[default]
+    Roots,
+    /// Not on this connection: only kubeadm's token discovery reads cluster-info so, and then
+    /// trusts no byte of it but a CA whose key matches the join configuration's pins
+    /// (net/join_config.rs), as kubeadm does.
+    PinnedAfter,
 }
 
 impl Tls {
@@ -309,6 +321,7 @@ impl Http {
         let tls_config = TlsConfig::builder()
             .root_certs(RootCerts::new_with_certs(&tls.roots))
             .client_cert(tls.client.clone())
+            .disable_verification(tls.check == Check::PinnedAfter)
             .unversioned_rustls_crypto_provider(provider)
             .build();
         let config = Agent::config_builder()

@@ -269,6 +269,17 @@ impl Kube {
         )
     }
 
+    /// A client that sends a bearer `token` and trusts `tls` (kubeadm's token discovery).
+    pub fn with_token(
+        server: &str,
+        tls: Tls,
+        token: String,
+        source: String,
+        retry: Retry,
+    ) -> Result<Kube> {
+        Kube::new(server, tls, Some(token), source, retry)
+    }
+
     fn new(
         server: &str,
         tls: Tls,
@@ -434,7 +445,7 @@ impl Kube {
     }
 }
 
-fn b64(s: &str, name: &str, field: &str) -> Result<Vec<u8>> {
+pub(crate) fn b64(s: &str, name: &str, field: &str) -> Result<Vec<u8>> {
     let clean: String = s.split_whitespace().collect();
     base64::engine::general_purpose::STANDARD
         .decode(clean)

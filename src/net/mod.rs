@@ -4,5 +4,6 @@
 
 pub mod cluster;
 pub mod fetch;
+pub mod join_config;
 pub mod kube;
 pub mod retry;

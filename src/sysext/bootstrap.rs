@@ -83,14 +83,11 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     } else {
         Kube::from_kubeconfig(&root, &a.kubeconfig, common.api_retry())?
     };
+    let before_join = a.before_join();
     let joining = if kube.is_none() && a.force_kube_version.is_none() {
-        cluster::before_join(
-            &root,
-            &a.bootstrap_kubeconfig,
-            &a.api_server,
-            common.api_retry(),
-            || common.tls(&root),
-        )?
+        cluster::before_join(&root, &before_join, common.api_retry(), || {
+            common.tls(&root)
+        })?
     } else {
         None
     };
@@ -100,7 +97,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
             forced: a.force_kube_version.as_deref(),
             kube: kube.as_ref().or(joining.as_ref()),
             kubeconfig: &a.kubeconfig,
-            bootstrap_kubeconfig: &a.bootstrap_kubeconfig,
+            before_join: &before_join,
             installer_env: &a.installer_kubelet_env,
             fallback: a.version_fallback,
         },

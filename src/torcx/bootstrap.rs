@@ -91,14 +91,9 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     };
     // Not joined yet: the cluster's version from the kubelet's bootstrap kubeconfig or
     // --api-server (the runtime mappings then come from the node's file).
+    let before_join = a.before_join();
     let joining = if kube.is_none() && a.force_kube_version.is_none() {
-        cluster::before_join(
-            &root,
-            &a.bootstrap_kubeconfig,
-            &a.api_server,
-            api_retry,
-            || a.common().tls(&root),
-        )?
+        cluster::before_join(&root, &before_join, api_retry, || a.common().tls(&root))?
     } else {
         None
     };
@@ -108,7 +103,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
             forced: a.force_kube_version.as_deref(),
             kube: kube.as_ref().or(joining.as_ref()),
             kubeconfig: &a.kubeconfig,
-            bootstrap_kubeconfig: &a.bootstrap_kubeconfig,
+            before_join: &before_join,
             installer_env: &a.installer_kubelet_env,
             fallback: a.version_fallback,
         },

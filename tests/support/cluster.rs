@@ -256,6 +256,23 @@ impl Cluster {
         out
     }
 
+    /// The real kubeadm as the admin (`--kubeconfig`); its output, or a panic with it.
+    pub fn kubeadm(&self, args: &[&str]) -> String {
+        let out = Command::new(self.kube_bin.join("kubeadm"))
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(&self.admin)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "kubeadm {}: {text}", args.join(" "));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// `kubectl apply -f -` of `objects` (JSON or YAML).
     pub fn apply(&self, objects: &str) {
         let (ok, out) = self.kubectl_status(&["apply", "-f", "-"], Some(objects));

@@ -1665,6 +1665,131 @@ fn a_node_that_has_not_joined_asks_the_real_api_server() {
     assert!(r.stderr.contains("HTTP 401"), "{}", r.stderr);
 }
 
+/// kubeadm's JoinConfiguration as the version source of a node that has not joined, against
+/// the real API server with the cluster-info ConfigMap real kubeadm publishes: the token and the
+/// CA hash are the ones `kubeadm token create --print-join-command` prints, the file is kubeadm's
+/// own `config print join-defaults` filled in and passed by `kubeadm config validate`. A pin of
+/// another CA is refused naming both hashes; file discovery reads the kubeconfig it names.
+#[test]
+fn a_kubeadm_join_configuration_is_a_version_source() {
+    let c = support::cluster::cluster();
+    let server = {
+        let v: serde_json::Value =
+            serde_json::from_str(&c.kubectl(&["version", "-o", "json"])).unwrap();
+        v["serverVersion"]["gitVersion"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    // cluster-info in kube-public, readable by anyone, as `kubeadm init` leaves it.
+    let work = support::unique_dir("join-config");
+    let init = work.join("init.yaml");
+    std::fs::write(
+        &init,
+        "apiVersion: kubeadm.k8s.io/v1beta4\nkind: InitConfiguration\nbootstrapTokens:\n- token: nsjoin.0123456789abcdef\n",
+    )
+    .unwrap();
+    c.kubeadm(&[
+        "init",
+        "phase",
+        "bootstrap-token",
+        "--config",
+        &init.display().to_string(),
+    ]);
+    let join = c.kubeadm(&["token", "create", "--print-join-command"]);
+    let word = |after: &str| -> String {
+        let mut it = join.split_whitespace();
+        it.find(|w| *w == after);
+        it.next()
+            .unwrap_or_else(|| panic!("{after} in {join}"))
+            .to_string()
+    };
+    let (endpoint, token, hash) = (
+        word("join"),
+        word("--token"),
+        word("--discovery-token-ca-cert-hash"),
+    );
+    assert_eq!(hash, support::openssl_spki_hash(&c.ca_file), "{join}");
+    let defaults = c.kubeadm(&["config", "print", "join-defaults"]);
+    let config = |pin: &str| {
+        defaults
+            .replace("kube-apiserver:6443", &endpoint)
+            .replace("abcdef.0123456789abcdef", &token)
+            .replace(
+                "    unsafeSkipCAVerification: true\n",
+                &format!("    caCertHashes:\n    - {pin}\n"),
+            )
+    };
+    let good = config(&hash);
+    assert!(
+        good.contains("caCertHashes") && good.contains(&endpoint),
+        "{good}"
+    );
+    let file = work.join("join.yaml");
+    std::fs::write(&file, &good).unwrap();
+    c.kubeadm(&[
+        "config",
+        "validate",
+        "--config",
+        &file.display().to_string(),
+    ]);
+
+    let w = joining_world();
+    w.write("/etc/kubeadm/join.yaml", &good);
+    let mut a = args_without_kubeconfig(&w);
+    a.push("--join-config=/etc/kubeadm/join.yaml".into());
+    let r = nodestrap(&a, None, &[]);
+    r.assert_ok();
+    assert!(
+        r.stdout.contains(&format!(
+            "nodestrap: k8s={server} from=api-server (the API server, GET /version, credentials from {} (its bootstrap token; the cluster's CA pinned by caCertHashes))",
+            w.path("/etc/kubeadm/join.yaml").display()
+        )),
+        "{}",
+        r.stdout
+    );
+    assert!(!r.stderr.contains(&token) && !r.stdout.contains(&token));
+
+    // A pin of another CA: cluster-info's CA is not trusted, and nothing is asked with it.
+    let other = support::Ca::new("other");
+    let other_pem = work.join("other.pem");
+    std::fs::write(&other_pem, &other.pem).unwrap();
+    let other_hash = support::openssl_spki_hash(&other_pem);
+    w.write("/etc/kubeadm/join.yaml", &config(&other_hash));
+    let before = w.read("/etc/kubernetes/kubelet.env");
+    let r = nodestrap(&a, None, &[]);
+    r.assert_fails(
+        1,
+        &format!("its CA ({hash}) matches none of caCertHashes ({other_hash})"),
+    );
+    assert_eq!(w.read("/etc/kubernetes/kubelet.env"), before);
+
+    // File discovery: the kubeconfig it names (here with the bootstrap token as its user).
+    use base64::Engine as _;
+    w.write(
+        "/etc/kubeadm/discovery.conf",
+        &format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: t\n  user:\n    token: {token}\ncontexts:\n- name: d\n  context:\n    cluster: c\n    user: t\ncurrent-context: d\n",
+            c.url,
+            base64::engine::general_purpose::STANDARD.encode(&c.ca.pem)
+        ),
+    );
+    w.write(
+        "/etc/kubeadm/join.yaml",
+        "apiVersion: kubeadm.k8s.io/v1beta4\nkind: JoinConfiguration\ndiscovery:\n  file:\n    kubeConfigPath: /etc/kubeadm/discovery.conf\n",
+    );
+    let r = nodestrap(&a, None, &[]);
+    r.assert_ok();
+    assert!(
+        r.stdout.contains(&format!(
+            "from=api-server (the API server, GET /version, credentials from {})",
+            w.path("/etc/kubeadm/discovery.conf").display()
+        )),
+        "{}",
+        r.stdout
+    );
+}
+
 /// `--force-kube-version v1.32.1` pins that patch, `v1.32` takes the newest patch of the
 /// minor; a patch the source lacks is refused naming what it offers; torcx takes no minor.
 #[test]
