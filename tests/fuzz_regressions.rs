@@ -69,3 +69,24 @@ fn ticket_object_at_the_end_of_time_is_judged_without_overflow() {
         Some("sha256:ab")
     );
 }
+
+/// A status record whose `duration_s` has 17 significant digits (5.666666666666667e127): found
+/// by fuzz/status_record. serde_json's default float reading is fast but not exact, so the
+/// record written back read as another number (…666e127) and a record no longer survived its
+/// own round trip; nodestrap now reads floats exactly (serde_json's `float_roundtrip`).
+#[test]
+fn a_status_record_survives_its_round_trip_whatever_its_floats() {
+    use nodestrap::node::status::{from_json, to_json_text};
+    let record = format!(
+        "{{\"schema\": 1, \"command\": \"bootstrap\", \"version\": \"0.1.0\", \"root\": \"/sysroot\", \
+         \"started\": \"2026-11-25T01:40:58Z\", \"ended\": \"2026-11-25T01:40:58Z\", \
+         \"duration_s\": 5{}.3, \"state\": \"done\", \"exit_code\": 0, \"phase\": \"done\", \
+         \"error\": null, \"decisions\": [], \"files\": [], \"reboot\": {{\"decision\": \"no\"}}, \
+         \"kubelet_env\": null, \"process\": null}}",
+        "6".repeat(127)
+    );
+    let r = from_json(record.as_bytes(), "status.json").unwrap();
+    let text = to_json_text(&r).unwrap();
+    let again = from_json(text.as_bytes(), "again").unwrap();
+    assert_eq!(to_json_text(&again).unwrap(), text);
+}
