@@ -7,6 +7,7 @@ use std::fmt;
 
 use crate::error::{Error, Result};
 use crate::net::fetch::Failure;
+use crate::net::join_config::Unreached;
 use crate::net::kube::Kube;
 use crate::node::envfile::EnvFile;
 use crate::node::root::Root;
@@ -65,8 +66,10 @@ impl argh::FromArgValue for Fallback {
 pub struct Sources<'a> {
     /// `--force-kube-version`.
     pub forced: Option<&'a str>,
-    /// The API server, when a kubeconfig exists (or a source `before_join` found).
+    /// The API server, when a kubeconfig exists.
     pub kube: Option<&'a Kube>,
+    /// Else what `before_join` reached.
+    pub joining: Option<&'a Joining>,
     /// `--kubeconfig`, and the sources of a node that has not joined, named when none is there.
     pub kubeconfig: &'a str,
     pub before_join: &'a BeforeJoin<'a>,
@@ -103,6 +106,16 @@ pub struct BeforeJoin<'a> {
     pub api_server: &'a str,
 }
 
+/// What a node that has not joined reached (`before_join`).
+// One per run: the client's size does not matter.
+#[allow(clippy::large_enum_variant)]
+pub enum Joining {
+    /// A client, asked for `/version` under the fallback policy.
+    Client(Kube),
+    /// kubeadm's token discovery could not reach the API server before a client existed.
+    Unreached(Unreached),
+}
+
 /// A node that has not joined has no kubeconfig, but the cluster it will join already answers
 /// `/version` (system:public-info-viewer: anyone, authenticated or not): ask it through the
 /// kubelet's bootstrap kubeconfig, else through kubeadm's join configuration, else at
@@ -112,7 +125,7 @@ pub fn before_join(
     b: &BeforeJoin,
     retry: crate::net::retry::Retry,
     tls: impl FnOnce() -> Result<crate::net::fetch::Tls>,
-) -> Result<Option<Kube>> {
+) -> Result<Option<Joining>> {
     let BeforeJoin {
         bootstrap_kubeconfig,
         join_config,
@@ -124,23 +137,26 @@ pub fn before_join(
                 "no kubeconfig yet: asking the API server for its version through the kubelet's bootstrap kubeconfig {}",
                 root.show(bootstrap_kubeconfig)
             );
-            return Ok(Some(k));
+            return Ok(Some(Joining::Client(k)));
         }
     }
     if !join_config.is_empty() {
-        if let Some(k) = crate::net::join_config::kube(root, join_config, retry)? {
+        if let Some(reached) = crate::net::join_config::kube(root, join_config, retry)? {
             log::info!(
                 "no kubeconfig yet: asking the API server for its version through the join configuration {}",
                 root.show(join_config)
             );
-            return Ok(Some(k));
+            return Ok(Some(match reached {
+                Ok(k) => Joining::Client(k),
+                Err(u) => Joining::Unreached(u),
+            }));
         }
     }
     if api_server.is_empty() {
         return Ok(None);
     }
     log::info!("no kubeconfig yet: asking {api_server} for its version, without credentials");
-    Kube::anonymous(api_server, tls()?, retry).map(Some)
+    Kube::anonymous(api_server, tls()?, retry).map(|k| Some(Joining::Client(k)))
 }
 
 /// Where the version came from, for the log, the plan and the summary.
@@ -237,10 +253,17 @@ fn find_version(root: &Root, s: &Sources) -> Result<Version> {
             source: Source::Forced,
         });
     }
-    let why = match s.kube {
-        Some(k) => match k.server_version() {
+    let asked = match (s.kube, s.joining) {
+        (Some(k), _) | (None, Some(Joining::Client(k))) => Some((k.server_version(), &k.source)),
+        (None, Some(Joining::Unreached(u))) => {
+            Some((Err((Error::failed(u.error.clone()), u.failure)), &u.source))
+        }
+        (None, None) => None,
+    };
+    let why = match asked {
+        Some((answer, from)) => match answer {
             Ok(v) => {
-                let source = Source::ApiServer(k.source.clone());
+                let source = Source::ApiServer(from.clone());
                 log::info!("Kubernetes version {v} (from {source})");
                 let value = checked_version(v, &source.to_string())?;
                 return Ok(Version { value, source });
@@ -259,7 +282,7 @@ fn find_version(root: &Root, s: &Sources) -> Result<Version> {
             Err((e, Failure::Denied)) => {
                 return Err(Error::failed(format!(
                     "unable to determine the cluster version: the API server rejected the credentials of {} ({e}): give the node a kubeconfig whose credentials the cluster accepts, or set --force-kube-version (--version-fallback {} does not let {} decide)",
-                    k.source,
+                    from,
                     s.fallback.word(),
                     root.show(s.installer_env)
                 )));

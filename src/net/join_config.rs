@@ -13,7 +13,7 @@
 use yaml_rust2::Yaml;
 
 use crate::error::{Error, Result};
-use crate::net::fetch::{Check, Http, Request, Tls};
+use crate::net::fetch::{Check, Failure, Http, Request, Tls};
 use crate::net::kube::Kube;
 use crate::net::retry::Retry;
 use crate::node::root::Root;
@@ -155,16 +155,29 @@ fn is_token(t: &str) -> bool {
     matches!(t.split_once('.'), Some((id, secret)) if ok(id, 6) && ok(secret, 16))
 }
 
-/// A client for the cluster the join configuration at `node_path` names, for its version.
-/// `Ok(None)` when the file does not exist.
-pub fn kube(root: &Root, node_path: &str, retry: Retry) -> Result<Option<Kube>> {
+/// Token discovery could not read cluster-info for want of an answer: judged by the fallback
+/// policy as a `/version` that failed the same way.
+pub struct Unreached {
+    /// The join configuration, for messages.
+    pub source: String,
+    pub error: String,
+    pub failure: Failure,
+}
+
+/// A client for the cluster the join configuration at `node_path` names, for its version, or
+/// the discovery's failure to reach it. `Ok(None)` when the file does not exist.
+pub fn kube(
+    root: &Root,
+    node_path: &str,
+    retry: Retry,
+) -> Result<Option<std::result::Result<Kube, Unreached>>> {
     let name = root.show(node_path);
     let Some(text) = root.read_text(node_path)? else {
         return Ok(None);
     };
     match parse(&text, &name)? {
         Discovery::File(p) => match Kube::from_kubeconfig(root, &p, retry)? {
-            Some(k) => Ok(Some(k)),
+            Some(k) => Ok(Some(Ok(k))),
             None => Err(Error::failed(format!(
                 "{name}: discovery.file.kubeConfigPath names {}, which does not exist",
                 root.show(&p)
@@ -175,29 +188,49 @@ pub fn kube(root: &Root, node_path: &str, retry: Retry) -> Result<Option<Kube>> 
             token,
             pins,
         } => {
-            let tls = pinned_ca(&endpoint, &pins, &name, retry)?;
-            Kube::with_token(
-                &format!("https://{endpoint}"),
-                tls,
-                token,
-                format!("{name} (its bootstrap token; the cluster's CA pinned by caCertHashes)"),
-                retry,
-            )
-            .map(Some)
+            let source =
+                format!("{name} (its bootstrap token; the cluster's CA pinned by caCertHashes)");
+            let tls = match pinned_ca(&endpoint, &pins, &name, retry)? {
+                Ok(tls) => tls,
+                Err((e, failure)) => {
+                    return Ok(Some(Err(Unreached {
+                        source,
+                        error: e.to_string(),
+                        failure,
+                    })))
+                }
+            };
+            Kube::with_token(&format!("https://{endpoint}"), tls, token, source, retry)
+                .map(|k| Some(Ok(k)))
         }
     }
 }
 
-/// The CA that cluster-info at `endpoint` offers, trusted only if its key is one of `pins`.
-fn pinned_ca(endpoint: &str, pins: &[String], name: &str, retry: Retry) -> Result<Tls> {
+/// The CA that cluster-info at `endpoint` offers, trusted only if its key is one of `pins`;
+/// the inner error: cluster-info could not be read (unreachable, busy), as `/version` fails.
+fn pinned_ca(
+    endpoint: &str,
+    pins: &[String],
+    name: &str,
+    retry: Retry,
+) -> Result<std::result::Result<Tls, (Error, Failure)>> {
     let url = format!("https://{endpoint}/api/v1/namespaces/kube-public/configmaps/cluster-info");
     let unchecked = Tls {
         check: Check::PinnedAfter,
         ..Tls::default()
     };
-    let body = Http::new(&unchecked, retry)
-        .fetch(&Request::get(&url), 1 << 20)
-        .map_err(|e| e.context(format!("{name}: discovery.bootstrapToken: cluster-info")))?;
+    let body = match Http::new(&unchecked, retry).fetch_why(&Request::get(&url), 1 << 20) {
+        Ok(b) => b,
+        Err((e, f @ (Failure::Unreachable | Failure::Busy))) => {
+            return Ok(Err((
+                e.context(format!("{name}: discovery.bootstrapToken: cluster-info")),
+                f,
+            )))
+        }
+        Err((e, _)) => {
+            return Err(e.context(format!("{name}: discovery.bootstrapToken: cluster-info")))
+        }
+    };
     let bad = |why: String| Error::failed(format!("{name}: cluster-info from {url}: {why}"));
     let cm: serde_json::Value =
         serde_json::from_slice(&body).map_err(|e| bad(format!("invalid JSON: {e}")))?;
@@ -226,7 +259,7 @@ fn pinned_ca(endpoint: &str, pins: &[String], name: &str, retry: Retry) -> Resul
                 tls.fix = Some(format!(
                     "discovery.bootstrapToken.caCertHashes in {name} (the cluster's CA)"
                 ));
-                return Ok(tls);
+                return Ok(Ok(tls));
             }
             offered.push(pin.unwrap_or_else(|| "an unreadable certificate".into()));
         }

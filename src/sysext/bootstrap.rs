@@ -95,7 +95,8 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         &root,
         &cluster::Sources {
             forced: a.force_kube_version.as_deref(),
-            kube: kube.as_ref().or(joining.as_ref()),
+            kube: kube.as_ref(),
+            joining: joining.as_ref(),
             kubeconfig: &a.kubeconfig,
             before_join: &before_join,
             installer_env: &a.installer_kubelet_env,

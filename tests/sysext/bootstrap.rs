@@ -1764,6 +1764,40 @@ fn a_kubeadm_join_configuration_is_a_version_source() {
     );
     assert_eq!(w.read("/etc/kubernetes/kubelet.env"), before);
 
+    // Nothing listens at the endpoint: unreachable, judged by --version-fallback as a
+    // /version that failed so (never: the run fails; the default: the node's files decide).
+    let dead = format!("127.0.0.1:{}", support::cluster::free_port());
+    w.write(
+        "/etc/kubeadm/join.yaml",
+        &config(&hash).replace(&endpoint, &dead),
+    );
+    let mut quick = a.clone();
+    quick.push("--api-tries=1".into());
+    let r = nodestrap(&quick, None, &[]);
+    r.assert_fails(
+        1,
+        "the API server is unreachable, and --version-fallback never does not let",
+    );
+    assert!(
+        r.stderr.contains("discovery.bootstrapToken: cluster-info"),
+        "{}",
+        r.stderr
+    );
+    w.write(
+        "/etc/kubernetes/installer/kubelet.env",
+        "KUBELET_IMAGE_TAG=v1.37.0\n",
+    );
+    quick.retain(|x| x != "--version-fallback=never");
+    let r = nodestrap(&quick, None, &[]);
+    r.assert_ok();
+    assert!(
+        r.stdout.contains("nodestrap: k8s=v1.37.0 from=fallback (")
+            && r.stdout.contains("the API server is unreachable: "),
+        "{}",
+        r.stdout
+    );
+    std::fs::remove_file(w.path("/etc/kubernetes/installer/kubelet.env")).unwrap();
+
     // File discovery: the kubeconfig it names (here with the bootstrap token as its user).
     use base64::Engine as _;
     w.write(
