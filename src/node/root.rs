@@ -304,6 +304,37 @@ impl Dir {
     /// dropped first: the final name only ever holds complete, verified content.
     pub fn create_temp(&self, name: &str, mode: u32) -> Result<TempFile<'_>> {
         self.sweep_temps(name);
+        // Another run's sweep may take a new temp file in the instant before its lock is held
+        // (it sees an unlocked temp, as a killed run leaves): such a file is unlinked or locked
+        // by the sweeper when we come to lock it, and we start again under a new name.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let t = self.try_create_temp(name, mode)?;
+            let f = t.file.as_ref().expect("just opened");
+            let locked = match rustix::fs::flock(f, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => {
+                    rustix::fs::fstat(f)
+                        .with_ctx(|| self.show(&t.tmp))?
+                        .st_nlink
+                        > 0
+                }
+                Err(rustix::io::Errno::WOULDBLOCK) => false,
+                Err(e) => return Err(e).with_ctx(|| self.show(&t.tmp)),
+            };
+            if locked {
+                return Ok(t);
+            }
+            if tries == 8 {
+                return Err(Error::failed(format!(
+                    "creating a temp file in {}: taken by another run's sweep {tries} times",
+                    self.shown
+                )));
+            }
+        }
+    }
+
+    fn try_create_temp(&self, name: &str, mode: u32) -> Result<TempFile<'_>> {
         let tmp = temp_name(name);
         let fd = rustix::fs::openat(
             &self.fd,
@@ -322,9 +353,6 @@ impl Dir {
         let f = t.file.as_ref().expect("just opened");
         // The umask must not weaken or strengthen what the node expects.
         rustix::fs::fchmod(f, Mode::from_raw_mode(mode)).with_ctx(|| self.show(&t.tmp))?;
-        // Held until the file is closed: tells sweep_temps in another run that we are alive.
-        rustix::fs::flock(f, FlockOperation::NonBlockingLockExclusive)
-            .with_ctx(|| self.show(&t.tmp))?;
         Ok(t)
     }
 
@@ -538,8 +566,10 @@ impl Dir {
             None => is_temp_name(n),
         };
         for n in names.iter().filter(|n| ours(n)) {
-            match self.kind_of(n) {
-                Some(FileType::Symlink) if links => {}
+            // Held until the name is gone: a writer that creates a temp file locks it an
+            // instant later, and must find it locked or unlinked, never taken from under it.
+            let _held = match self.kind_of(n) {
+                Some(FileType::Symlink) if links => None,
                 Some(FileType::RegularFile) => {
                     // A live writer holds the lock on its temp file: only the dead ones go.
                     let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
@@ -550,9 +580,10 @@ impl Dir {
                     if rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_err() {
                         continue;
                     }
+                    Some(fd)
                 }
                 _ => continue,
-            }
+            };
             match rustix::fs::unlinkat(&self.fd, n.as_str(), AtFlags::empty()) {
                 Ok(()) => log::info!(
                     "removed stale temp file {} (left by a killed run)",
@@ -693,7 +724,8 @@ impl TempFile<'_> {
                 self.dir.show(&self.name)
             )
         })?;
-        drop(f);
+        // The lock stays held through the rename: released earlier, another run's sweep
+        // could take the finished temp file for a killed run's.
         rustix::fs::renameat(
             &self.dir.fd,
             self.tmp.as_str(),
@@ -701,6 +733,7 @@ impl TempFile<'_> {
             self.name.as_str(),
         )
         .with_ctx(|| format!("renaming into {}", self.dir.show(&self.name)))?;
+        drop(f);
         self.tmp.clear();
         self.dir
             .fsync()
@@ -755,6 +788,33 @@ mod tests {
         std::fs::create_dir_all(&p).unwrap();
         let r = Root::open(&p).unwrap();
         (p, r)
+    }
+
+    /// CI's red at stop 40: runs sharing a folder (tests sharing one run folder; a node's
+    /// units) sweep each other's temp files. A live writer's temp file is never taken, from
+    /// its creation to its rename.
+    #[test]
+    fn concurrent_writers_and_sweepers_never_take_a_live_temp_file() {
+        let (p, _r) = tmp_root();
+        let threads: Vec<_> = (0..4)
+            .map(|i| {
+                let p = p.clone();
+                std::thread::spawn(move || {
+                    let d = Root::open(&p).unwrap().dir("/").unwrap().unwrap();
+                    for n in 0..300 {
+                        d.write_atomic("status.json", format!("{i} {n}").as_bytes(), 0o644)
+                            .unwrap();
+                        d.sweep_leftovers(false);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let d = Root::open(&p).unwrap().dir("/").unwrap().unwrap();
+        assert_eq!(d.entries().unwrap(), ["status.json"]);
+        std::fs::remove_dir_all(&p).unwrap();
     }
 
     #[test]

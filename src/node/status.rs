@@ -15,7 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{Context, Error, Result};
 use crate::node::root::{read_capped, Root};
 
 pub const SCHEMA: u32 = 1;
@@ -327,33 +327,22 @@ pub fn run_file() -> PathBuf {
     run_dir().join(FILE)
 }
 
-/// Replaced atomically by a rename from a temp file of nodestrap's naming (locked while it is
-/// written), so that the temp of a run killed mid-write is swept by the next. Not fsynced:
-/// /run is a tmpfs, gone at the next boot anyway, and a run should not wait on a disk for its
-/// progress report.
+/// Replaced atomically by a rename from a temp file of nodestrap's naming, like every file
+/// nodestrap writes (a run killed mid-write leaves a temp that the next one sweeps). /run is a
+/// tmpfs: its fsyncs cost nothing.
 fn save_run_dir(json: &[u8]) -> Result<()> {
-    use std::io::Write as _;
     let dir = run_dir();
     let at = dir.join(FILE);
-    let tmp = dir.join(crate::node::root::temp_name(FILE));
-    let write = || -> std::io::Result<()> {
-        std::fs::create_dir_all(&dir)?;
-        let mut f = std::fs::File::options()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
-        rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
-        f.write_all(json)?;
-        std::fs::rename(&tmp, &at)
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::failed(format!("status record {}: {e}", at.display()))
-    })?;
-    if let Ok(Some(d)) = Root::open(&dir).and_then(|r| r.dir("/")) {
+    let save = || -> Result<()> {
+        std::fs::create_dir_all(&dir).with_ctx(|| "creating it".to_string())?;
+        let d = Root::open(&dir)?
+            .dir("/")?
+            .ok_or_else(|| Error::failed("gone while being written"))?;
+        d.write_atomic(FILE, json, 0o644)?;
         d.sweep_leftovers(false);
-    }
-    Ok(())
+        Ok(())
+    };
+    save().map_err(|e| Error::failed(format!("status record {}: {e}", at.display())))
 }
 
 /// The record of the last run on `root`: the running system's copy when that run was on this
