@@ -39,6 +39,7 @@ pub const COMMANDS: &[&str] = &[
     "join-service",
     "init-cluster",
     "status",
+    "verify",
 ];
 
 #[derive(FromArgs, Debug)]
@@ -52,6 +53,7 @@ pub enum Cmd {
     JoinService(JoinService),
     InitCluster(InitCluster),
     Status(Status),
+    Verify(Verify),
 }
 
 #[derive(FromArgs, Debug)]
@@ -584,7 +586,7 @@ impl argh::FromArgValue for Ledger {
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "status", help_triggers("-h", "--help", "help"))]
 /// Show what the last bootstrap decided and did (its status record); exit 0 done, 1 failed,
-/// 3 still running, 4 no record.
+/// 3 still running, 4 no record, 5 done but the boot check found a mismatch.
 pub struct Status {
     /// the node's root, for the record kept under /var/lib when /run has none (default /)
     #[argh(option, default = "PathBuf::from(\"/\")")]
@@ -592,6 +594,38 @@ pub struct Status {
     /// print the record as JSON (schema: docs/status.md)
     #[argh(switch)]
     pub json: bool,
+}
+
+#[derive(FromArgs, Debug)]
+#[argh(
+    subcommand,
+    name = "verify",
+    help_triggers("-h", "--help", "help"),
+    note = "Runs on the running system after a boot (nodestrap-verify.service, before\nboot-complete.target). Reads the last bootstrap's status record; writes what it\nfound into it, and the known-good set to /var/lib/nodestrap/known-good.json.",
+    error_code(0, "verified: the node runs what the last bootstrap chose; now known-good"),
+    error_code(
+        1,
+        "mismatch (recorded; the known-good set put back once per boot), or no completed bootstrap to verify"
+    ),
+    error_code(2, "wrong options, or the last bootstrap was not a sysext one")
+)]
+/// After a boot: check that the extensions, kubelet and runtime running are the ones the last
+/// sysext bootstrap chose, and go back to the known-good set if they are not.
+pub struct Verify {
+    /// the kubelet's kubeconfig, to ask the API server for this Node (node path, default
+    /// /etc/kubernetes/kubelet.conf)
+    #[argh(option, default = "\"/etc/kubernetes/kubelet.conf\".into()")]
+    pub kubeconfig: String,
+    /// the Node's name (default: the host name in lower case, as the kubelet registers)
+    #[argh(option)]
+    pub node_name: Option<String>,
+    /// seconds to wait for the API server to confirm the Node's versions; 0: do not ask
+    /// (default 60)
+    #[argh(option, default = "60")]
+    pub api_wait: u64,
+    /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
+    #[argh(option, default = "\"info\".into()")]
+    pub verbose: String,
 }
 
 #[derive(FromArgs, Debug)]

@@ -43,6 +43,8 @@ pub enum Phase {
     Marker,
     /// Reported, and the reboot decided.
     Done,
+    /// After a boot, `nodestrap verify` found running what the run chose.
+    Verified,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,6 +113,82 @@ pub struct Record {
     /// records of older versions).
     #[serde(default)]
     pub process: Option<Process>,
+    /// The set the run settled on, one entry per extension it manages (sysext): what
+    /// `nodestrap verify` compares with what runs after a boot.
+    #[serde(default)]
+    pub chosen: Vec<Chosen>,
+    /// What `nodestrap verify` found after the last boot (sysext).
+    #[serde(default)]
+    pub verification: Option<Verification>,
+}
+
+/// One extension of the chosen set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Chosen {
+    /// The extension's name (`kubernetes`, `containerd`).
+    pub name: String,
+    /// Its version as the image's file name spells it (`v1.32.4`, `1.7.24`).
+    pub version: String,
+    /// The image, a node path under the root (`/opt/extensions/NAME/FILE`).
+    pub image: String,
+    /// `sha256-<hex>`, as the signed list named it.
+    pub digest: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    /// Every check passed: the set is the node's known-good set.
+    Verified,
+    /// Something else runs than the record says.
+    Mismatch,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ApiCheck {
+    /// The Node's nodeInfo says the same as the node.
+    Confirmed,
+    /// The API server could not be asked (no kubeconfig yet, no answer within the bound):
+    /// never a pass, never a failure.
+    Unreached,
+    /// The Node reports another kubelet or runtime version.
+    Mismatch,
+    /// `--api-wait 0`.
+    Skipped,
+}
+
+/// One comparison: what the record expects, what runs, and whether they agree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Check {
+    pub what: String,
+    pub expected: String,
+    pub running: String,
+    pub ok: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verification {
+    /// RFC 3339, UTC.
+    pub at: String,
+    /// The boot it checked (/proc/sys/kernel/random/boot_id).
+    pub boot_id: String,
+    pub duration_s: f64,
+    pub outcome: Outcome,
+    pub checks: Vec<Check>,
+    pub api: ApiCheck,
+    /// Why the API server was not asked or did not answer.
+    pub api_note: Option<String>,
+    /// After a mismatch: the known-good set put back (this boot, once), and how that went.
+    pub returned: Option<Returned>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Returned {
+    pub to: Vec<Chosen>,
+    pub boot_id: String,
+    /// `merged` (the known-good set runs again), or the error that stopped the return.
+    pub result: String,
 }
 
 /// Who wrote a record: this boot's ID, the PID and the process's start (clock ticks after
@@ -194,6 +272,8 @@ pub fn begin(command: &str, root: &Path) {
         reboot: Reboot::Undecided,
         kubelet_env: None,
         process: Process::this(),
+        chosen: Vec::new(),
+        verification: None,
     };
     if let Ok(mut g) = OPEN.lock() {
         *g = Some(Open {
@@ -231,6 +311,18 @@ pub fn staged(path: &str, digest: impl std::fmt::Display) {
                 path: path.to_string(),
                 digest: digest.to_string(),
             });
+        }
+    });
+}
+
+/// One extension of the set this run settles on (replacing an earlier entry of that name).
+pub fn chosen(c: Chosen) {
+    with(|o| {
+        let set = &mut o.record.chosen;
+        if let Some(x) = set.iter_mut().find(|x| x.name == c.name) {
+            *x = c;
+        } else if set.len() < MAX_ENTRIES {
+            set.push(c);
         }
     });
 }
@@ -345,6 +437,20 @@ fn save_run_dir(json: &[u8]) -> Result<()> {
     save().map_err(|e| Error::failed(format!("status record {}: {e}", at.display())))
 }
 
+/// Change the kept record of the last run under `root` (and the running system's copy when it
+/// is of the same run): `nodestrap verify` adds what it found.
+pub fn amend(root: &Root, before: &Record, after: &Record) -> Result<String> {
+    let json = to_json(after)?;
+    root.write_atomic(KEPT, &json, 0o644)?;
+    let run = run_file();
+    if let Ok(f) = std::fs::File::open(&run) {
+        if parse(f, &run.display().to_string()).is_ok_and(|(r, _)| r.started == before.started) {
+            save_run_dir(&json)?;
+        }
+    }
+    Ok(root.show(KEPT))
+}
+
 /// The record of the last run on `root`: the running system's copy when that run was on this
 /// root (a run in the initramfs on /sysroot was on the root this system booted into), else the
 /// one kept under `root`. `None` when neither exists; a file that is not a record is an error
@@ -437,6 +543,13 @@ pub fn print(root: &Path, json: bool) -> Result<i32> {
         }
     }
     Ok(match r.state {
+        State::Done
+            if r.verification
+                .as_ref()
+                .is_some_and(|v| v.outcome == Outcome::Mismatch) =>
+        {
+            5
+        }
         State::Done => 0,
         State::Failed | State::Interrupted => 1,
         State::Running => 3,
@@ -499,6 +612,38 @@ pub fn human_lines(r: &Record, from: &str) -> Vec<String> {
             Reboot::Needed { reason } => format!("needed: {reason}"),
         },
     );
+    if let Some(v) = &r.verification {
+        let api = match v.api {
+            ApiCheck::Confirmed => "the Node says the same",
+            ApiCheck::Unreached => "the API server was not reached",
+            ApiCheck::Mismatch => "the Node says otherwise",
+            ApiCheck::Skipped => "the API server was not asked",
+        };
+        let found = match v.outcome {
+            Outcome::Verified => format!("verified at {}: runs as chosen; {api}", v.at),
+            Outcome::Mismatch => {
+                let first = v
+                    .checks
+                    .iter()
+                    .find(|c| !c.ok)
+                    .map(|c| format!("{}: expected {}, found {}", c.what, c.expected, c.running))
+                    .unwrap_or_default();
+                format!("MISMATCH at {}: {first}", v.at)
+            }
+        };
+        row("after boot", found);
+        if let Some(back) = &v.returned {
+            let set: Vec<String> = back
+                .to
+                .iter()
+                .map(|c| format!("{} {}", c.name, c.version))
+                .collect();
+            row(
+                "returned",
+                format!("to the known-good set {} ({})", set.join(", "), back.result),
+            );
+        }
+    }
     row("record", from.to_string());
     out
 }

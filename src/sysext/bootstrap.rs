@@ -17,6 +17,7 @@ use crate::node::status;
 use crate::node::undo::Undo;
 use crate::sysext::choose;
 use crate::sysext::host::Host;
+use crate::sysext::known_good::KnownGood;
 use crate::sysext::merge::{self, Expect};
 use crate::sysext::stage::{self, Link};
 use crate::sysext::sums::{Image, Sums};
@@ -77,6 +78,9 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         host.source
     );
 
+    // What earlier boots proved: images never to stage again, and the set to keep.
+    let known = KnownGood::load(&root)?;
+
     // 2. The cluster's version, from the same sources as the torcx payload.
     let kube = if a.kubeconfig.is_empty() || a.force_kube_version.is_some() {
         None
@@ -120,6 +124,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         url: &url,
         keyring: keyring.as_ref(),
         arch: host.arch,
+        known: &known,
         read: Default::default(),
     };
     let mut steps = Vec::new();
@@ -128,7 +133,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         None => {
             let (list, dir_url) = lists.get(KUBERNETES)?;
             let (img, why) =
-                choose::kubernetes(&k8s, want, &list.images(KUBERNETES, host.arch), &dir_url)?;
+                choose::kubernetes(&k8s, want, &lists.offered(&list, KUBERNETES), &dir_url)?;
             log::info!(
                 "{KUBERNETES} {} chosen for a {k8s} cluster ({why})",
                 img.label()
@@ -146,6 +151,14 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         }
     };
     let (runtime_name, runtime) = choose_runtime(&root, a, &k8s, &lists, &mut steps)?;
+    for s in &steps {
+        status::chosen(status::Chosen {
+            name: s.img.name.clone(),
+            version: s.img.label(),
+            image: stage::image_path(&s.img),
+            digest: s.img.digest.to_string(),
+        });
+    }
     status::phase(status::Phase::Chosen);
 
     // 5. The plan, for --dry-run.
@@ -191,6 +204,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         http: &http,
         host: &host,
         steps: &steps,
+        known: &known,
         live,
     };
     match run.apply(&mut undo) {
@@ -212,7 +226,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
             match done {
                 Ok(()) => {
                     undo.commit();
-                    restart_changed(&restart)
+                    merge::restart_changed(&restart)
                 }
                 Err(e) => Err(undo.undo(e)),
             }
@@ -228,6 +242,7 @@ struct Apply<'a> {
     http: &'a Http,
     host: &'a Host,
     steps: &'a [Step],
+    known: &'a KnownGood,
     live: bool,
 }
 
@@ -236,37 +251,6 @@ struct Apply<'a> {
 struct Applied {
     activation: &'static str,
     restart: Vec<(&'static str, String)>,
-}
-
-/// The service that runs from extension `name`'s image.
-fn service_of(name: &str) -> Option<&'static str> {
-    match name {
-        KUBERNETES => Some("kubelet.service"),
-        "containerd" => Some("containerd.service"),
-        "docker" => Some("docker.service"),
-        _ => None,
-    }
-}
-
-/// On a running system, after the merge is done and recorded: restart what runs from an image
-/// that changed (`systemctl try-restart`: a service that is not running stays stopped), and
-/// nothing else. A restart that fails fails the run, naming the command that finishes the job;
-/// the merge stays.
-fn restart_changed(restart: &[(&'static str, String)]) -> Result<()> {
-    for (unit, version) in restart {
-        crate::node::dbus::systemd_try_restart(unit).map_err(|e| {
-            e.hint(format!(
-                "{version} is merged and recorded, but {unit} still runs the previous binary: systemctl restart {unit}"
-            ))
-        })?;
-        log::info!("{unit} restarted (if it ran): its extension changed to {version}");
-        status::decide(
-            unit,
-            "restarted",
-            format_args!("its extension changed to {version}"),
-        );
-    }
-    Ok(())
 }
 
 impl<'a> Apply<'a> {
@@ -310,7 +294,12 @@ impl<'a> Apply<'a> {
         //      set aside (deleted once the run is done).
         for s in steps {
             stage::remove_transfers(root, &s.img.name, undo)?;
-            let keep = [s.img.file.as_str()];
+            // The known-good image stays: a boot check that fails returns to it.
+            let good = self
+                .known
+                .image_of(&s.img.name)
+                .and_then(|c| c.image.rsplit('/').next());
+            let keep: Vec<&str> = std::iter::once(s.img.file.as_str()).chain(good).collect();
             stage::prune(root, &s.img.name, self.host.arch, &keep, undo)?;
         }
 
@@ -341,7 +330,7 @@ impl<'a> Apply<'a> {
                 // What runs from the old images restarts once the run is done.
                 restart = changed
                     .iter()
-                    .filter_map(|img| service_of(&img.name).map(|u| (u, img.label())))
+                    .filter_map(|img| merge::service_of(&img.name).map(|u| (u, img.label())))
                     .collect();
                 "merged"
             }
@@ -434,7 +423,7 @@ fn choose_runtime(
         return Ok((rt, o));
     }
     let (list, dir_url) = lists.get(rt)?;
-    let img = choose::runtime_image(rt, &wanted, &list.images(rt, lists.arch), &dir_url)?;
+    let img = choose::runtime_image(rt, &wanted, &lists.offered(&list, rt), &dir_url)?;
     log::info!(
         "{rt} {} chosen (mapped for Kubernetes {k8s} by {name})",
         img.label()
@@ -532,12 +521,33 @@ struct Lists<'a> {
     url: &'a SysextUrl,
     keyring: Option<&'a Keyring>,
     arch: &'a str,
+    known: &'a KnownGood,
     /// Lists already read, by directory: a flat source (one folder and one SHA256SUMS for every
     /// extension, as sysext-bakery publishes) is fetched and verified once.
     read: std::cell::RefCell<Vec<(String, Sums)>>,
 }
 
 impl Lists<'_> {
+    /// The images of `name` for this node's architecture in `list`, without those a boot check
+    /// refused (docs/verify.md).
+    fn offered(&self, list: &Sums, name: &str) -> Vec<Image> {
+        let mut out = list.images(name, self.arch);
+        out.retain(|i| match self.known.refusal(name, &i.digest.to_string()) {
+            Some(r) => {
+                log::warn!(
+                    "{name} {} not considered: refused by the boot check at {} ({}; {})",
+                    i.label(),
+                    r.at,
+                    r.why,
+                    crate::sysext::known_good::PATH
+                );
+                false
+            }
+            None => true,
+        });
+        out
+    }
+
     /// `SHA256SUMS` of `name`'s directory, its signature checked before it is parsed, and its
     /// freshness; with the directory's URL.
     fn get(&self, name: &str) -> Result<(Sums, String)> {

@@ -275,6 +275,7 @@ fn mount_ro(file: &File, fs: FsType) -> std::io::Result<Mounted> {
 // <linux/loop.h>
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
 const LO_FLAGS_READ_ONLY: u32 = 1;
 const LO_FLAGS_AUTOCLEAR: u32 = 4;
 
@@ -301,6 +302,49 @@ struct LoopConfig {
     block_size: u32,
     info: LoopInfo64,
     reserved: [u64; 8],
+}
+
+/// The file each bound loop device reads, as (major, minor, inode) of the backing file
+/// (LOOP_GET_STATUS64): every image systemd-sysext merged is one of them while it is merged.
+/// Compared by identity, not by name: `backing_file` in sysfs names the file relative to the
+/// mount it was opened through, which a bind mount changes.
+pub fn loop_backings() -> Vec<(u32, u32, u64)> {
+    let Ok(rd) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        // Only bound devices have a backing file.
+        if !name.starts_with("loop") || !e.path().join("loop/backing_file").exists() {
+            continue;
+        }
+        let Ok(lo) = rustix::fs::open(
+            format!("/dev/{name}").as_str(),
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
+            continue;
+        };
+        // SAFETY: all-zero is a valid loop_info64, which the call fills in.
+        let mut info: LoopInfo64 = unsafe { std::mem::zeroed() };
+        // SAFETY: info is a live, properly laid out struct loop_info64 for the whole call.
+        let r = unsafe {
+            libc::ioctl(
+                lo.as_raw_fd(),
+                LOOP_GET_STATUS64 as _,
+                &mut info as *mut LoopInfo64,
+            )
+        };
+        if r == 0 {
+            // The kernel's "huge" encoding of a device number (new_encode_dev).
+            let d = info.device;
+            let major = ((d & 0xfff00) >> 8) as u32;
+            let minor = ((d & 0xff) | ((d >> 12) & 0xfff00)) as u32;
+            out.push((major, minor, info.inode));
+        }
+    }
+    out
 }
 
 /// A free loop device bound read-only to `file` (LOOP_CONFIGURE, Linux 5.8+); another process

@@ -64,23 +64,20 @@ pub fn prove(want: &[Expect]) -> Result<()> {
             )));
         }
         if let Some(argv) = version_probe(e.name) {
-            let c = Command::new(&argv, Duration::from_secs(30))?;
-            let out = exec::capture(&c, &argv[0], 64 << 10)?;
-            let text = String::from_utf8_lossy(&out.stdout);
-            if !out.exit.success() || !text.contains(&e.version) {
+            let said = probe(&argv).map_err(|why| {
+                Error::failed(format!("{} after the merge: {why}", argv.join(" ")))
+            })?;
+            if !said.contains(&e.version) {
                 return Err(Error::failed(format!(
-                    "{} after the merge: expected version {}, got {} ({})",
+                    "{} after the merge: expected version {}, got {said}",
                     argv.join(" "),
                     e.label,
-                    text.trim(),
-                    out.exit
                 )));
             }
             log::info!(
-                "{} merged into /usr: {} says {}",
+                "{} merged into /usr: {} says {said}",
                 e.name,
-                argv.join(" "),
-                text.lines().next().unwrap_or("").trim()
+                argv.join(" ")
             );
         } else {
             log::info!("{} merged into /usr ({SYSEXT} status)", e.name);
@@ -90,7 +87,7 @@ pub fn prove(want: &[Expect]) -> Result<()> {
 }
 
 /// The program whose `--version` tells which image of `name` is merged.
-fn version_probe(name: &str) -> Option<Vec<String>> {
+pub fn version_probe(name: &str) -> Option<Vec<String>> {
     let bin = match name {
         "kubernetes" => "/usr/bin/kubelet",
         "containerd" => "/usr/bin/containerd",
@@ -101,7 +98,7 @@ fn version_probe(name: &str) -> Option<Vec<String>> {
 }
 
 /// The extensions `systemd-sysext status --json=short` lists for /usr.
-fn status_usr() -> Result<Vec<String>> {
+pub fn status_usr() -> Result<Vec<String>> {
     let c = Command::new(
         &[SYSEXT.into(), "status".into(), "--json=short".into()],
         TIMEOUT,
@@ -156,6 +153,52 @@ fn usr_fstype(mountinfo: &str) -> Option<String> {
         .lines()
         .rfind(|l| l.split(' ').nth(4) == Some("/usr"))
         .and_then(|l| l.split(" - ").nth(1)?.split(' ').next().map(str::to_string))
+}
+
+/// What `argv` (a `--version` probe) prints first, or why it printed nothing.
+pub fn probe(argv: &[String]) -> std::result::Result<String, String> {
+    let run = || -> Result<String> {
+        let c = Command::new(argv, Duration::from_secs(30))?;
+        let out = exec::capture(&c, &argv[0], 64 << 10)?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let first = text.lines().next().unwrap_or("").trim().to_string();
+        if out.exit.success() {
+            Ok(first)
+        } else {
+            Err(Error::failed(format!("{} ({})", out.tail.trim(), out.exit)))
+        }
+    };
+    run().map_err(|e| e.to_string())
+}
+
+/// The service that runs from extension `name`'s image.
+pub fn service_of(name: &str) -> Option<&'static str> {
+    match name {
+        "kubernetes" => Some("kubelet.service"),
+        "containerd" => Some("containerd.service"),
+        "docker" => Some("docker.service"),
+        _ => None,
+    }
+}
+
+/// After a merge that changed images: restart what runs from them (`systemctl try-restart`: a
+/// service that is not running stays stopped), and nothing else. A restart that fails fails
+/// the run, naming the command that finishes the job; the merge stays.
+pub fn restart_changed(restart: &[(&'static str, String)]) -> Result<()> {
+    for (unit, version) in restart {
+        dbus::systemd_try_restart(unit).map_err(|e| {
+            e.hint(format!(
+                "{version} is merged and recorded, but {unit} still runs the previous binary: systemctl restart {unit}"
+            ))
+        })?;
+        log::info!("{unit} restarted (if it ran): its extension changed to {version}");
+        crate::node::status::decide(
+            unit,
+            "restarted",
+            format_args!("its extension changed to {version}"),
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -8,6 +8,8 @@ pub mod bootstrap;
 pub mod choose;
 pub mod host;
 pub mod image;
+pub mod known_good;
 pub mod merge;
 pub mod stage;
 pub mod sums;
+pub mod verify;

@@ -168,12 +168,17 @@ pub fn lock_links(undo: &mut Undo) -> Result<()> {
 /// Point `/etc/extensions/<name>.raw` at the image in one step (nothing when it already does).
 /// Returns whether the link changed.
 pub fn switch_link(root: &Root, img: &Image, undo: &mut Undo) -> Result<bool> {
-    let link = format!("{LINKS}/{}.raw", img.name);
-    let changed = undo.link(&link, &image_path(img))?;
+    relink(root, &img.name, &image_path(img), undo)
+}
+
+/// Point `/etc/extensions/<name>.raw` at `image`, a node path in the store.
+pub fn relink(root: &Root, name: &str, image: &str, undo: &mut Undo) -> Result<bool> {
+    let link = format!("{LINKS}/{name}.raw");
+    let changed = undo.link(&link, image)?;
     if changed {
-        log::info!("{} -> {}", root.show(&link), image_path(img));
+        log::info!("{} -> {image}", root.show(&link));
     } else {
-        log::info!("{} already links to {}", root.show(&link), image_path(img));
+        log::info!("{} already links to {image}", root.show(&link));
     }
     Ok(changed)
 }

@@ -2028,3 +2028,6 @@ fn stages_from(w: &World, url: &str, keyring: &Path) {
         r.stdout
     );
 }
+
+#[path = "verify.rs"]
+mod verify;

@@ -1,0 +1,171 @@
+//! `nodestrap verify` after a boot: the boot is this machine's real systemd-sysext merging the
+//! node's layout in a private mount namespace, as the real root's systemd-sysext.service does;
+//! what runs is then compared with the bootstrap's status record.
+
+use super::*;
+
+/// A boot of the world's node: its /etc/extensions and /var/lib/nodestrap bound into the
+/// namespace, the merge, then `script`.
+fn boot(w: &World, bus: &Bus, script: &str) -> String {
+    let r = w.root.display();
+    let (ok, out) = in_namespace(
+        &w.path("/opt"),
+        &format!(
+            "mkdir -p /var/lib/nodestrap /etc/extensions {r}/var/lib/nodestrap {r}/etc/extensions\nmount --bind {r}/var/lib/nodestrap /var/lib/nodestrap\nmount --bind {r}/etc/extensions /etc/extensions\nsystemd-sysext merge >/dev/null\n{script}"
+        ),
+        &[("DBUS_SYSTEM_BUS_ADDRESS", &bus.address)],
+    );
+    assert!(ok, "{out}");
+    out
+}
+
+/// `nodestrap verify` in a boot's script: prints `VERIFY exit=N`.
+fn verify(args: &str) -> String {
+    format!(
+        "if {} verify --kubeconfig=/nonexistent/kubelet.conf {args} 2>&1; then echo 'VERIFY exit=0'; else echo \"VERIFY exit=$?\"; fi\n",
+        bin()
+    )
+}
+
+fn json(w: &World, node_path: &str) -> serde_json::Value {
+    serde_json::from_str(&w.read(node_path).unwrap_or_default()).unwrap_or_default()
+}
+
+/// Issue 28's first proof, on this machine's systemd-sysext: a kubernetes image whose kubelet
+/// says another version than its name is found after the boot, recorded, refused for good, and
+/// the node goes back to the set the boot before verified; the kubelet restarts on it.
+#[test]
+fn a_boot_that_runs_another_kubelet_than_chosen_returns_to_the_known_good_set() {
+    let w = World::new();
+    let mut bus = Bus::start();
+    let calls = unique_dir("systemd").join("calls");
+    bus.systemd(&["--record", calls.to_str().unwrap()]);
+
+    // Boot 1: a v1.31 cluster, kubernetes v1.31.9 staged from the initramfs, merged at boot.
+    w.write(
+        "/etc/kubernetes/installer/kubelet.env",
+        "KUBELET_IMAGE_TAG=v1.31.2\n",
+    );
+    w.run().assert_ok();
+    let out = boot(&w, &bus, &verify("--api-wait=1"));
+    assert!(out.contains("VERIFY exit=0"), "{out}");
+    for needle in [
+        "check kubernetes /usr/bin/kubelet --version: expected version 1.31.9, found version 1.31.9",
+        "check kubernetes merged image: expected read by a loop device, found read by a loop device",
+        "check containerd merged for /usr: expected listed by systemd-sysext status, found listed by systemd-sysext status",
+        "recorded as unreached",
+        "verified: the node runs kubernetes v1.31.9, containerd v1.7.24 as",
+    ] {
+        assert!(out.contains(needle), "{needle}: {out}");
+    }
+    let rec = json(&w, "/var/lib/nodestrap/status.json");
+    assert_eq!(rec["phase"], "verified", "{rec}");
+    assert_eq!(rec["verification"]["outcome"], "verified", "{rec}");
+    assert_eq!(rec["verification"]["api"], "unreached", "{rec}");
+    let known = json(&w, "/var/lib/nodestrap/known-good.json");
+    assert_eq!(
+        known["set"][0]["image"], "/opt/extensions/kubernetes/kubernetes-v1.31.9-x86-64.raw",
+        "{known}"
+    );
+
+    // Boot 2: the cluster is v1.32; the source's v1.32.3 carries a kubelet that says v1.32.9.
+    let k = vec![
+        (
+            "kubernetes-v1.32.1-x86-64.raw".to_string(),
+            kubernetes(&w.work, "1.32.1", ANY),
+        ),
+        (
+            "kubernetes-v1.32.3-x86-64.raw".to_string(),
+            kubernetes(&w.work, "1.32.9", ANY),
+        ),
+    ];
+    w.publish("kubernetes", &k, "");
+    w.write(
+        "/etc/kubernetes/installer/kubelet.env",
+        "KUBELET_IMAGE_TAG=v1.32.4\n",
+    );
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    w.run().assert_ok();
+    assert_eq!(
+        w.link("kubernetes").as_deref(),
+        Some("/opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw")
+    );
+    let out = boot(
+        &w,
+        &bus,
+        &format!(
+            "{}readlink /etc/extensions/kubernetes.raw\nkubelet --version\nif {b} status 2>&1; then echo 'STATUS exit=0'; else echo \"STATUS exit=$?\"; fi\necho again\n{}",
+            verify("--api-wait=0"),
+            verify("--api-wait=0"),
+            b = bin()
+        ),
+    );
+    let (first, again) = out.split_once("again\n").unwrap();
+    assert!(first.contains("VERIFY exit=1"), "{out}");
+    for needle in [
+        "check kubernetes /usr/bin/kubelet --version: expected version 1.32.3, found \"Kubernetes v1.32.9\"",
+        "kubernetes v1.32.3 (sha256-",
+        "refused: never staged again on this node",
+        "returned to the known-good set verified at",
+        "/opt/extensions/kubernetes/kubernetes-v1.31.9-x86-64.raw\nKubernetes v1.31.9\n",
+        // `nodestrap status` tells the operator, and exits 5.
+        "after boot       MISMATCH at ",
+        "returned         to the known-good set kubernetes v1.31.9, containerd v1.7.24 (merged)",
+        "STATUS exit=5",
+    ] {
+        assert!(first.contains(needle), "{needle}: {out}");
+    }
+    // What ran from the lying image restarts on the known-good one.
+    assert_eq!(
+        std::fs::read_to_string(&calls).unwrap_or_default(),
+        "TryRestartUnit kubelet.service replace\n",
+        "{out}"
+    );
+    // Asked again in the same boot: the known-good set runs, no second return.
+    assert!(
+        again.contains("VERIFY exit=0") && again.contains("expecting the known-good set"),
+        "{again}"
+    );
+    assert!(
+        !again.contains("returned to the known-good set verified"),
+        "{again}"
+    );
+    let rec = json(&w, "/var/lib/nodestrap/status.json");
+    assert_eq!(rec["verification"]["returned"]["result"], "merged", "{rec}");
+    assert_eq!(
+        rec["chosen"][0]["version"], "v1.32.3",
+        "the record keeps what the bootstrap chose: {rec}"
+    );
+    let known = json(&w, "/var/lib/nodestrap/known-good.json");
+    assert_eq!(known["refused"][0]["version"], "v1.32.3", "{known}");
+
+    // The next bootstrap never stages the refused image: the next newest patch instead.
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stderr
+            .contains("kubernetes v1.32.3 not considered: refused by the boot check")
+            && r.stderr
+                .contains("kubernetes v1.32.1 chosen for a v1.32.4 cluster"),
+        "{}",
+        r.stderr
+    );
+    // The known-good image is kept whatever the pruning.
+    assert!(w
+        .path("/opt/extensions/kubernetes/kubernetes-v1.31.9-x86-64.raw")
+        .exists());
+}
+
+/// Without a completed sysext bootstrap there is nothing to verify, and verify says why.
+#[test]
+fn verify_needs_a_completed_sysext_bootstrap() {
+    let w = World::new();
+    std::fs::create_dir_all(w.path("/opt")).unwrap();
+    let bus = Bus::start();
+    let out = boot(&w, &bus, &verify("--api-wait=0"));
+    assert!(
+        out.contains("VERIFY exit=1") && out.contains("no bootstrap has run, nothing to verify"),
+        "{out}"
+    );
+}
