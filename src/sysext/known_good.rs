@@ -48,27 +48,32 @@ impl KnownGood {
                 ..Default::default()
             });
         };
-        let k: KnownGood = serde_json::from_slice(&bytes).map_err(|e| {
-            Error::failed(format!(
-                "{}: not nodestrap's known-good set: {e}",
-                root.show(PATH)
-            ))
-        })?;
+        KnownGood::from_json(&bytes, &root.show(PATH))
+    }
+
+    /// The file's bytes as read from `name` (serde_json's depth limit of 128 bounds nesting;
+    /// the caller bounds the size).
+    pub fn from_json(bytes: &[u8], name: &str) -> Result<KnownGood> {
+        let k: KnownGood = serde_json::from_slice(bytes)
+            .map_err(|e| Error::failed(format!("{name}: not nodestrap's known-good set: {e}")))?;
         if k.schema != SCHEMA {
             return Err(Error::failed(format!(
-                "{}: schema {} (this nodestrap reads {SCHEMA})",
-                root.show(PATH),
+                "{name}: schema {} (this nodestrap reads {SCHEMA})",
                 k.schema
             )));
         }
         Ok(k)
     }
 
-    pub fn save(&self, root: &Root) -> Result<()> {
-        let mut json = serde_json::to_vec_pretty(self)
-            .map_err(|e| Error::failed(format!("{}: {e}", root.show(PATH))))?;
+    pub fn to_json(&self) -> Result<Vec<u8>> {
+        let mut json =
+            serde_json::to_vec_pretty(self).map_err(|e| Error::failed(format!("{PATH}: {e}")))?;
         json.push(b'\n');
-        root.write_atomic(PATH, &json, 0o644)
+        Ok(json)
+    }
+
+    pub fn save(&self, root: &Root) -> Result<()> {
+        root.write_atomic(PATH, &self.to_json()?, 0o644)
     }
 
     /// Why `digest` of `name` was refused, if it was.

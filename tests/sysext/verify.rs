@@ -169,3 +169,90 @@ fn verify_needs_a_completed_sysext_bootstrap() {
         "{out}"
     );
 }
+
+/// The API part against the real kube-apiserver: the Node's nodeInfo (set through the status
+/// subresource, as the kubelet sets it) confirms the boot; a Node that reports another kubelet
+/// fails the check once the wait ends, and is recorded as such.
+#[test]
+fn the_real_api_server_confirms_or_contradicts_the_node() {
+    let c = support::cluster::cluster();
+    let w = World::new();
+    let bus = Bus::start();
+    w.run().assert_ok();
+    let node = format!("verify-{}", std::process::id());
+    let user = format!("nodestrap-verify-{}", std::process::id());
+    c.kubectl(&[
+        "create",
+        "clusterrole",
+        &user,
+        "--verb=get",
+        "--resource=nodes",
+    ]);
+    c.kubectl(&[
+        "create",
+        "clusterrolebinding",
+        &user,
+        &format!("--clusterrole={user}"),
+        &format!("--user={user}"),
+    ]);
+    let kubeconfig = unique_dir("verify-kubeconfig").join("kubelet.conf");
+    c.kubeconfig(&user, &kubeconfig);
+    c.apply(&format!(
+        "{{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{{\"name\":\"{node}\"}}}}"
+    ));
+    let report = |kubelet: &str| {
+        c.kubectl(&[
+            "patch",
+            "node",
+            &node,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &format!(
+                "{{\"status\":{{\"nodeInfo\":{{\"kubeletVersion\":\"{kubelet}\",\"containerRuntimeVersion\":\"containerd://1.7.24\"}}}}}}"
+            ),
+        ]);
+    };
+    report("v1.32.3");
+    let args = |wait: u32| {
+        format!(
+            "if {} verify --kubeconfig={} --node-name={node} --api-wait={wait} 2>&1; then echo 'VERIFY exit=0'; else echo \"VERIFY exit=$?\"; fi\n",
+            bin(),
+            kubeconfig.display()
+        )
+    };
+    let out = boot(&w, &bus, &args(20));
+    assert!(out.contains("VERIFY exit=0"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "check Node {node} nodeInfo.kubeletVersion: expected v1.32.3, found v1.32.3"
+        )) && out.contains(&format!(
+            "check Node {node} nodeInfo.containerRuntimeVersion: expected containerd://1.7.24, found containerd://1.7.24"
+        )),
+        "{out}"
+    );
+    assert_eq!(
+        json(&w, "/var/lib/nodestrap/status.json")["verification"]["api"],
+        "confirmed"
+    );
+
+    // The Node says another kubelet: after the wait, a mismatch; the node itself runs the
+    // known-good set, so there is nothing to return to and nothing is refused.
+    report("v1.32.1");
+    let out = boot(&w, &bus, &args(3));
+    assert!(out.contains("VERIFY exit=1"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "check Node {node} nodeInfo.kubeletVersion: expected v1.32.3, found v1.32.1"
+        )) && out
+            .contains("nothing to return to: the known-good set itself does not run as recorded"),
+        "{out}"
+    );
+    let rec = json(&w, "/var/lib/nodestrap/status.json");
+    assert_eq!(rec["verification"]["api"], "mismatch", "{rec}");
+    assert_eq!(rec["verification"]["outcome"], "mismatch", "{rec}");
+    assert_eq!(
+        json(&w, "/var/lib/nodestrap/known-good.json")["refused"],
+        serde_json::json!([])
+    );
+}
