@@ -2,7 +2,7 @@
 //! (src/lib.rs), one folder per product family over shared floors (README.md, "Layout").
 
 use nodestrap::activation::{activate, init_cluster, join_service};
-use nodestrap::cli::{self, logged, Cmd, Payload};
+use nodestrap::cli::{self, logged, recorded, Cmd, Payload};
 use nodestrap::inplace::reprovision;
 use nodestrap::sysext;
 use nodestrap::torcx::{bootstrap, hook};
@@ -26,14 +26,21 @@ fn run() -> i32 {
             Payload::Sysext => sysext::bootstrap::run(b),
         }),
         // Every other command takes its command line only.
-        Cmd::Hook(h) => logged(&h.verbose, || hook::run(&h)),
+        // Each keeps a status record of its last run (docs/status.md), a dry run none.
+        Cmd::Hook(h) => recorded("hook", &h.root, false, &h.verbose, || hook::run(&h)),
         Cmd::Preflight(p) => {
             let r: cli::Reprovision = p.into();
-            logged(&r.verbose, || reprovision::preflight(&r))
+            recorded("preflight", &r.root, false, &r.verbose, || {
+                reprovision::preflight(&r)
+            })
         }
-        Cmd::Reprovision(r) => logged(&r.verbose, || reprovision::run(&r)),
-        Cmd::Activate(x) => logged(&x.verbose, || activate::run(&x)),
-        Cmd::JoinService(x) => logged(&x.verbose, || join_service::run(&x)),
+        Cmd::Reprovision(r) => recorded("reprovision", &r.root, r.dry_run, &r.verbose, || {
+            reprovision::run(&r)
+        }),
+        Cmd::Activate(x) => recorded("activate", &x.root, false, &x.verbose, || activate::run(&x)),
+        Cmd::JoinService(x) => recorded("join-service", &x.root, false, &x.verbose, || {
+            join_service::run(&x)
+        }),
         Cmd::InitCluster(x) => logged(&x.verbose, || init_cluster::run(&x)),
         // Reads the last run's record; writes nothing.
         Cmd::Status(s) => cli::status(&s),

@@ -97,6 +97,11 @@ pub fn run(a: &Activate) -> Result<()> {
                 m.cluster,
                 m.source
             );
+            crate::node::status::decide(
+                "node-state",
+                "done",
+                format_args!("{} ({})", root.show(nodelock::STATE_PATH), m.source),
+            );
             ensure_kubelet(a, &root)?;
             summary(format_args!(
                 "nodestrap: activate already done role={} cluster={}",
@@ -123,10 +128,17 @@ pub fn run(a: &Activate) -> Result<()> {
                     .unwrap_or_default()
             )))
         }
-        None => log::info!(
-            "no node state in {}: a fresh node",
-            root.show(nodelock::STATE_PATH)
-        ),
+        None => {
+            log::info!(
+                "no node state in {}: a fresh node",
+                root.show(nodelock::STATE_PATH)
+            );
+            crate::node::status::decide(
+                "node-state",
+                "fresh",
+                format_args!("no {}", root.show(nodelock::STATE_PATH)),
+            );
+        }
     }
 
     // 3. Inputs: the node's identity, both CAs, the init secret's hash.
@@ -176,6 +188,11 @@ pub fn run(a: &Activate) -> Result<()> {
     }
     let mut errors = errors.into_iter();
     if let Some((role, via, cluster)) = won {
+        crate::node::status::decide(
+            "role",
+            role.as_str(),
+            format_args!("{via}, cluster {cluster}"),
+        );
         for e in errors {
             log::warn!("the other side failed, after this node was activated: {e}");
         }

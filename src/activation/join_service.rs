@@ -93,6 +93,12 @@ pub fn run(a: &JoinService) -> Result<()> {
         "cluster CA {} gives the discovery hash {discovery_hash}",
         show(&a.cluster_ca)
     );
+    crate::node::status::decide("ledger", ledger.describe(), "--ledger");
+    crate::node::status::decide(
+        "discovery-hash",
+        &discovery_hash,
+        format_args!("the cluster CA {}", show(&a.cluster_ca)),
+    );
     let mut svc = Svc {
         server: mtls::server_config(&id, &node_ca, &show(&a.cert))?,
         a,
@@ -293,14 +299,21 @@ impl Svc<'_> {
         asked.s.sock.restart();
         let sent = mtls::respond(&mut asked.s, 200, &t);
         match &sent {
-            Ok(()) => log::info!(
-                "{}: ticket issued as {} (role from the certificate's organisation, attempt {}); \
-                 recorded in {}",
-                asked.who,
-                role.as_str(),
-                held.attempt(),
-                self.ledger.describe()
-            ),
+            Ok(()) => {
+                log::info!(
+                    "{}: ticket issued as {} (role from the certificate's organisation, attempt {}); \
+                     recorded in {}",
+                    asked.who,
+                    role.as_str(),
+                    held.attempt(),
+                    self.ledger.describe()
+                );
+                crate::node::status::decide(
+                    &format!("ticket {}", asked.who),
+                    role.as_str(),
+                    format_args!("its certificate's organisation, attempt {}", held.attempt()),
+                );
+            }
             Err(e) => log::warn!("{}: the ticket could not be written: {e}", asked.who),
         }
         self.ledger.settle(

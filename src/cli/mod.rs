@@ -1,7 +1,7 @@
 //! Command line. argh does not take `--flag=value` or bare boolean flags the way Go's flag
 //! package does, and the original units pass them that way, so argv is normalised first.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use argh::FromArgs;
 
@@ -583,6 +583,31 @@ impl argh::FromArgValue for Ledger {
     }
 }
 
+/// `status --command`: one command's record, or every command's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordOf {
+    One(&'static str),
+    All,
+}
+
+impl argh::FromArgValue for RecordOf {
+    fn from_arg_value(v: &str) -> Result<Self, String> {
+        if v == "all" {
+            return Ok(RecordOf::All);
+        }
+        crate::node::status::COMMANDS
+            .iter()
+            .find(|c| **c == v)
+            .map(|c| RecordOf::One(c))
+            .ok_or_else(|| {
+                format!(
+                    "expected {} or all, got {v:?}",
+                    crate::node::status::COMMANDS.join(", ")
+                )
+            })
+    }
+}
+
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "status", help_triggers("-h", "--help", "help"))]
 /// Show what the last bootstrap decided and did (its status record); exit 0 done, 1 failed,
@@ -591,6 +616,10 @@ pub struct Status {
     /// the node's root, for the record kept under /var/lib when /run has none (default /)
     #[argh(option, default = "PathBuf::from(\"/\")")]
     pub root: PathBuf,
+    /// whose record: bootstrap, hook, preflight, reprovision, activate, join-service, or all
+    /// (each one found; the exit code is bootstrap's) (default bootstrap)
+    #[argh(option, default = "RecordOf::One(\"bootstrap\")")]
+    pub command: RecordOf,
     /// print the record as JSON (schema: docs/status.md)
     #[argh(switch)]
     pub json: bool,
@@ -1148,9 +1177,30 @@ pub fn args() -> Vec<String> {
 /// `nodestrap status`: its exit code says how the last run ended.
 pub fn status(s: &Status) -> i32 {
     crate::logger::init(log::LevelFilter::Info);
-    crate::node::status::print(&s.root, s.json).unwrap_or_else(|e| {
+    match s.command {
+        RecordOf::One(c) => crate::node::status::print(&s.root, c, s.json),
+        RecordOf::All => crate::node::status::print_all(&s.root, s.json),
+    }
+    .unwrap_or_else(|e| {
         log::error!("{e}");
         e.exit_code()
+    })
+}
+
+/// `logged` for a command that keeps a status record of its run under `root` (docs/status.md);
+/// a dry run writes none.
+pub fn recorded(
+    command: &str,
+    root: &Path,
+    dry_run: bool,
+    verbose: &str,
+    f: impl FnOnce() -> Result<()>,
+) -> i32 {
+    logged(verbose, || {
+        if !dry_run {
+            crate::node::status::begin(command, root);
+        }
+        f()
     })
 }
 

@@ -357,9 +357,14 @@ impl Dir {
     }
 
     pub fn write_atomic(&self, name: &str, data: &[u8], mode: u32) -> Result<()> {
+        self.replace(name, data, mode, Durability::Synced)
+    }
+
+    /// `name` replaced by `data` in one rename, after a temp file of nodestrap's naming.
+    pub fn replace(&self, name: &str, data: &[u8], mode: u32, d: Durability) -> Result<()> {
         let mut t = self.create_temp(name, mode)?;
         t.write_all(data).with_ctx(|| self.show(name))?;
-        t.persist()
+        t.persist_as(d)
     }
 
     /// Remove temp files for `name` left by a run killed between create_temp and persist
@@ -715,15 +720,21 @@ impl TempFile<'_> {
     }
 
     /// fsync the data, rename over the final name, fsync the directory.
-    pub fn persist(mut self) -> Result<()> {
+    pub fn persist(self) -> Result<()> {
+        self.persist_as(Durability::Synced)
+    }
+
+    pub fn persist_as(mut self, d: Durability) -> Result<()> {
         let f = self.file.take().expect("open until persisted");
-        f.sync_all().with_ctx(|| {
-            format!(
-                "fsync of {} (temp file for {})",
-                self.dir.show(&self.tmp),
-                self.dir.show(&self.name)
-            )
-        })?;
+        if d == Durability::Synced {
+            f.sync_all().with_ctx(|| {
+                format!(
+                    "fsync of {} (temp file for {})",
+                    self.dir.show(&self.tmp),
+                    self.dir.show(&self.name)
+                )
+            })?;
+        }
         // The lock stays held through the rename: released earlier, another run's sweep
         // could take the finished temp file for a killed run's.
         rustix::fs::renameat(
@@ -735,10 +746,22 @@ impl TempFile<'_> {
         .with_ctx(|| format!("renaming into {}", self.dir.show(&self.name)))?;
         drop(f);
         self.tmp.clear();
+        if d == Durability::Volatile {
+            return Ok(());
+        }
         self.dir
             .fsync()
             .map_err(|e| e.context(self.dir.show(&self.name)))
     }
+}
+
+/// Whether a replaced file must survive a crash. `Volatile` only for files on a tmpfs (the
+/// running system's copy of the status record in /run), which a crash takes anyway: no fsync
+/// to wait on, and none to fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    Synced,
+    Volatile,
 }
 
 impl Write for TempFile<'_> {

@@ -16,12 +16,35 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Context, Error, Result};
-use crate::node::root::{read_capped, Root};
+use crate::node::root::{read_capped, Durability, Root};
 
 pub const SCHEMA: u32 = 1;
-const FILE: &str = "status.json";
-/// The last completed run's copy, a node path under the root.
+/// The last completed bootstrap's copy, a node path under the root (units test for it).
 pub const KEPT: &str = "/var/lib/nodestrap/status.json";
+const KEPT_DIR: &str = "/var/lib/nodestrap";
+
+/// The commands that keep a record, each in its own file: `status.json` for bootstrap (the
+/// name units and tools know), `status-<command>.json` for the others.
+pub const COMMANDS: [&str; 6] = [
+    "bootstrap",
+    "hook",
+    "preflight",
+    "reprovision",
+    "activate",
+    "join-service",
+];
+
+fn file_name(command: &str) -> String {
+    match command {
+        "bootstrap" => "status.json".to_string(),
+        c => format!("status-{c}.json"),
+    }
+}
+
+/// The kept copy of `command`'s last run, a node path under the root.
+pub fn kept(command: &str) -> String {
+    format!("{KEPT_DIR}/{}", file_name(command))
+}
 /// A record is small; a larger file is not ours.
 const CAP: u64 = 1 << 20;
 /// Bounds on what one run records, so a record stays small whatever the input.
@@ -376,28 +399,33 @@ pub fn finish(code: i32, error: Option<&Error>) {
         Ok(j) => j,
         Err(e) => return log::error!("{e}"),
     };
-    if let Err(e) = save_run_dir(&json) {
-        log::error!("{e}");
+    // A record that cannot be written is a warning: the run's own error stays the last.
+    let command = o.record.command.clone();
+    if let Err(e) = save_run_dir(&command, &json) {
+        log::warn!("{e}");
     }
+    let kept_at = kept(&command);
     let kept = Root::open(&o.root).and_then(|root| {
-        root.write_atomic(KEPT, &json, 0o644)?;
-        Ok(root.show(KEPT))
+        root.write_atomic(&kept_at, &json, 0o644)?;
+        Ok(root.show(&kept_at))
     });
     match kept {
-        Ok(at) => log::info!("status record written to {} and {at}", run_file().display()),
-        Err(e) => log::error!("status record: {e}"),
+        Ok(at) => log::info!(
+            "status record written to {} and {at}",
+            run_file(&command).display()
+        ),
+        Err(e) => log::warn!("status record: {e}"),
     }
 }
 
 fn save_running() {
-    let Some(json) = OPEN
-        .lock()
-        .ok()
-        .and_then(|g| g.as_ref().map(|o| to_json(&o.record)))
-    else {
+    let Some((command, json)) = OPEN.lock().ok().and_then(|g| {
+        g.as_ref()
+            .map(|o| (o.record.command.clone(), to_json(&o.record)))
+    }) else {
         return;
     };
-    if let Err(e) = json.and_then(|j| save_run_dir(&j)) {
+    if let Err(e) = json.and_then(|j| save_run_dir(&command, &j)) {
         log::warn!("{e}");
     }
 }
@@ -415,22 +443,25 @@ fn run_dir() -> PathBuf {
     crate::node::seams::Seam::RunDir.path()
 }
 
-pub fn run_file() -> PathBuf {
-    run_dir().join(FILE)
+/// The running system's copy of `command`'s record.
+pub fn run_file(command: &str) -> PathBuf {
+    run_dir().join(file_name(command))
 }
 
 /// Replaced atomically by a rename from a temp file of nodestrap's naming, like every file
-/// nodestrap writes (a run killed mid-write leaves a temp that the next one sweeps). /run is a
-/// tmpfs: its fsyncs cost nothing.
-fn save_run_dir(json: &[u8]) -> Result<()> {
+/// nodestrap writes (a run killed mid-write leaves a temp that the next one sweeps). Not
+/// fsynced: /run is a tmpfs, gone at the next boot anyway, and a run should not wait on a disk
+/// for its progress report.
+fn save_run_dir(command: &str, json: &[u8]) -> Result<()> {
     let dir = run_dir();
-    let at = dir.join(FILE);
+    let name = file_name(command);
+    let at = dir.join(&name);
     let save = || -> Result<()> {
         std::fs::create_dir_all(&dir).with_ctx(|| "creating it".to_string())?;
         let d = Root::open(&dir)?
             .dir("/")?
             .ok_or_else(|| Error::failed("gone while being written"))?;
-        d.write_atomic(FILE, json, 0o644)?;
+        d.replace(&name, json, 0o644, Durability::Volatile)?;
         d.sweep_leftovers(false);
         Ok(())
     };
@@ -441,22 +472,23 @@ fn save_run_dir(json: &[u8]) -> Result<()> {
 /// is of the same run): `nodestrap verify` adds what it found.
 pub fn amend(root: &Root, before: &Record, after: &Record) -> Result<String> {
     let json = to_json(after)?;
-    root.write_atomic(KEPT, &json, 0o644)?;
-    let run = run_file();
+    let at = kept(&after.command);
+    root.write_atomic(&at, &json, 0o644)?;
+    let run = run_file(&after.command);
     if let Ok(f) = std::fs::File::open(&run) {
         if parse(f, &run.display().to_string()).is_ok_and(|(r, _)| r.started == before.started) {
-            save_run_dir(&json)?;
+            save_run_dir(&after.command, &json)?;
         }
     }
-    Ok(root.show(KEPT))
+    Ok(root.show(&at))
 }
 
 /// The record of the last run on `root`: the running system's copy when that run was on this
 /// root (a run in the initramfs on /sysroot was on the root this system booted into), else the
 /// one kept under `root`. `None` when neither exists; a file that is not a record is an error
 /// naming it. A record of a run whose process is gone reads as interrupted.
-pub fn load(root: &Path) -> Result<Option<(Record, String)>> {
-    let run = run_file();
+pub fn load(root: &Path, command: &str) -> Result<Option<(Record, String)>> {
+    let run = run_file(command);
     let found = match std::fs::File::open(&run) {
         Ok(f) => Some(parse(f, &run.display().to_string())?),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -479,8 +511,9 @@ pub fn load(root: &Path) -> Result<Option<(Record, String)>> {
         Some(x) => Some(x),
         None => {
             let root = Root::open(root)?;
-            match root.open_file(KEPT)? {
-                Some(f) => Some(parse(f, &root.show(KEPT))?),
+            let at = kept(command);
+            match root.open_file(&at)? {
+                Some(f) => Some(parse(f, &root.show(&at))?),
                 None => None,
             }
         }
@@ -526,12 +559,12 @@ pub fn to_json_text(r: &Record) -> Result<String> {
 
 /// What `nodestrap status` exits with: 0 the last run is done, 1 it failed or was interrupted,
 /// 3 it is still running, 4 there is no record.
-pub fn print(root: &Path, json: bool) -> Result<i32> {
-    let Some((r, from)) = load(root)? else {
+pub fn print(root: &Path, command: &str, json: bool) -> Result<i32> {
+    let Some((r, from)) = load(root, command)? else {
         log::error!(
-            "no status record at {} nor {}: no bootstrap has run",
-            run_file().display(),
-            Root::open(root)?.show(KEPT)
+            "no status record at {} nor {}: no {command} has run",
+            run_file(command).display(),
+            Root::open(root)?.show(&kept(command))
         );
         return Ok(4);
     };
@@ -542,7 +575,47 @@ pub fn print(root: &Path, json: bool) -> Result<i32> {
             crate::outln!("{line}")?;
         }
     }
-    Ok(match r.state {
+    Ok(exit_code(&r))
+}
+
+/// `--command all`: the last record of each command that has one, bootstrap first; the exit
+/// code is bootstrap's when it has a record, else the first found's, else 4. `--json` prints
+/// them as one array.
+pub fn print_all(root: &Path, json: bool) -> Result<i32> {
+    let mut found = Vec::new();
+    for c in COMMANDS {
+        if let Some(x) = load(root, c)? {
+            found.push(x);
+        }
+    }
+    if found.is_empty() {
+        log::error!(
+            "no status record of any command under {} nor {}",
+            run_dir().display(),
+            Root::open(root)?.show(KEPT_DIR)
+        );
+        return Ok(4);
+    }
+    if json {
+        let all: Vec<&Record> = found.iter().map(|(r, _)| r).collect();
+        let text = serde_json::to_string_pretty(&all)
+            .map_err(|e| Error::failed(format!("status records: {e}")))?;
+        crate::outln!("{text}")?;
+    } else {
+        for (i, (r, from)) in found.iter().enumerate() {
+            if i > 0 {
+                crate::outln!("")?;
+            }
+            for line in human_lines(r, from) {
+                crate::outln!("{line}")?;
+            }
+        }
+    }
+    Ok(exit_code(&found[0].0))
+}
+
+fn exit_code(r: &Record) -> i32 {
+    match r.state {
         State::Done
             if r.verification
                 .as_ref()
@@ -553,7 +626,7 @@ pub fn print(root: &Path, json: bool) -> Result<i32> {
         State::Done => 0,
         State::Failed | State::Interrupted => 1,
         State::Running => 3,
-    })
+    }
 }
 
 /// The record for a person, one screen: how the run ended, then each decision and file

@@ -34,10 +34,10 @@ const API_PAUSE: Duration = Duration::from_secs(2);
 pub fn run(v: &Verify) -> Result<()> {
     let since = Instant::now();
     let root = Root::open(Path::new("/"))?;
-    let (record, from) = status::load(Path::new("/"))?.ok_or_else(|| {
+    let (record, from) = status::load(Path::new("/"), "bootstrap")?.ok_or_else(|| {
         Error::failed(format!(
             "no status record at {} nor {}: no bootstrap has run, nothing to verify",
-            status::run_file().display(),
+            status::run_file("bootstrap").display(),
             status::KEPT
         ))
     })?;

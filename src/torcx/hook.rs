@@ -192,6 +192,8 @@ pub fn run(a: &Hook) -> Result<()> {
     // 9. Stay up so the DaemonSet does not restart us; the operator removes its label (and
     //    so this pod) once the node may reboot.
     if a.sleep > 0 {
+        // The run is done: its record says so now, not when the pod is stopped.
+        crate::node::status::finish(0, None);
         signals::exit_on_sigterm();
         log::info!("done; idle until SIGTERM");
         loop {

@@ -663,6 +663,41 @@ fn join_wins_as_worker() {
     let sv = svc.stop();
     sv.assert_ok();
     assert_no_secrets("join-service's log", &sv.stderr);
+    // Both commands keep a status record of their run, in the same schema as bootstrap's.
+    let rec = record(&node.root, "activate");
+    assert_eq!(rec["state"], "done", "{rec}");
+    assert!(decided(&rec, "node-state", "fresh"), "{rec}");
+    assert!(decided(&rec, "role", "worker"), "{rec}");
+    let rec = record(&svc.root, "join-service");
+    assert_eq!(rec["state"], "done", "stopped by its signal: {rec}");
+    let tickets: Vec<&serde_json::Value> = rec["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["what"].as_str().unwrap_or("").starts_with("ticket "))
+        .collect();
+    assert!(
+        tickets.len() == 1
+            && tickets[0]["value"] == "worker"
+            && tickets[0]["what"]
+                .as_str()
+                .unwrap()
+                .contains("join-worker-node"),
+        "{rec}"
+    );
+    assert_no_secrets("join-service's record", &rec.to_string());
+}
+
+/// The kept status record of `command` under `root`.
+fn record(root: &Path, command: &str) -> serde_json::Value {
+    let p = root.join(format!("var/lib/nodestrap/status-{command}.json"));
+    serde_json::from_str(&read(&p)).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn decided(rec: &serde_json::Value, what: &str, value: &str) -> bool {
+    rec["decisions"]
+        .as_array()
+        .is_some_and(|d| d.iter().any(|d| d["what"] == what && d["value"] == value))
 }
 
 #[test]

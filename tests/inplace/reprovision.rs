@@ -995,6 +995,32 @@ fn preflight_prints_a_table_and_fails_on_any_failed_check() {
     w.run("reprovision")
         .assert_fails(1, "preflight failed: mirror");
     w.assert_untouched();
+    // Each command's last run in its own record: preflight's names every check.
+    let rec: Value = serde_json::from_str(
+        &std::fs::read_to_string(w.root.join("var/lib/nodestrap/status-preflight.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(rec["state"], "failed", "{rec}");
+    assert!(
+        rec["decisions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["what"] == "mirror" && d["value"].as_str().unwrap().starts_with("FAIL")),
+        "{rec}"
+    );
+    let rec: Value = serde_json::from_str(
+        &std::fs::read_to_string(w.root.join("var/lib/nodestrap/status-reprovision.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(rec["exit_code"], 1, "{rec}");
+    assert!(
+        rec["error"]
+            .as_str()
+            .unwrap()
+            .contains("preflight failed: mirror"),
+        "{rec}"
+    );
 }
 
 #[test]

@@ -141,6 +141,19 @@ pub fn injected(cmd: &Command, syscall: &str, inject: &str, out: &Path) -> Run {
     run
 }
 
+/// `snapshot` of a node but for nodestrap's status records of its runs (`var/lib/nodestrap`,
+/// and `var/lib` and `var` when they hold nothing else): what a failed run may leave is its
+/// record, which says it failed (docs/status.md).
+pub fn snapshot_but_records(root: &Path) -> BTreeMap<String, String> {
+    let mut s = snapshot(root, &["var/lib/nodestrap"]);
+    for d in ["var/lib", "var"] {
+        if !s.keys().any(|k| k.starts_with(&format!("{d}/"))) {
+            s.remove(d);
+        }
+    }
+    s
+}
+
 /// Every entry under `root` (relative path → kind, mode, content digest or link target), but
 /// the paths in `skip` and what is below them.
 pub fn snapshot(root: &Path, skip: &[&str]) -> BTreeMap<String, String> {

@@ -365,6 +365,37 @@ fn update_pending_stages_next_collects_old_stores_and_annotates() {
         "{}",
         r.stderr
     );
+    // The run's status record, in the same schema as bootstrap's, read by `nodestrap status`.
+    let rec: serde_json::Value =
+        serde_json::from_str(&w.read("/var/lib/nodestrap/status-hook.json").unwrap()).unwrap();
+    assert_eq!(rec["command"], "hook", "{rec}");
+    assert_eq!(rec["state"], "done", "{rec}");
+    assert!(
+        rec["decisions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["what"] == "docker" && d["value"] == "17.06"),
+        "{rec}"
+    );
+    let root = format!("--root={}", w.root.display());
+    let s = nodestrap(
+        &["status".into(), root.clone(), "--command=hook".into()],
+        None,
+        &[],
+    );
+    s.assert_ok();
+    assert!(s.stdout.starts_with("nodestrap hook "), "{}", s.stdout);
+    // No bootstrap record on this root: `all` shows the hook's, with its exit code.
+    let s = nodestrap(
+        &["status".into(), root.clone(), "--command=all".into()],
+        None,
+        &[],
+    );
+    s.assert_ok();
+    assert!(s.stdout.contains("nodestrap hook "), "{}", s.stdout);
+    let s = nodestrap(&["status".into(), root], None, &[]);
+    assert_eq!(s.code, 4, "no bootstrap record: {}", s.stderr);
 }
 
 #[test]
@@ -402,6 +433,21 @@ fn no_update_engine_fails_without_annotation() {
     );
     assert!(w.store().join("1000.0.0").exists(), "nothing collected");
     assert!(w.patches().is_empty(), "no annotation");
+    let s = nodestrap(
+        &[
+            "status".into(),
+            format!("--root={}", w.root.display()),
+            "--command=hook".into(),
+        ],
+        None,
+        &[],
+    );
+    assert_eq!(s.code, 1, "{}", s.stdout);
+    assert!(
+        s.stdout.contains("FAILED (exit 1)") && s.stdout.contains("update_engine"),
+        "{}",
+        s.stdout
+    );
 }
 
 #[test]
@@ -727,7 +773,7 @@ fn a_busy_api_server_ends_the_hook_at_its_deadline_and_changes_nothing() {
     w.api
         .set(&format!("PATCH {}", node_path()), Reply::busy(503, "1"));
     w.extra.push("--deadline=6".into());
-    let before = support::faults::snapshot(&w.root, &[]);
+    let before = support::faults::snapshot_but_records(&w.root);
     let bus = pending_bus(None);
     let start = std::time::Instant::now();
     let r = w.run_on(Some(&bus));
@@ -736,7 +782,7 @@ fn a_busy_api_server_ends_the_hook_at_its_deadline_and_changes_nothing() {
     assert!(took < std::time::Duration::from_secs(12), "took {took:?}");
     assert!(r.stderr.contains("the node is as it was"), "{}", r.stderr);
     assert!(w.patches().len() >= 2, "asked again while busy");
-    let after = support::faults::snapshot(&w.root, &[]);
+    let after = support::faults::snapshot_but_records(&w.root);
     assert_eq!(before, after, "{}", support::faults::diff(&before, &after));
 }
 
@@ -781,7 +827,7 @@ fn a_real_api_server_lets_the_hook_annotate_only_its_node() {
     w.extra
         .push(format!("--kubeconfig={}", kubeconfig.display()));
     w.set_env("NODE", other);
-    let before = support::faults::snapshot(&w.root, &[]);
+    let before = support::faults::snapshot_but_records(&w.root);
     let r = w.run_on(Some(&bus));
     r.assert_fails(1, "HTTP 403");
     let last = r.stderr.lines().rfind(|l| l.starts_with("error")).unwrap();
@@ -794,7 +840,7 @@ fn a_real_api_server_lets_the_hook_annotate_only_its_node() {
         "{last}"
     );
     assert!(last.contains("the node is as it was"), "{last}");
-    let after = support::faults::snapshot(&w.root, &[]);
+    let after = support::faults::snapshot_but_records(&w.root);
     assert_eq!(before, after, "{}", support::faults::diff(&before, &after));
     let annotations = c.kubectl(&[
         "get",

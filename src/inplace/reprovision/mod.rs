@@ -42,6 +42,8 @@ pub fn run(a: &Reprovision) -> Result<()> {
     let flow = s.secrets.flow;
     let target = s.secrets.target();
     let boot = boot_id()?;
+    crate::node::status::decide("node", &node, "the Node this pod runs on");
+    crate::node::status::decide("flow", flow.name(), "the Secret's keys");
     let progress = if a.dry_run {
         Reporter::silent(&node, flow.name())
     } else {

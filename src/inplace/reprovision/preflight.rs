@@ -229,6 +229,13 @@ pub(super) fn summary(line: std::fmt::Arguments) {
 pub fn preflight(a: &Reprovision) -> Result<()> {
     let (s, api) = setup::<ForPreflight>(a)?;
     let checks = preflight_checks(&s, api.as_ref()).checks;
+    for c in &checks {
+        crate::node::status::decide(
+            c.check,
+            format_args!("{} {}", if c.pass { "pass" } else { "FAIL" }, c.detail),
+            &c.target,
+        );
+    }
     print_table(&checks)?;
     let failed = checks.iter().filter(|c| !c.pass).count();
     if failed > 0 {

@@ -49,5 +49,15 @@ pub(super) fn read_state(root: &Root) -> Result<Option<State>> {
 
 pub(super) fn write_state(work: &Dir, st: &State) -> Result<()> {
     let data = serde_json::to_vec_pretty(st).expect("serialisable");
-    work.write_atomic(STATE, &data, 0o600)
+    work.write_atomic(STATE, &data, 0o600)?;
+    // The run's status record follows the state file's phases (docs/status.md).
+    crate::node::status::decide(
+        "reprovision-phase",
+        serde_json::to_value(st.phase)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default(),
+        work.show(STATE),
+    );
+    Ok(())
 }
