@@ -157,6 +157,73 @@ fn a_boot_that_runs_another_kubelet_than_chosen_returns_to_the_known_good_set() 
         .exists());
 }
 
+/// Issue 28's second case: the runtime missing after the boot. The new containerd image is
+/// for Debian 13 (as the node's os-release says when it is staged) but the system that boots
+/// is this machine's Debian 12, whose systemd-sysext refuses it: every other extension merges,
+/// the runtime does not. The check finds it, refuses that image and puts the known-good
+/// containerd back.
+#[test]
+fn a_runtime_refused_at_boot_is_found_and_the_known_good_one_returns() {
+    let w = World::new();
+    let mut bus = Bus::start();
+    let calls = unique_dir("systemd").join("calls");
+    bus.systemd(&["--record", calls.to_str().unwrap()]);
+    w.publish_versions("containerd", &["1.7.20"]);
+    w.run().assert_ok();
+    let out = boot(&w, &bus, &verify("--api-wait=0"));
+    assert!(out.contains("VERIFY exit=0"), "{out}");
+
+    let mut images = vec![(
+        "containerd-v1.7.20-x86-64.raw".to_string(),
+        containerd(&w.work, "1.7.20", 0),
+    )];
+    images.push((
+        "containerd-v1.7.24-x86-64.raw".to_string(),
+        squashfs(
+            &w.work,
+            "containerd",
+            "ID=debian\nVERSION_ID=13\nARCHITECTURE=x86-64\n",
+            &[(
+                "usr/bin/containerd",
+                "#!/bin/sh\necho 'containerd github.com/containerd/containerd 1.7.24'\n".into(),
+                0o755,
+            )],
+            0,
+        ),
+    ));
+    w.publish("containerd", &images, "");
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    w.run().assert_ok();
+    assert_eq!(
+        w.link("containerd").as_deref(),
+        Some("/opt/extensions/containerd/containerd-v1.7.24-x86-64.raw")
+    );
+    let out = boot(
+        &w,
+        &bus,
+        &format!(
+            "{}readlink /etc/extensions/containerd.raw\ncontainerd --version\n",
+            verify("--api-wait=0")
+        ),
+    );
+    for needle in [
+        "VERIFY exit=1",
+        "check containerd merged for /usr: expected listed by systemd-sysext status, found not listed (merged: kubernetes)",
+        "containerd v1.7.24 (sha256-",
+        "returned to the known-good set verified at",
+        "/opt/extensions/containerd/containerd-v1.7.20-x86-64.raw\ncontainerd github.com/containerd/containerd 1.7.20\n",
+    ] {
+        assert!(out.contains(needle), "{needle}: {out}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(&calls).unwrap_or_default(),
+        "TryRestartUnit containerd.service replace\n",
+        "{out}"
+    );
+    let known = json(&w, "/var/lib/nodestrap/known-good.json");
+    assert_eq!(known["refused"][0]["name"], "containerd", "{known}");
+}
+
 /// Without a completed sysext bootstrap there is nothing to verify, and verify says why.
 #[test]
 fn verify_needs_a_completed_sysext_bootstrap() {
