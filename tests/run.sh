@@ -12,7 +12,10 @@ cd "$(dirname "$0")/.."
 # the background while the release binaries link (mostly one core: LTO), and are waited for
 # before the tests that need them.
 go_out=$(mktemp -d)
-trap 'rm -rf "$go_out"' EXIT
+# The integration tests' worlds (node roots, served files, clusters, namespaces' scratch) go to
+# one folder per run: removed once the tests pass, kept and named when they fail.
+worlds=$(mktemp -d /tmp/nodestrap-worlds.XXXXXX)
+trap 'rm -rf "$go_out"; [ ! -d "$worlds" ] || echo "tests/run.sh: the tests'"'"' worlds are kept in $worlds" >&2' EXIT
 (qemu/build-torcx >"$go_out/torcx" && qemu/build-kubernetes >"$go_out/kubernetes" && qemu/build-butane >/dev/null) \
   2>"$go_out/log" &
 go_build=$!
@@ -40,9 +43,10 @@ NODESTRAP_TORCX=$(cat "$go_out/torcx")
 eval "$(cat "$go_out/kubernetes")"
 NODESTRAP_KUBE_BIN=$KUBE_BIN
 export NODESTRAP_TORCX NODESTRAP_KUBE_BIN
-NODESTRAP_BIN=$x86 cargo test --locked
-NODESTRAP_BIN=$arm NODESTRAP_RUNNER=${NODESTRAP_RUNNER_ARM64:-/usr/local/lib/nodestrap-ci/qemu-aarch64} \
+TMPDIR=$worlds NODESTRAP_BIN=$x86 cargo test --locked
+TMPDIR=$worlds NODESTRAP_BIN=$arm NODESTRAP_RUNNER=${NODESTRAP_RUNNER_ARM64:-/usr/local/lib/nodestrap-ci/qemu-aarch64} \
   cargo test --locked --test bootstrap --test hook --test activate --test reprovision --test kubeconfig
+rm -rf "$worlds"
 # A few seconds of every fuzz target from the committed corpus, one summary line each.
 fuzz/run -t "${NODESTRAP_FUZZ_SECONDS:-5}"
 # The Ignition configs through real ignition-validate, the in-cluster manifests' consistency,
