@@ -473,6 +473,18 @@ fn save_run_dir(command: &str, json: &[u8]) -> Result<()> {
 pub fn amend(root: &Root, before: &Record, after: &Record) -> Result<String> {
     let json = to_json(after)?;
     let at = kept(&after.command);
+    // Only the record of that run: a bootstrap that ended since has its own.
+    if let Some(f) = root.open_file(&at)? {
+        let (now, _) = parse(f, &root.show(&at))?;
+        if now.started != before.started {
+            return Err(Error::failed(format!(
+                "{}: a later run ({} started {}) replaced the record checked; not changed",
+                root.show(&at),
+                now.command,
+                now.started
+            )));
+        }
+    }
     root.write_atomic(&at, &json, 0o644)?;
     let run = run_file(&after.command);
     if let Ok(f) = std::fs::File::open(&run) {
@@ -584,8 +596,11 @@ pub fn print(root: &Path, command: &str, json: bool) -> Result<i32> {
 pub fn print_all(root: &Path, json: bool) -> Result<i32> {
     let mut found = Vec::new();
     for c in COMMANDS {
-        if let Some(x) = load(root, c)? {
-            found.push(x);
+        // One unreadable record does not hide the others.
+        match load(root, c) {
+            Ok(Some(x)) => found.push(x),
+            Ok(None) => {}
+            Err(e) => log::error!("{e}"),
         }
     }
     if found.is_empty() {

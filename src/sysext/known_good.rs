@@ -25,6 +25,10 @@ pub struct KnownGood {
     /// RFC 3339, when `set` was verified.
     pub verified: Option<String>,
     pub refused: Vec<Refused>,
+    /// The boot in which a check last returned the node to `set`: once per boot, whatever
+    /// bootstraps ran since.
+    #[serde(default)]
+    pub returned_boot: Option<String>,
 }
 
 /// An image that failed the boot check: never staged again.

@@ -67,7 +67,7 @@ pub fn prove(want: &[Expect]) -> Result<()> {
             let said = probe(&argv).map_err(|why| {
                 Error::failed(format!("{} after the merge: {why}", argv.join(" ")))
             })?;
-            if !said.contains(&e.version) {
+            if !says_version(&said, &e.version) {
                 return Err(Error::failed(format!(
                     "{} after the merge: expected version {}, got {said}",
                     argv.join(" "),
@@ -171,6 +171,18 @@ pub fn probe(argv: &[String]) -> std::result::Result<String, String> {
     run().map_err(|e| e.to_string())
 }
 
+/// Whether a `--version` line names `version` as a whole word (`v` before it, a `-` or `+`
+/// suffix after it allowed): `1.7.2` is not `1.7.24`.
+pub fn says_version(line: &str, version: &str) -> bool {
+    line.split(|c: char| c.is_whitespace() || c == ',' || c == '"')
+        .map(|w| w.trim_start_matches('v'))
+        .any(|w| {
+            w == version
+                || w.strip_prefix(version)
+                    .is_some_and(|rest| rest.starts_with('-') || rest.starts_with('+'))
+        })
+}
+
 /// The service that runs from extension `name`'s image.
 pub fn service_of(name: &str) -> Option<&'static str> {
     match name {
@@ -204,6 +216,21 @@ pub fn restart_changed(restart: &[(&'static str, String)]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn versions_are_whole_words() {
+        assert!(says_version("Kubernetes v1.32.3", "1.32.3"));
+        assert!(says_version(
+            "containerd github.com/containerd/containerd v1.7.24 88bf19b2",
+            "1.7.24"
+        ));
+        assert!(says_version(
+            "Docker version 24.0.9+dfsg1, build 2936816",
+            "24.0.9"
+        ));
+        assert!(!says_version("containerd 1.7.24", "1.7.2"));
+        assert!(!says_version("Kubernetes v1.32.30", "1.32.3"));
+    }
 
     #[test]
     fn status_as_252_and_257_print_it() {

@@ -33,6 +33,12 @@ const API_PAUSE: Duration = Duration::from_secs(2);
 
 pub fn run(v: &Verify) -> Result<()> {
     let since = Instant::now();
+    // A name that cannot be a Node's is the operator's error: exit 2 before anything.
+    let node = if v.api_wait > 0 || v.node_name.is_some() {
+        node_name(v)?
+    } else {
+        String::new()
+    };
     let root = Root::open(Path::new("/"))?;
     let (record, from) = status::load(Path::new("/"), "bootstrap")?.ok_or_else(|| {
         Error::failed(format!(
@@ -42,24 +48,53 @@ pub fn run(v: &Verify) -> Result<()> {
         ))
     })?;
     let boot_id = crate::node::seams::boot_id()?;
-    check_record(&record, &from)?;
+    // Never while a bootstrap (the patch stream) switches links, and one check at a time: the
+    // links' lock, held to the end.
+    let _links = match root.dir(stage::LINKS)? {
+        Some(d) => Some(d.lock(Duration::from_secs(60))?),
+        None => None,
+    };
+    let mut known = KnownGood::load(&root)?;
 
-    // What the node should run: what the last bootstrap chose, or the known-good set a check
-    // of an earlier boot returned to (that return stands until a bootstrap chooses again).
+    // What the node should run.
     let carried = record
         .verification
         .as_ref()
         .and_then(|p| p.returned.clone())
         .filter(|r| r.result == "merged");
-    let expected = match &carried {
-        Some(r) => {
-            log::info!(
-                "expecting the known-good set a check returned to at boot {} ({from})",
-                r.boot_id
-            );
-            r.to.clone()
+    let basis = if record.state != State::Done {
+        // A failed or interrupted bootstrap put the node back as it was: the known-good set.
+        if known.set.is_empty() {
+            return Err(not_done(&record, &from));
         }
-        None => record.chosen.clone(),
+        log::info!(
+            "{}; expecting the known-good set verified at {}",
+            not_done(&record, &from),
+            known.verified.as_deref().unwrap_or("?")
+        );
+        Basis::KnownGood(known.set.clone())
+    } else {
+        check_sysext(&record, &from)?;
+        match carried.clone() {
+            // A return of an earlier check stands until a bootstrap chooses again.
+            Some(r) => {
+                log::info!(
+                    "expecting the known-good set a check returned to at boot {} ({from})",
+                    r.boot_id
+                );
+                Basis::Record(r.to)
+            }
+            None if record.chosen.is_empty() => {
+                log::info!(
+                    "{from} names no extension set (written before the boot check, or every extension left alone): nothing to verify"
+                );
+                return Ok(());
+            }
+            None => Basis::Record(record.chosen.clone()),
+        }
+    };
+    let expected = match &basis {
+        Basis::Record(e) | Basis::KnownGood(e) => e.clone(),
     };
     let (checks, lying) = local_checks(&root, &expected);
     let local_ok = checks.iter().all(|c| c.ok);
@@ -77,13 +112,12 @@ pub fn run(v: &Verify) -> Result<()> {
             Vec::new(),
         )
     } else {
-        ask_api(&root, v, &expected)
+        ask_api(&root, v, &node, &expected)
     };
     let mut checks = checks;
     checks.extend(api_checks);
     let ok = local_ok && api != ApiCheck::Mismatch;
 
-    let mut known = KnownGood::load(&root)?;
     let mut verification = Verification {
         at: status::rfc3339(SystemTime::now()),
         boot_id: boot_id.clone(),
@@ -96,46 +130,53 @@ pub fn run(v: &Verify) -> Result<()> {
         checks,
         api,
         api_note,
-        returned: carried.clone(),
+        returned: carried,
     };
-    let mut after = record.clone();
+    let set = describe(&expected);
 
+    if let Basis::KnownGood(_) = basis {
+        // The record is of a run that failed: nothing of this check goes into it.
+        if ok {
+            known.verified = Some(verification.at.clone());
+            known.save(&root)?;
+            log::info!("verified: the node runs the known-good set ({set})");
+            return Ok(());
+        }
+        return Err(Error::failed(format!(
+            "the node does not run its known-good set ({set}): {}; nothing to return to: the node needs an operator",
+            first_failed(&verification.checks)
+        )));
+    }
+
+    let mut after = record.clone();
     if ok {
-        known.set = expected.clone();
-        known.verified = Some(verification.at.clone());
-        known.save(&root)?;
+        if !expected.is_empty() {
+            known.set = expected.clone();
+            known.verified = Some(verification.at.clone());
+            known.save(&root)?;
+        }
         after.phase = Phase::Verified;
         verification.duration_s = secs(since);
         after.verification = Some(verification);
         let at = status::amend(&root, &record, &after)?;
-        let set: Vec<String> = expected
-            .iter()
-            .map(|c| format!("{} {}", c.name, c.version))
-            .collect();
         log::info!(
-            "verified: the node runs {} as {from} records; now the known-good set ({}); recorded in {at}",
-            if set.is_empty() { "no extension of nodestrap's".to_string() } else { set.join(", ") },
+            "verified: the node runs {set} as {from} records; now the known-good set ({}); recorded in {at}",
             root.show(crate::sysext::known_good::PATH)
         );
         return Ok(());
     }
 
-    // A mismatch: images that did not run as named (another version inside, or refused by
-    // systemd-sysext at boot) are never staged again. A link or a file changed on the node is
-    // not the image's fault: the return puts it right, the image stays eligible.
-    let failed: Vec<Check> = verification
-        .checks
-        .iter()
-        .filter(|c| !c.ok)
-        .cloned()
-        .collect();
+    // A mismatch: images that did not run as named (another version inside, or left out of a
+    // merge that took the others) are never staged again. A link or a file changed on the node,
+    // or a merge that failed as a whole, is not the image's fault: the image stays eligible.
     for c in expected.iter().filter(|c| lying.contains(&c.name)) {
         if known.image_of(&c.name) == Some(c) {
             continue;
         }
-        let why: Vec<String> = failed
+        let why: Vec<String> = verification
+            .checks
             .iter()
-            .filter(|k| k.what.starts_with(&format!("{} ", c.name)))
+            .filter(|k| !k.ok && k.what.starts_with(&format!("{} ", c.name)))
             .map(|k| format!("{}: expected {}, found {}", k.what, k.expected, k.running))
             .collect();
         log::warn!(
@@ -148,31 +189,25 @@ pub fn run(v: &Verify) -> Result<()> {
             name: c.name.clone(),
             version: c.version.clone(),
             digest: c.digest.clone(),
-            why: why.join("; "),
+            why: crate::error::excerpt(&why.join("; "), 400),
             at: verification.at.clone(),
         });
     }
-    known.save(&root)?;
 
-    // ... and the node goes back to the known-good set, once per boot.
-    let earlier = record
-        .verification
-        .as_ref()
-        .and_then(|p| p.returned.as_ref())
-        .filter(|r| r.boot_id == boot_id);
-    let back = if let Some(r) = earlier {
-        format!(
-            "not returned again: this boot already returned to the known-good set ({}); the node needs an operator",
-            r.result
-        )
+    // ... and the node goes back to the known-good set, once per boot (the boot is kept with
+    // the known-good set, which outlives the records of later bootstraps in this boot).
+    let back = if known.returned_boot.as_deref() == Some(boot_id.as_str()) {
+        "not returned again: this boot already returned to the known-good set once; the node needs an operator".to_string()
     } else if known.set.is_empty() {
         "nothing to return to: no boot of this node has been verified yet".to_string()
     } else if known.set == expected {
         "nothing to return to: the known-good set itself does not run as recorded".to_string()
     } else {
-        let result = match return_to(&root, &known.set) {
-            Ok(()) => "merged".to_string(),
-            Err(e) => e.to_string(),
+        known.returned_boot = Some(boot_id.clone());
+        let (result, note) = match return_to(&root, &known.set) {
+            Ok(None) => ("merged".to_string(), String::new()),
+            Ok(Some(restart)) => ("merged".to_string(), format!("; but {restart}")),
+            Err(e) => (e.to_string(), String::new()),
         };
         let merged = result == "merged";
         verification.returned = Some(Returned {
@@ -182,7 +217,7 @@ pub fn run(v: &Verify) -> Result<()> {
         });
         if merged {
             format!(
-                "returned to the known-good set verified at {} ({})",
+                "returned to the known-good set verified at {} ({}){note}",
                 known.verified.as_deref().unwrap_or("?"),
                 describe(&known.set)
             )
@@ -190,35 +225,52 @@ pub fn run(v: &Verify) -> Result<()> {
             format!("the return to the known-good set failed: {result}")
         }
     };
+    known.save(&root)?;
     verification.duration_s = secs(since);
+    let first = first_failed(&verification.checks);
+    // The chosen set no longer holds: the record goes back to `done`.
+    after.phase = Phase::Done;
     after.verification = Some(verification);
     let at = status::amend(&root, &record, &after)?;
-    let first = failed
-        .first()
-        .map(|k| format!("{}: expected {}, found {}", k.what, k.expected, k.running))
-        .unwrap_or_default();
     Err(Error::failed(format!(
         "the node does not run what {from} chose: {first}; {back} (recorded in {at})"
     )))
 }
 
-/// Only a completed sysext bootstrap has a set to verify.
-fn check_record(record: &Record, from: &str) -> Result<()> {
+/// Where the expected set comes from.
+enum Basis {
+    /// The last bootstrap's record (its choice, or the return a check made since).
+    Record(Vec<Chosen>),
+    /// The known-good set: the last bootstrap did not complete.
+    KnownGood(Vec<Chosen>),
+}
+
+fn not_done(record: &Record, from: &str) -> Error {
+    Error::failed(format!(
+        "{from}: the last bootstrap {}: it chose nothing that can run",
+        match record.state {
+            State::Running => "is still running",
+            State::Failed => "failed",
+            State::Interrupted => "was interrupted",
+            State::Done => "ended",
+        }
+    ))
+}
+
+fn first_failed(checks: &[Check]) -> String {
+    checks
+        .iter()
+        .find(|k| !k.ok)
+        .map(|k| format!("{}: expected {}, found {}", k.what, k.expected, k.running))
+        .unwrap_or_default()
+}
+
+/// Only a sysext bootstrap has a set to verify.
+fn check_sysext(record: &Record, from: &str) -> Result<()> {
     if record.command != "bootstrap" {
         return Err(Error::failed(format!(
             "{from} is the record of `{}`, not of a bootstrap: nothing to verify",
             record.command
-        )));
-    }
-    if record.state != State::Done {
-        return Err(Error::failed(format!(
-            "{from}: the last bootstrap {}: it chose nothing that can run",
-            match record.state {
-                State::Running => "is still running",
-                State::Failed => "failed",
-                State::Interrupted => "was interrupted",
-                State::Done => "ended",
-            }
         )));
     }
     let sysext = record.decisions.iter().any(|d| d.what == "activation");
@@ -233,6 +285,12 @@ fn check_record(record: &Record, from: &str) -> Result<()> {
 fn check(what: String, expected: impl Into<String>, running: impl Into<String>) -> Check {
     let (expected, running) = (expected.into(), running.into());
     let ok = expected == running;
+    check_as(what, expected, running, ok)
+}
+
+fn check_as(what: String, expected: String, running: String, ok: bool) -> Check {
+    // What a probe prints is bounded before it goes into the record and the known-good file.
+    let (expected, running) = (bounded(expected), bounded(running));
     let line = format!("check {what}: expected {expected}, found {running}");
     if ok {
         log::info!("{line}");
@@ -244,6 +302,14 @@ fn check(what: String, expected: impl Into<String>, running: impl Into<String>) 
         expected,
         running,
         ok,
+    }
+}
+
+/// At most 200 characters of `s`.
+fn bounded(s: String) -> String {
+    match s.char_indices().nth(200) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s,
     }
 }
 
@@ -272,13 +338,19 @@ fn local_checks(root: &Root, expected: &[Chosen]) -> (Vec<Check>, Vec<String>) {
             c.digest.as_str(),
             digest_of(root, &c.image, &c.digest),
         ));
+        // The image is to blame when the merge took the others and not this one, or when
+        // another version runs from it; never for an error or a merge that failed as a whole.
+        let mut blame = false;
         out.push(check(
             format!("{n} merged for /usr"),
             "listed by systemd-sysext status",
             match &merged {
                 Ok(m) if m.contains(n) => "listed by systemd-sysext status".to_string(),
                 Ok(m) if m.is_empty() => "nothing merged".to_string(),
-                Ok(m) => format!("not listed (merged: {})", m.join(", ")),
+                Ok(m) => {
+                    blame = true;
+                    format!("not listed (merged: {})", m.join(", "))
+                }
                 Err(e) => e.to_string(),
             },
         ));
@@ -293,20 +365,21 @@ fn local_checks(root: &Root, expected: &[Chosen]) -> (Vec<Check>, Vec<String>) {
         ));
         if let Some(argv) = merge::version_probe(n) {
             let version = c.version.trim_start_matches('v');
-            let said = merge::probe(&argv);
             out.push(check(
                 format!("{n} {}", argv.join(" ")),
                 format!("version {version}"),
-                match said {
-                    Ok(s) if s.contains(version) => format!("version {version}"),
-                    Ok(s) => format!("{s:?}"),
+                match merge::probe(&argv) {
+                    Ok(s) if merge::says_version(&s, version) => format!("version {version}"),
+                    Ok(s) => {
+                        blame = true;
+                        format!("{s:?}")
+                    }
                     Err(e) => e,
                 },
             ));
         }
-        // The first two are the node's (link, file); the rest the image's.
-        let node_ok = out[first..first + 2].iter().all(|k| k.ok);
-        if node_ok && out[first + 2..].iter().any(|k| !k.ok) {
+        // Only when the link and the file are as recorded (the node's part).
+        if blame && out[first..first + 2].iter().all(|k| k.ok) {
             lying.push(n.clone());
         }
     }
@@ -357,12 +430,13 @@ fn digest_of(root: &Root, node_path: &str, recorded: &str) -> String {
 /// The Node's own report: `nodeInfo.kubeletVersion` and `containerRuntimeVersion` say the
 /// chosen versions. Asked again for up to `--api-wait` while it does not (a restarted kubelet
 /// updates its Node within seconds); no answer in that time is `unreached`, never a pass.
-fn ask_api(root: &Root, v: &Verify, expected: &[Chosen]) -> (ApiCheck, Option<String>, Vec<Check>) {
+fn ask_api(
+    root: &Root,
+    v: &Verify,
+    name: &str,
+    expected: &[Chosen],
+) -> (ApiCheck, Option<String>, Vec<Check>) {
     let until = Instant::now() + Duration::from_secs(v.api_wait);
-    let name = match node_name(v) {
-        Ok(n) => n,
-        Err(e) => return (ApiCheck::Unreached, Some(e.to_string()), Vec::new()),
-    };
     let want_kubelet = expected
         .iter()
         .find(|c| c.name == "kubernetes")
@@ -383,7 +457,7 @@ fn ask_api(root: &Root, v: &Verify, expected: &[Chosen]) -> (ApiCheck, Option<St
                     Error::failed(format!("{} does not exist yet", root.show(&v.kubeconfig)))
                 })
             })
-            .and_then(|k| k.get_node(&name))
+            .and_then(|k| k.get_node(name))
         {
             Ok(node) => {
                 let info = |k: &str| {
@@ -393,8 +467,12 @@ fn ask_api(root: &Root, v: &Verify, expected: &[Chosen]) -> (ApiCheck, Option<St
                         .to_string()
                 };
                 let got = (info("kubeletVersion"), info("containerRuntimeVersion"));
-                let agrees = want_kubelet.as_ref().is_none_or(|w| *w == got.0)
-                    && want_runtime.as_ref().is_none_or(|w| *w == got.1);
+                let agrees = want_kubelet
+                    .as_ref()
+                    .is_none_or(|w| same_version(w, &got.0))
+                    && want_runtime
+                        .as_ref()
+                        .is_none_or(|w| same_version(w, &got.1));
                 last = Some(got);
                 if agrees {
                     break;
@@ -420,17 +498,21 @@ fn ask_api(root: &Root, v: &Verify, expected: &[Chosen]) -> (ApiCheck, Option<St
     };
     let mut checks = Vec::new();
     if let Some(w) = want_kubelet {
-        checks.push(check(
+        let ok = same_version(&w, &kubelet);
+        checks.push(check_as(
             format!("Node {name} nodeInfo.kubeletVersion"),
             w,
             kubelet,
+            ok,
         ));
     }
     if let Some(w) = want_runtime {
-        checks.push(check(
+        let ok = same_version(&w, &runtime);
+        checks.push(check_as(
             format!("Node {name} nodeInfo.containerRuntimeVersion"),
             w,
             runtime,
+            ok,
         ));
     }
     let api = if checks.iter().all(|c| c.ok) {
@@ -443,6 +525,16 @@ fn ask_api(root: &Root, v: &Verify, expected: &[Chosen]) -> (ApiCheck, Option<St
         Some(format!("from {}", root.show(&v.kubeconfig))),
         checks,
     )
+}
+
+/// Whether two versions as the Node reports them are the same: `containerd://v1.7.24` (an
+/// upstream build says its tag) is `containerd://1.7.24`, `v1.32.3` is `1.32.3`.
+fn same_version(a: &str, b: &str) -> bool {
+    let bare = |s: &str| -> (String, String) {
+        let (scheme, v) = s.split_once("://").unwrap_or(("", s));
+        (scheme.to_string(), v.trim_start_matches('v').to_string())
+    };
+    bare(a) == bare(b)
 }
 
 /// `--node-name`, else the host name as the kubelet registers it (lower case).
@@ -459,8 +551,10 @@ fn node_name(v: &Verify) -> Result<String> {
 }
 
 /// Links back to `set`, each image checked against its digest first; refresh, prove, restart
-/// what changed. A failure puts the links back as they were (the undo log).
-fn return_to(root: &Root, set: &[Chosen]) -> Result<()> {
+/// what changed. A failure up to the proof puts the links back as they were (the undo log);
+/// a restart that fails after it is returned as `Some(why)`: the known-good set is merged.
+/// The caller holds the links' lock.
+fn return_to(root: &Root, set: &[Chosen]) -> Result<Option<String>> {
     for c in set {
         let now = digest_of(root, &c.image, &c.digest);
         if now != c.digest {
@@ -475,7 +569,6 @@ fn return_to(root: &Root, set: &[Chosen]) -> Result<()> {
     }
     let mut undo = Undo::new(root);
     let changed = (|| -> Result<Vec<(&'static str, String)>> {
-        stage::lock_links(&mut undo)?;
         let mut changed = Vec::new();
         for c in set {
             if stage::relink(root, &c.name, &c.image, &mut undo)? {
@@ -502,7 +595,10 @@ fn return_to(root: &Root, set: &[Chosen]) -> Result<()> {
     match changed {
         Ok(changed) => {
             undo.commit();
-            merge::restart_changed(&changed)
+            Ok(merge::restart_changed(&changed).err().map(|e| {
+                log::error!("{e}");
+                e.to_string()
+            }))
         }
         Err(e) => Err(undo.undo(e)),
     }

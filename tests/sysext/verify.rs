@@ -224,6 +224,66 @@ fn a_runtime_refused_at_boot_is_found_and_the_known_good_one_returns() {
     assert_eq!(known["refused"][0]["name"], "containerd", "{known}");
 }
 
+/// A later bootstrap that fails (here a list signed by no key of the keyring) leaves the node
+/// as it was: the boot after it checks the known-good set, and passes. A record written before
+/// the boot check (no `chosen`) is not a failure either, and changes nothing.
+#[test]
+fn a_failed_bootstrap_or_an_older_record_checks_what_is_known_to_run() {
+    let w = World::new();
+    let bus = Bus::start();
+    w.run().assert_ok();
+    let out = boot(&w, &bus, &verify("--api-wait=0"));
+    assert!(out.contains("VERIFY exit=0"), "{out}");
+    let known_before = w.read("/var/lib/nodestrap/known-good.json").unwrap();
+
+    // The patch stream's next run fails: the list is no longer signed by the keyring's key.
+    w.files.set(
+        "/ext/kubernetes/SHA256SUMS.gpg",
+        Reply::ok(b"not a signature".to_vec()),
+    );
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    let r = w.run();
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert_eq!(
+        json(&w, "/var/lib/nodestrap/status.json")["state"],
+        "failed"
+    );
+    let out = boot(&w, &bus, &verify("--api-wait=0"));
+    assert!(
+        out.contains("VERIFY exit=0")
+            && out.contains("the last bootstrap failed: it chose nothing that can run; expecting the known-good set")
+            && out.contains("verified: the node runs the known-good set (kubernetes v1.32.3, containerd v1.7.24)"),
+        "{out}"
+    );
+    assert_eq!(
+        json(&w, "/var/lib/nodestrap/status.json")["verification"],
+        serde_json::Value::Null,
+        "a failed run's record is left as it is"
+    );
+
+    // A done record without `chosen`, as a nodestrap before the boot check wrote it.
+    let mut rec = json(&w, "/var/lib/nodestrap/status.json");
+    rec["state"] = "done".into();
+    rec["exit_code"] = 0.into();
+    rec.as_object_mut().unwrap().remove("chosen");
+    rec["decisions"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"what": "activation", "value": "staged", "source": "older"}));
+    w.write("/var/lib/nodestrap/status.json", &rec.to_string());
+    let out = boot(&w, &bus, &verify("--api-wait=0"));
+    assert!(
+        out.contains("VERIFY exit=0") && out.contains("names no extension set"),
+        "{out}"
+    );
+    let known_after = json(&w, "/var/lib/nodestrap/known-good.json");
+    let known_before: serde_json::Value = serde_json::from_str(&known_before).unwrap();
+    assert_eq!(
+        known_after["set"], known_before["set"],
+        "the known-good set stays"
+    );
+}
+
 /// Without a completed sysext bootstrap there is nothing to verify, and verify says why.
 #[test]
 fn verify_needs_a_completed_sysext_bootstrap() {
