@@ -330,11 +330,14 @@ POD_LINE = "pod-ran-on-Linux"
 
 def static_pod(image):
     """A static pod with host networking (no CNI is needed for it) from the workload image the
-    payload carries, never pulled; its mirror pod is `probe-<node>` in `default`."""
+    payload carries, never pulled; its mirror pod is `probe-<node>` in `default`. Its shell, the
+    container's PID 1, ends on SIGTERM (a PID 1 without a handler ignores it, and a node's
+    shutdown then waits 90 s for it)."""
     return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": PROBE_POD, "namespace": "default"},
                        "spec": {"hostNetwork": True, "containers": [{
                            "name": "probe", "image": image, "imagePullPolicy": "Never",
-                           "command": ["sh", "-c", "echo %s; exec sleep 86400" % POD_LINE.replace("Linux", "$(uname -s)")]}]}},
+                           "command": ["sh", "-c", "echo %s; trap 'exit 0' TERM; sleep 86400 & wait"
+                                   % POD_LINE.replace("Linux", "$(uname -s)")]}]}},
                       indent=1) + "\n"
 
 

@@ -43,7 +43,7 @@ TIMELINE = [
     (re.compile(r"reboot: (Restarting system|Power down)"), "power"),
     (re.compile(r"(A (?:stop|start) job is running for .*?) \("), "waiting"),
 ]
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
+ANSI = re.compile(r"\x1b\[[0-9;:]*m")  # systemd 257 writes 256-colour codes as 38:5:N
 SIG_FAIL = "signature check against keyring"
 # The clock-past scenario's real-time clock at every boot: before nodestrap's build date and any
 # certificate the harness makes.

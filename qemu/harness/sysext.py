@@ -5,10 +5,17 @@ kubelet (kubeadm, kubectl) of two releases built from the k8s.io/kubernetes modu
 kubelet unit, and the pause and busybox images. The images and their signed SHA256SUMS are
 served from the host. A scenario that reaches the kubelet passes only when its Node registers
 with the kubelet version nodestrap chose and the staged containerd, and its static pod runs.
-qemu/build-sysext builds the node image and the extension images."""
+qemu/build-sysext builds the node image and the extension images.
+
+sysext-verify boots one node twice and proves the boot check, nodestrap-verify.service: it
+passes on the first boot, and on the second (bootstrapped again from the initramfs, against an
+image that lies about its kubelet) it finds the lie, refuses the image and returns the node to
+the known-good set, which the Node then reports."""
 import hashlib
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -27,6 +34,32 @@ KUBELET_STARTED_RE = re.compile(r"nodestrap-qemu: kubelet starting|Started kubel
 PATCH_WINDOW = "[Timer]\nOnCalendar=\nOnCalendar=*:*:00\nRandomizedDelaySec=20s\nAccuracySec=1s\n"
 # ... and the patch run's log on the console, as the first-boot unit's is.
 PATCH_CONSOLE = "[Service]\nStandardOutput=journal+console\nStandardError=journal+console\n"
+# The verify scenario keeps the patch stream out of its run: the window's random offset (up to
+# 6 h, seeded by the machine ID) could land in it, and a patch run verifies and rewrites the
+# record the scenario reads.
+PATCH_NEVER = "[Timer]\nOnCalendar=\nOnCalendar=2099-01-01 00:00:00\nRandomizedDelaySec=0\nPersistent=false\n"
+# ... and its step between the two boots (qemu/guest/sysext/rebootstrap), once, after the boot
+# check of the first boot passed.
+REBOOTSTRAP_UNIT = """# The sysext-verify scenario (qemu/harness/sysext.py): once the boot check passed, wait for the
+# harness to publish the lying image, remove kubelet.env and reboot, once.
+[Unit]
+Description=nodestrap-qemu: bootstrap again from the initramfs at the next boot
+Requires=nodestrap-verify.service
+After=nodestrap-verify.service
+ConditionPathExists=/etc/kubernetes/kubelet.env
+ConditionPathExists=!/var/lib/nodestrap-qemu/rebootstrapped
+
+[Service]
+Type=oneshot
+ExecStart=/opt/nodestrap-qemu/rebootstrap %d
+TimeoutStartSec=30min
+
+[Install]
+WantedBy=multi-user.target
+"""
+# nodestrap verify's lines (journald has taken the priority prefix off).
+VERIFY_RE = re.compile(r"nodestrap\[\d+\]: (?:<\d>)?(?:\w+: )?((?:verified: |check |the node does not run what |"
+                       r"kubernetes \S+ \(\S+\) refused|expecting the known-good).*)")
 
 
 class Sx:
@@ -34,11 +67,10 @@ class Sx:
     mirror serves, what the disk holds before the boot, Ignition links, what must be staged."""
 
     def __init__(self, name, doc, initrd, mirror="good", preseed=(), links=(), expect_runtime=True, fails=None,
-                 butane=False):
+                 butane=False, boots=1):
         self.__dict__.update(locals())
         del self.__dict__["self"]
-        self.boots = 1
-        self.runner = lambda *a: run_sysext(*a)  # defined below
+        self.runner = lambda *a: (run_verify if mirror == "verify" else run_sysext)(*a)  # defined below
 
 
 SCENARIOS = [
@@ -67,6 +99,11 @@ SCENARIOS = [
     Sx("sysext-patch", "the mirror offers an earlier patch of the cluster's minor: the node joins "
        "with it; a newer patch is published while it runs: nodestrap-patch.timer merges it in its "
        "window, the kubelet restarts, and the Node reports the new patch", initrd=True, mirror="patch"),
+    Sx("sysext-verify", "the boot check: the node joins with an earlier patch and nodestrap-verify.service "
+       "confirms it; the mirror publishes an image named as the current release with the previous "
+       "release's kubelet inside; the next boot's initramfs stages it, the boot check finds the lie, "
+       "refuses the image, returns to the earlier patch, and the Node reports it again",
+       initrd=True, mirror="verify", boots=2),
 ]
 
 
@@ -112,7 +149,7 @@ class World:
 
     def publish(self, sc):
         """The scenario's own mirror directory: images, SHA256SUMS and its binary signature."""
-        releases = (PREVIOUS, PATCH) if sc.mirror == "patch" else (PREVIOUS, CURRENT)
+        releases = (PREVIOUS, PATCH) if sc.mirror in ("patch", "verify") else (PREVIOUS, CURRENT)
         offer = {"kubernetes": [("kubernetes-%s-x86-64.raw" % self.release[w], self.image("kubernetes", w))
                                 for w in releases],
                  "containerd": [("containerd-v%s-x86-64.raw" % self.containerd, self.image("containerd", None))]}
@@ -127,6 +164,16 @@ class World:
         its SHA256SUMS signed again, as a mirror publishes one while nodes run."""
         self.sign(sc, "kubernetes", [("kubernetes-%s-x86-64.raw" % self.release[w], self.image("kubernetes", w))
                                      for w in (PREVIOUS, PATCH, CURRENT)])
+
+    def publish_lie(self, sc):
+        """The verify scenario's lying image: named as the current release on the mirror (and
+        correctly signed), the previous release's kubelet inside (qemu/build-sysext)."""
+        self.sign(sc, "kubernetes", [("kubernetes-%s-x86-64.raw" % self.release[w], self.image("kubernetes", w))
+                                     for w in (PREVIOUS, PATCH)] +
+                  [("kubernetes-%s-x86-64.raw" % self.release[CURRENT], self.lying())])
+
+    def lying(self):
+        return os.path.join(self.ext, "kubernetes-lying.raw")
 
     def sign(self, sc, name, files):
         """`files` (name, source) in the scenario's folder of extension `name`, with their
@@ -176,13 +223,25 @@ class World:
             "/etc/kubernetes/manifests/probe.yaml": static_pod(s.images["BUSYBOX_REF"]),
         }
         args = []
+        if sc.mirror == "verify":
+            # The step between the two boots (qemu/guest/sysext/rebootstrap), told by the harness
+            # through `sc.signal_port` when the lying image is published.
+            files["/opt/nodestrap-qemu/rebootstrap"] = open(os.path.join(HERE, "guest/sysext/rebootstrap")).read()
         for node_path, text in files.items():
             local = os.path.join(d, node_path.strip("/").replace("/", "_"))
             with open(local, "w") as f:
                 f.write(text)
-            args += ["--file", "%s=%s" % (node_path, local)]
+            args += ["--file", "%s=%s%s" % (node_path, local, ":0755" if node_path.startswith("/opt/") else "")]
         for node_path, target in sc.links:
             args += ["--link", "%s=%s" % (node_path, target)]
+        if sc.mirror == "verify":
+            for unit, text in (("nodestrap-patch.timer.d/10-test.conf", PATCH_NEVER),
+                               ("nodestrap-qemu-rebootstrap.service", REBOOTSTRAP_UNIT % sc.signal_port)):
+                local = os.path.join(d, unit)
+                os.makedirs(os.path.dirname(local), exist_ok=True)
+                with open(local, "w") as f:
+                    f.write(text)
+                args += ["--unit", local]
         if sc.mirror == "patch":
             # The patch window shortened to a minute for the test, and the run on the console.
             for unit, text in (("nodestrap-patch.timer", PATCH_WINDOW), ("nodestrap-patch.service", PATCH_CONSOLE)):
@@ -257,8 +316,9 @@ def minor(v):
     return ".".join(v.lstrip("v").split(".")[:2])
 
 
-def run_sysext(s, sc, accel, boot_timeout):
-    say("\n=== %s: %s" % (sc.name, sc.doc))
+def prepare(s, sc):
+    """The run's World, the scenario's mirror, its Ignition config (validated), its disk, and the
+    kernel arguments of its boots."""
     if "w" not in WORLD:
         WORLD["w"] = World(s)
         s.on_stop.append(WORLD["w"].stop)
@@ -278,6 +338,12 @@ def run_sysext(s, sc, accel, boot_timeout):
         base.append("rd.nodestrap=0")
     if os.environ.get("NODESTRAP_QEMU_DEBUG") == "1":
         base.append("systemd.journald.forward_to_console=1")
+    return w, config, disk, base
+
+
+def run_sysext(s, sc, accel, boot_timeout):
+    say("\n=== %s: %s" % (sc.name, sc.doc))
+    w, config, disk, base = prepare(s, sc)
     events, started, failures, reports = [], [], [], []
     joining = Joining(w.cp, sc.name)
     t0 = time.time()
@@ -305,23 +371,30 @@ def run_sysext(s, sc, accel, boot_timeout):
         if sc.mirror != "patch" or not joining.done():
             return joining.done()
         # The patch stream: once the node runs with the earlier patch, the mirror publishes the
-        # new one, and the scenario ends when the API server reports the Node's kubelet at it.
+        # new one, and the scenario ends when the API server reports the Node's kubelet at it
+        # and the patch run's boot check (nodestrap-patch.service's ExecStartPost=nodestrap
+        # verify, which waits for just that) has confirmed it.
         now = time.time() - t0
         if "published" not in patch:
             patch["joined"], patch["published"] = joining.info, now
             w.publish_patch(sc)
             say("  %5.1fs  the mirror publishes kubernetes %s" % (now, w.release[CURRENT]))
             return False
-        if now - patch.get("asked", 0) < 3:
-            return False
-        patch["asked"] = now
-        info = w.cp.node_info(sc.name)
-        if info and info[0] == w.release[CURRENT]:
+        if "reported" not in patch:
+            if now - patch.get("asked", 0) < 3:
+                return False
+            patch["asked"] = now
+            info = w.cp.node_info(sc.name)
+            if not info or info[0] != w.release[CURRENT]:
+                return False
             patch["reported"] = now
             joining.info = info
             say("  %5.1fs  the Node reports kubelet %s" % (now, info[0]))
-            return True
-        return False
+        verified = "verified: the node runs kubernetes %s" % w.release[CURRENT]
+        at = next((t for t, _, k, x in events if k == "nodestrap" and verified in x), None)
+        if at is not None:
+            patch["verified"] = at
+        return at is not None or now - patch["reported"] > 60
 
     if sc.mirror == "patch":
         boot_timeout += 300  # the join, then a patch window, a download and a restart
@@ -335,6 +408,11 @@ def run_sysext(s, sc, accel, boot_timeout):
     sc.timings.update(joined(events, joining))
     if "reported" in patch:
         sc.timings["patch published to Node at it"] = round(patch["reported"] - patch["published"], 1)
+    if "verified" in patch:
+        sc.timings["patch published to verified"] = round(patch["verified"] - patch["published"], 1)
+    for k, v in sc.timings.items():
+        if k.startswith("patch "):
+            say("  %-40s %6.1f s" % (k, v))
     sc.proof = joining.info
     for p in problems:
         say("  problem: " + p)
@@ -357,7 +435,8 @@ def check(w, sc, events, joining, started, failures, reports, disk, patch):
         if not any("kubernetes=%s containerd=v%s activation=staged" % (first, w.containerd) in t for t in said):
             p.append("the initramfs did not stage %s" % first)
         for want in ("kubernetes=%s containerd=v%s activation=merged" % (current, w.containerd),
-                     "kubelet.service restarted (if it ran): its extension changed to %s" % current):
+                     "kubelet.service restarted (if it ran): its extension changed to %s" % current,
+                     "verified: the node runs kubernetes %s" % current):
             if not any(want in t for t in said):
                 p.append("the patch run did not say %r" % want)
     if sc.butane and not any("from=api-server" in t and "bootstrap-kubelet.conf" in t for t in said):
@@ -426,6 +505,18 @@ def check(w, sc, events, joining, started, failures, reports, disk, patch):
                 rec = (disk_file(raw, "/var/lib/nodestrap/status.json") or b"").decode()
                 if '"what": "kubelet.service"' not in rec or '"value": "restarted"' not in rec:
                     p.append("the status record does not say kubelet.service was restarted: %r" % rec[-400:])
+                # The patch run's boot check: the Node confirmed the new patch, now known-good.
+                r, e = record_of(rec.encode(), "status.json")
+                kg, e2 = record_of(disk_file(raw, "/var/lib/nodestrap/known-good.json"), "known-good.json")
+                p += [x for x in (e, e2) if x]
+                if r:
+                    v = r.get("verification") or {}
+                    got = (r.get("phase"), v.get("outcome"), v.get("api"), chosen(r.get("chosen"), "kubernetes"))
+                    if got != ("verified", "verified", "confirmed", current):
+                        p.append("the patch run's record (phase, outcome, api, kubernetes): %r, expected %r"
+                                 % (got, ("verified", "verified", "confirmed", current)))
+                if kg and chosen(kg.get("set"), "kubernetes") != current:
+                    p.append("known-good.json's set is %r after the patch run" % kg.get("set"))
             if store != want:
                 p.append("/opt/extensions/kubernetes holds %r, expected %r" % (store, want))
             if "kubernetes-%s-x86-64.raw" % current not in link("kubernetes"):
@@ -442,4 +533,247 @@ def check(w, sc, events, joining, started, failures, reports, disk, patch):
                 p.append("temp files left in %s: %r" % (d, left))
     finally:
         os.unlink(raw)
+    return p
+
+
+def read_disk(disk, files, dirs=(), links=()):
+    """The node's disk as it is now (a raw copy, its journal replayed on the copy): the files
+    (bytes, or None when absent), the folders' names and the links' `debugfs stat`."""
+    raw = disk + ".read.raw"
+    run(["qemu-img", "convert", "-U", "-O", "raw", disk, raw])
+    try:
+        subprocess.run(["e2fsck", "-fy", raw], capture_output=True)
+        stat = lambda p: subprocess.run(["debugfs", "-R", "stat " + p, raw], capture_output=True, text=True).stdout
+        return ({f: disk_file(raw, f) for f in files}, {d: disk_ls(raw, d) for d in dirs}, {n: stat(n) for n in links})
+    finally:
+        os.unlink(raw)
+
+
+def node_status(cp, name):
+    """The Node's (kubeletVersion, containerRuntimeVersion, bootID) as the API server has it, or None."""
+    r = cp.kubectl("get", "node", name, "-o", "jsonpath={.status.nodeInfo.kubeletVersion} "
+                   "{.status.nodeInfo.containerRuntimeVersion} {.status.nodeInfo.bootID}", check=False)
+    parts = r.stdout.split()
+    return tuple(parts) if r.returncode == 0 and len(parts) == 3 else None
+
+
+def record_of(blob, name):
+    """A JSON file from the node's disk, or a problem."""
+    try:
+        return json.loads(blob.decode()), None
+    except (AttributeError, ValueError) as e:
+        return None, "%s on the disk is not JSON (%s): %r" % (name, e, (blob or b"")[:200])
+
+
+def chosen(entries, name):
+    """The version of extension `name` in a `chosen` (or known-good `set`) list."""
+    return next((c.get("version") for c in entries or [] if c.get("name") == name), None)
+
+
+def run_verify(s, sc, accel, boot_timeout):
+    """sysext-verify: boot 1 joins with the earlier patch and the boot check passes; the harness
+    publishes the lying image and tells the guest (sc.signal_port), which removes kubelet.env and
+    reboots; boot 2's initramfs stages the lie, and the boot check finds it and returns."""
+    say("\n=== %s: %s" % (sc.name, sc.doc))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    listener.setblocking(False)
+    sc.signal_port = listener.getsockname()[1]
+    try:
+        return verify_boots(s, sc, accel, boot_timeout, listener)
+    finally:
+        listener.close()
+
+
+def verify_boots(s, sc, accel, boot_timeout, listener):
+    w, config, disk, base = prepare(s, sc)
+    # Without it the generator pulls nodestrap-initrd.service in only on the first boot.
+    base.append("rd.nodestrap=1")
+    current, patch, previous = w.release[CURRENT], w.release[PATCH], w.release[PREVIOUS]
+    events, started, said, seen = [], [], [], []
+    st = {}
+    joining = Joining(w.cp, sc.name)
+    t0 = time.time()
+    store_files = ["/var/lib/nodestrap/status.json", "/var/lib/nodestrap/known-good.json",
+                   "/etc/kubernetes/kubelet.env", "/var/lib/nodestrap-qemu/rebootstrapped"]
+
+    def on_line(now, boots, line):
+        if KUBELET_STARTED_RE.search(line) and not started:
+            started.append(now)
+        m = VERIFY_RE.search(line)
+        if m:
+            said.append((now, boots, m.group(1)))
+        if "Failed to start nodestrap-verify.s" in line:  # the console's status line cuts it at its width
+            st.setdefault("unit failed in boot %d" % boots, now)
+        if boots == 1 and "reboot: Restarting system" in line and "first disk" not in st:
+            # The disk as the first boot left it (the guest synced and unmounted before this line).
+            st["first disk"] = read_disk(disk, store_files)
+
+    def done(boots):
+        now = time.time() - t0
+        joining.poll(now)
+        if boots == 1:
+            if "published" not in st:
+                if not joining.done() or not any(b == 1 and t.startswith("verified: ") for _, b, t in said):
+                    return False
+                st["joined"], st["boot 1 Node"] = joining.info, node_status(w.cp, sc.name)
+                w.publish_lie(sc)
+                st["published"] = now
+                say("  %5.1fs  the mirror publishes kubernetes %s: the previous release's kubelet inside"
+                    % (now, current))
+            if "told" not in st:
+                try:
+                    conn, _ = listener.accept()
+                except BlockingIOError:
+                    return False
+                with conn:
+                    conn.settimeout(10)
+                    conn.sendall(b"published\n")
+                st["told"] = now
+            return False
+        # Boot 2: the Node as the API server reports it, until the boot check's return shows.
+        if now - st.get("asked", 0) < 3:
+            return False
+        st["asked"] = now
+        info = node_status(w.cp, sc.name)
+        if info and (not seen or seen[-1][2:] != info):
+            seen.append((now, boots) + info)
+            say("  %5.1fs  the Node reports kubelet %s, %s (boot ID %s)" % ((now,) + info))
+        boot1 = (st.get("boot 1 Node") or (None, None, None))[2]
+        # A kubelet of this boot at the earlier patch: the lying one says the previous release.
+        back = next((t for t, b, k, _, bid in seen if b == 2 and k == patch and bid != boot1), None)
+        if back is None or not any(b == 2 and t.startswith("the node does not run what") for _, b, t in said):
+            return False
+        st.setdefault("Node at the patch again", back)
+        # The unit's failure shows on the console right after verify exits; wait for it a little.
+        return "unit failed in boot 2" in st or now - back > 30
+
+    boot_timeout += 120  # the second boot: the initramfs bootstraps again, the check and the return
+    boots, problems, log = boot_until(s, sc, disk, config, accel, boot_timeout, base, t0, events, on_line, done,
+                                      "the reboot into the second boot, or the boot check's return",
+                                      "the boot check's verdict and the Node at %s" % patch)
+    kernel = {b: t for t, b, k, _ in reversed(events) if k == "kernel"}
+    first_said = lambda b, prefix: next((t for t, bb, x in said if bb == b and x.startswith(prefix)), None)
+    figures = {
+        "boot 1: kernel to verified": (1, first_said(1, "verified: ")),
+        "boot 2: kernel to the kubelet check's mismatch": (2, first_said(2, "check kubernetes /usr/bin/kubelet")),
+        "boot 2: kernel to verify's error (returned)": (2, first_said(2, "the node does not run what")),
+        "boot 2: kernel to the Node at %s again" % patch: (2, st.get("Node at the patch again")),
+        "boot 2: kernel to the Node at %s (the lie running)" % previous:
+            (2, next((t for t, b, k, _, _ in seen if b == 2 and k == previous), None)),
+    }
+    sc.timings = timings(events, started[0] if started else None)
+    sc.timings.update(joined(events, joining))
+    for k, (b, t) in figures.items():
+        if t is not None and b in kernel:
+            sc.timings[k] = round(t - kernel[b], 1)
+    if "published" in st and "told" in st:
+        sc.timings["published to the guest told"] = round(st["told"] - st["published"], 1)
+    if not problems:
+        problems = check_verify(w, sc, events, said, seen, st, disk)
+    sc.proof = seen[-1][2:4] if seen else joining.info
+    for k, v in sc.timings.items():
+        if k.startswith("boot ") or k.startswith("published"):
+            say("  %-52s %6.1f s" % (k, v))
+    for p in problems:
+        say("  problem: " + p)
+    if problems and log:
+        tail = open(log, errors="replace").read().splitlines()[-40:]
+        say("  last lines of %s:\n    %s" % (log, "\n    ".join(tail)))
+    return not problems, boots, started[0] if started else None, problems
+
+
+def check_verify(w, sc, events, said, seen, st, disk):
+    p = []
+    current, patch, previous = w.release[CURRENT], w.release[PATCH], w.release[PREVIOUS]
+    ctd = w.containerd
+    in_boot = lambda b: [t for _, bb, t in said if bb == b]
+    boot_said = lambda b: [t for _, bb, k, t in events if bb == b and k == "nodestrap"]
+    # Boot 1: the initramfs stages the earlier patch; the node joins with it; the check passes
+    # and the API server confirms it.
+    if not any("kubernetes=%s containerd=v%s activation=staged" % (patch, ctd) in t for t in boot_said(1)):
+        p.append("boot 1: the initramfs did not stage %s: %r" % (patch, [t for t in boot_said(1) if "done" in t]))
+    if not st.get("joined") or st["joined"] != (patch, "containerd://" + ctd):
+        p.append("boot 1: the Node joined with %r, the mirror offered %s" % (st.get("joined"), patch))
+    if not any(t.startswith("verified: the node runs kubernetes %s" % patch) for t in in_boot(1)):
+        p.append("boot 1: no `verified: the node runs kubernetes %s` from nodestrap verify: %r" % (patch, in_boot(1)))
+    api = "check Node %s nodeInfo.kubeletVersion: expected %s, found %s" % (sc.name, patch, patch)
+    if api not in in_boot(1):
+        p.append("boot 1: verify did not log %r" % api)
+    first = st.get("first disk")
+    if not first:
+        p.append("boot 1 ended without the guest's reboot: its disk was not read")
+    else:
+        files = first[0]
+        rec, err = record_of(files["/var/lib/nodestrap/status.json"], "boot 1's status.json")
+        kg, err2 = record_of(files["/var/lib/nodestrap/known-good.json"], "boot 1's known-good.json")
+        p += [e for e in (err, err2) if e]
+        if rec:
+            v = rec.get("verification") or {}
+            got = (rec.get("phase"), v.get("outcome"), v.get("api"), v.get("api_note"), chosen(rec.get("chosen"), "kubernetes"))
+            want = ("verified", "verified", "confirmed", "from /etc/kubernetes/kubelet.conf", patch)
+            if got != want:
+                p.append("boot 1's record (phase, outcome, api, api_note, kubernetes): %r, expected %r" % (got, want))
+        if kg and (chosen(kg.get("set"), "kubernetes") != patch or kg.get("refused")):
+            p.append("boot 1's known-good.json: %r" % kg)
+        if files["/etc/kubernetes/kubelet.env"] is not None or files["/var/lib/nodestrap-qemu/rebootstrapped"] is None:
+            p.append("boot 1: the guest did not remove kubelet.env before its reboot")
+    # Boot 2: the initramfs stages the lie; the boot check finds it, refuses it and returns.
+    if not any("kubernetes=%s containerd=v%s activation=staged" % (current, ctd) in t for t in boot_said(2)):
+        p.append("boot 2: the initramfs did not stage %s: %r" % (current, [t for t in boot_said(2) if "done" in t]))
+    lie = 'check kubernetes /usr/bin/kubelet --version: expected version %s, found "Kubernetes %s"' % (
+        current.lstrip("v"), previous)
+    if lie not in in_boot(2):
+        p.append("boot 2: verify did not log %r: %r" % (lie, in_boot(2)))
+    if not any(t.startswith("kubernetes %s (" % current) and "refused" in t for t in in_boot(2)):
+        p.append("boot 2: verify did not refuse kubernetes %s" % current)
+    err = [t for t in in_boot(2) if t.startswith("the node does not run what")]
+    if not err or "returned to the known-good set" not in err[0] or "kubernetes %s" % patch not in err[0]:
+        p.append("boot 2: verify's error does not name the return to kubernetes %s: %r" % (patch, err))
+    if "unit failed in boot 2" not in st:
+        p.append("boot 2: systemd did not report nodestrap-verify.service failed")
+    if "unit failed in boot 1" in st:
+        p.append("boot 1: nodestrap-verify.service failed")
+    final = seen[-1] if seen else None
+    if not final or final[2:4] != (patch, "containerd://" + ctd):
+        p.append("the Node reports %r at the end, expected kubelet %s and containerd %s" % (final, patch, ctd))
+    # The disk the node left.
+    files, dirs, links = read_disk(disk, ["/var/lib/nodestrap/status.json", "/var/lib/nodestrap/known-good.json",
+                                          "/etc/kubernetes/kubelet.env"],
+                                   ["/opt/extensions/kubernetes", "/opt/extensions/containerd", "/etc/extensions",
+                                    "/etc/kubernetes", "/var/lib/nodestrap"],
+                                   ["/etc/extensions/kubernetes.raw"])
+    rec, e1 = record_of(files["/var/lib/nodestrap/status.json"], "status.json")
+    kg, e2 = record_of(files["/var/lib/nodestrap/known-good.json"], "known-good.json")
+    p += [e for e in (e1, e2) if e]
+    if rec:
+        v = rec.get("verification") or {}
+        r = v.get("returned") or {}
+        got = (chosen(rec.get("chosen"), "kubernetes"), v.get("outcome"), v.get("api"), r.get("result"),
+               chosen(r.get("to"), "kubernetes"))
+        want = (current, "mismatch", "skipped", "merged", patch)
+        if got != want:
+            p.append("the record (chosen kubernetes, outcome, api, returned.result, returned to): %r, expected %r"
+                     % (got, want))
+        if final and v.get("boot_id") != final[4]:
+            p.append("the record's boot ID %r is not the one the Node reports at %s, %r" % (v.get("boot_id"), patch, final[4]))
+    if kg:
+        lying = "sha256-" + hashlib.sha256(open(w.lying(), "rb").read()).hexdigest()
+        refused = [(x.get("name"), x.get("version"), x.get("digest")) for x in kg.get("refused") or []]
+        if refused != [("kubernetes", current, lying)]:
+            p.append("known-good.json refuses %r, expected kubernetes %s %s" % (refused, current, lying))
+        if chosen(kg.get("set"), "kubernetes") != patch:
+            p.append("known-good.json's set is %r, expected kubernetes %s" % (kg.get("set"), patch))
+    want = sorted("kubernetes-%s-x86-64.raw" % v for v in (current, patch))
+    if dirs["/opt/extensions/kubernetes"] != want:
+        p.append("/opt/extensions/kubernetes holds %r, expected %r" % (dirs["/opt/extensions/kubernetes"], want))
+    if "kubernetes-%s-x86-64.raw" % patch not in links["/etc/extensions/kubernetes.raw"]:
+        p.append("/etc/extensions/kubernetes.raw does not name %s: %r" % (patch, links["/etc/extensions/kubernetes.raw"][:300]))
+    if "KUBELET_VERSION=%s" % current not in (files["/etc/kubernetes/kubelet.env"] or b"").decode():
+        p.append("kubelet.env on disk (it keeps what the bootstrap chose): %r" % files["/etc/kubernetes/kubelet.env"])
+    for d, names in dirs.items():
+        left = [n for n in names if ".nodestrap-" in n]
+        if left:
+            p.append("temp files left in %s: %r" % (d, left))
     return p
