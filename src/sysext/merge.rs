@@ -171,15 +171,15 @@ pub fn probe(argv: &[String]) -> std::result::Result<String, String> {
     run().map_err(|e| e.to_string())
 }
 
-/// Whether a `--version` line names `version` as a whole word (`v` before it, a `-` or `+`
-/// suffix after it allowed): `1.7.2` is not `1.7.24`.
+/// Whether a `--version` line names `version` as a whole word (`v` before it, a `-`, `+` or
+/// `~` suffix after it allowed, as Debian's `1.7.24~ds1`): `1.7.2` is not `1.7.24`.
 pub fn says_version(line: &str, version: &str) -> bool {
     line.split(|c: char| c.is_whitespace() || c == ',' || c == '"')
         .map(|w| w.trim_start_matches('v'))
         .any(|w| {
             w == version
                 || w.strip_prefix(version)
-                    .is_some_and(|rest| rest.starts_with('-') || rest.starts_with('+'))
+                    .is_some_and(|rest| rest.starts_with(['-', '+', '~']))
         })
 }
 
@@ -227,6 +227,11 @@ mod tests {
         assert!(says_version(
             "Docker version 24.0.9+dfsg1, build 2936816",
             "24.0.9"
+        ));
+        // Debian 13's containerd, as the QEMU guests run it.
+        assert!(says_version(
+            "containerd github.com/containerd/containerd 1.7.24~ds1 1.7.24~ds1-6+deb13u1",
+            "1.7.24"
         ));
         assert!(!says_version("containerd 1.7.24", "1.7.2"));
         assert!(!says_version("Kubernetes v1.32.30", "1.32.3"));
