@@ -44,6 +44,6 @@ fn run() -> i32 {
         Cmd::InitCluster(x) => logged(&x.verbose, || init_cluster::run(&x)),
         // Reads the last run's record; writes nothing.
         Cmd::Status(s) => cli::status(&s),
-        Cmd::Verify(v) => logged(&v.verbose, || sysext::verify::run(&v)),
+        Cmd::Verify(v) => cli::verify(&v, &sysext::verify::run),
     }
 }

@@ -35,6 +35,9 @@ pub fn check_options(a: &Bootstrap) -> Result<ManifestUrl> {
 /// checked (`settings::check_value`). Returns the manifest URL template.
 pub fn check_values(a: &Bootstrap) -> Result<ManifestUrl> {
     let template = check_common(&a.common())?;
+    if let Some(u) = &a.events_url {
+        crate::net::events::check_url(u, "--events-url")?;
+    }
     // Empty --kubeconfig means none (the API server is not asked); empty --kubelet-env-path
     // means kubelet.env is not written.
     let mut node_paths = vec![

@@ -42,6 +42,8 @@ pub const COMMANDS: &[&str] = &[
     "verify",
 ];
 
+// One per process, parsed once: its size does not matter, and argh takes no boxed variant.
+#[allow(clippy::large_enum_variant)]
 #[derive(FromArgs, Debug)]
 #[argh(subcommand)]
 pub enum Cmd {
@@ -158,6 +160,18 @@ pub struct Bootstrap {
     /// only (default true)
     #[argh(option, default = "RebootMode::Auto")]
     pub reboot: RebootMode,
+    /// send each decision and phase as it happens, one JSON event per POST, to this https URL
+    /// (docs/status.md, "Events"; default: none)
+    #[argh(option)]
+    pub events_url: Option<String>,
+    /// bearer token for --events-url, used when the node has no kubelet client certificate
+    /// (host path; a node path when set on the node; default: none)
+    #[argh(option)]
+    pub events_token_file: Option<Input>,
+    /// extra PEM trust anchors for --events-url beside the system roots (host path; a node path
+    /// when set on the node; default: the system roots only)
+    #[argh(option)]
+    pub events_ca_file: Option<Input>,
     /// print the plan; write nothing, update nothing, reboot nothing
     #[argh(switch)]
     pub dry_run: bool,
@@ -652,6 +666,18 @@ pub struct Verify {
     /// (default 60)
     #[argh(option, default = "60")]
     pub api_wait: u64,
+    /// send each decision and phase as it happens, one JSON event per POST, to this https URL
+    /// (docs/status.md, "Events"; default: none)
+    #[argh(option)]
+    pub events_url: Option<String>,
+    /// bearer token for --events-url, used when the node has no kubelet client certificate
+    /// (host path; a node path when set on the node; default: none)
+    #[argh(option)]
+    pub events_token_file: Option<Input>,
+    /// extra PEM trust anchors for --events-url beside the system roots (host path; a node path
+    /// when set on the node; default: the system roots only)
+    #[argh(option)]
+    pub events_ca_file: Option<Input>,
     /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
     #[argh(option, default = "\"info\".into()")]
     pub verbose: String,
@@ -902,14 +928,157 @@ pub fn bootstrap(b: &Bootstrap, args: &[String], run: &dyn Fn(&Bootstrap) -> Res
         for n in &merged.notes {
             log::info!("{n}");
         }
-        // A dry run writes nothing, not even its record.
+        // A dry run writes nothing, not even its record, and sends no events.
         if !b.dry_run {
+            let events = b.events_url.as_deref().map(|u| {
+                Root::open(&b.root).and_then(|root| {
+                    events_target(
+                        &root,
+                        u,
+                        b.events_token_file.as_ref(),
+                        b.events_ca_file.as_ref(),
+                    )
+                })
+            });
+            // Open before the record begins, so the receiver sees the run start.
+            let events = match events {
+                Some(Ok(t)) => {
+                    let said = (t.shown.clone(), t.who.clone());
+                    crate::node::events::open("bootstrap", crate::net::events::Sender::start(t));
+                    Ok(Some(said))
+                }
+                Some(Err(e)) => Err(e),
+                None => Ok(None),
+            };
             crate::node::status::begin("bootstrap", &b.root);
+            if let Some((url, who)) = events? {
+                crate::node::status::decide("events", url, who);
+            }
         }
         settings::payload_options(b, &merged)?;
         // Every run prints its plan line, a failed one too.
         run(b).inspect_err(|e| crate::net::cluster::report_unknown(e))
     })
+}
+
+/// The node's client certificate for events: the kubelet's, once it has joined.
+const KUBELET_CLIENT_CERT: &str = "/var/lib/kubelet/pki/kubelet-client-current.pem";
+
+/// Where `--events-url` sends (docs/status.md, "Events"): the receiver trusted through the
+/// system roots and `ca`; the node's kubelet client certificate as its identity where it has
+/// one, else the bearer token in `token`.
+pub fn events_target(
+    root: &Root,
+    url: &str,
+    token: Option<&Input>,
+    ca: Option<&Input>,
+) -> Result<crate::net::events::Target> {
+    let shown = crate::net::events::check_url(url, "--events-url")?;
+    let mut tls = Tls::system(root)?;
+    tls.fix = Some("--events-ca-file (a PEM file)".into());
+    if let Some(ca) = ca {
+        let pem = ca.read(root, 16 << 20, "events-ca-file")?;
+        tls.add_pem(&pem, &ca.name(root, "events-ca-file"))?;
+    }
+    let cert = match root.read(KUBELET_CLIENT_CERT, 64 << 10) {
+        Ok(Some(pem)) => {
+            let name = root.show(KUBELET_CLIENT_CERT);
+            match crate::net::kube::client_cert(&pem, &pem, &name) {
+                Ok(c) => Some((c, name)),
+                Err(e) => {
+                    log::warn!("events: not the node's identity: {e}");
+                    None
+                }
+            }
+        }
+        Ok(None) => None,
+        Err(e) => {
+            log::warn!("events: {e}");
+            None
+        }
+    };
+    let (token, who) = match (cert, token) {
+        (Some((c, name)), _) => {
+            tls.client = Some(c);
+            (None, format!("the kubelet's client certificate {name}"))
+        }
+        (None, Some(t)) => {
+            let bytes = t.read(root, 4 << 10, "events-token-file")?;
+            let tok = String::from_utf8(bytes)
+                .ok()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic()))
+                .ok_or_else(|| {
+                    Error::config(format!(
+                        "{}: not a bearer token (one line of printable ASCII)",
+                        t.name(root, "events-token-file")
+                    ))
+                })?;
+            (Some(tok), format!("the bearer token in {}", t.label(root)))
+        }
+        (None, None) => (None, "no credentials".to_string()),
+    };
+    log::info!("events: sending each decision and phase to {shown}, as {who}");
+    Ok(crate::net::events::Target {
+        url: url.to_string(),
+        shown,
+        tls,
+        token,
+        who,
+    })
+}
+
+/// `nodestrap verify`, its events sent where the command line or else the node's settings
+/// (config file, kernel command line) say; a wrong events setting is a warning, never the boot
+/// check's failure.
+pub fn verify(v: &Verify, run: &dyn Fn(&Verify) -> Result<()>) -> i32 {
+    logged(&v.verbose, || {
+        if let Some(t) = verify_events(v) {
+            crate::node::events::open("verify", crate::net::events::Sender::start(t));
+            crate::node::events::emit(
+                "started",
+                serde_json::json!({ "version": env!("CARGO_PKG_VERSION"), "root": "/" }),
+            );
+        }
+        let r = run(v);
+        // A check that ended before its verdict (an error) says so here.
+        if crate::node::events::is_open() {
+            crate::node::events::emit(
+                "finished",
+                serde_json::json!({
+                    "exit_code": r.as_ref().map_or_else(|e| e.exit_code(), |_| 0),
+                    "error": r.as_ref().err().map(|e| e.to_string()),
+                }),
+            );
+            crate::node::events::close();
+        }
+        r
+    })
+}
+
+fn verify_events(v: &Verify) -> Option<crate::net::events::Target> {
+    let root = Root::open(Path::new("/"))
+        .inspect_err(|e| log::warn!("events: {e}"))
+        .ok()?;
+    let node = settings::events(&root).unwrap_or_else(|e| {
+        log::warn!("events: the node's settings: {e}");
+        Vec::new()
+    });
+    let from_node = |key: &str| node.iter().find(|(k, _)| *k == key).map(|(_, v)| v.clone());
+    let input = |given: &Option<Input>, key: &str| {
+        given.clone().or_else(|| {
+            from_node(key).and_then(|v| <Input as argh::FromArgValue>::from_arg_value(&v).ok())
+        })
+    };
+    let url = v.events_url.clone().or_else(|| from_node("events-url"))?;
+    if url.is_empty() {
+        return None;
+    }
+    let token = input(&v.events_token_file, "events-token-file");
+    let ca = input(&v.events_ca_file, "events-ca-file");
+    events_target(&root, &url, token.as_ref(), ca.as_ref())
+        .inspect_err(|e| log::warn!("events: none sent: {e}"))
+        .ok()
 }
 
 /// What an in-place reprovision installs (`--flow`): it decides which Secret keys are read

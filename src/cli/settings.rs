@@ -60,12 +60,17 @@ pub const KEYS: &[&str] = &[
     "fetch-min-rate-window",
     "update-timeout",
     "image-max-mib",
+    "events-url",
+    "events-token-file",
+    "events-ca-file",
 ];
+/// The keys `nodestrap verify` also takes from the node's settings: where events go.
+pub const EVENTS_KEYS: &[&str] = &["events-url", "events-token-file", "events-ca-file"];
 /// Options that say where settings come from, or ask for a one-off plan: command line only.
 const COMMAND_LINE_ONLY: &[&str] = &["root", "config", "cmdline", "dry-run", "help"];
 const ALIASES: &[(&str, &str)] = &[("manifest-url", "torcx-manifest-url")];
 /// Files nodestrap reads: node paths when set on the node (Ignition writes them to its disk).
-const NODE_FILE_KEYS: &[&str] = &["keyring", "ca-file"];
+const NODE_FILE_KEYS: &[&str] = &["keyring", "ca-file", "events-token-file", "events-ca-file"];
 
 /// One `key=value` from a source, the key in its canonical spelling.
 #[derive(Debug, PartialEq)]
@@ -166,12 +171,57 @@ fn on_command_line(user: &[String]) -> Vec<(&'static str, String)> {
 /// Put the settings of the config file and (with `--cmdline`) the kernel command line before
 /// `user`, the already parsed and normalised arguments that gave `b`.
 pub fn merge(b: &Bootstrap, user: &[String]) -> Result<Merged> {
+    let root = Root::open(&b.root)?;
+    let (synthetic, notes, mut given) = node_settings(&root, b.config.as_deref(), b.cmdline)?;
+    given.extend(on_command_line(user.get(1..).unwrap_or_default()));
+    if synthetic.is_empty() {
+        return Ok(Merged {
+            args: user.to_vec(),
+            notes,
+            given,
+        });
+    }
+    let (sub, rest) = user.split_first().expect("argh parsed a subcommand");
+    let mut args = vec![sub.clone()];
+    args.extend(cli::normalize(&synthetic));
+    args.extend(rest.iter().cloned());
+    Ok(Merged {
+        args: cli::last_wins(args),
+        notes,
+        given,
+    })
+}
+
+/// The events settings of the node's config file, drop-ins and kernel command line, for
+/// `nodestrap verify` (its command line wins over them): `(key, value)`, a file's value as
+/// `Input` marks it.
+pub fn events(root: &Root) -> Result<Vec<(&'static str, String)>> {
+    let (synthetic, _, given) = node_settings(root, None, true)?;
+    let mut out = Vec::new();
+    for (arg, (key, _)) in synthetic.iter().zip(given) {
+        if EVENTS_KEYS.contains(&key) {
+            let value = arg.split_once('=').map_or("", |(_, v)| v);
+            out.retain(|(k, _)| *k != key);
+            out.push((key, value.to_string()));
+        }
+    }
+    Ok(out)
+}
+
+/// The settings of the config file (its default one and drop-ins unless `config` names one)
+/// and, with `cmdline`, the kernel command line, as normalised `--key=value` arguments in
+/// order, with a note per source and each key's source.
+#[allow(clippy::type_complexity)]
+fn node_settings(
+    root: &Root,
+    config: Option<&str>,
+    cmdline: bool,
+) -> Result<(Vec<String>, Vec<String>, Vec<(&'static str, String)>)> {
     let mut synthetic = Vec::new();
     let mut notes = Vec::new();
     let mut given = Vec::new();
-    let root = Root::open(&b.root)?;
-    let (path, explicit) = match &b.config {
-        Some(p) => (p.as_str(), true),
+    let (path, explicit) = match config {
+        Some(p) => (p, true),
         None => (DEFAULT_CONFIG, false),
     };
     if !path.is_empty() {
@@ -199,7 +249,7 @@ pub fn merge(b: &Bootstrap, user: &[String]) -> Result<Merged> {
         } else {
             DROPIN_DIRS.iter().map(|d| d.to_string()).collect()
         };
-        for p in dropins(&root, &dirs, &mut notes)? {
+        for p in dropins(root, &dirs, &mut notes)? {
             let name = root.show(&p);
             // Listed a moment ago: gone since means nothing to read.
             let Some(bytes) = root
@@ -212,29 +262,13 @@ pub fn merge(b: &Bootstrap, user: &[String]) -> Result<Merged> {
             add(&settings, &name, &mut synthetic, &mut notes, &mut given);
         }
     }
-    if b.cmdline {
+    if cmdline {
         let text =
             crate::node::cmdline::read().map_err(|e| e.with_kind(crate::error::Kind::Config))?;
         let settings = parse_cmdline(&text)?;
         add(&settings, KERNEL, &mut synthetic, &mut notes, &mut given);
     }
-    given.extend(on_command_line(user.get(1..).unwrap_or_default()));
-    if synthetic.is_empty() {
-        return Ok(Merged {
-            args: user.to_vec(),
-            notes,
-            given,
-        });
-    }
-    let (sub, rest) = user.split_first().expect("argh parsed a subcommand");
-    let mut args = vec![sub.clone()];
-    args.extend(cli::normalize(&synthetic));
-    args.extend(rest.iter().cloned());
-    Ok(Merged {
-        args: cli::last_wins(args),
-        notes,
-        given,
-    })
+    Ok((synthetic, notes, given))
 }
 
 fn utf8(bytes: Vec<u8>, name: &str) -> Result<String> {

@@ -452,7 +452,7 @@ pub(crate) fn b64(s: &str, name: &str, field: &str) -> Result<Vec<u8>> {
         .map_err(|e| Error::failed(format!("{name}: {field}: invalid base64: {e}")))
 }
 
-fn client_cert(cert_pem: &[u8], key_pem: &[u8], name: &str) -> Result<ClientCert> {
+pub fn client_cert(cert_pem: &[u8], key_pem: &[u8], name: &str) -> Result<ClientCert> {
     let mut certs = Vec::new();
     for item in ureq::tls::parse_pem(cert_pem) {
         if let Ok(PemItem::Certificate(c)) = item {

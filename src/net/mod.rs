@@ -3,6 +3,7 @@
 //! `crypto`.
 
 pub mod cluster;
+pub mod events;
 pub mod fetch;
 pub mod join_config;
 pub mod kube;

@@ -7,6 +7,7 @@ pub mod clock;
 pub mod cmdline;
 pub mod dbus;
 pub mod envfile;
+pub mod events;
 pub mod exec;
 pub mod mappings;
 pub mod marker;

@@ -15,7 +15,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use serde_json::json;
+
 use crate::error::{Context, Error, Result};
+use crate::node::events::emit;
 use crate::node::root::{read_capped, Durability, Root};
 
 pub const SCHEMA: u32 = 1;
@@ -143,6 +146,9 @@ pub struct Record {
     /// What `nodestrap verify` found after the last boot (sysext).
     #[serde(default)]
     pub verification: Option<Verification>,
+    /// What became of the run's events (`--events-url`); `null` when it sent none.
+    #[serde(default)]
+    pub events: Option<crate::node::events::Delivery>,
 }
 
 /// One extension of the chosen set.
@@ -204,6 +210,9 @@ pub struct Verification {
     pub api_note: Option<String>,
     /// After a mismatch: the known-good set put back (this boot, once), and how that went.
     pub returned: Option<Returned>,
+    /// What became of the check's own events (`--events-url`).
+    #[serde(default)]
+    pub events: Option<crate::node::events::Delivery>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -221,6 +230,11 @@ pub struct Process {
     pub pid: u32,
     pub start_ticks: u64,
     pub boot_id: String,
+}
+
+/// This process, as a record names its writer (and an event its run).
+pub fn this_process() -> Option<Process> {
+    Process::this()
 }
 
 impl Process {
@@ -297,7 +311,12 @@ pub fn begin(command: &str, root: &Path) {
         process: Process::this(),
         chosen: Vec::new(),
         verification: None,
+        events: None,
     };
+    emit(
+        "started",
+        json!({"version": record.version, "root": record.root, "started": record.started}),
+    );
     if let Ok(mut g) = OPEN.lock() {
         *g = Some(Open {
             record,
@@ -317,6 +336,7 @@ pub fn decide(what: &str, value: impl std::fmt::Display, source: impl std::fmt::
             value: value.to_string(),
             source: source.to_string(),
         };
+        emit("decision", json!(entry));
         // A decision taken again (the same `what`) replaces the earlier one.
         if let Some(x) = d.iter_mut().find(|x| x.what == entry.what) {
             *x = entry;
@@ -329,11 +349,13 @@ pub fn decide(what: &str, value: impl std::fmt::Display, source: impl std::fmt::
 /// A file now in place at `path` (node path), verified against `digest`.
 pub fn staged(path: &str, digest: impl std::fmt::Display) {
     with(|o| {
+        let s = Staged {
+            path: path.to_string(),
+            digest: digest.to_string(),
+        };
+        emit("staged", json!(s));
         if o.record.files.len() < MAX_ENTRIES {
-            o.record.files.push(Staged {
-                path: path.to_string(),
-                digest: digest.to_string(),
-            });
+            o.record.files.push(s);
         }
     });
 }
@@ -341,6 +363,7 @@ pub fn staged(path: &str, digest: impl std::fmt::Display) {
 /// One extension of the set this run settles on (replacing an earlier entry of that name).
 pub fn chosen(c: Chosen) {
     with(|o| {
+        emit("chosen", json!(c));
         let set = &mut o.record.chosen;
         if let Some(x) = set.iter_mut().find(|x| x.name == c.name) {
             *x = c;
@@ -356,6 +379,7 @@ pub fn phase(p: Phase) {
         if p > o.record.phase {
             o.record.phase = p;
             moved = true;
+            emit("phase", json!({ "phase": p }));
         }
     });
     if moved {
@@ -364,15 +388,20 @@ pub fn phase(p: Phase) {
 }
 
 pub fn reboot(r: Reboot) {
-    with(|o| o.record.reboot = r);
+    with(|o| {
+        emit("reboot", json!({ "reboot": r }));
+        o.record.reboot = r
+    });
 }
 
 pub fn marker(path: &str, since_boot: std::time::Duration) {
     with(|o| {
-        o.record.kubelet_env = Some(Marker {
+        let m = Marker {
             path: path.to_string(),
             since_boot_s: round(since_boot.as_secs_f64()),
-        })
+        };
+        emit("marker", json!(m));
+        o.record.kubelet_env = Some(m)
     });
 }
 
@@ -395,6 +424,12 @@ pub fn finish(code: i32, error: Option<&Error>) {
     if code == 0 {
         r.phase = Phase::Done;
     }
+    emit(
+        "finished",
+        json!({"state": r.state, "exit_code": code, "phase": r.phase, "error": r.error,
+               "duration_s": r.duration_s}),
+    );
+    r.events = crate::node::events::close();
     let json = match to_json(r) {
         Ok(j) => j,
         Err(e) => return log::error!("{e}"),
@@ -448,24 +483,34 @@ pub fn run_file(command: &str) -> PathBuf {
     run_dir().join(file_name(command))
 }
 
+/// A file of the running system's run folder.
+pub fn run_file_named(name: &str) -> PathBuf {
+    run_dir().join(name)
+}
+
 /// Replaced atomically by a rename from a temp file of nodestrap's naming, like every file
 /// nodestrap writes (a run killed mid-write leaves a temp that the next one sweeps). Not
 /// fsynced: /run is a tmpfs, gone at the next boot anyway, and a run should not wait on a disk
 /// for its progress report.
 fn save_run_dir(command: &str, json: &[u8]) -> Result<()> {
+    save_run_file(&file_name(command), json)
+        .map_err(|e| Error::failed(format!("status record {e}")))
+}
+
+/// Replace `name` in the running system's run folder (not fsynced: see `save_run_dir`).
+pub fn save_run_file(name: &str, bytes: &[u8]) -> Result<()> {
     let dir = run_dir();
-    let name = file_name(command);
-    let at = dir.join(&name);
+    let at = dir.join(name);
     let save = || -> Result<()> {
         std::fs::create_dir_all(&dir).with_ctx(|| "creating it".to_string())?;
         let d = Root::open(&dir)?
             .dir("/")?
             .ok_or_else(|| Error::failed("gone while being written"))?;
-        d.replace(&name, json, 0o644, Durability::Volatile)?;
+        d.replace(name, bytes, 0o644, Durability::Volatile)?;
         d.sweep_leftovers(false);
         Ok(())
     };
-    save().map_err(|e| Error::failed(format!("status record {}: {e}", at.display())))
+    save().map_err(|e| Error::failed(format!("{}: {e}", at.display())))
 }
 
 /// Change the kept record of the last run under `root` (and the running system's copy when it

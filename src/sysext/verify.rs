@@ -131,6 +131,7 @@ pub fn run(v: &Verify) -> Result<()> {
         api,
         api_note,
         returned: carried,
+        events: None,
     };
     let set = describe(&expected);
 
@@ -157,6 +158,7 @@ pub fn run(v: &Verify) -> Result<()> {
         }
         after.phase = Phase::Verified;
         verification.duration_s = secs(since);
+        verification.events = verdict_events(&verification, 0);
         after.verification = Some(verification);
         let at = status::amend(&root, &record, &after)?;
         log::info!(
@@ -230,11 +232,33 @@ pub fn run(v: &Verify) -> Result<()> {
     let first = first_failed(&verification.checks);
     // The chosen set no longer holds: the record goes back to `done`.
     after.phase = Phase::Done;
+    verification.events = verdict_events(&verification, 1);
     after.verification = Some(verification);
     let at = status::amend(&root, &record, &after)?;
     Err(Error::failed(format!(
         "the node does not run what {from} chose: {first}; {back} (recorded in {at})"
     )))
+}
+
+/// The check's verdict as events (each check, then the verification with its phase), its end,
+/// and what became of them: the record is written after the last event.
+fn verdict_events(v: &Verification, exit_code: i32) -> Option<crate::node::events::Delivery> {
+    use crate::node::events::emit;
+    if !crate::node::events::is_open() {
+        return None;
+    }
+    for c in &v.checks {
+        emit("check", serde_json::json!(c));
+    }
+    if v.outcome == Outcome::Verified {
+        emit("phase", serde_json::json!({ "phase": Phase::Verified }));
+    }
+    emit("verification", serde_json::json!(v));
+    emit(
+        "finished",
+        serde_json::json!({ "exit_code": exit_code, "duration_s": v.duration_s }),
+    );
+    crate::node::events::close()
 }
 
 /// Where the expected set comes from.

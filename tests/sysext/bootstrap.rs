@@ -2031,3 +2031,152 @@ fn stages_from(w: &World, url: &str, keyring: &Path) {
 
 #[path = "verify.rs"]
 mod verify;
+
+/// The events a receiver got on `path`, parsed, in arrival order.
+fn received(r: &Server, path: &str) -> Vec<serde_json::Value> {
+    r.requests("POST", path)
+        .iter()
+        .map(|s| serde_json::from_slice(&s.body).unwrap())
+        .collect()
+}
+
+/// What each event is about, `kind` or `kind:detail`, as a test compares a run's story.
+fn story(events: &[serde_json::Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| match e["kind"].as_str().unwrap() {
+            "phase" => format!("phase:{}", e["phase"].as_str().unwrap()),
+            "decision" => format!("decision:{}", e["what"].as_str().unwrap()),
+            "finished" => format!("finished:{}", e["exit_code"]),
+            k => k.to_string(),
+        })
+        .collect()
+}
+
+/// Issue 28's events: each decision and phase of a run reaches the receiver as it happens, in
+/// order, one JSON object per POST, with the bearer token when the node has no client
+/// certificate; once it has the kubelet's, that is its identity. A receiver that refuses
+/// them costs the run nothing: they are dropped and counted in the record.
+#[test]
+fn events_reach_the_receiver_in_order_as_the_node_is_allowed() {
+    let (_dir, run) = own_run_dir();
+    let env = [("NODESTRAP_RUN_DIR", run.as_str())];
+    let mut w = World::new();
+    let ca = Ca::new("events receiver CA");
+    let receiver = Server::start(&ca.server(), None);
+    receiver.set("/events", Reply::ok(""));
+    receiver.require_bearer("s3cret-token");
+    let ca_pem = w.work.join("events-ca.pem");
+    std::fs::write(&ca_pem, &ca.pem).unwrap();
+    let token = w.work.join("events-token");
+    std::fs::write(&token, "s3cret-token\n").unwrap();
+    w.extra = vec![
+        format!("--events-url={}", receiver.url("/events")),
+        format!("--events-ca-file={}", ca_pem.display()),
+        format!("--events-token-file={}", token.display()),
+    ];
+    let out = nodestrap(&w.args_for(&w.root.display().to_string()), None, &env);
+    out.assert_ok();
+    assert!(!out.stderr.contains("s3cret"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!(
+            "events: sending each decision and phase to {}, as the bearer token in {}",
+            receiver.url("/events"),
+            token.display()
+        )),
+        "{}",
+        out.stderr
+    );
+    let got = received(&receiver, "/events");
+    let story = story(&got);
+    // The run's story: it starts, decides, chooses, stages, writes its marker and ends.
+    let want = [
+        "started",
+        "decision:events",
+        "phase:version",
+        "phase:chosen",
+        "staged",
+        "phase:staged",
+        "marker",
+        "phase:marker",
+        "finished:0",
+    ];
+    let mut at = 0;
+    for w in want {
+        at += story[at..]
+            .iter()
+            .position(|s| s == w)
+            .unwrap_or_else(|| panic!("{w} not after {at}: {story:?}"));
+    }
+    assert_eq!(story.last().unwrap(), "finished:0", "{story:?}");
+    for (i, e) in got.iter().enumerate() {
+        assert_eq!(e["seq"], i as u64 + 1, "{e}");
+        assert_eq!(e["schema"], 1, "{e}");
+        assert_eq!(e["command"], "bootstrap", "{e}");
+        assert_eq!(e["stage"], "system", "{e}");
+        assert_eq!(e["run"], got[0]["run"], "{e}");
+    }
+    for s in receiver.requests("POST", "/events") {
+        assert_eq!(
+            s.header("Authorization"),
+            Some("Bearer s3cret-token"),
+            "{s:?}"
+        );
+        assert_eq!(s.header("Content-Type"), Some("application/json"));
+    }
+    let rec: serde_json::Value =
+        serde_json::from_str(&w.read("/var/lib/nodestrap/status.json").unwrap()).unwrap();
+    let n = got.len() as u64;
+    assert_eq!(
+        rec["events"],
+        serde_json::json!({"url": receiver.url("/events"), "sent": n, "dropped": 0,
+                           "from_spool": 0, "spooled": 0}),
+        "{rec}"
+    );
+    // A decision sent is the record's decision.
+    let decided: Vec<&serde_json::Value> = got.iter().filter(|e| e["kind"] == "decision").collect();
+    assert_eq!(decided.len(), rec["decisions"].as_array().unwrap().len());
+
+    // Once the kubelet holds its client certificate, that is the node's identity.
+    let kca = Ca::new("cluster CA");
+    let mtls = Server::start(&ca.server(), Some(&kca));
+    mtls.set("/events", Reply::ok(""));
+    let leaf = kca.client("system:node:worker-1");
+    w.write(
+        "/var/lib/kubelet/pki/kubelet-client-current.pem",
+        &format!("{}{}", leaf.cert_pem, leaf.key_pem),
+    );
+    w.extra[0] = format!("--events-url={}", mtls.url("/events"));
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    let out = nodestrap(&w.args_for(&w.root.display().to_string()), None, &env);
+    out.assert_ok();
+    assert!(
+        out.stderr.contains("as the kubelet's client certificate"),
+        "{}",
+        out.stderr
+    );
+    let sent = mtls.requests("POST", "/events");
+    assert!(sent.len() > 5, "{sent:?}");
+    assert!(sent
+        .iter()
+        .all(|s| s.client_cert && s.header("Authorization").is_none()));
+
+    // A receiver that refuses them: the run goes on, the events are counted as dropped.
+    std::fs::remove_file(w.path("/var/lib/kubelet/pki/kubelet-client-current.pem")).unwrap();
+    std::fs::write(&token, "another-token\n").unwrap();
+    w.extra[0] = format!("--events-url={}", receiver.url("/events"));
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    let before = receiver.requests("POST", "/events").len();
+    nodestrap(&w.args_for(&w.root.display().to_string()), None, &env).assert_ok();
+    let rec: serde_json::Value =
+        serde_json::from_str(&w.read("/var/lib/nodestrap/status.json").unwrap()).unwrap();
+    assert_eq!(rec["events"]["sent"], 0, "{rec}");
+    let refused = receiver.requests("POST", "/events")[before..].to_vec();
+    assert!(refused.len() > 5, "{refused:?}");
+    assert_eq!(rec["events"]["dropped"], refused.len() as u64, "{rec}");
+
+    // A receiver given as http is refused before anything: tokens travel with events.
+    w.extra[0] = "--events-url=http://127.0.0.1:9/events".into();
+    nodestrap(&w.args_for(&w.root.display().to_string()), None, &env)
+        .assert_fails(2, "not an https URL");
+}

@@ -383,3 +383,93 @@ fn the_real_api_server_confirms_or_contradicts_the_node() {
         serde_json::json!([])
     );
 }
+
+/// Issue 28's events across runs: a bootstrap whose receiver is down finishes as always, its
+/// events kept in the run folder's spool (as switch-root carries /run over); the boot check,
+/// with the receiver up, sends them first, then its own, in order, and records the counts.
+#[test]
+fn events_of_a_run_without_its_receiver_go_with_the_boot_check() {
+    let run = unique_dir("run");
+    let run_env = run.display().to_string();
+    let mut w = World::new();
+    let mut bus = Bus::start();
+    bus.systemd(&[]);
+    let ca = Ca::new("events receiver CA");
+    let receiver = Server::start(&ca.server(), None);
+    receiver.set("/events", Reply::ok(""));
+    let ca_pem = w.work.join("events-ca.pem");
+    std::fs::write(&ca_pem, &ca.pem).unwrap();
+    // A port nobody listens on: the receiver is down.
+    let down = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    w.extra = vec![
+        format!("--events-url=https://127.0.0.1:{down}/events"),
+        format!("--events-ca-file={}", ca_pem.display()),
+    ];
+    let out = nodestrap(
+        &w.args_for(&w.root.display().to_string()),
+        None,
+        &[("NODESTRAP_RUN_DIR", &run_env)],
+    );
+    out.assert_ok();
+    assert!(
+        out.stderr.contains("events wait in memory")
+            && out.stderr.contains("left for the next run of this boot"),
+        "{}",
+        out.stderr
+    );
+    let rec = json(&w, "/var/lib/nodestrap/status.json");
+    let n = rec["events"]["spooled"].as_u64().unwrap();
+    assert!(n > 5, "{rec}");
+    assert_eq!(rec["events"]["sent"], 0, "{rec}");
+    assert_eq!(rec["events"]["dropped"], 0, "{rec}");
+    let spool = std::fs::read_to_string(run.join("events.jsonl")).unwrap();
+    assert_eq!(spool.lines().count() as u64, n, "{spool}");
+
+    let out = boot(
+        &w,
+        &bus,
+        &format!(
+            "export NODESTRAP_RUN_DIR={run_env}\n{}",
+            verify(&format!(
+                "--api-wait=0 --events-url={} --events-ca-file={}",
+                receiver.url("/events"),
+                ca_pem.display()
+            ))
+        ),
+    );
+    assert!(out.contains("VERIFY exit=0"), "{out}");
+    let got: Vec<serde_json::Value> = receiver
+        .requests("POST", "/events")
+        .iter()
+        .map(|s| serde_json::from_slice(&s.body).unwrap())
+        .collect();
+    let (before, mine) = got.split_at(n as usize);
+    for (i, e) in before.iter().enumerate() {
+        assert_eq!(e["command"], "bootstrap", "{e}");
+        assert_eq!(e["seq"], i as u64 + 1, "{e}");
+    }
+    assert_eq!(before.last().unwrap()["kind"], "finished");
+    let kinds: Vec<&str> = mine.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds.first(), Some(&"started"), "{kinds:?}");
+    assert_eq!(
+        &kinds[kinds.len() - 3..],
+        &["phase", "verification", "finished"],
+        "{kinds:?}"
+    );
+    assert!(
+        kinds[1..kinds.len() - 3].iter().all(|k| *k == "check"),
+        "{kinds:?}"
+    );
+    assert!(mine.iter().all(|e| e["command"] == "verify"));
+    assert_eq!(mine[kinds.len() - 2]["outcome"], "verified");
+    let rec = json(&w, "/var/lib/nodestrap/status.json");
+    let d = &rec["verification"]["events"];
+    assert_eq!(d["from_spool"], n, "{rec}");
+    assert_eq!(d["sent"], got.len() as u64, "{rec}");
+    assert_eq!(d["spooled"], 0, "{rec}");
+    assert!(!run.join("events.jsonl").exists());
+}
