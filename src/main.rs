@@ -5,7 +5,7 @@ use nodestrap::activation::{activate, init_cluster, join_service};
 use nodestrap::cli::{self, logged, recorded, Cmd, Payload};
 use nodestrap::inplace::reprovision;
 use nodestrap::sysext;
-use nodestrap::torcx::{bootstrap, hook};
+use nodestrap::torcx::{self as torcx, bootstrap, hook};
 
 fn main() {
     std::process::exit(run());
@@ -44,6 +44,13 @@ fn run() -> i32 {
         Cmd::InitCluster(x) => logged(&x.verbose, || init_cluster::run(&x)),
         // Reads the last run's record; writes nothing.
         Cmd::Status(s) => cli::status(&s),
-        Cmd::Verify(v) => cli::verify(&v, &sysext::verify::run),
+        // The boot check of the payload the last bootstrap staged.
+        Cmd::Verify(v) => cli::verify(&v, &|v| {
+            if nodestrap::node::status::last_bootstrap_was_torcx(std::path::Path::new("/")) {
+                torcx::verify::run(v)
+            } else {
+                sysext::verify::run(v)
+            }
+        }),
     }
 }

@@ -644,16 +644,16 @@ pub struct Status {
     subcommand,
     name = "verify",
     help_triggers("-h", "--help", "help"),
-    note = "Runs on the running system after a boot (nodestrap-verify.service, before\nboot-complete.target). Reads the last bootstrap's status record; writes what it\nfound into it, and the known-good set to /var/lib/nodestrap/known-good.json.",
+    note = "Runs on the running system after a boot (nodestrap-verify.service, before\nboot-complete.target). Reads the last bootstrap's status record; writes what it\nfound into it, and the known-good set to /var/lib/nodestrap/known-good.json\n(sysext) or the known-good torcx profile nodestrap-known-good (torcx).",
     error_code(0, "verified: the node runs what the last bootstrap chose; now known-good"),
     error_code(
         1,
-        "mismatch (recorded; the known-good set put back once per boot), or no completed bootstrap to verify"
+        "mismatch (recorded; the known-good set put back, or the known-good torcx profile selected for the next boot, once per boot), or no completed bootstrap to verify"
     ),
-    error_code(2, "wrong options, or the last bootstrap was not a sysext one")
+    error_code(2, "wrong options")
 )]
-/// After a boot: check that the extensions, kubelet and runtime running are the ones the last
-/// sysext bootstrap chose, and go back to the known-good set if they are not.
+/// After a boot: check that the extensions (sysext) or the torcx profile, kubelet and runtime
+/// running are the ones the last bootstrap chose, and go back to the known-good ones if not.
 pub struct Verify {
     /// the kubelet's kubeconfig, to ask the API server for this Node (node path, default
     /// /etc/kubernetes/kubelet.conf)

@@ -66,12 +66,13 @@ pub fn open(command: &str, mut sink: Box<dyn Sink>) {
     for e in spooled {
         sink.push(e);
     }
-    let process = crate::node::status::this_process();
     let boot_id = crate::node::seams::boot_id().unwrap_or_default();
-    let run = match &process {
-        Some(p) => format!("{}:{}:{}", p.boot_id, p.pid, p.start_ticks),
-        None => format!("{boot_id}:{}", std::process::id()),
-    };
+    let pid = std::process::id();
+    // As the record names its process: boot, PID, and the PID's start (PIDs are reused).
+    let run = format!(
+        "{boot_id}:{pid}:{}",
+        crate::node::run::start_ticks(pid).unwrap_or_default()
+    );
     let stage = if std::path::Path::new("/etc/initrd-release").exists() {
         "initramfs"
     } else {
@@ -115,9 +116,9 @@ pub fn emit(kind: &str, fields: Value) {
     e.insert("boot_id".into(), json!(o.boot_id));
     e.insert(
         "at".into(),
-        json!(crate::node::status::rfc3339(SystemTime::now())),
+        json!(crate::node::run::rfc3339(SystemTime::now())),
     );
-    let since = crate::node::marker::since_boot().as_secs_f64();
+    let since = crate::node::run::since_boot().as_secs_f64();
     e.insert(
         "since_boot_s".into(),
         json!((since * 1000.0).round() / 1000.0),
@@ -167,7 +168,7 @@ pub fn close() -> Option<Delivery> {
 /// The spool's events, oldest first, removed from it. A spool that is not ours (too large, not
 /// JSON lines) is set aside with a warning.
 fn take_spool() -> Vec<Vec<u8>> {
-    let path = crate::node::status::run_file_named(SPOOL);
+    let path = crate::node::run::run_file_named(SPOOL);
     let bytes = match std::fs::File::open(&path) {
         Ok(f) => crate::node::root::read_capped(f, SPOOL_CAP)
             .map_err(|e| Error::failed(format!("{}: {e}", path.display()))),
@@ -223,5 +224,5 @@ fn spool(events: &[Vec<u8>]) -> Result<()> {
         bytes.extend_from_slice(e);
         bytes.push(b'\n');
     }
-    crate::node::status::save_run_file(SPOOL, &bytes)
+    crate::node::run::save_run_file(SPOOL, &bytes)
 }

@@ -499,6 +499,34 @@ fn signal_name(sig: i32) -> &'static str {
     }
 }
 
+/// What `argv` (a `--version` probe) prints first, or why it printed nothing.
+pub fn version_line(argv: &[String]) -> std::result::Result<String, String> {
+    let run = || -> Result<String> {
+        let c = Command::new(argv, Duration::from_secs(30))?;
+        let out = capture(&c, &argv[0], 64 << 10)?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let first = text.lines().next().unwrap_or("").trim().to_string();
+        if out.exit.success() {
+            Ok(first)
+        } else {
+            Err(Error::failed(format!("{} ({})", out.tail.trim(), out.exit)))
+        }
+    };
+    run().map_err(|e| e.to_string())
+}
+
+/// Whether a `--version` line names `version` as a whole word (`v` before it, a `-`, `+` or
+/// `~` suffix after it allowed, as Debian's `1.7.24~ds1`): `1.7.2` is not `1.7.24`.
+pub fn says_version(line: &str, version: &str) -> bool {
+    line.split(|c: char| c.is_whitespace() || c == ',' || c == '"')
+        .map(|w| w.trim_start_matches('v'))
+        .any(|w| {
+            w == version
+                || w.strip_prefix(version)
+                    .is_some_and(|rest| rest.starts_with(['-', '+', '~']))
+        })
+}
+
 /// `1 s`, `1.5 s`: how a log line says a duration.
 pub fn secs(d: Duration) -> String {
     if d.subsec_millis() == 0 {

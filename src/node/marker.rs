@@ -60,7 +60,7 @@ pub fn write(root: &Root, p: &Plan, dry_run: bool, undo: &mut Undo) -> Result<()
         Some("so bootstrap runs again"),
     )?;
     let keys: Vec<&str> = p.set.iter().map(|(k, _)| *k).collect();
-    let boot = since_boot();
+    let boot = crate::node::run::since_boot();
     log::info!(
         "wrote {out} ({from}, setting {}) {:.1} s after boot",
         keys.join(", "),
@@ -69,14 +69,4 @@ pub fn write(root: &Root, p: &Plan, dry_run: bool, undo: &mut Undo) -> Result<()
     crate::node::status::marker(p.path, boot);
     crate::node::status::phase(crate::node::status::Phase::Marker);
     Ok(())
-}
-
-/// Time since the kernel started (CLOCK_BOOTTIME: the same as now less /proc/stat's btime, but
-/// immune to the wall clock being set meanwhile): how long the node waited for its kubelet.
-pub fn since_boot() -> std::time::Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
-    std::time::Duration::new(
-        t.tv_sec.max(0) as u64,
-        t.tv_nsec.clamp(0, 999_999_999) as u32,
-    )
 }

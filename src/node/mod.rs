@@ -13,6 +13,7 @@ pub mod mappings;
 pub mod marker;
 pub mod reboot;
 pub mod root;
+pub mod run;
 pub mod seams;
 pub mod signals;
 pub mod status;

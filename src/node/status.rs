@@ -11,15 +11,17 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
 use serde_json::json;
 
-use crate::error::{Context, Error, Result};
+use crate::error::{Error, Result};
 use crate::node::events::emit;
-use crate::node::root::{read_capped, Durability, Root};
+use crate::node::root::{read_capped, Root};
+pub use crate::node::run::rfc3339;
+use crate::node::run::{run_dir, save_run_file, start_ticks};
 
 pub const SCHEMA: u32 = 1;
 /// The last completed bootstrap's copy, a node path under the root (units test for it).
@@ -196,6 +198,61 @@ pub struct Check {
     pub ok: bool,
 }
 
+impl Check {
+    /// `expected` against `running`, logged as the check's line (an error when they differ).
+    pub fn compare(what: String, expected: impl Into<String>, running: impl Into<String>) -> Check {
+        let (expected, running) = (expected.into(), running.into());
+        let ok = expected == running;
+        Check::judged(what, expected, running, ok)
+    }
+
+    /// A comparison whose verdict the caller made (a version named inside a longer line).
+    pub fn judged(what: String, expected: String, running: String, ok: bool) -> Check {
+        // What a probe prints is bounded before it goes into the record.
+        let (expected, running) = (bounded(expected), bounded(running));
+        let line = format!("check {what}: expected {expected}, found {running}");
+        if ok {
+            log::info!("{line}");
+        } else {
+            log::error!("{line}");
+        }
+        Check {
+            what,
+            expected,
+            running,
+            ok,
+        }
+    }
+}
+
+/// A boot check's verdict as events (each check; the `verified` phase on a match; the
+/// verification; the end), then what became of them: the record is amended after the last.
+pub fn verdict_events(v: &Verification, exit_code: i32) -> Option<crate::node::events::Delivery> {
+    if !crate::node::events::is_open() {
+        return None;
+    }
+    for c in &v.checks {
+        emit("check", json!(c));
+    }
+    if v.outcome == Outcome::Verified {
+        emit("phase", json!({ "phase": Phase::Verified }));
+    }
+    emit("verification", json!(v));
+    emit(
+        "finished",
+        json!({ "exit_code": exit_code, "duration_s": v.duration_s }),
+    );
+    crate::node::events::close()
+}
+
+/// At most 200 characters of `s`.
+fn bounded(s: String) -> String {
+    match s.char_indices().nth(200) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s,
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Verification {
     /// RFC 3339, UTC.
@@ -232,11 +289,6 @@ pub struct Process {
     pub boot_id: String,
 }
 
-/// This process, as a record names its writer (and an event its run).
-pub fn this_process() -> Option<Process> {
-    Process::this()
-}
-
 impl Process {
     fn this() -> Option<Process> {
         let pid = std::process::id();
@@ -258,13 +310,6 @@ impl Process {
             }
         }
     }
-}
-
-/// Field 22 of /proc/PID/stat (after the command name, which may hold spaces and parentheses).
-fn start_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
 struct Open {
@@ -472,20 +517,9 @@ fn to_json(r: &Record) -> Result<Vec<u8>> {
     Ok(v)
 }
 
-/// The running system's copy (a host path: in the initramfs, the /run that switch-root carries
-/// over).
-fn run_dir() -> PathBuf {
-    crate::node::seams::Seam::RunDir.path()
-}
-
 /// The running system's copy of `command`'s record.
 pub fn run_file(command: &str) -> PathBuf {
     run_dir().join(file_name(command))
-}
-
-/// A file of the running system's run folder.
-pub fn run_file_named(name: &str) -> PathBuf {
-    run_dir().join(name)
 }
 
 /// Replaced atomically by a rename from a temp file of nodestrap's naming, like every file
@@ -495,22 +529,6 @@ pub fn run_file_named(name: &str) -> PathBuf {
 fn save_run_dir(command: &str, json: &[u8]) -> Result<()> {
     save_run_file(&file_name(command), json)
         .map_err(|e| Error::failed(format!("status record {e}")))
-}
-
-/// Replace `name` in the running system's run folder (not fsynced: see `save_run_dir`).
-pub fn save_run_file(name: &str, bytes: &[u8]) -> Result<()> {
-    let dir = run_dir();
-    let at = dir.join(name);
-    let save = || -> Result<()> {
-        std::fs::create_dir_all(&dir).with_ctx(|| "creating it".to_string())?;
-        let d = Root::open(&dir)?
-            .dir("/")?
-            .ok_or_else(|| Error::failed("gone while being written"))?;
-        d.replace(name, bytes, 0o644, Durability::Volatile)?;
-        d.sweep_leftovers(false);
-        Ok(())
-    };
-    save().map_err(|e| Error::failed(format!("{}: {e}", at.display())))
 }
 
 /// Change the kept record of the last run under `root` (and the running system's copy when it
@@ -538,6 +556,13 @@ pub fn amend(root: &Root, before: &Record, after: &Record) -> Result<String> {
         }
     }
     Ok(root.show(&at))
+}
+
+/// Whether the last bootstrap on `root` staged the torcx payload (its record decides a torcx
+/// profile or the OS's version, which only torcx runs do); `false` without a readable record.
+pub fn last_bootstrap_was_torcx(root: &Path) -> bool {
+    matches!(load(root, "bootstrap"), Ok(Some((r, _)))
+        if r.decisions.iter().any(|d| d.what == "torcx-profile" || d.what == "os"))
 }
 
 /// The record of the last run on `root`: the running system's copy when that run was on this
@@ -793,32 +818,10 @@ fn round(s: f64) -> f64 {
     (s * 10.0).round() / 10.0
 }
 
-/// `2026-11-25T01:40:00Z`: UTC, whole seconds (civil date from days since 1970, H. Hinnant);
-/// the status record's times and reprovision's progress events.
-pub fn rfc3339(t: SystemTime) -> String {
-    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use std::time::{Duration, UNIX_EPOCH};
 
     #[test]
     fn rfc3339_dates() {

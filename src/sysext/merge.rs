@@ -64,10 +64,10 @@ pub fn prove(want: &[Expect]) -> Result<()> {
             )));
         }
         if let Some(argv) = version_probe(e.name) {
-            let said = probe(&argv).map_err(|why| {
+            let said = exec::version_line(&argv).map_err(|why| {
                 Error::failed(format!("{} after the merge: {why}", argv.join(" ")))
             })?;
-            if !says_version(&said, &e.version) {
+            if !exec::says_version(&said, &e.version) {
                 return Err(Error::failed(format!(
                     "{} after the merge: expected version {}, got {said}",
                     argv.join(" "),
@@ -155,34 +155,6 @@ fn usr_fstype(mountinfo: &str) -> Option<String> {
         .and_then(|l| l.split(" - ").nth(1)?.split(' ').next().map(str::to_string))
 }
 
-/// What `argv` (a `--version` probe) prints first, or why it printed nothing.
-pub fn probe(argv: &[String]) -> std::result::Result<String, String> {
-    let run = || -> Result<String> {
-        let c = Command::new(argv, Duration::from_secs(30))?;
-        let out = exec::capture(&c, &argv[0], 64 << 10)?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let first = text.lines().next().unwrap_or("").trim().to_string();
-        if out.exit.success() {
-            Ok(first)
-        } else {
-            Err(Error::failed(format!("{} ({})", out.tail.trim(), out.exit)))
-        }
-    };
-    run().map_err(|e| e.to_string())
-}
-
-/// Whether a `--version` line names `version` as a whole word (`v` before it, a `-`, `+` or
-/// `~` suffix after it allowed, as Debian's `1.7.24~ds1`): `1.7.2` is not `1.7.24`.
-pub fn says_version(line: &str, version: &str) -> bool {
-    line.split(|c: char| c.is_whitespace() || c == ',' || c == '"')
-        .map(|w| w.trim_start_matches('v'))
-        .any(|w| {
-            w == version
-                || w.strip_prefix(version)
-                    .is_some_and(|rest| rest.starts_with(['-', '+', '~']))
-        })
-}
-
 /// The service that runs from extension `name`'s image.
 pub fn service_of(name: &str) -> Option<&'static str> {
     match name {
@@ -219,22 +191,22 @@ mod tests {
 
     #[test]
     fn versions_are_whole_words() {
-        assert!(says_version("Kubernetes v1.32.3", "1.32.3"));
-        assert!(says_version(
+        assert!(exec::says_version("Kubernetes v1.32.3", "1.32.3"));
+        assert!(exec::says_version(
             "containerd github.com/containerd/containerd v1.7.24 88bf19b2",
             "1.7.24"
         ));
-        assert!(says_version(
+        assert!(exec::says_version(
             "Docker version 24.0.9+dfsg1, build 2936816",
             "24.0.9"
         ));
         // Debian 13's containerd, as the QEMU guests run it.
-        assert!(says_version(
+        assert!(exec::says_version(
             "containerd github.com/containerd/containerd 1.7.24~ds1 1.7.24~ds1-6+deb13u1",
             "1.7.24"
         ));
-        assert!(!says_version("containerd 1.7.24", "1.7.2"));
-        assert!(!says_version("Kubernetes v1.32.30", "1.32.3"));
+        assert!(!exec::says_version("containerd 1.7.24", "1.7.2"));
+        assert!(!exec::says_version("Kubernetes v1.32.30", "1.32.3"));
     }
 
     #[test]

@@ -158,7 +158,7 @@ pub fn run(v: &Verify) -> Result<()> {
         }
         after.phase = Phase::Verified;
         verification.duration_s = secs(since);
-        verification.events = verdict_events(&verification, 0);
+        verification.events = status::verdict_events(&verification, 0);
         after.verification = Some(verification);
         let at = status::amend(&root, &record, &after)?;
         log::info!(
@@ -232,33 +232,12 @@ pub fn run(v: &Verify) -> Result<()> {
     let first = first_failed(&verification.checks);
     // The chosen set no longer holds: the record goes back to `done`.
     after.phase = Phase::Done;
-    verification.events = verdict_events(&verification, 1);
+    verification.events = status::verdict_events(&verification, 1);
     after.verification = Some(verification);
     let at = status::amend(&root, &record, &after)?;
     Err(Error::failed(format!(
         "the node does not run what {from} chose: {first}; {back} (recorded in {at})"
     )))
-}
-
-/// The check's verdict as events (each check, then the verification with its phase), its end,
-/// and what became of them: the record is written after the last event.
-fn verdict_events(v: &Verification, exit_code: i32) -> Option<crate::node::events::Delivery> {
-    use crate::node::events::emit;
-    if !crate::node::events::is_open() {
-        return None;
-    }
-    for c in &v.checks {
-        emit("check", serde_json::json!(c));
-    }
-    if v.outcome == Outcome::Verified {
-        emit("phase", serde_json::json!({ "phase": Phase::Verified }));
-    }
-    emit("verification", serde_json::json!(v));
-    emit(
-        "finished",
-        serde_json::json!({ "exit_code": exit_code, "duration_s": v.duration_s }),
-    );
-    crate::node::events::close()
 }
 
 /// Where the expected set comes from.
@@ -306,37 +285,6 @@ fn check_sysext(record: &Record, from: &str) -> Result<()> {
     Ok(())
 }
 
-fn check(what: String, expected: impl Into<String>, running: impl Into<String>) -> Check {
-    let (expected, running) = (expected.into(), running.into());
-    let ok = expected == running;
-    check_as(what, expected, running, ok)
-}
-
-fn check_as(what: String, expected: String, running: String, ok: bool) -> Check {
-    // What a probe prints is bounded before it goes into the record and the known-good file.
-    let (expected, running) = (bounded(expected), bounded(running));
-    let line = format!("check {what}: expected {expected}, found {running}");
-    if ok {
-        log::info!("{line}");
-    } else {
-        log::error!("{line}");
-    }
-    Check {
-        what,
-        expected,
-        running,
-        ok,
-    }
-}
-
-/// At most 200 characters of `s`.
-fn bounded(s: String) -> String {
-    match s.char_indices().nth(200) {
-        Some((i, _)) => format!("{}…", &s[..i]),
-        None => s,
-    }
-}
-
 /// The checks on the node itself, per extension; and the extensions whose image is to blame
 /// (merged intact from the recorded link, yet not in /usr or another version runs).
 fn local_checks(root: &Root, expected: &[Chosen]) -> (Vec<Check>, Vec<String>) {
@@ -348,7 +296,7 @@ fn local_checks(root: &Root, expected: &[Chosen]) -> (Vec<Check>, Vec<String>) {
         let n = &c.name;
         let first = out.len();
         let link = format!("{}/{n}.raw", stage::LINKS);
-        out.push(check(
+        out.push(Check::compare(
             format!("{n} link {}", root.show(&link)),
             c.image.as_str(),
             root.dir(stage::LINKS)
@@ -357,7 +305,7 @@ fn local_checks(root: &Root, expected: &[Chosen]) -> (Vec<Check>, Vec<String>) {
                 .and_then(|d| d.link_target(&format!("{n}.raw")))
                 .unwrap_or_else(|| "no link".to_string()),
         ));
-        out.push(check(
+        out.push(Check::compare(
             format!("{n} image {}", root.show(&c.image)),
             c.digest.as_str(),
             digest_of(root, &c.image, &c.digest),
@@ -365,7 +313,7 @@ fn local_checks(root: &Root, expected: &[Chosen]) -> (Vec<Check>, Vec<String>) {
         // The image is to blame when the merge took the others and not this one, or when
         // another version runs from it; never for an error or a merge that failed as a whole.
         let mut blame = false;
-        out.push(check(
+        out.push(Check::compare(
             format!("{n} merged for /usr"),
             "listed by systemd-sysext status",
             match &merged {
@@ -378,7 +326,7 @@ fn local_checks(root: &Root, expected: &[Chosen]) -> (Vec<Check>, Vec<String>) {
                 Err(e) => e.to_string(),
             },
         ));
-        out.push(check(
+        out.push(Check::compare(
             format!("{n} merged image"),
             "read by a loop device",
             match identity(root, &c.image) {
@@ -389,11 +337,13 @@ fn local_checks(root: &Root, expected: &[Chosen]) -> (Vec<Check>, Vec<String>) {
         ));
         if let Some(argv) = merge::version_probe(n) {
             let version = c.version.trim_start_matches('v');
-            out.push(check(
+            out.push(Check::compare(
                 format!("{n} {}", argv.join(" ")),
                 format!("version {version}"),
-                match merge::probe(&argv) {
-                    Ok(s) if merge::says_version(&s, version) => format!("version {version}"),
+                match crate::node::exec::version_line(&argv) {
+                    Ok(s) if crate::node::exec::says_version(&s, version) => {
+                        format!("version {version}")
+                    }
                     Ok(s) => {
                         blame = true;
                         format!("{s:?}")
@@ -523,7 +473,7 @@ fn ask_api(
     let mut checks = Vec::new();
     if let Some(w) = want_kubelet {
         let ok = same_version(&w, &kubelet);
-        checks.push(check_as(
+        checks.push(Check::judged(
             format!("Node {name} nodeInfo.kubeletVersion"),
             w,
             kubelet,
@@ -532,7 +482,7 @@ fn ask_api(
     }
     if let Some(w) = want_runtime {
         let ok = same_version(&w, &runtime);
-        checks.push(check_as(
+        checks.push(Check::judged(
             format!("Node {name} nodeInfo.containerRuntimeVersion"),
             w,
             runtime,

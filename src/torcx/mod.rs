@@ -8,3 +8,4 @@ pub mod hook;
 pub mod layout;
 pub mod runtime;
 pub mod store;
+pub mod verify;

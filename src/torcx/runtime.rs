@@ -289,6 +289,7 @@ pub fn stage_runtime(
             "plan: profile {profile} ({why}) gets {RUNTIME}:{version}, selected as next-profile"
         )?;
     } else {
+        store::keep_known_good(root, st.layout, undo)?;
         store::set_profile_image(root, st.layout, &profile, RUNTIME, &version, undo)?;
         log::info!(
             "profile {profile} ({why}) now names {RUNTIME}:{version}; next-profile set (torcx paths from {})",

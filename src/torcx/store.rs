@@ -15,6 +15,9 @@ pub const PACKAGE_LIST_KIND: &str = "torcx-package-list-v0";
 pub const PROFILE_KIND: &str = "profile-manifest-v0";
 /// The first Container Linux release with remote torcx manifests.
 pub const MIN_REMOTE_OS: &str = "1520.3.0";
+/// The profile the boot check returns to: a copy of the last profile torcx applied in a boot
+/// that worked (docs/verify.md, "torcx nodes"). nodestrap never edits it as the user's.
+pub const KNOWN_GOOD: &str = "nodestrap-known-good";
 
 #[derive(Debug, Deserialize)]
 pub struct PackageList {
@@ -303,6 +306,7 @@ pub fn choose_profile(root: &Root, layout: &Layout, default: &str) -> Result<(St
         let n = n.strip_suffix(".json").unwrap_or(n);
         if !n.is_empty()
             && n != "vendor"
+            && n != KNOWN_GOOD
             && plain_name(n)
             && root.exists(&format!("{}/{n}.json", layout.profiles_dir()))
         {
@@ -322,6 +326,33 @@ pub fn choose_profile(root: &Root, layout: &Layout, default: &str) -> Result<(St
         }
     }
     Ok((default.to_string(), "no user next-profile".to_string()))
+}
+
+/// The known-good profile's node path.
+pub fn known_good_path(layout: &Layout) -> String {
+    format!("{}/{KNOWN_GOOD}.json", layout.profiles_dir())
+}
+
+/// Before a run first changes the node's profile: the profile torcx applied in this boot (the
+/// node booted with it) becomes the known-good profile the boot check can return to, unless
+/// the node keeps one already (a boot check's, newer).
+pub fn keep_known_good(root: &Root, layout: &Layout, undo: &mut Undo) -> Result<()> {
+    let path = known_good_path(layout);
+    if root.exists(&path) {
+        return Ok(());
+    }
+    let applied = layout.applied_profile();
+    let Some(b) = root.read(&applied, crate::node::root::CONFIG_CAP)? else {
+        return Ok(());
+    };
+    Profile::parse(&b, &root.show(&applied))?;
+    undo.write(&path, &b, 0o644)?;
+    log::info!(
+        "{} kept as {}: the profile this boot runs, for the boot check to return to",
+        root.show(&applied),
+        root.show(&path)
+    );
+    Ok(())
 }
 
 /// Make `profile` hold `image:reference` (replacing that image's entry, keeping the others)

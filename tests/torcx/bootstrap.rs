@@ -2565,6 +2565,11 @@ fn torcx_image(version: &str) -> Vec<u8> {
         format!("#!/bin/sh\necho docker {version}\n"),
     )
     .unwrap();
+    std::fs::set_permissions(
+        tree.join("bin/docker"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let out = tree.with_extension("tgz");
     let st = std::process::Command::new("tar")
         .args(["--numeric-owner", "--owner=0", "--group=0", "-czf"])
@@ -2886,4 +2891,177 @@ fn api_and_manifest_errors_name_the_setting_that_fixes_them() {
     let r = nodestrap(&args, None, &[]);
     r.assert_fails(1, "add its CA with --ca-file (a PEM file)");
     w.assert_nothing_written();
+}
+
+/// One boot of `w`'s root: a fresh /run, the real torcx generator as at boot, then
+/// `nodestrap verify` in the same mount namespace (torcx's unpacked images live there), as
+/// nodestrap-verify.service runs it, with `boot_id` as the kernel's boot ID. The generator's
+/// exit code and log, then verify's exit code and log.
+fn boot_and_verify(w: &World, boot_id: &str) -> (i32, String, i32, String) {
+    let _ = std::fs::remove_dir_all(w.path("/run"));
+    verify_in(w, boot_id, true)
+}
+
+/// `nodestrap verify` once more in the boot `boot_and_verify` left (`generator`: boot first).
+fn verify_in(w: &World, boot_id: &str, generator: bool) -> (i32, String, i32, String) {
+    let gen = w.path("/usr/lib/systemd/system-generators/torcx-generator");
+    std::fs::create_dir_all(gen.parent().unwrap()).unwrap();
+    std::fs::copy(real_torcx(), &gen).unwrap();
+    std::fs::create_dir_all(w.path("/usr/bin")).unwrap();
+    std::fs::copy(bin(), w.path("/usr/bin/nodestrap")).unwrap();
+    for d in ["/run", "/proc", "/gen", "/bin", "/boot-id", "/dev"] {
+        std::fs::create_dir_all(w.path(d)).unwrap();
+    }
+    // The image's docker is a shell script: this machine's sh, with what it links.
+    copy_with_libraries(w, "/bin/sh");
+    std::fs::write(w.path("/proc/cmdline"), "ro quiet\n").unwrap();
+    std::fs::write(w.path("/boot-id/id"), format!("{boot_id}\n")).unwrap();
+    let out = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(
+            "if [ \"$1\" = boot ]; then\n\
+               chroot \"$0\" /usr/lib/systemd/system-generators/torcx-generator /gen /gen /gen 2>\"$0/gen.log\"; echo $? >\"$0/gen.rc\"\n\
+             fi\n\
+             mount --bind /dev \"$0/dev\"\n\
+             chroot \"$0\" /usr/bin/nodestrap verify --api-wait=0",
+        )
+        .arg(&w.root)
+        .arg(if generator { "boot" } else { "again" })
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("NODESTRAP_BOOT_ID", "/boot-id/id")
+        .env("NODESTRAP_RUN_DIR", "/run/nodestrap")
+        .output()
+        .unwrap();
+    let gen_rc = w.read("/gen.rc").unwrap().trim().parse().unwrap();
+    (
+        gen_rc,
+        w.read("/gen.log").unwrap_or_default(),
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `program` and the shared libraries ldd names for it, at the same paths under `w`'s root.
+fn copy_with_libraries(w: &World, program: &str) {
+    let ldd = std::process::Command::new("ldd")
+        .arg(program)
+        .output()
+        .unwrap();
+    let mut files = vec![program.to_string()];
+    for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+        if let Some(p) = line.split_whitespace().find(|t| t.starts_with('/')) {
+            files.push(p.to_string());
+        }
+    }
+    for f in files {
+        let to = w.path(&f);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(&f, &to).unwrap();
+    }
+}
+
+/// Issue 28 on torcx, with the real torcx generator applying profiles as at boot: the boot
+/// after the bootstrap runs docker 17.03 as chosen: verified, and the applied profile is kept
+/// as the known-good one. The next bootstrap stages 17.06, whose archive is then broken on
+/// disk: torcx does not apply the profile and docker is missing. The check finds it, records
+/// expected and running, selects the known-good profile as next-profile and records the
+/// reboot, which it does not take; once per boot. The boot after applies the known-good
+/// profile, and the check passes again.
+#[test]
+fn a_torcx_profile_that_did_not_apply_is_found_and_the_known_good_one_selected() {
+    if std::env::var_os("NODESTRAP_RUNNER").is_some_and(|r| !r.is_empty()) {
+        // verify runs chrooted in the node's root, where no qemu-user is.
+        return;
+    }
+    let w = World::new();
+    w.with_real_images();
+    w.run().assert_ok();
+    assert_eq!(w.read("/etc/torcx/next-profile").unwrap(), "tectonic\n");
+    let (gen, log, code, out) = boot_and_verify(&w, "boot-1");
+    assert_eq!(gen, 0, "{log}");
+    assert_eq!(code, 0, "{out}");
+    for needle in [
+        "check torcx seal: expected sealed with profile tectonic, found sealed with profile tectonic",
+        "check torcx applied docker: expected docker:17.03, found docker:17.03",
+        "check /run/torcx/bin/docker --version: expected version 17.03, found version 17.03",
+        "verified: torcx applied profile tectonic with docker 17.03",
+    ] {
+        assert!(out.contains(needle), "{needle}: {out}");
+    }
+    let known = w
+        .read("/etc/torcx/profiles/nodestrap-known-good.json")
+        .unwrap();
+    assert!(known.contains("\"17.03\""), "{known}");
+    let rec: serde_json::Value =
+        serde_json::from_str(&w.read("/var/lib/nodestrap/status.json").unwrap()).unwrap();
+    assert_eq!(rec["phase"], "verified", "{rec}");
+
+    // The cluster moves to v1.10: docker 17.06 is staged, and its archive breaks on disk.
+    w.write(
+        "/etc/kubernetes/installer/kubelet.env",
+        "KUBELET_IMAGE_URL=quay.io/coreos/hyperkube\nKUBELET_IMAGE_TAG=v1.10.2_coreos.0\n",
+    );
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    w.run().assert_ok();
+    let staged = w.path(&format!(
+        "/var/lib/torcx/store/{CUR}/docker:17.06.torcx.tgz"
+    ));
+    assert!(staged.exists());
+    std::fs::write(&staged, b"not a gzip archive any more").unwrap();
+    let (gen, log, code, out) = boot_and_verify(&w, "boot-2");
+    assert_ne!(gen, 0, "torcx applied a broken archive: {log}");
+    assert_eq!(code, 1, "{out}");
+    for needle in [
+        "check torcx seal: expected sealed with profile tectonic, found not sealed (/run/metadata/torcx missing): torcx did not complete",
+        "check torcx applied docker: expected docker:17.06, found torcx applied no profile",
+        "reboot needed: the boot check selected the known-good profile nodestrap-known-good (docker 17.03) as next-profile",
+        "the reboot is recorded, not taken",
+    ] {
+        assert!(out.contains(needle), "{needle}: {out}");
+    }
+    assert_eq!(
+        w.read("/etc/torcx/next-profile").unwrap(),
+        "nodestrap-known-good\n"
+    );
+    let rec: serde_json::Value =
+        serde_json::from_str(&w.read("/var/lib/nodestrap/status.json").unwrap()).unwrap();
+    let v = &rec["verification"];
+    assert_eq!(v["outcome"], "mismatch", "{rec}");
+    assert_eq!(v["returned"]["to"][0]["version"], "17.03", "{rec}");
+    assert_eq!(rec["reboot"]["decision"], "needed", "{rec}");
+    assert_eq!(rec["phase"], "done", "{rec}");
+
+    // The same boot checked again: no second return.
+    let (_, _, code, out) = verify_in(&w, "boot-2", false);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("expecting the known-good profile a check selected at boot boot-2"),
+        "{out}"
+    );
+
+    // The next boot: torcx applies the known-good profile; the check passes.
+    let (gen, log, code, out) = boot_and_verify(&w, "boot-3");
+    assert_eq!(gen, 0, "{log}");
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("verified: torcx applied profile nodestrap-known-good with docker 17.03"),
+        "{out}"
+    );
+    // The next bootstrap edits its own profile, never the known-good one.
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stderr
+            .contains("names \"nodestrap-known-good\", which is not a user profile"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(w.read("/etc/torcx/next-profile").unwrap(), "tectonic\n");
+    assert_eq!(
+        w.read("/etc/torcx/profiles/nodestrap-known-good.json")
+            .unwrap(),
+        known
+    );
 }

@@ -1,0 +1,322 @@
+//! `nodestrap verify` on a torcx node: after the boot the bootstrap asked for, prove that torcx
+//! applied the profile it chose (sealed with that profile, docker at the chosen version in the
+//! applied profile, and that docker answering as that version), or record what runs instead
+//! and select the known-good profile for the next boot. torcx applies a profile only at boot,
+//! so the return needs a reboot: it is recorded (the record's `reboot`), and left to the
+//! operator or the update agent, never taken here (docs/verify.md, "torcx nodes").
+
+use std::path::Path;
+use std::time::{Instant, SystemTime};
+
+use crate::cli::Verify;
+use crate::error::{Error, Result};
+use crate::node::envfile::EnvFile;
+use crate::node::exec;
+use crate::node::root::Root;
+use crate::node::status::{
+    self, ApiCheck, Check, Chosen, Outcome, Phase, Reboot, Returned, State, Verification,
+};
+use crate::torcx::layout::Layout;
+use crate::torcx::store::{self, Profile, KNOWN_GOOD};
+
+/// torcx's seal: written once the generator applied a profile (torcx.target asserts it).
+const SEAL: &str = "/run/metadata/torcx";
+/// The image nodestrap stages, and the decision that names its version.
+const RUNTIME: &str = "docker";
+/// `Returned::result` of a return: the known-good profile is next-profile, for the next boot.
+const NEXT_BOOT: &str = "next-profile for the next boot";
+
+/// What the node should run: a profile, and the docker version it names.
+struct Expected {
+    profile: String,
+    version: String,
+}
+
+pub fn run(_v: &Verify) -> Result<()> {
+    let since = Instant::now();
+    let root = Root::open(Path::new("/"))?;
+    let (record, from) = status::load(Path::new("/"), "bootstrap")?.ok_or_else(|| {
+        Error::failed(format!(
+            "no status record at {} nor {}: no bootstrap has run, nothing to verify",
+            status::run_file("bootstrap").display(),
+            status::KEPT
+        ))
+    })?;
+    let boot_id = crate::node::seams::boot_id()?;
+    let layout = Layout::read(&root)?;
+    let known_path = store::known_good_path(&layout);
+    let known = read_profile(&root, &known_path)?;
+    let known_version = known
+        .as_ref()
+        .and_then(|p| p.reference(RUNTIME).map(str::to_string));
+
+    let carried = record
+        .verification
+        .as_ref()
+        .and_then(|p| p.returned.clone())
+        .filter(|r| r.result == NEXT_BOOT);
+    let decided = |what: &str| {
+        record
+            .decisions
+            .iter()
+            .find(|d| d.what == what)
+            .map(|d| d.value.clone())
+    };
+    let expected = if record.state != State::Done {
+        // A failed or interrupted bootstrap put the node back as it was.
+        let Some(v) = known_version.clone() else {
+            return Err(Error::failed(format!(
+                "{from}: the last bootstrap did not complete ({:?}), and the node keeps no known-good profile ({})",
+                record.state,
+                root.show(&known_path)
+            )));
+        };
+        log::info!("{from}: the last bootstrap did not complete; expecting the known-good profile");
+        Expected {
+            profile: KNOWN_GOOD.into(),
+            version: v,
+        }
+    } else if let Some(r) = &carried {
+        // A return of an earlier check stands until a bootstrap chooses again.
+        log::info!(
+            "expecting the known-good profile a check selected at boot {} ({from})",
+            r.boot_id
+        );
+        Expected {
+            profile: KNOWN_GOOD.into(),
+            version: r.to.first().map(|c| c.version.clone()).unwrap_or_default(),
+        }
+    } else {
+        match (decided("torcx-profile"), decided(RUNTIME)) {
+            (Some(profile), Some(version)) => Expected { profile, version },
+            _ => {
+                log::info!(
+                    "{from}: the last bootstrap selected no torcx profile (torcx left alone): nothing to verify"
+                );
+                return Ok(());
+            }
+        }
+    };
+    // Chosen in this boot for the next one: nothing of it runs yet.
+    let this_boot = record
+        .process
+        .as_ref()
+        .is_some_and(|p| p.boot_id == boot_id);
+    if this_boot && carried.is_none() && matches!(record.reboot, Reboot::Needed { .. }) {
+        log::info!(
+            "{from}: the bootstrap of this boot selected profile {} (docker {}) for the next boot; nothing to verify before it",
+            expected.profile,
+            expected.version
+        );
+        return Ok(());
+    }
+
+    let checks = checks(&root, &layout, &expected);
+    let ok = checks.iter().all(|c| c.ok);
+    let mut verification = Verification {
+        at: status::rfc3339(SystemTime::now()),
+        boot_id: boot_id.clone(),
+        duration_s: 0.0,
+        outcome: if ok {
+            Outcome::Verified
+        } else {
+            Outcome::Mismatch
+        },
+        checks,
+        api: ApiCheck::Skipped,
+        api_note: Some(
+            "a torcx node: the node's own runtime is checked, the API server not asked".into(),
+        ),
+        returned: carried,
+        events: None,
+    };
+    let mut after = record.clone();
+    let what = format!(
+        "profile {} with docker {}",
+        expected.profile, expected.version
+    );
+
+    if ok {
+        // The profile torcx applied is the known-good one from now on.
+        let applied = layout.applied_profile();
+        if let Some(b) = root.read(&applied, crate::node::root::CONFIG_CAP)? {
+            Profile::parse(&b, &root.show(&applied))?;
+            root.write_atomic(&known_path, &b, 0o644)?;
+        }
+        if record.state != State::Done {
+            log::info!("verified: the node runs its known-good {what}");
+            return Ok(());
+        }
+        after.phase = Phase::Verified;
+        verification.duration_s = secs(since);
+        verification.events = status::verdict_events(&verification, 0);
+        after.verification = Some(verification);
+        let at = status::amend(&root, &record, &after)?;
+        log::info!(
+            "verified: torcx applied {what} as {from} records; kept as the known-good profile {}; recorded in {at}",
+            root.show(&known_path)
+        );
+        return Ok(());
+    }
+
+    let first = verification
+        .checks
+        .iter()
+        .find(|c| !c.ok)
+        .map(|c| format!("{}: expected {}, found {}", c.what, c.expected, c.running))
+        .unwrap_or_default();
+    if record.state != State::Done {
+        return Err(Error::failed(format!(
+            "the node does not run its known-good {what}: {first}; nothing to return to: the node needs an operator"
+        )));
+    }
+    // Once per boot, and never to what just failed.
+    let returned_here = record
+        .verification
+        .as_ref()
+        .and_then(|p| p.returned.as_ref())
+        .is_some_and(|r| r.boot_id == boot_id);
+    let back = if returned_here {
+        "not returned again: this boot already selected the known-good profile once; the node needs an operator".to_string()
+    } else if expected.profile == KNOWN_GOOD {
+        "nothing to return to: the known-good profile itself did not apply".to_string()
+    } else if let (Some(v), Some(bytes)) = (
+        known_version.clone(),
+        root.read(&known_path, crate::node::root::CONFIG_CAP)?,
+    ) {
+        root.write_atomic(
+            &layout.next_profile(),
+            format!("{KNOWN_GOOD}\n").as_bytes(),
+            0o644,
+        )?;
+        let reason = format!(
+            "the boot check selected the known-good profile {KNOWN_GOOD} (docker {v}) as next-profile: torcx applies it at the next boot, which nodestrap leaves to the operator or the update agent"
+        );
+        log::warn!("reboot needed: {reason}");
+        after.reboot = Reboot::Needed {
+            reason: reason.clone(),
+        };
+        verification.returned = Some(Returned {
+            to: vec![Chosen {
+                name: RUNTIME.into(),
+                version: v.clone(),
+                image: known_path.clone(),
+                digest: format!(
+                    "sha256-{}",
+                    crate::crypto::digest::hex(&crate::crypto::digest::sha256(&bytes))
+                ),
+            }],
+            boot_id: boot_id.clone(),
+            result: NEXT_BOOT.into(),
+        });
+        format!(
+            "{} now selects the known-good profile {KNOWN_GOOD} (docker {v}) for the next boot; the reboot is recorded, not taken",
+            root.show(&layout.next_profile())
+        )
+    } else {
+        format!(
+            "nothing to return to: the node keeps no known-good profile ({})",
+            root.show(&known_path)
+        )
+    };
+    verification.duration_s = secs(since);
+    after.phase = Phase::Done;
+    verification.events = status::verdict_events(&verification, 1);
+    after.verification = Some(verification);
+    let at = status::amend(&root, &record, &after)?;
+    Err(Error::failed(format!(
+        "the node does not run what {from} chose: {first}; {back} (recorded in {at})"
+    )))
+}
+
+/// The seal, the applied profile and docker's own word, against `e`.
+fn checks(root: &Root, layout: &Layout, e: &Expected) -> Vec<Check> {
+    let mut out = Vec::new();
+    let seal = match root.read(SEAL, 64 << 10) {
+        Ok(Some(b)) => {
+            EnvFile::parse(&String::from_utf8_lossy(&b), SEAL).map_err(|e| e.to_string())
+        }
+        Ok(None) => Err(format!(
+            "not sealed ({SEAL} missing): torcx did not complete"
+        )),
+        Err(e) => Err(e.to_string()),
+    };
+    out.push(Check::compare(
+        "torcx seal".into(),
+        format!("sealed with profile {}", e.profile),
+        match &seal {
+            Ok(s) => format!(
+                "sealed with profile {}",
+                s.get("TORCX_UPPER_PROFILE").unwrap_or("(none)")
+            ),
+            Err(why) => why.clone(),
+        },
+    ));
+    out.push(Check::compare(
+        format!("torcx applied {RUNTIME}"),
+        format!("{RUNTIME}:{}", e.version),
+        match store::applied_reference(root, layout, RUNTIME) {
+            Ok(Some(Some(r))) => format!("{RUNTIME}:{r}"),
+            Ok(Some(None)) => format!("no {RUNTIME} in {}", root.show(&layout.applied_profile())),
+            Ok(None) => format!(
+                "torcx applied no profile ({} missing)",
+                root.show(&layout.applied_profile())
+            ),
+            Err(e) => e.to_string(),
+        },
+    ));
+    let bindir = seal
+        .as_ref()
+        .ok()
+        .and_then(|s| s.get("TORCX_BINDIR").map(str::to_string))
+        .unwrap_or_else(|| format!("{}/bin", layout.run_dir));
+    let argv = vec![format!("{bindir}/{RUNTIME}"), "--version".into()];
+    let (said, ok) = match exec::version_line(&argv) {
+        Ok(s) if says_torcx_version(&s, &e.version) => (format!("version {}", e.version), true),
+        Ok(s) => (format!("{s:?}"), false),
+        Err(why) => (why, false),
+    };
+    out.push(Check::judged(
+        argv.join(" "),
+        format!("version {}", e.version),
+        said,
+        ok,
+    ));
+    out
+}
+
+/// A torcx image's reference names a release line (`17.09`); its docker says the patch too
+/// (`Docker version 17.09.1-ce`).
+fn says_torcx_version(line: &str, version: &str) -> bool {
+    exec::says_version(line, version)
+        || line
+            .split(|c: char| c.is_whitespace() || c == ',')
+            .any(|w| w.strip_prefix(version).is_some_and(|r| r.starts_with('.')))
+}
+
+fn read_profile(root: &Root, path: &str) -> Result<Option<Profile>> {
+    match root.read(path, crate::node::root::CONFIG_CAP)? {
+        Some(b) => Profile::parse(&b, &root.show(path)).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn secs(since: Instant) -> f64 {
+    (since.elapsed().as_secs_f64() * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_release_line_is_named_by_its_patches() {
+        assert!(says_torcx_version(
+            "Docker version 17.09.1-ce, build 19e2cf6",
+            "17.09"
+        ));
+        assert!(says_torcx_version("docker 17.03", "17.03"));
+        assert!(!says_torcx_version("Docker version 17.091.0", "17.09"));
+        assert!(!says_torcx_version("Docker version 17.06.2-ce", "17.09"));
+    }
+}
