@@ -2,7 +2,7 @@
 //! (src/lib.rs), one folder per product family over shared floors (README.md, "Layout").
 
 use nodestrap::activation::{activate, init_cluster, join_service};
-use nodestrap::cli::{self, logged, recorded, Cmd, Payload};
+use nodestrap::cli::{self, logged, recorded, Cmd, Payload, SendsEvents};
 use nodestrap::inplace::reprovision;
 use nodestrap::sysext;
 use nodestrap::torcx::{self as torcx, bootstrap, hook};
@@ -27,20 +27,44 @@ fn run() -> i32 {
         }),
         // Every other command takes its command line only.
         // Each keeps a status record of its last run (docs/status.md), a dry run none.
-        Cmd::Hook(h) => recorded("hook", &h.root, false, &h.verbose, || hook::run(&h)),
+        Cmd::Hook(h) => recorded("hook", &h.root, false, &h.verbose, h.events_to(), || {
+            hook::run(&h)
+        }),
         Cmd::Preflight(p) => {
             let r: cli::Reprovision = p.into();
-            recorded("preflight", &r.root, false, &r.verbose, || {
-                reprovision::preflight(&r)
-            })
+            recorded(
+                "preflight",
+                &r.root,
+                false,
+                &r.verbose,
+                r.events_to(),
+                || reprovision::preflight(&r),
+            )
         }
-        Cmd::Reprovision(r) => recorded("reprovision", &r.root, r.dry_run, &r.verbose, || {
-            reprovision::run(&r)
-        }),
-        Cmd::Activate(x) => recorded("activate", &x.root, false, &x.verbose, || activate::run(&x)),
-        Cmd::JoinService(x) => recorded("join-service", &x.root, false, &x.verbose, || {
-            join_service::run(&x)
-        }),
+        Cmd::Reprovision(r) => recorded(
+            "reprovision",
+            &r.root,
+            r.dry_run,
+            &r.verbose,
+            r.events_to(),
+            || reprovision::run(&r),
+        ),
+        Cmd::Activate(x) => recorded(
+            "activate",
+            &x.root,
+            false,
+            &x.verbose,
+            x.events_to(),
+            || activate::run(&x),
+        ),
+        Cmd::JoinService(x) => recorded(
+            "join-service",
+            &x.root,
+            false,
+            &x.verbose,
+            x.events_to(),
+            || join_service::run(&x),
+        ),
         Cmd::InitCluster(x) => logged(&x.verbose, || init_cluster::run(&x)),
         // Reads the last run's record; writes nothing.
         Cmd::Status(s) => cli::status(&s),

@@ -261,6 +261,18 @@ pub struct Hook {
     /// profile to create when no user next-profile exists (default tectonic)
     #[argh(option, default = "\"tectonic\".into()")]
     pub torcx_profile: String,
+    /// send each decision and phase as it happens, one JSON event per POST, to this https URL
+    /// (docs/status.md, "Events"; default: none)
+    #[argh(option)]
+    pub events_url: Option<String>,
+    /// bearer token for --events-url, used when the node has no kubelet client certificate
+    /// (host path; a node path when set on the node; default: none)
+    #[argh(option)]
+    pub events_token_file: Option<Input>,
+    /// extra PEM trust anchors for --events-url beside the system roots (host path; a node path
+    /// when set on the node; default: the system roots only)
+    #[argh(option)]
+    pub events_ca_file: Option<Input>,
     /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
     #[argh(option, default = "\"info\".into()")]
     pub verbose: String,
@@ -404,6 +416,18 @@ reprovision_args! {{
         /// check and fetch, change nothing on the node or the Node, reboot nothing
         #[argh(switch)]
         pub dry_run: bool,
+        /// send each decision and phase as it happens, one JSON event per POST, to this https URL
+        /// (docs/status.md, "Events"; default: none)
+        #[argh(option)]
+        pub events_url: Option<String>,
+        /// bearer token for --events-url, used when the node has no kubelet client certificate
+        /// (host path; a node path when set on the node; default: none)
+        #[argh(option)]
+        pub events_token_file: Option<Input>,
+        /// extra PEM trust anchors for --events-url beside the system roots (host path; a node path
+        /// when set on the node; default: the system roots only)
+        #[argh(option)]
+        pub events_ca_file: Option<Input>,
         /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
         #[argh(option, default = "\"info\".into()")]
         pub verbose: String,
@@ -433,7 +457,8 @@ reprovision_args! {{
         #[argh(option)]
         pub deadline: Option<u64>,
 } [root, secret_dir, flow, node_name, kubeconfig, label, mcd_binary, mcd_extract_command,
-    payload_entry, entry_timeout, reboot, dry_run, verbose, api_tries, api_retry_delay,
+    payload_entry, entry_timeout, reboot, dry_run, events_url, events_token_file,
+    events_ca_file, verbose, api_tries, api_retry_delay,
     fetch_attempts, fetch_backoff_ms, fetch_timeout, fetch_min_rate, fetch_min_rate_window,
     deadline]}
 
@@ -500,6 +525,18 @@ pub struct Activate {
     /// true)
     #[argh(option, default = "RebootMode::Auto")]
     pub reboot: RebootMode,
+    /// send each decision and phase as it happens, one JSON event per POST, to this https URL
+    /// (docs/status.md, "Events"; default: none)
+    #[argh(option)]
+    pub events_url: Option<String>,
+    /// bearer token for --events-url, used when the node has no kubelet client certificate
+    /// (host path; a node path when set on the node; default: none)
+    #[argh(option)]
+    pub events_token_file: Option<Input>,
+    /// extra PEM trust anchors for --events-url beside the system roots (host path; a node path
+    /// when set on the node; default: the system roots only)
+    #[argh(option)]
+    pub events_ca_file: Option<Input>,
     /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
     #[argh(option, default = "\"info\".into()")]
     pub verbose: String,
@@ -575,6 +612,18 @@ pub struct JoinService {
         default = "\"/var/lib/nodestrap/join-service/issued.json\".into()"
     )]
     pub state: String,
+    /// send each decision and phase as it happens, one JSON event per POST, to this https URL
+    /// (docs/status.md, "Events"; default: none)
+    #[argh(option)]
+    pub events_url: Option<String>,
+    /// bearer token for --events-url, used when the node has no kubelet client certificate
+    /// (host path; a node path when set on the node; default: none)
+    #[argh(option)]
+    pub events_token_file: Option<Input>,
+    /// extra PEM trust anchors for --events-url beside the system roots (host path; a node path
+    /// when set on the node; default: the system roots only)
+    #[argh(option)]
+    pub events_ca_file: Option<Input>,
     /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
     #[argh(option, default = "\"info\".into()")]
     pub verbose: String,
@@ -930,30 +979,7 @@ pub fn bootstrap(b: &Bootstrap, args: &[String], run: &dyn Fn(&Bootstrap) -> Res
         }
         // A dry run writes nothing, not even its record, and sends no events.
         if !b.dry_run {
-            let events = b.events_url.as_deref().map(|u| {
-                Root::open(&b.root).and_then(|root| {
-                    events_target(
-                        &root,
-                        u,
-                        b.events_token_file.as_ref(),
-                        b.events_ca_file.as_ref(),
-                    )
-                })
-            });
-            // Open before the record begins, so the receiver sees the run start.
-            let events = match events {
-                Some(Ok(t)) => {
-                    let said = (t.shown.clone(), t.who.clone());
-                    crate::node::events::open("bootstrap", crate::net::events::Sender::start(t));
-                    Ok(Some(said))
-                }
-                Some(Err(e)) => Err(e),
-                None => Ok(None),
-            };
-            crate::node::status::begin("bootstrap", &b.root);
-            if let Some((url, who)) = events? {
-                crate::node::status::decide("events", url, who);
-            }
+            begin("bootstrap", &b.root, b.events_to())?;
         }
         settings::payload_options(b, &merged)?;
         // Every run prints its plan line, a failed one too.
@@ -1363,14 +1389,64 @@ pub fn recorded(
     root: &Path,
     dry_run: bool,
     verbose: &str,
+    events: EventsTo,
     f: impl FnOnce() -> Result<()>,
 ) -> i32 {
     logged(verbose, || {
         if !dry_run {
-            crate::node::status::begin(command, root);
+            begin(command, root, events)?;
         }
         f()
     })
+}
+
+/// Where a command's events go (`--events-url`, `--events-token-file`, `--events-ca-file`).
+pub struct EventsTo<'a> {
+    pub url: Option<&'a str>,
+    pub token: Option<&'a Input>,
+    pub ca: Option<&'a Input>,
+}
+
+/// The commands that send events.
+pub trait SendsEvents {
+    fn events_to(&self) -> EventsTo<'_>;
+}
+
+macro_rules! sends_events {
+    ($($t:ty),*) => {$(
+        impl SendsEvents for $t {
+            fn events_to(&self) -> EventsTo<'_> {
+                EventsTo {
+                    url: self.events_url.as_deref(),
+                    token: self.events_token_file.as_ref(),
+                    ca: self.events_ca_file.as_ref(),
+                }
+            }
+        }
+    )*};
+}
+sends_events!(Bootstrap, Hook, Reprovision, Activate, JoinService, Verify);
+
+/// Begin `command`'s status record, its events first when it sends them (so that the receiver
+/// sees the run start). A wrong events setting is the run's error, after the record began.
+fn begin(command: &str, root: &Path, to: EventsTo) -> Result<()> {
+    let target = to
+        .url
+        .map(|u| Root::open(root).and_then(|r| events_target(&r, u, to.token, to.ca)));
+    let said = match target {
+        Some(Ok(t)) => {
+            let said = (t.shown.clone(), t.who.clone());
+            crate::node::events::open(command, crate::net::events::Sender::start(t));
+            Ok(Some(said))
+        }
+        Some(Err(e)) => Err(e),
+        None => Ok(None),
+    };
+    crate::node::status::begin(command, root);
+    if let Some((url, who)) = said? {
+        crate::node::status::decide("events", url, who);
+    }
+    Ok(())
 }
 
 /// Start the log at `--verbose`, run `f`, and turn its result into the exit code.

@@ -851,3 +851,56 @@ fn a_real_api_server_lets_the_hook_annotate_only_its_node() {
     ]);
     assert!(!annotations.contains(KEY), "{annotations}");
 }
+
+/// Issue 28: every command that keeps a record sends its events with `--events-url`: the
+/// hook's decisions reach the receiver in order, from its start to its end.
+#[test]
+fn the_hooks_decisions_reach_an_events_receiver() {
+    let mut w = World::new();
+    w.seed_store();
+    let run = unique_dir("run");
+    w.env
+        .push(("NODESTRAP_RUN_DIR".into(), run.display().to_string()));
+    let receiver = Server::start(&w.ca.server(), None);
+    receiver.set("/events", Reply::ok(""));
+    let ca = w.pod.join("events-ca.pem");
+    std::fs::write(&ca, &w.ca.pem).unwrap();
+    w.extra
+        .push(format!("--events-url={}", receiver.url("/events")));
+    w.extra.push(format!("--events-ca-file={}", ca.display()));
+    w.run_idle().assert_ok();
+    let got: Vec<serde_json::Value> = receiver
+        .requests("POST", "/events")
+        .iter()
+        .map(|s| serde_json::from_slice(&s.body).unwrap())
+        .collect();
+    let kinds: Vec<String> = got
+        .iter()
+        .map(|e| match e["kind"].as_str().unwrap() {
+            "decision" => format!("decision:{}", e["what"].as_str().unwrap()),
+            k => k.to_string(),
+        })
+        .collect();
+    assert_eq!(
+        kinds.first().map(String::as_str),
+        Some("started"),
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.last().map(String::as_str),
+        Some("finished"),
+        "{kinds:?}"
+    );
+    for d in ["decision:events", "decision:docker"] {
+        assert!(kinds.iter().any(|k| k == d), "{d}: {kinds:?}");
+    }
+    assert_eq!(got.last().unwrap()["exit_code"], 0);
+    for (i, e) in got.iter().enumerate() {
+        assert_eq!(e["command"], "hook", "{e}");
+        assert_eq!(e["seq"], i as u64 + 1, "{e}");
+    }
+    let rec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("status-hook.json")).unwrap())
+            .unwrap();
+    assert_eq!(rec["events"]["sent"], got.len() as u64, "{rec}");
+}
