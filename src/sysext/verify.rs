@@ -206,7 +206,7 @@ pub fn run(v: &Verify) -> Result<()> {
         "nothing to return to: the known-good set itself does not run as recorded".to_string()
     } else {
         known.returned_boot = Some(boot_id.clone());
-        let (result, note) = match return_to(&root, &known.set) {
+        let (result, note) = match return_to(&root, &known.set, &expected) {
             Ok(None) => ("merged".to_string(), String::new()),
             Ok(Some(restart)) => ("merged".to_string(), format!("; but {restart}")),
             Err(e) => (e.to_string(), String::new()),
@@ -528,7 +528,10 @@ fn node_name(v: &Verify) -> Result<String> {
 /// what changed. A failure up to the proof puts the links back as they were (the undo log);
 /// a restart that fails after it is returned as `Some(why)`: the known-good set is merged.
 /// The caller holds the links' lock.
-fn return_to(root: &Root, set: &[Chosen]) -> Result<Option<String>> {
+/// Put `set` back: its links, a refresh, its proof, its services restarted. An extension of
+/// `leaving` (the set that did not run as chosen) that `set` does not have is unlinked, when
+/// its link is nodestrap's (into its store folder): the known-good set did not run it.
+fn return_to(root: &Root, set: &[Chosen], leaving: &[Chosen]) -> Result<Option<String>> {
     for c in set {
         let now = digest_of(root, &c.image, &c.digest);
         if now != c.digest {
@@ -549,6 +552,22 @@ fn return_to(root: &Root, set: &[Chosen]) -> Result<Option<String>> {
                 if let Some(u) = merge::service_of(&c.name) {
                     changed.push((u, c.version.clone()));
                 }
+            }
+        }
+        for c in leaving
+            .iter()
+            .filter(|c| !set.iter().any(|k| k.name == c.name))
+        {
+            let link = format!("{}/{}.raw", stage::LINKS, c.name);
+            let ours = format!("{}/{}/", stage::STORE, c.name);
+            if root.read_link(&link).is_some_and(|t| t.starts_with(&ours)) {
+                undo.remove(&link)?;
+                log::info!(
+                    "{} removed: {} {} is not in the known-good set",
+                    root.show(&link),
+                    c.name,
+                    c.version
+                );
             }
         }
         undo.then_on_undo(

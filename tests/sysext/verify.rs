@@ -224,6 +224,64 @@ fn a_runtime_refused_at_boot_is_found_and_the_known_good_one_returns() {
     assert_eq!(known["refused"][0]["name"], "containerd", "{known}");
 }
 
+/// The return takes away what the known-good set never ran: a node verified without a runtime
+/// of nodestrap's (the user had opted out of containerd) lifts the opt-out; the containerd
+/// staged then is refused at boot; the known-good set has no containerd, so its link goes
+/// (nodestrap's own link only), and the kubernetes extension stays as it was.
+#[test]
+fn a_return_unlinks_an_extension_the_known_good_set_never_ran() {
+    let w = World::new();
+    let mut bus = Bus::start();
+    bus.systemd(&[]);
+    std::fs::create_dir_all(w.path("/etc/extensions")).unwrap();
+    std::os::unix::fs::symlink("/dev/null", w.path("/etc/extensions/containerd.raw")).unwrap();
+    w.run().assert_ok();
+    let out = boot(&w, &bus, &verify("--api-wait=0"));
+    assert!(out.contains("VERIFY exit=0"), "{out}");
+    let known = json(&w, "/var/lib/nodestrap/known-good.json");
+    assert_eq!(known["set"].as_array().unwrap().len(), 1, "{known}");
+
+    // The opt-out is lifted; the only containerd offered is for another Debian than this
+    // machine's, which its systemd-sysext refuses at boot.
+    std::fs::remove_file(w.path("/etc/extensions/containerd.raw")).unwrap();
+    w.publish(
+        "containerd",
+        &[(
+            "containerd-v1.7.24-x86-64.raw".to_string(),
+            squashfs(
+                &w.work,
+                "containerd",
+                "ID=debian\nVERSION_ID=13\nARCHITECTURE=x86-64\n",
+                &[(
+                    "usr/bin/containerd",
+                    "#!/bin/sh\necho 'containerd github.com/containerd/containerd 1.7.24'\n".into(),
+                    0o755,
+                )],
+                0,
+            ),
+        )],
+        "",
+    );
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    w.run().assert_ok();
+    assert_eq!(
+        w.link("containerd").as_deref(),
+        Some("/opt/extensions/containerd/containerd-v1.7.24-x86-64.raw")
+    );
+    let kubernetes = w.link("kubernetes");
+    let out = boot(&w, &bus, &verify("--api-wait=0"));
+    for needle in [
+        "VERIFY exit=1",
+        "found not listed (merged: kubernetes)",
+        "/etc/extensions/containerd.raw removed: containerd v1.7.24 is not in the known-good set",
+        "returned to the known-good set verified at",
+    ] {
+        assert!(out.contains(needle), "{needle}: {out}");
+    }
+    assert!(w.link("containerd").is_none(), "{out}");
+    assert_eq!(w.link("kubernetes"), kubernetes);
+}
+
 /// A later bootstrap that fails (here a list signed by no key of the keyring) leaves the node
 /// as it was: the boot after it checks the known-good set, and passes. A record written before
 /// the boot check (no `chosen`) is not a failure either, and changes nothing.
