@@ -1,6 +1,7 @@
 //! The sysext bootstrap and `nodestrap verify` reading the node's known-good set
 //! (`sysext::known_good::KnownGood::from_json`): any bytes are a set or an error, never a panic;
-//! a set read is written back as the same set, and its refusals are found by name and digest.
+//! a set read is written back as the same set, its refusals are found by name and digest, and
+//! a lower version never lowers a floor without the downgrade flag.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -15,5 +16,14 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(again, k);
     for r in &k.refused {
         assert!(k.refusal(&r.name, &r.digest).is_some());
+    }
+    // The floor only rises through `staged`, whatever the file held.
+    let mut k = k;
+    for f in k.floor.clone() {
+        if let Some((v, _)) = k.floor_of(&f.name) {
+            let lower = nodestrap::sysext::sums::Version(vec![0]);
+            k.staged(&f.name, &lower, "0", "t", false);
+            assert_eq!(k.floor_of(&f.name).map(|(x, _)| x), Some(v));
+        }
     }
 });

@@ -15,7 +15,7 @@ pub const TORCX_ONLY: &[&str] = &[
     "reboot",
 ];
 /// Options only the sysext payload acts on.
-pub const SYSEXT_ONLY: &[&str] = &["sysext-url"];
+pub const SYSEXT_ONLY: &[&str] = &["sysext-url", "allow-downgrade"];
 
 /// Step 0 for the merged options: each value, then the rules between options; returns the
 /// manifest URL template.
@@ -38,6 +38,7 @@ pub fn check_values(a: &Bootstrap) -> Result<ManifestUrl> {
     if let Some(u) = &a.events_url {
         crate::net::events::check_url(u, "--events-url")?;
     }
+    downgrades(&a.allow_downgrade)?;
     // Empty --kubeconfig means none (the API server is not asked); empty --kubelet-env-path
     // means kubelet.env is not written.
     let mut node_paths = vec![
@@ -150,6 +151,35 @@ fn render_url(template: &str, board: &str, os_version: &str) -> Result<String> {
         )));
     }
     Ok(u)
+}
+
+/// `--allow-downgrade`: `NAME=VERSION` pairs, comma-separated; a name at most once.
+pub fn downgrades(v: &str) -> Result<Vec<(String, String)>> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for pair in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = |why: &str| {
+            Error::config(format!(
+                "--allow-downgrade {v:?}: {pair:?} {why}: expected NAME=VERSION, as kubernetes=v1.37.1"
+            ))
+        };
+        let (name, version) = pair.split_once('=').ok_or_else(|| bad("has no ="))?;
+        let digits = version.strip_prefix('v').unwrap_or(version);
+        if !plain_name(name) || name.contains('=') {
+            return Err(bad("names no extension"));
+        }
+        if digits.is_empty()
+            || !digits
+                .split('.')
+                .all(|p| !p.is_empty() && p.len() <= 9 && p.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return Err(bad("is not a version"));
+        }
+        if out.iter().any(|(n, _)| n == name) {
+            return Err(bad("names its extension twice"));
+        }
+        out.push((name.to_string(), version.to_string()));
+    }
+    Ok(out)
 }
 
 /// `--sysext-url`: the http(s) URL of a directory holding `SHA256SUMS`, its detached signature

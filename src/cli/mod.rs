@@ -95,6 +95,11 @@ pub struct Bootstrap {
     /// {{.Name}} is the extension's name (required with --payload sysext)
     #[argh(option, default = "String::new()")]
     pub sysext_url: String,
+    /// let these exact versions through the version floor, NAME=VERSION, comma-separated
+    /// (kubernetes=v1.37.1): an explicit downgrade, recorded, which lowers the floor (sysext
+    /// only; default: none)
+    #[argh(option, default = "String::new()")]
+    pub allow_downgrade: String,
     /// kubeconfig for the API server (node path, default /etc/kubernetes/kubeconfig)
     #[argh(option, default = "\"/etc/kubernetes/kubeconfig\".into()")]
     pub kubeconfig: String,

@@ -60,6 +60,7 @@ pub const KEYS: &[&str] = &[
     "fetch-min-rate-window",
     "update-timeout",
     "image-max-mib",
+    "allow-downgrade",
     "events-url",
     "events-token-file",
     "events-ca-file",
@@ -127,6 +128,7 @@ pub fn payload_options(a: &Bootstrap, merged: &Merged) -> Result<()> {
             "reboot" => a.reboot == cli::RebootMode::Never,
             "torcx-skip-setup" => a.torcx_skip_setup,
             "sysext-url" => a.sysext_url.is_empty(),
+            "allow-downgrade" => a.allow_downgrade.is_empty(),
             _ => false,
         };
         if off {

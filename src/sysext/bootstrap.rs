@@ -20,7 +20,7 @@ use crate::sysext::host::Host;
 use crate::sysext::known_good::KnownGood;
 use crate::sysext::merge::{self, Expect};
 use crate::sysext::stage::{self, Link};
-use crate::sysext::sums::{Image, Sums};
+use crate::sysext::sums::{Date, Image, Sums, Version};
 
 const KUBERNETES: &str = "kubernetes";
 /// Flatcar's own runtimes: while one is active, a second containerd is not merged over it.
@@ -119,13 +119,16 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     drop((kube, joining));
 
     // 3-4. Choose: Kubernetes by the cluster's version, the runtime by the mappings.
+    let downgrades = crate::cli::check::downgrades(&a.allow_downgrade)?;
     let lists = Lists {
         http: &http,
         url: &url,
         keyring: keyring.as_ref(),
         arch: host.arch,
         known: &known,
+        downgrades: &downgrades,
         read: Default::default(),
+        seen: Default::default(),
     };
     let mut steps = Vec::new();
     let kubernetes = match left_alone(&root, KUBERNETES)? {
@@ -133,7 +136,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         None => {
             let (list, dir_url) = lists.get(KUBERNETES)?;
             let (img, why) =
-                choose::kubernetes(&k8s, want, &lists.offered(&list, KUBERNETES), &dir_url)?;
+                choose::kubernetes(&k8s, want, &lists.offered(&list, KUBERNETES)?, &dir_url)?;
             log::info!(
                 "{KUBERNETES} {} chosen for a {k8s} cluster ({why})",
                 img.label()
@@ -207,7 +210,10 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         known: &known,
         live,
     };
-    match run.apply(&mut undo) {
+    match run
+        .apply(&mut undo)
+        .and_then(|applied| lists.remember(&root, &steps, &mut undo).map(|()| applied))
+    {
         Ok(Applied {
             activation,
             restart,
@@ -423,7 +429,7 @@ fn choose_runtime(
         return Ok((rt, o));
     }
     let (list, dir_url) = lists.get(rt)?;
-    let img = choose::runtime_image(rt, &wanted, &lists.offered(&list, rt), &dir_url)?;
+    let img = choose::runtime_image(rt, &wanted, &lists.offered(&list, rt)?, &dir_url)?;
     log::info!(
         "{rt} {} chosen (mapped for Kubernetes {k8s} by {name})",
         img.label()
@@ -522,15 +528,19 @@ struct Lists<'a> {
     keyring: Option<&'a Keyring>,
     arch: &'a str,
     known: &'a KnownGood,
+    /// `--allow-downgrade`: exact versions let through the floor.
+    downgrades: &'a [(String, String)],
     /// Lists already read, by directory: a flat source (one folder and one SHA256SUMS for every
     /// extension, as sysext-bakery publishes) is fetched and verified once.
     read: std::cell::RefCell<Vec<(String, Sums)>>,
+    /// The newest BEST-BEFORE of each list read, remembered once the run succeeds.
+    seen: std::cell::RefCell<Vec<(String, Date)>>,
 }
 
 impl Lists<'_> {
     /// The images of `name` for this node's architecture in `list`, without those a boot check
     /// refused (docs/verify.md).
-    fn offered(&self, list: &Sums, name: &str) -> Vec<Image> {
+    fn offered(&self, list: &Sums, name: &str) -> Result<Vec<Image>> {
         let mut out = list.images(name, self.arch);
         out.retain(|i| match self.known.refusal(name, &i.digest.to_string()) {
             Some(r) => {
@@ -545,7 +555,82 @@ impl Lists<'_> {
             }
             None => true,
         });
-        out
+        // Versions only go forward: below the floor only an exact version a setting names.
+        if let Some((floor, f)) = self.known.floor_of(name) {
+            let allowed = self
+                .downgrades
+                .iter()
+                .find(|(n, _)| n == name)
+                .and_then(|(_, v)| Version::parse(v));
+            let before = out.len();
+            out.retain(|i| i.version >= floor || allowed.as_ref() == Some(&i.version));
+            let why = format!(
+                "{} version(s) below the floor {} (staged at {}; {}) not considered; --allow-downgrade {name}=VERSION lets one exact version through",
+                before - out.len(),
+                f.version,
+                f.at,
+                crate::sysext::known_good::PATH
+            );
+            if out.is_empty() && before > 0 {
+                return Err(Error::failed(format!(
+                    "{name}: every version the source offers is below the version floor: {why}"
+                )));
+            }
+            if out.len() < before {
+                log::info!("{name}: {why}");
+            }
+        }
+        Ok(out)
+    }
+
+    /// What this run accepted, once it succeeded: each staged version raises its floor (or, named
+    /// by `--allow-downgrade`, lowers it, recorded), each list's BEST-BEFORE is remembered.
+    /// Through `undo`, so a run that fails later leaves the file as it was.
+    fn remember(&self, root: &Root, steps: &[Step], undo: &mut Undo) -> Result<()> {
+        let mut k = self.known.clone();
+        let at = status::rfc3339(std::time::SystemTime::now());
+        for s in steps {
+            let named = self.downgrades.iter().any(|(n, v)| {
+                *n == s.img.name && Version::parse(v).as_ref() == Some(&s.img.version)
+            });
+            let lowered = named
+                && self
+                    .known
+                    .floor_of(&s.img.name)
+                    .is_some_and(|(f, _)| s.img.version < f);
+            if lowered {
+                let from = self
+                    .known
+                    .floor_of(&s.img.name)
+                    .map(|(_, f)| f.version.clone());
+                log::warn!(
+                    "{} downgraded to {} below its floor {} (--allow-downgrade): the floor is lowered",
+                    s.img.name,
+                    s.img.label(),
+                    from.as_deref().unwrap_or("?")
+                );
+                status::decide(
+                    "downgrade",
+                    format_args!("{} {}", s.img.name, s.img.label()),
+                    format_args!(
+                        "--allow-downgrade, below the floor {}",
+                        from.as_deref().unwrap_or("?")
+                    ),
+                );
+            }
+            k.staged(&s.img.name, &s.img.version, &s.img.label(), &at, lowered);
+        }
+        for (url, d) in self.seen.borrow().iter() {
+            k.saw_list(url, *d, &at);
+        }
+        if k != *self.known {
+            undo.write(crate::sysext::known_good::PATH, &k.to_json()?, 0o644)?;
+            crate::debug!(
+                "{} updated (floors, lists)",
+                root.show(crate::sysext::known_good::PATH)
+            );
+        }
+        Ok(())
     }
 
     /// `SHA256SUMS` of `name`'s directory, its signature checked before it is parsed, and its
@@ -599,6 +684,19 @@ impl Lists<'_> {
             .map(|d| d.as_secs())
             .unwrap_or(0);
         sums.check_fresh(now, &url)?;
+        // A signed list only goes forward: one older than a list this node accepted is stale.
+        if let Some(newest) = sums.best_before.iter().max() {
+            if let Some((seen, l)) = self.known.list_seen(&url) {
+                if *newest < seen {
+                    return Err(Error::failed(format!(
+                        "{url}: stale: its newest marker is BEST-BEFORE-{newest}, older than BEST-BEFORE-{seen} of the list this node accepted from it at {} ({}): the source must publish a list at least as fresh",
+                        l.at,
+                        crate::sysext::known_good::PATH
+                    )));
+                }
+            }
+            self.seen.borrow_mut().push((url.clone(), *newest));
+        }
         Ok(sums)
     }
 }

@@ -187,6 +187,7 @@ pub fn run(v: &Verify) -> Result<()> {
             c.version,
             c.digest
         );
+        known.floor_back(&c.name, &c.version, &verification.at);
         known.refuse(Refused {
             name: c.name.clone(),
             version: c.version.clone(),

@@ -1850,9 +1850,11 @@ fn a_forced_version_pins_a_patch_or_a_minor() {
     );
     let r = run("v1.32.2");
     r.assert_fails(1, "--force-kube-version v1.32.2: ");
+    // What is below the version floor (v1.32.3, staged just before) is not offered.
     assert!(
         r.stderr
-            .contains("has no kubernetes v1.32.2: it offers v1.31.9, v1.32.1, v1.32.3"),
+            .contains("has no kubernetes v1.32.2: it offers v1.32.3")
+            && r.stderr.contains("2 version(s) below the floor v1.32.3"),
         "{}",
         r.stderr
     );
@@ -2179,4 +2181,92 @@ fn events_reach_the_receiver_in_order_as_the_node_is_allowed() {
     w.extra[0] = "--events-url=http://127.0.0.1:9/events".into();
     nodestrap(&w.args_for(&w.root.display().to_string()), None, &env)
         .assert_fails(2, "not an https URL");
+}
+
+/// Issue 34, "Versions only go forward": each version staged is the floor of its extension,
+/// kept in known-good.json beside the images; a fresh, validly signed list offering only an
+/// older patch is refused naming the floor, also once the store is wiped; the exact version a
+/// setting names is let through, recorded, and lowers the floor. A signed list older than one
+/// the node accepted from the same source is stale, naming both dates.
+#[test]
+fn versions_only_go_forward_and_an_older_signed_list_is_stale() {
+    let mut w = World::new();
+    let marker = |d: &str| format!("{}  BEST-BEFORE-{d}\n", "ab".repeat(32));
+    w.publish(
+        "kubernetes",
+        &w.publish_versions("kubernetes", &["1.31.9", "1.32.1", "1.32.3"]),
+        &marker("2030-01-31"),
+    );
+    w.run().assert_ok();
+    let known = |w: &World| -> serde_json::Value {
+        serde_json::from_str(&w.read("/var/lib/nodestrap/known-good.json").unwrap()).unwrap()
+    };
+    let k = known(&w);
+    assert_eq!(k["floor"][0]["name"], "kubernetes", "{k}");
+    assert_eq!(k["floor"][0]["version"], "v1.32.3", "{k}");
+    assert_eq!(k["floor"][1]["name"], "containerd", "{k}");
+    assert_eq!(k["lists"][0]["best_before"], "2030-01-31", "{k}");
+
+    // A fresh signed list with only an older patch (and the older minor skew allows).
+    w.publish(
+        "kubernetes",
+        &w.publish_versions("kubernetes", &["1.31.9", "1.32.1"]),
+        &marker("2030-02-28"),
+    );
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    w.run().assert_fails(
+        1,
+        "kubernetes: every version the source offers is below the version floor: 2 version(s) below the floor v1.32.3",
+    );
+    assert_eq!(
+        w.link("kubernetes").as_deref(),
+        Some("/opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw")
+    );
+    assert!(w.read("/etc/kubernetes/kubelet.env").is_none());
+    // A wiped store does not lower it.
+    std::fs::remove_dir_all(w.path("/opt/extensions")).unwrap();
+    std::fs::remove_dir_all(w.path("/etc/extensions")).unwrap();
+    w.run().assert_fails(1, "below the floor v1.32.3");
+
+    // The exact version a setting names goes through, once asked, and lowers the floor.
+    w.extra = vec!["--allow-downgrade=kubernetes=v1.32.1".into()];
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stderr.contains(
+            "kubernetes downgraded to v1.32.1 below its floor v1.32.3 (--allow-downgrade): the floor is lowered"
+        ),
+        "{}",
+        r.stderr
+    );
+    let k = known(&w);
+    assert_eq!(k["floor"][0]["version"], "v1.32.1", "{k}");
+    assert_eq!(k["floor"][0]["how"], "lowered", "{k}");
+    let rec: serde_json::Value =
+        serde_json::from_str(&w.read("/var/lib/nodestrap/status.json").unwrap()).unwrap();
+    assert!(
+        rec["decisions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["what"] == "downgrade" && d["value"] == "kubernetes v1.32.1"),
+        "{rec}"
+    );
+    w.extra.clear();
+
+    // An older signed list than the last accepted from that source: stale.
+    w.publish(
+        "kubernetes",
+        &w.publish_versions("kubernetes", &["1.32.1", "1.32.3"]),
+        &marker("2030-01-15"),
+    );
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    w.run().assert_fails(
+        1,
+        "stale: its newest marker is BEST-BEFORE-2030-01-15, older than BEST-BEFORE-2030-02-28 of the list this node accepted",
+    );
+    assert_eq!(
+        w.link("kubernetes").as_deref(),
+        Some("/opt/extensions/kubernetes/kubernetes-v1.32.1-x86-64.raw")
+    );
 }

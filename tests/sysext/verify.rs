@@ -138,6 +138,9 @@ fn a_boot_that_runs_another_kubelet_than_chosen_returns_to_the_known_good_set() 
     );
     let known = json(&w, "/var/lib/nodestrap/known-good.json");
     assert_eq!(known["refused"][0]["version"], "v1.32.3", "{known}");
+    // The refused image holds no version floor: it is back at the known-good version.
+    assert_eq!(known["floor"][0]["version"], "v1.31.9", "{known}");
+    assert_eq!(known["floor"][0]["how"], "back", "{known}");
 
     // The next bootstrap never stages the refused image: the next newest patch instead.
     std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
