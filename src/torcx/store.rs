@@ -419,6 +419,12 @@ pub fn applied_reference(
 
 const DEFAULT_REFERENCE: &str = "com.coreos.cl";
 
+/// `image`'s `reference` as a version: the vendor reference resolved through the vendor store's
+/// symlink (as `applied_reference` reads it), any other as it is.
+pub fn resolved_reference(root: &Root, image: &str, reference: &str) -> String {
+    vendor_version(root, image, reference).unwrap_or_else(|| reference.to_string())
+}
+
 fn vendor_version(root: &Root, image: &str, reference: &str) -> Option<String> {
     if reference != DEFAULT_REFERENCE {
         return None;

@@ -46,9 +46,11 @@ pub fn run(_v: &Verify) -> Result<()> {
     let layout = Layout::read(&root)?;
     let known_path = store::known_good_path(&layout);
     let known = read_profile(&root, &known_path)?;
+    // The vendor profile names `com.coreos.cl`: compared as the version it stands for.
     let known_version = known
         .as_ref()
-        .and_then(|p| p.reference(RUNTIME).map(str::to_string));
+        .and_then(|p| p.reference(RUNTIME))
+        .map(|r| store::resolved_reference(&root, RUNTIME, r));
 
     let carried = record
         .verification
@@ -148,6 +150,10 @@ pub fn run(_v: &Verify) -> Result<()> {
             return Ok(());
         }
         after.phase = Phase::Verified;
+        // The reboot an earlier check asked for has happened: nothing is pending any more.
+        if verification.returned.is_some() {
+            after.reboot = Reboot::No;
+        }
         verification.duration_s = secs(since);
         verification.events = status::verdict_events(&verification, 0);
         after.verification = Some(verification);

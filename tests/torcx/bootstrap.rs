@@ -3065,3 +3065,66 @@ fn a_torcx_profile_that_did_not_apply_is_found_and_the_known_good_one_selected()
         known
     );
 }
+
+/// The known-good profile a first bootstrap keeps is the one torcx applied in its boot: on a
+/// fresh node the vendor profile, whose docker is `com.coreos.cl` (the vendor store's link to
+/// the shipped version). When the first chosen profile does not apply, the check returns to it
+/// and, in the boot after, finds it running as the version the link names; the reboot it asked
+/// for is then no longer pending.
+#[test]
+fn a_vendor_known_good_profile_is_returned_to_and_verified() {
+    if std::env::var_os("NODESTRAP_RUNNER").is_some_and(|r| !r.is_empty()) {
+        return;
+    }
+    let w = World::new();
+    w.with_real_images();
+    let store = w.path("/usr/share/torcx/store");
+    std::fs::create_dir_all(&store).unwrap();
+    std::fs::write(store.join("docker:1.12.torcx.tgz"), torcx_image("1.12")).unwrap();
+    std::os::unix::fs::symlink(
+        "docker:1.12.torcx.tgz",
+        store.join("docker:com.coreos.cl.torcx.tgz"),
+    )
+    .unwrap();
+    w.write(
+        "/usr/share/torcx/profiles/vendor.json",
+        r#"{"kind":"profile-manifest-v0","value":{"images":[{"name":"docker","reference":"com.coreos.cl"}]}}"#,
+    );
+    // Boot 0: torcx applies the vendor profile (no record yet: nothing to verify).
+    let (gen, log, _, _) = boot_and_verify(&w, "boot-0");
+    assert_eq!(gen, 0, "{log}");
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stderr.contains(&format!(
+            "{r}/run/torcx/profile.json kept as {r}/etc/torcx/profiles/nodestrap-known-good.json",
+            r = w.root.display()
+        )),
+        "{}",
+        r.stderr
+    );
+    let staged = w.path(&format!(
+        "/var/lib/torcx/store/{CUR}/docker:17.03.torcx.tgz"
+    ));
+    std::fs::write(&staged, b"broken on disk").unwrap();
+    let (gen, _, code, out) = boot_and_verify(&w, "boot-1");
+    assert_ne!(gen, 0);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("the known-good profile nodestrap-known-good (docker 1.12) as next-profile"),
+        "{out}"
+    );
+    let (gen, log, code, out) = boot_and_verify(&w, "boot-2");
+    assert_eq!(gen, 0, "{log}");
+    assert_eq!(code, 0, "{out}");
+    for needle in [
+        "check torcx applied docker: expected docker:1.12, found docker:1.12",
+        "verified: torcx applied profile nodestrap-known-good with docker 1.12",
+    ] {
+        assert!(out.contains(needle), "{needle}: {out}");
+    }
+    let rec: serde_json::Value =
+        serde_json::from_str(&w.read("/var/lib/nodestrap/status.json").unwrap()).unwrap();
+    assert_eq!(rec["reboot"]["decision"], "no", "{rec}");
+    assert_eq!(rec["phase"], "verified", "{rec}");
+}
