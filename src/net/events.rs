@@ -21,6 +21,9 @@ const PAUSE_CAP: Duration = Duration::from_secs(8);
 pub const MAX_AGE: Duration = Duration::from_secs(600);
 /// At the run's end, how long it waits for the queue to drain while the receiver answers.
 pub const FLUSH: Duration = Duration::from_secs(2);
+/// ... and, when no attempt has been answered yet, how long from the first attempt's start it
+/// waits for that answer (a receiver that is down answers nothing and costs nothing).
+pub const FIRST_ANSWER: Duration = Duration::from_secs(1);
 
 /// Where events go and as whom.
 pub struct Target {
@@ -64,8 +67,10 @@ struct Queue {
     next: u64,
     sent: u64,
     dropped: u64,
-    /// Whether the last attempt was answered with 2xx.
-    answering: bool,
+    /// Whether the last attempt was answered (`None`: none finished yet).
+    answering: Option<bool>,
+    /// When the first attempt started.
+    first_try: Option<Instant>,
     closing: bool,
 }
 
@@ -88,7 +93,8 @@ impl Sender {
                 next: 0,
                 sent: 0,
                 dropped: 0,
-                answering: false,
+                answering: None,
+                first_try: None,
                 closing: false,
             }),
             wake: Condvar::new(),
@@ -128,9 +134,15 @@ impl Sink for Sender {
         };
         q.closing = true;
         self.shared.wake.notify_all();
-        // Wait only for a receiver that answers: one that does not costs the run nothing.
-        while !q.waiting.is_empty() && q.answering {
-            let left = give_up.saturating_duration_since(Instant::now());
+        // Wait only for a receiver that answers: one that does not costs the run nothing, one
+        // not heard from yet at most its first answer's bound.
+        while !q.waiting.is_empty() {
+            let until = match q.answering {
+                Some(true) => give_up,
+                Some(false) => break,
+                None => give_up.min(q.first_try.unwrap_or_else(Instant::now) + FIRST_ANSWER),
+            };
+            let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
             }
@@ -176,7 +188,9 @@ fn send_loop(s: &Shared, t: &Target) {
                     q.dropped += 1;
                 }
                 if let Some((n, _, e)) = q.waiting.front() {
-                    break (*n, e.clone());
+                    let (n, e) = (*n, e.clone());
+                    q.first_try.get_or_insert_with(Instant::now);
+                    break (n, e);
                 }
                 if q.closing {
                     return;
@@ -222,7 +236,7 @@ fn send_loop(s: &Shared, t: &Target) {
                 (false, false)
             }
         };
-        q.answering = answering;
+        q.answering = Some(answering);
         if done {
             // Unless the run's end took it meanwhile.
             if q.waiting.front().is_some_and(|(m, _, _)| *m == n) {

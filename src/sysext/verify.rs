@@ -207,7 +207,14 @@ pub fn run(v: &Verify) -> Result<()> {
         "nothing to return to: the known-good set itself does not run as recorded".to_string()
     } else {
         known.returned_boot = Some(boot_id.clone());
-        let (result, note) = match return_to(&root, &known.set, &expected) {
+        // Extensions this boot's merge left out: their services never started in this boot.
+        let missing: Vec<String> = verification
+            .checks
+            .iter()
+            .filter(|k| !k.ok)
+            .filter_map(|k| k.what.strip_suffix(" merged for /usr").map(str::to_string))
+            .collect();
+        let (result, note) = match return_to(&root, &known.set, &expected, &missing) {
             Ok(None) => ("merged".to_string(), String::new()),
             Ok(Some(restart)) => ("merged".to_string(), format!("; but {restart}")),
             Err(e) => (e.to_string(), String::new()),
@@ -531,8 +538,15 @@ fn node_name(v: &Verify) -> Result<String> {
 /// The caller holds the links' lock.
 /// Put `set` back: its links, a refresh, its proof, its services restarted. An extension of
 /// `leaving` (the set that did not run as chosen) that `set` does not have is unlinked, when
-/// its link is nodestrap's (into its store folder): the known-good set did not run it.
-fn return_to(root: &Root, set: &[Chosen], leaving: &[Chosen]) -> Result<Option<String>> {
+/// its link is nodestrap's (into its store folder): the known-good set did not run it. The
+/// services of the extensions in `missing` (left out of this boot's merge) never ran in this
+/// boot: a try-restart leaves them stopped, so they are started.
+fn return_to(
+    root: &Root,
+    set: &[Chosen],
+    leaving: &[Chosen],
+    missing: &[String],
+) -> Result<Option<String>> {
     for c in set {
         let now = digest_of(root, &c.image, &c.digest);
         if now != c.digest {
@@ -589,7 +603,25 @@ fn return_to(root: &Root, set: &[Chosen], leaving: &[Chosen]) -> Result<Option<S
     match changed {
         Ok(changed) => {
             undo.commit();
-            Ok(merge::restart_changed(&changed).err().map(|e| {
+            let mut failed = merge::restart_changed(&changed).err();
+            for c in set.iter().filter(|c| missing.contains(&c.name)) {
+                let Some(unit) = merge::service_of(&c.name) else {
+                    continue;
+                };
+                match crate::node::dbus::systemd_start(unit) {
+                    Ok(_) => log::info!(
+                        "{unit} started: {} was missing from this boot's merge, so it never ran",
+                        c.name
+                    ),
+                    Err(e) => {
+                        failed.get_or_insert(e.hint(format!(
+                            "{} {} is merged again, but {unit} did not start: systemctl start {unit}",
+                            c.name, c.version
+                        )));
+                    }
+                }
+            }
+            Ok(failed.map(|e| {
                 log::error!("{e}");
                 e.to_string()
             }))

@@ -218,9 +218,14 @@ fn a_runtime_refused_at_boot_is_found_and_the_known_good_one_returns() {
     ] {
         assert!(out.contains(needle), "{needle}: {out}");
     }
+    // Restarted if it ran, and started: it was missing from the boot's merge.
     assert_eq!(
         std::fs::read_to_string(&calls).unwrap_or_default(),
-        "TryRestartUnit containerd.service replace\n",
+        "TryRestartUnit containerd.service replace\nStartUnit containerd.service replace\n",
+        "{out}"
+    );
+    assert!(
+        out.contains("containerd.service started: containerd was missing from this boot's merge"),
         "{out}"
     );
     let known = json(&w, "/var/lib/nodestrap/known-good.json");
