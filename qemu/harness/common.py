@@ -1,5 +1,6 @@
 """What every part of the QEMU harness shares: the run's constants, console and command
 helpers, reading a node's disk, and the Scenario record."""
+import contextlib
 import dataclasses
 import os
 import re
@@ -78,6 +79,24 @@ def disk_ls(raw, node_dir):
         if len(parts) >= 5 and parts[4] not in (".", ".."):
             names.append(parts[4])
     return sorted(names)
+
+@contextlib.contextmanager
+def disk_copy(disk, wait=0):
+    """The node's disk as it is now: a raw copy beside the overlay, its journal replayed on the
+    copy (e2fsck, as the next mount would; 0 and 1, errors corrected, are fine). Yields (the raw
+    path, a problem or None); the copy goes afterwards. `wait`: seconds to wait first for QEMU to
+    let go of the image (its lock), after the guest asked for a reboot."""
+    deadline = time.time() + wait
+    while time.time() < deadline and subprocess.run(["qemu-img", "info", disk], capture_output=True).returncode:
+        time.sleep(0.5)
+    raw = disk + ".raw"
+    run(["qemu-img", "convert", "-U", "-O", "raw", disk, raw])
+    try:
+        fsck = subprocess.run(["e2fsck", "-fy", raw], capture_output=True, text=True)
+        yield raw, (None if fsck.returncode in (0, 1) else
+                    "e2fsck on the node's disk: exit %d: %s" % (fsck.returncode, fsck.stdout[-500:]))
+    finally:
+        os.unlink(raw)
 
 @dataclasses.dataclass
 class Scenario:

@@ -7,10 +7,12 @@ served from the host. A scenario that reaches the kubelet passes only when its N
 with the kubelet version nodestrap chose and the staged containerd, and its static pod runs.
 qemu/build-sysext builds the node image and the extension images.
 
-sysext-verify boots one node twice and proves the boot check, nodestrap-verify.service: it
-passes on the first boot, and on the second (bootstrapped again from the initramfs, against an
-image that lies about its kubelet) it finds the lie, refuses the image and returns the node to
-the known-good set, which the Node then reports."""
+sysext-verify and sysext-verify-runtime boot one node twice and prove the boot check,
+nodestrap-verify.service: it passes on the first boot, and on the second (bootstrapped again from
+the initramfs) it finds what does not run as chosen (sysext-verify: an image that lies about its
+kubelet; sysext-verify-runtime: a containerd staged for an OS update that was rolled back, which
+systemd-sysext left out of the merge), refuses the image and returns the node to the known-good
+set, which the Node then reports."""
 import hashlib
 import json
 import os
@@ -34,14 +36,14 @@ KUBELET_STARTED_RE = re.compile(r"nodestrap-qemu: kubelet starting|Started kubel
 PATCH_WINDOW = "[Timer]\nOnCalendar=\nOnCalendar=*:*:00\nRandomizedDelaySec=20s\nAccuracySec=1s\n"
 # ... and the patch run's log on the console, as the first-boot unit's is.
 PATCH_CONSOLE = "[Service]\nStandardOutput=journal+console\nStandardError=journal+console\n"
-# The verify scenario keeps the patch stream out of its run: the window's random offset (up to
+# The verify scenarios keep the patch stream out of their run: the window's random offset (up to
 # 6 h, seeded by the machine ID) could land in it, and a patch run verifies and rewrites the
 # record the scenario reads.
 PATCH_NEVER = "[Timer]\nOnCalendar=\nOnCalendar=2099-01-01 00:00:00\nRandomizedDelaySec=0\nPersistent=false\n"
 # ... and its step between the two boots (qemu/guest/sysext/rebootstrap), once, after the boot
 # check of the first boot passed.
-REBOOTSTRAP_UNIT = """# The sysext-verify scenario (qemu/harness/sysext.py): once the boot check passed, wait for the
-# harness to publish the lying image, remove kubelet.env and reboot, once.
+REBOOTSTRAP_UNIT = """# The sysext-verify scenarios (qemu/harness/sysext.py): once the boot check passed, wait for the
+# harness to publish the new image, remove kubelet.env and reboot, once.
 [Unit]
 Description=nodestrap-qemu: bootstrap again from the initramfs at the next boot
 Requires=nodestrap-verify.service
@@ -51,15 +53,45 @@ ConditionPathExists=!/var/lib/nodestrap-qemu/rebootstrapped
 
 [Service]
 Type=oneshot
-ExecStart=/opt/nodestrap-qemu/rebootstrap %d
+ExecStart=/opt/nodestrap-qemu/rebootstrap %s
 TimeoutStartSec=30min
 
 [Install]
 WantedBy=multi-user.target
 """
+# sysext-verify-runtime's stand-in for an OS update rolled back: the step between the boots made
+# os-release claim the next Debian and kept the one it replaced; this puts that back early in the
+# second boot, after the initramfs bootstrapped for the next Debian, before systemd-sysext merges.
+ROLLBACK_UNIT = """# The sysext-verify-runtime scenario (qemu/harness/sysext.py): a stand-in for an OS update that
+# was rolled back. Between the boots the test's step (qemu/guest/sysext/rebootstrap) made
+# os-release claim the next Debian, as an update staged for the next boot would, and the
+# initramfs bootstrapped for that OS; the OS that boots is the one it replaced, so its os-release
+# (Debian's link to ../usr/lib/os-release) is put back before the real root's systemd-sysext
+# merges. A unit of the real root rather than a dracut hook after nodestrap-initrd.service: for
+# the merge it is the same, and the initramfs every scenario shares stays as it is.
+[Unit]
+Description=nodestrap-qemu: the OS update rolled back (the test's stand-in)
+DefaultDependencies=no
+After=local-fs.target
+Before=systemd-sysext.service sysinit.target
+ConditionPathIsSymbolicLink=/var/lib/nodestrap-qemu/os-release.rolled-back
+
+[Service]
+Type=oneshot
+ExecStart=/usr/bin/mv -f /var/lib/nodestrap-qemu/os-release.rolled-back /etc/os-release
+ExecStart=/bin/sh -c 'echo "nodestrap-qemu: the OS update rolled back: os-release $$(grep ^VERSION_ID= /etc/os-release) again" >/dev/console'
+
+[Install]
+WantedBy=sysinit.target
+"""
+# In both verify scenarios: containerd says on the console when it has started, and which.
+CONTAINERD_CONSOLE = """[Service]
+ExecStartPost=-/bin/sh -c 'echo "nodestrap-qemu: containerd started: $$(/usr/bin/containerd --version)" >/dev/console'
+"""
+CONTAINERD_STARTED_RE = re.compile(r"nodestrap-qemu: containerd started: (.*)")
 # nodestrap verify's lines (journald has taken the priority prefix off).
 VERIFY_RE = re.compile(r"nodestrap\[\d+\]: (?:<\d>)?(?:\w+: )?((?:verified: |check |the node does not run what |"
-                       r"kubernetes \S+ \(\S+\) refused|expecting the known-good).*)")
+                       r"\w+ \S+ \(sha256-\S+\) refused|expecting the known-good).*)")
 
 
 class Sx:
@@ -70,7 +102,7 @@ class Sx:
                  butane=False, boots=1):
         self.__dict__.update(locals())
         del self.__dict__["self"]
-        self.runner = lambda *a: (run_verify if mirror == "verify" else run_sysext)(*a)  # defined below
+        self.runner = lambda *a: (run_verify if mirror.startswith("verify") else run_sysext)(*a)  # defined below
 
 
 SCENARIOS = [
@@ -104,6 +136,13 @@ SCENARIOS = [
        "release's kubelet inside; the next boot's initramfs stages it, the boot check finds the lie, "
        "refuses the image, returns to the earlier patch, and the Node reports it again",
        initrd=True, mirror="verify", boots=2),
+    Sx("sysext-verify-runtime", "the boot check, when the runtime is left out: the node joins and "
+       "nodestrap-verify.service confirms it; the mirror publishes containerd 2.0.5 for Debian 14 alone and "
+       "an OS update is staged for the next boot (os-release says Debian 14); the next boot's initramfs "
+       "stages that containerd, the update is rolled back (a stand-in), systemd-sysext merges everything "
+       "but containerd; the boot check finds it not merged, refuses the image, returns to containerd "
+       "1.7.24, which starts, and the Node reports it again",
+       initrd=True, mirror="verify-runtime", boots=2),
 ]
 
 
@@ -121,6 +160,9 @@ class World:
         self.images = dict(l.split("=", 1) for l in out.splitlines() if "=" in l)
         self.ext = self.images["SYSEXT_IMAGES"]
         self.containerd = self.images["CONTAINERD_VERSION"]
+        # sysext-verify-runtime's: the next Debian, and the containerd of its image.
+        self.next_os = self.images["NEXT_OS_VERSION_ID"]
+        self.next_containerd = self.images["CONTAINERD_NEXT_OS_VERSION"]
         self.release = {CURRENT: s.images["KUBE_VERSION"], PREVIOUS: s.images["KUBE_PREV_VERSION"],
                         PATCH: s.images["KUBE_PATCH_VERSION"]}
         self.www = s.path("sysext-www")
@@ -175,6 +217,16 @@ class World:
     def lying(self):
         return os.path.join(self.ext, "kubernetes-lying.raw")
 
+    def publish_next_os_runtime(self, sc):
+        """The verify-runtime scenario's new runtime: containerd for the next Debian only (its
+        extension-release says so; qemu/build-sysext) added to the containerd folder, its
+        SHA256SUMS signed again."""
+        self.sign(sc, "containerd", [("containerd-v%s-x86-64.raw" % self.containerd, self.image("containerd", None)),
+                                     ("containerd-v%s-x86-64.raw" % self.next_containerd, self.next_os_runtime())])
+
+    def next_os_runtime(self):
+        return os.path.join(self.ext, "containerd-next-os.raw")
+
     def sign(self, sc, name, files):
         """`files` (name, source) in the scenario's folder of extension `name`, with their
         SHA256SUMS and its signature, the list replaced atomically after its signature."""
@@ -223,9 +275,9 @@ class World:
             "/etc/kubernetes/manifests/probe.yaml": static_pod(s.images["BUSYBOX_REF"]),
         }
         args = []
-        if sc.mirror == "verify":
+        if sc.mirror.startswith("verify"):
             # The step between the two boots (qemu/guest/sysext/rebootstrap), told by the harness
-            # through `sc.signal_port` when the lying image is published.
+            # through `sc.signal_port` when the new image is published.
             files["/opt/nodestrap-qemu/rebootstrap"] = open(os.path.join(HERE, "guest/sysext/rebootstrap")).read()
         for node_path, text in files.items():
             local = os.path.join(d, node_path.strip("/").replace("/", "_"))
@@ -234,9 +286,14 @@ class World:
             args += ["--file", "%s=%s%s" % (node_path, local, ":0755" if node_path.startswith("/opt/") else "")]
         for node_path, target in sc.links:
             args += ["--link", "%s=%s" % (node_path, target)]
-        if sc.mirror == "verify":
-            for unit, text in (("nodestrap-patch.timer.d/10-test.conf", PATCH_NEVER),
-                               ("nodestrap-qemu-rebootstrap.service", REBOOTSTRAP_UNIT % sc.signal_port)):
+        if sc.mirror.startswith("verify"):
+            step = "%d %s" % (sc.signal_port, self.next_os) if sc.mirror == "verify-runtime" else "%d" % sc.signal_port
+            units = [("nodestrap-patch.timer.d/10-test.conf", PATCH_NEVER),
+                     ("nodestrap-qemu-rebootstrap.service", REBOOTSTRAP_UNIT % step),
+                     ("containerd.service.d/99-console.conf", CONTAINERD_CONSOLE)]
+            if sc.mirror == "verify-runtime":
+                units.append(("nodestrap-qemu-rollback.service", ROLLBACK_UNIT))
+            for unit, text in units:
                 local = os.path.join(d, unit)
                 os.makedirs(os.path.dirname(local), exist_ok=True)
                 with open(local, "w") as f:
@@ -570,10 +627,68 @@ def chosen(entries, name):
     return next((c.get("version") for c in entries or [] if c.get("name") == name), None)
 
 
+
+def versions(entries):
+    """{name: version} of a `chosen` (or known-good `set`) list."""
+    return {c.get("name"): c.get("version") for c in entries or []}
+
+
+def image_file(name, label):
+    return "%s-%s-x86-64.raw" % (name, label)
+
+
+class Second:
+    """A verify scenario's two boots in the World's versions: the set each boot's initramfs
+    stages (`first`, `second`: {name: label}), what the mirror publishes once the first boot's
+    check passed (`publish`, `published` says it), the Debian the step between the boots makes
+    os-release claim (`next_os`, or None), the check that fails in the second boot (its line as
+    verify logs it), the image it refuses (name, label, file), and what the Node reports once the
+    node is back at the first set (`back`: kubelet and runtime versions)."""
+
+    def __init__(self, w, sc):
+        current, patch, previous = w.release[CURRENT], w.release[PATCH], w.release[PREVIOUS]
+        ctd = "v" + w.containerd
+        if sc.mirror == "verify":
+            # An image named as the current release with the previous release's kubelet inside.
+            self.first = {"kubernetes": patch, "containerd": ctd}
+            self.second = {"kubernetes": current, "containerd": ctd}
+            self.publish = lambda: w.publish_lie(sc)
+            self.published = "the mirror publishes kubernetes %s: the previous release's kubelet inside" % current
+            self.next_os = None
+            self.failed = 'check kubernetes /usr/bin/kubelet --version: expected version %s, found "Kubernetes %s"' % (
+                current.lstrip("v"), previous)
+            self.mismatch = "the kubelet check's mismatch"
+            self.refused = ("kubernetes", current, w.lying())
+            self.back_label = "the Node at %s again" % patch
+        else:
+            # A runtime for the next Debian, staged while os-release said it, skipped at boot by
+            # the real root's systemd-sysext once the update was rolled back.
+            nxt = "v" + w.next_containerd
+            self.first = {"kubernetes": current, "containerd": ctd}
+            self.second = {"kubernetes": current, "containerd": nxt}
+            self.publish = lambda: w.publish_next_os_runtime(sc)
+            self.published = "the mirror publishes containerd %s for Debian %s only" % (nxt, w.next_os)
+            self.next_os = w.next_os
+            self.failed = ("check containerd merged for /usr: expected listed by systemd-sysext status, "
+                           "found not listed (merged: kubernetes)")
+            self.mismatch = "the merge check's mismatch"
+            self.refused = ("containerd", nxt, w.next_os_runtime())
+            self.back_label = "the Node at containerd %s again" % w.containerd
+        self.back = (self.first["kubernetes"], "containerd://" + w.containerd)
+
+    def staged(self, which):
+        return "kubernetes=%s containerd=%s activation=staged" % (which["kubernetes"], which["containerd"])
+
+    def describe(self, which):
+        """As nodestrap verify names a set: `kubernetes v1.37.1, containerd v1.7.24`."""
+        return ", ".join("%s %s" % kv for kv in which.items())
+
+
 def run_verify(s, sc, accel, boot_timeout):
-    """sysext-verify: boot 1 joins with the earlier patch and the boot check passes; the harness
-    publishes the lying image and tells the guest (sc.signal_port), which removes kubelet.env and
-    reboots; boot 2's initramfs stages the lie, and the boot check finds it and returns."""
+    """The verify scenarios: boot 1 joins and the boot check passes; the harness publishes the
+    new image and tells the guest (sc.signal_port), which removes kubelet.env (sysext-verify-runtime:
+    and makes os-release claim the next Debian) and reboots; boot 2's initramfs stages the new
+    image, and the boot check finds it does not run as chosen and returns."""
     say("\n=== %s: %s" % (sc.name, sc.doc))
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -590,13 +705,13 @@ def verify_boots(s, sc, accel, boot_timeout, listener):
     w, config, disk, base = prepare(s, sc)
     # Without it the generator pulls nodestrap-initrd.service in only on the first boot.
     base.append("rd.nodestrap=1")
-    current, patch, previous = w.release[CURRENT], w.release[PATCH], w.release[PREVIOUS]
-    events, started, said, seen = [], [], [], []
+    case = Second(w, sc)
+    events, started, said, seen, runtime = [], [], [], [], []
     st = {}
     joining = Joining(w.cp, sc.name)
     t0 = time.time()
     store_files = ["/var/lib/nodestrap/status.json", "/var/lib/nodestrap/known-good.json",
-                   "/etc/kubernetes/kubelet.env", "/var/lib/nodestrap-qemu/rebootstrapped"]
+                   "/etc/kubernetes/kubelet.env", "/var/lib/nodestrap-qemu/rebootstrapped", "/etc/os-release"]
 
     def on_line(now, boots, line):
         if KUBELET_STARTED_RE.search(line) and not started:
@@ -604,6 +719,9 @@ def verify_boots(s, sc, accel, boot_timeout, listener):
         m = VERIFY_RE.search(line)
         if m:
             said.append((now, boots, m.group(1)))
+        m = CONTAINERD_STARTED_RE.search(line)
+        if m:
+            runtime.append((now, boots, m.group(1)))
         if "Failed to start nodestrap-verify.s" in line:  # the console's status line cuts it at its width
             st.setdefault("unit failed in boot %d" % boots, now)
         if boots == 1 and "reboot: Restarting system" in line and "first disk" not in st:
@@ -618,10 +736,9 @@ def verify_boots(s, sc, accel, boot_timeout, listener):
                 if not joining.done() or not any(b == 1 and t.startswith("verified: ") for _, b, t in said):
                     return False
                 st["joined"], st["boot 1 Node"] = joining.info, node_status(w.cp, sc.name)
-                w.publish_lie(sc)
+                case.publish()
                 st["published"] = now
-                say("  %5.1fs  the mirror publishes kubernetes %s: the previous release's kubelet inside"
-                    % (now, current))
+                say("  %5.1fs  %s" % (now, case.published))
             if "told" not in st:
                 try:
                     conn, _ = listener.accept()
@@ -641,28 +758,33 @@ def verify_boots(s, sc, accel, boot_timeout, listener):
             seen.append((now, boots) + info)
             say("  %5.1fs  the Node reports kubelet %s, %s (boot ID %s)" % ((now,) + info))
         boot1 = (st.get("boot 1 Node") or (None, None, None))[2]
-        # A kubelet of this boot at the earlier patch: the lying one says the previous release.
-        back = next((t for t, b, k, _, bid in seen if b == 2 and k == patch and bid != boot1), None)
+        # A kubelet of this boot reporting the first set's versions (sysext-verify: the lying
+        # kubelet says the previous release; sysext-verify-runtime: no kubelet of this boot
+        # reports anything until a runtime runs).
+        back = next((t for t, b, k, r, bid in seen if b == 2 and (k, r) == case.back and bid != boot1), None)
         if back is None or not any(b == 2 and t.startswith("the node does not run what") for _, b, t in said):
             return False
-        st.setdefault("Node at the patch again", back)
+        st.setdefault("Node back", back)
         # The unit's failure shows on the console right after verify exits; wait for it a little.
         return "unit failed in boot 2" in st or now - back > 30
 
     boot_timeout += 120  # the second boot: the initramfs bootstraps again, the check and the return
     boots, problems, log = boot_until(s, sc, disk, config, accel, boot_timeout, base, t0, events, on_line, done,
                                       "the reboot into the second boot, or the boot check's return",
-                                      "the boot check's verdict and the Node at %s" % patch)
+                                      "the boot check's verdict and %s" % case.back_label)
     kernel = {b: t for t, b, k, _ in reversed(events) if k == "kernel"}
     first_said = lambda b, prefix: next((t for t, bb, x in said if bb == b and x.startswith(prefix)), None)
     figures = {
         "boot 1: kernel to verified": (1, first_said(1, "verified: ")),
-        "boot 2: kernel to the kubelet check's mismatch": (2, first_said(2, "check kubernetes /usr/bin/kubelet")),
+        "boot 2: kernel to %s" % case.mismatch: (2, first_said(2, case.failed)),
         "boot 2: kernel to verify's error (returned)": (2, first_said(2, "the node does not run what")),
-        "boot 2: kernel to the Node at %s again" % patch: (2, st.get("Node at the patch again")),
-        "boot 2: kernel to the Node at %s (the lie running)" % previous:
-            (2, next((t for t, b, k, _, _ in seen if b == 2 and k == previous), None)),
+        "boot 2: kernel to %s" % case.back_label: (2, st.get("Node back")),
     }
+    if case.next_os is None:
+        figures["boot 2: kernel to the Node at %s (the lie running)" % w.release[PREVIOUS]] = (
+            2, next((t for t, b, k, _, _ in seen if b == 2 and k == w.release[PREVIOUS]), None))
+    else:
+        figures["boot 2: kernel to containerd started again"] = (2, next((t for t, b, _ in runtime if b == 2), None))
     sc.timings = timings(events, started[0] if started else None)
     sc.timings.update(joined(events, joining))
     for k, (b, t) in figures.items():
@@ -671,11 +793,11 @@ def verify_boots(s, sc, accel, boot_timeout, listener):
     if "published" in st and "told" in st:
         sc.timings["published to the guest told"] = round(st["told"] - st["published"], 1)
     if not problems:
-        problems = check_verify(w, sc, events, said, seen, st, disk)
+        problems = check_verify(w, sc, case, events, said, seen, runtime, st, disk)
     sc.proof = seen[-1][2:4] if seen else joining.info
     for k, v in sc.timings.items():
         if k.startswith("boot ") or k.startswith("published"):
-            say("  %-52s %6.1f s" % (k, v))
+            say("  %-56s %6.1f s" % (k, v))
     for p in problems:
         say("  problem: " + p)
     if problems and log:
@@ -684,94 +806,127 @@ def verify_boots(s, sc, accel, boot_timeout, listener):
     return not problems, boots, started[0] if started else None, problems
 
 
-def check_verify(w, sc, events, said, seen, st, disk):
+def check_verify(w, sc, case, events, said, seen, runtime, st, disk):
     p = []
-    current, patch, previous = w.release[CURRENT], w.release[PATCH], w.release[PREVIOUS]
-    ctd = w.containerd
+    first, second = case.first, case.second
+    name, label, image = case.refused
     in_boot = lambda b: [t for _, bb, t in said if bb == b]
+    at = lambda b, prefix: next((t for t, bb, x in said if bb == b and x.startswith(prefix)), None)
     boot_said = lambda b: [t for _, bb, k, t in events if bb == b and k == "nodestrap"]
-    # Boot 1: the initramfs stages the earlier patch; the node joins with it; the check passes
-    # and the API server confirms it.
-    if not any("kubernetes=%s containerd=v%s activation=staged" % (patch, ctd) in t for t in boot_said(1)):
-        p.append("boot 1: the initramfs did not stage %s: %r" % (patch, [t for t in boot_said(1) if "done" in t]))
-    if not st.get("joined") or st["joined"] != (patch, "containerd://" + ctd):
-        p.append("boot 1: the Node joined with %r, the mirror offered %s" % (st.get("joined"), patch))
-    if not any(t.startswith("verified: the node runs kubernetes %s" % patch) for t in in_boot(1)):
-        p.append("boot 1: no `verified: the node runs kubernetes %s` from nodestrap verify: %r" % (patch, in_boot(1)))
-    api = "check Node %s nodeInfo.kubeletVersion: expected %s, found %s" % (sc.name, patch, patch)
+    guest_said = lambda b: [t for _, bb, k, t in events if bb == b and k == "guest"]
+    # Boot 1: the initramfs stages the first set; the node joins with it; the check passes and
+    # the API server confirms it.
+    if not any(case.staged(first) in t for t in boot_said(1)):
+        p.append("boot 1: the initramfs did not stage %s: %r" % (case.describe(first), [t for t in boot_said(1) if "done" in t]))
+    if not st.get("joined") or st["joined"] != case.back:
+        p.append("boot 1: the Node joined with %r, expected %r" % (st.get("joined"), case.back))
+    if not any(t.startswith("verified: the node runs %s" % case.describe(first)) for t in in_boot(1)):
+        p.append("boot 1: no `verified: the node runs %s` from nodestrap verify: %r" % (case.describe(first), in_boot(1)))
+    api = "check Node %s nodeInfo.kubeletVersion: expected %s, found %s" % (sc.name, first["kubernetes"], first["kubernetes"])
     if api not in in_boot(1):
         p.append("boot 1: verify did not log %r" % api)
-    first = st.get("first disk")
-    if not first:
+    if not any(b == 1 and w.containerd in x for _, b, x in runtime):
+        p.append("boot 1: containerd %s never said it started: %r" % (w.containerd, runtime))
+    disk1 = st.get("first disk")
+    if not disk1:
         p.append("boot 1 ended without the guest's reboot: its disk was not read")
     else:
-        files = first[0]
+        files = disk1[0]
         rec, err = record_of(files["/var/lib/nodestrap/status.json"], "boot 1's status.json")
         kg, err2 = record_of(files["/var/lib/nodestrap/known-good.json"], "boot 1's known-good.json")
         p += [e for e in (err, err2) if e]
         if rec:
             v = rec.get("verification") or {}
-            got = (rec.get("phase"), v.get("outcome"), v.get("api"), v.get("api_note"), chosen(rec.get("chosen"), "kubernetes"))
-            want = ("verified", "verified", "confirmed", "from /etc/kubernetes/kubelet.conf", patch)
+            got = (rec.get("phase"), v.get("outcome"), v.get("api"), v.get("api_note"), versions(rec.get("chosen")))
+            want = ("verified", "verified", "confirmed", "from /etc/kubernetes/kubelet.conf", first)
             if got != want:
-                p.append("boot 1's record (phase, outcome, api, api_note, kubernetes): %r, expected %r" % (got, want))
-        if kg and (chosen(kg.get("set"), "kubernetes") != patch or kg.get("refused")):
+                p.append("boot 1's record (phase, outcome, api, api_note, chosen): %r, expected %r" % (got, want))
+        if kg and (versions(kg.get("set")) != first or kg.get("refused")):
             p.append("boot 1's known-good.json: %r" % kg)
         if files["/etc/kubernetes/kubelet.env"] is not None or files["/var/lib/nodestrap-qemu/rebootstrapped"] is None:
             p.append("boot 1: the guest did not remove kubelet.env before its reboot")
-    # Boot 2: the initramfs stages the lie; the boot check finds it, refuses it and returns.
-    if not any("kubernetes=%s containerd=v%s activation=staged" % (current, ctd) in t for t in boot_said(2)):
-        p.append("boot 2: the initramfs did not stage %s: %r" % (current, [t for t in boot_said(2) if "done" in t]))
-    lie = 'check kubernetes /usr/bin/kubelet --version: expected version %s, found "Kubernetes %s"' % (
-        current.lstrip("v"), previous)
-    if lie not in in_boot(2):
-        p.append("boot 2: verify did not log %r: %r" % (lie, in_boot(2)))
-    if not any(t.startswith("kubernetes %s (" % current) and "refused" in t for t in in_boot(2)):
-        p.append("boot 2: verify did not refuse kubernetes %s" % current)
+        if case.next_os and 'VERSION_ID="%s"' % case.next_os not in (files["/etc/os-release"] or b"").decode():
+            p.append("boot 1: the guest's os-release does not say Debian %s for the next boot: %r"
+                     % (case.next_os, files["/etc/os-release"]))
+    # Boot 2: the initramfs stages the second set; the boot check finds what does not run as
+    # chosen, refuses that image and returns to the first set.
+    if not any(case.staged(second) in t for t in boot_said(2)):
+        p.append("boot 2: the initramfs did not stage %s: %r" % (case.describe(second), [t for t in boot_said(2) if "done" in t]))
+    if case.failed not in in_boot(2):
+        p.append("boot 2: verify did not log %r: %r" % (case.failed, in_boot(2)))
+    if not any(t.startswith("%s %s (sha256-" % (name, label)) and "refused" in t for t in in_boot(2)):
+        p.append("boot 2: verify did not refuse %s %s" % (name, label))
     err = [t for t in in_boot(2) if t.startswith("the node does not run what")]
-    if not err or "returned to the known-good set" not in err[0] or "kubernetes %s" % patch not in err[0]:
-        p.append("boot 2: verify's error does not name the return to kubernetes %s: %r" % (patch, err))
+    if not err or "returned to the known-good set" not in err[0] or "(%s)" % case.describe(first) not in err[0]:
+        p.append("boot 2: verify's error does not name the return to %s: %r" % (case.describe(first), err))
     if "unit failed in boot 2" not in st:
         p.append("boot 2: systemd did not report nodestrap-verify.service failed")
     if "unit failed in boot 1" in st:
         p.append("boot 1: nodestrap-verify.service failed")
+    if case.next_os:
+        # The initramfs bootstrapped for the next Debian; the real root booted Debian 13 again
+        # (the stand-in's line) and merged without containerd, which ran only after the return.
+        host = "node ID=debian VERSION_ID=%s " % case.next_os
+        if not any(t.startswith(host) for t in boot_said(2)):
+            p.append("boot 2: the initramfs did not read os-release as Debian %s: %r"
+                     % (case.next_os, [t for t in boot_said(2) if t.startswith("node ID=")]))
+        if not any(t.startswith('the OS update rolled back: os-release VERSION_ID="13" again') for t in guest_said(2)):
+            p.append("boot 2: no line of the rollback's stand-in: %r" % guest_said(2))
+        error_at = at(2, "the node does not run what")
+        ran = [(t, x) for t, b, x in runtime if b == 2]
+        if not ran or error_at is None or ran[0][0] < error_at or w.containerd not in ran[0][1]:
+            p.append("boot 2: containerd %s did not start after verify's return (verify's error at %r): %r"
+                     % (w.containerd, error_at, ran))
     final = seen[-1] if seen else None
-    if not final or final[2:4] != (patch, "containerd://" + ctd):
-        p.append("the Node reports %r at the end, expected kubelet %s and containerd %s" % (final, patch, ctd))
+    if not final or final[2:4] != case.back:
+        p.append("the Node reports %r at the end, expected %r" % (final, case.back))
     # The disk the node left.
     files, dirs, links = read_disk(disk, ["/var/lib/nodestrap/status.json", "/var/lib/nodestrap/known-good.json",
                                           "/etc/kubernetes/kubelet.env"],
                                    ["/opt/extensions/kubernetes", "/opt/extensions/containerd", "/etc/extensions",
-                                    "/etc/kubernetes", "/var/lib/nodestrap"],
-                                   ["/etc/extensions/kubernetes.raw"])
+                                    "/etc/kubernetes", "/var/lib/nodestrap", "/var/lib/nodestrap-qemu"],
+                                   ["/etc/extensions/kubernetes.raw", "/etc/extensions/containerd.raw", "/etc/os-release"])
     rec, e1 = record_of(files["/var/lib/nodestrap/status.json"], "status.json")
     kg, e2 = record_of(files["/var/lib/nodestrap/known-good.json"], "known-good.json")
     p += [e for e in (e1, e2) if e]
     if rec:
         v = rec.get("verification") or {}
         r = v.get("returned") or {}
-        got = (chosen(rec.get("chosen"), "kubernetes"), v.get("outcome"), v.get("api"), r.get("result"),
-               chosen(r.get("to"), "kubernetes"))
-        want = (current, "mismatch", "skipped", "merged", patch)
+        got = (versions(rec.get("chosen")), v.get("outcome"), v.get("api"), r.get("result"), versions(r.get("to")))
+        want = (second, "mismatch", "skipped", "merged", first)
         if got != want:
-            p.append("the record (chosen kubernetes, outcome, api, returned.result, returned to): %r, expected %r"
-                     % (got, want))
+            p.append("the record (chosen, outcome, api, returned.result, returned to): %r, expected %r" % (got, want))
+        # The first failed check as the record keeps it: what was expected and what ran.
+        bad = next(("check %s: expected %s, found %s" % (c.get("what"), c.get("expected"), c.get("running"))
+                    for c in v.get("checks") or [] if not c.get("ok")), None)
+        if bad != case.failed:
+            p.append("the record's first failed check is %r, expected %r" % (bad, case.failed))
         if final and v.get("boot_id") != final[4]:
-            p.append("the record's boot ID %r is not the one the Node reports at %s, %r" % (v.get("boot_id"), patch, final[4]))
+            p.append("the record's boot ID %r is not the one the Node reports, %r" % (v.get("boot_id"), final[4]))
     if kg:
-        lying = "sha256-" + hashlib.sha256(open(w.lying(), "rb").read()).hexdigest()
+        digest = "sha256-" + hashlib.sha256(open(image, "rb").read()).hexdigest()
         refused = [(x.get("name"), x.get("version"), x.get("digest")) for x in kg.get("refused") or []]
-        if refused != [("kubernetes", current, lying)]:
-            p.append("known-good.json refuses %r, expected kubernetes %s %s" % (refused, current, lying))
-        if chosen(kg.get("set"), "kubernetes") != patch:
-            p.append("known-good.json's set is %r, expected kubernetes %s" % (kg.get("set"), patch))
-    want = sorted("kubernetes-%s-x86-64.raw" % v for v in (current, patch))
-    if dirs["/opt/extensions/kubernetes"] != want:
-        p.append("/opt/extensions/kubernetes holds %r, expected %r" % (dirs["/opt/extensions/kubernetes"], want))
-    if "kubernetes-%s-x86-64.raw" % patch not in links["/etc/extensions/kubernetes.raw"]:
-        p.append("/etc/extensions/kubernetes.raw does not name %s: %r" % (patch, links["/etc/extensions/kubernetes.raw"][:300]))
-    if "KUBELET_VERSION=%s" % current not in (files["/etc/kubernetes/kubelet.env"] or b"").decode():
+        if refused != [(name, label, digest)]:
+            p.append("known-good.json refuses %r, expected %s %s %s" % (refused, name, label, digest))
+        if versions(kg.get("set")) != first:
+            p.append("known-good.json's set is %r, expected %s" % (kg.get("set"), case.describe(first)))
+        # The refused image raised its extension's version floor; the refusal puts it back. (A
+        # nodestrap from before version floors writes no `floor` at all; one since always does.)
+        floor = next(((f.get("version"), f.get("how")) for f in kg.get("floor") or [] if f.get("name") == name), None)
+        if "floor" in kg and floor != (first[name], "back"):
+            p.append("known-good.json's floor of %s is %r, expected %s back" % (name, floor, first[name]))
+    for n in ("kubernetes", "containerd"):
+        want = sorted({image_file(n, first[n]), image_file(n, second[n])})
+        if dirs["/opt/extensions/" + n] != want:
+            p.append("/opt/extensions/%s holds %r, expected %r" % (n, dirs["/opt/extensions/" + n], want))
+        if image_file(n, first[n]) not in links["/etc/extensions/%s.raw" % n]:
+            p.append("/etc/extensions/%s.raw does not name %s: %r" % (n, first[n], links["/etc/extensions/%s.raw" % n][:300]))
+    if "KUBELET_VERSION=%s" % second["kubernetes"] not in (files["/etc/kubernetes/kubelet.env"] or b"").decode():
         p.append("kubelet.env on disk (it keeps what the bootstrap chose): %r" % files["/etc/kubernetes/kubelet.env"])
+    if case.next_os and ('"../usr/lib/os-release"' not in links["/etc/os-release"]
+                         or "os-release.rolled-back" in dirs["/var/lib/nodestrap-qemu"]):
+        p.append("/etc/os-release is not Debian's link again: %r; /var/lib/nodestrap-qemu holds %r"
+                 % (links["/etc/os-release"][:300], dirs["/var/lib/nodestrap-qemu"]))
     for d, names in dirs.items():
         left = [n for n in names if ".nodestrap-" in n]
         if left:

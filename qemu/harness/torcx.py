@@ -2,17 +2,22 @@
 nodes boot the real torcx (v0.2.0) and join the run's real control plane (harness/cluster.py):
 the kubelet of the release kubelet.env names talks CRI to the containerd inside the Docker torcx
 image nodestrap staged. A scenario passes only when its Node registers with that kubelet version
-and that containerd, and its static pod runs."""
+and that containerd, its static pod runs, and the boot check (nodestrap-verify.service) verified
+the profile in the boot the kubelet runs in.
+
+torcx-verify boots one node three times and proves the boot check's torcx case: the profile the
+bootstrap chose does not apply (its archive is damaged on the disk at the bootstrap's reboot),
+the check records the mismatch and selects the known-good profile for the next boot; a stand-in
+for the operator takes the reboot nodestrap recorded, and torcx applies the known-good profile."""
 import hashlib
 import json
 import os
 import re
-import subprocess
 import time
 
 from harness.common import (
-    CURRENT, DOCKER, DOCKER_RE, KUBELET_RE, NEXT_OS, OS_VERSION, PREVIOUS, SIG_FAIL, Scenario, TOP,
-    disk_file, disk_ls, joined, run, say, timings
+    CURRENT, DOCKER, DOCKER_RE, HERE, KUBELET_RE, NEXT_OS, OS_VERSION, PREVIOUS, SIG_FAIL, Scenario, TOP,
+    disk_copy, disk_file, disk_ls, joined, run, say, timings
 )
 from harness.cluster import Joining
 from harness.vm import boot_until
@@ -40,22 +45,77 @@ SCENARIOS = [
     Scenario("clock-past", "the real-time clock starts in 2015: nodestrap names the clock, not a certificate, "
              "and goes on once time is synchronised; one reboot",
              initrd=True, boots=2, tag=CURRENT, os_after=OS_VERSION, rtc_past=True),
+    Scenario("torcx-verify", "the boot check on torcx: the profile the bootstrap chose does not apply (its "
+             "archive damaged on the disk at the reboot); verify records it and selects the known-good profile "
+             "for the next boot; the operator's stand-in reboots, and torcx applies it",
+             initrd=False, boots=3, tag=CURRENT, os_after=OS_VERSION, runner=lambda *a: run_verify(*a)),
     Scenario("reprovision-rhcos", "an RHCOS-like node re-bootstraps in place through the machine-config-daemon",
              initrd=False, boots=2, tag=None, os_after=None),
 ]
 
+# nodestrap verify's lines on the console (journald has taken the priority prefix off).
+VERIFY_RE = re.compile(r"nodestrap\[\d+\]: (?:<\d>)?((?:check torcx |check \S+/docker --version|verified: |"
+                       r"reboot needed: |the node does not run |expecting the known-good |"
+                       r"\S+: the bootstrap of this boot selected ).*)")
+VERDICTS = ("verified: ", "the node does not run ")
+# systemd's status line when the unit fails, its name and description cut at the console's width
+# ("Failed to start nodestrap-…ntime nodestrap chose (nodestrap).").
+VERIFY_FAILED = re.compile(r"Failed to start nodestrap-(?:verify\.s|.*nodestrap chose \(nodestrap\))")
+# The three rows of a torcx check (docs/verify.md, "torcx nodes").
+CHECKS = ["torcx seal", "torcx applied docker", "/run/torcx/bin/docker --version"]
+KNOWN_GOOD = "/etc/torcx/profiles/nodestrap-known-good.json"
+# torcx-verify's guest: the disk fault at the bootstrap's reboot and the operator's stand-in.
+GUEST = os.path.join(HERE, "guest/files")
+OPERATOR_RE = re.compile(r"nodestrap-qemu: operator: (.*)")
+FAULT_RE = re.compile(r"nodestrap-qemu: disk fault: (.*)")
+GENERATOR_RE = re.compile(r"(/usr/lib/systemd/system-generators/torcx-generator failed .*)")
 
-def run_scenario(s, sc, accel, boot_timeout):
-    """Returns (ok, boots, seconds to kubelet or None, problems)."""
-    if sc.name == "reprovision-rhcos":
-        return run_reprovision(s, sc, accel, boot_timeout)
-    say("\n=== %s: %s" % (sc.name, sc.doc))
-    files = s.node_files(sc.name, api_up=sc.api_up, upgrade_os=sc.upgrade_os,
-                         update_engine=sc.update_engine, master=sc.master,
-                         installer_files=sc.api_up, torcx_base=sc.torcx_base)
+
+class BootCheck:
+    """What nodestrap-verify.service said on the console, boot by boot: its lines, and when
+    systemd reported the unit failed."""
+
+    def __init__(self):
+        self.said = []  # (seconds, boot, text)
+        self.failed = {}  # boot: seconds
+
+    def see(self, now, boots, line):
+        m = VERIFY_RE.search(line)
+        if m:
+            self.said.append((now, boots, m.group(1)))
+        if VERIFY_FAILED.search(line):
+            self.failed.setdefault(boots, now)
+
+    def lines(self, boot):
+        return [t for _, b, t in self.said if b == boot]
+
+    def verdict(self, boot):
+        """(seconds, text) of the check's verdict in that boot, or None."""
+        return next(((t, x) for t, b, x in self.said if b == boot and x.startswith(VERDICTS)), None)
+
+    def figures(self, events):
+        """Seconds from each boot's kernel start to the check's verdict, where it gave one."""
+        kernel = {b: t for t, b, k, _ in events if k == "kernel"}
+        out = {}
+        for b in sorted({b for _, b, _ in self.said}):
+            v = self.verdict(b)
+            if v and b in kernel:
+                out["boot %d: kernel to the boot check's verdict (%s)"
+                    % (b, "verified" if v[1].startswith("verified") else "mismatch")] = round(v[0] - kernel[b], 1)
+        return out
+
+
+def prepare(s, sc, files=(), units=()):
+    """The scenario's Ignition config (ignition/render's role with the node's files, and any
+    further files and units), checked by ignition-validate; its disk, a copy-on-write overlay of
+    the node image; the kernel arguments of every boot."""
+    args = s.node_files(sc.name, api_up=sc.api_up, upgrade_os=sc.upgrade_os,
+                        update_engine=sc.update_engine, master=sc.master,
+                        installer_files=sc.api_up, torcx_base=sc.torcx_base)
+    args += [a for f in files for a in ("--file", f)] + [a for u in units for a in ("--unit", u)]
     config = s.path(sc.name + ".ign")
     with open(config, "w") as f:
-        run([os.path.join(TOP, "ignition/render"), "master" if sc.master else "worker"] + files, stdout=f)
+        run([os.path.join(TOP, "ignition/render"), "master" if sc.master else "worker"] + args, stdout=f)
     run(["ignition-validate", config])
     disk = s.path(sc.name + ".qcow2")
     run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", s.images["NODE_IMAGE"], "-F", "raw", disk])
@@ -68,8 +128,23 @@ def run_scenario(s, sc, accel, boot_timeout):
         base.append("rd.nodestrap=0")
     if os.environ.get("NODESTRAP_QEMU_DEBUG") == "1":
         base.append("systemd.journald.forward_to_console=1")
+    return config, disk, base
+
+
+def say_figures(figures):
+    for k, v in figures.items():
+        say("  %-60s %6.1f s" % (k, v))
+
+
+def run_scenario(s, sc, accel, boot_timeout):
+    """Returns (ok, boots, seconds to kubelet or None, problems)."""
+    if sc.name == "reprovision-rhcos":
+        return run_reprovision(s, sc, accel, boot_timeout)
+    say("\n=== %s: %s" % (sc.name, sc.doc))
+    config, disk, base = prepare(s, sc)
     events = []  # (seconds, boot, kind, text)
     joining = Joining(s.cluster, sc.name)
+    bootcheck = BootCheck()
     t0 = time.time()
     kubelet = []  # (seconds, the line's details) once the kubelet started
     docker = []  # (seconds, details) once docker-check ran a container (or failed)
@@ -78,6 +153,7 @@ def run_scenario(s, sc, accel, boot_timeout):
         s.tamper(True)
 
     def on_line(now, boots, line):
+        bootcheck.see(now, boots, line)
         if sc.tamper and "nodestrap[" in line and SIG_FAIL in line:
             tamper["failures"] += 1
             # Failed in the initramfs and twice on the real root: the unit keeps
@@ -98,17 +174,18 @@ def run_scenario(s, sc, accel, boot_timeout):
             joining.poll(now)
 
     def done(boots):
-        # Once the kubelet started: its Node registered and its pod ran, and docker ran a
-        # container. A master goes on until tectonic ran (bootkube and tectonic come after the
-        # kubelet started).
+        # Once the kubelet started: its Node registered and its pod ran, docker ran a container,
+        # and the boot check gave its verdict in this boot. A master goes on until tectonic ran
+        # (bootkube and tectonic come after the kubelet started).
         if kubelet:
             joining.poll(time.time() - t0)
-        return bool(kubelet) and bool(docker) and joining.done() and (
+        return bool(kubelet) and bool(docker) and joining.done() and bootcheck.verdict(boots) is not None and (
             not sc.master or any(e[3] == "tectonic ran" for e in events) or time.time() - t0 - kubelet[0][0] > 120)
 
     try:
         boots, problems, log = boot_until(s, sc, disk, config, accel, boot_timeout, base, t0, events,
-                                          on_line, done, "a reboot or the kubelet", "no kubelet")
+                                          on_line, done, "a reboot or the kubelet",
+                                          "no kubelet, or no verdict of the boot check")
     finally:
         if sc.tamper and not tamper["healed"]:
             s.tamper(False)
@@ -123,6 +200,9 @@ def run_scenario(s, sc, accel, boot_timeout):
     problems += check(s, sc, boots, kubelet[1], events, disk)
     problems += check_node(s, sc, joining)
     problems += check_docker(docker[1])
+    problems += check_verified(sc, boots, bootcheck)
+    figures = bootcheck.figures(events)
+    say_figures(figures)
     for p in problems:
         say("  problem: " + p)
     # docker-check reports when `docker info` first answered, in seconds of that boot's uptime.
@@ -131,6 +211,7 @@ def run_scenario(s, sc, accel, boot_timeout):
     docker_at = boot_kernel[-1] + float(info_at.group(1)) if info_at and boot_kernel else None
     sc.timings = timings(events, kubelet[0], docker_at)
     sc.timings.update(joined(events, joining))
+    sc.timings.update(figures)
     sc.proof = joining.info
     return not problems, boots, kubelet[0], problems
 
@@ -241,14 +322,9 @@ def check(s, sc, boots, kubelet_line, events, disk):
             elif before not in seen or seen.index(before) > seen.index(after):
                 p.append("%s ran before %s" % (after, before))
     # The disk: kubelet.env, profile, store, and no temp files left anywhere nodestrap wrote.
-    raw = disk + ".raw"
-    run(["qemu-img", "convert", "-U", "-O", "raw", disk, raw])
-    try:
-        # The VM was stopped with the root mounted: replay the journal (on the copy) first, as
-        # the next mount would. 0 and 1 (errors corrected, e.g. free counts) are fine.
-        fsck = subprocess.run(["e2fsck", "-fy", raw], capture_output=True, text=True)
-        if fsck.returncode not in (0, 1):
-            p.append("e2fsck on the node's disk: exit %d: %s" % (fsck.returncode, fsck.stdout[-500:]))
+    # The VM was stopped with the root mounted: disk_copy replays the journal on a copy.
+    with disk_copy(disk) as (raw, fsck):
+        p += [fsck] if fsck else []
         env = (disk_file(raw, "/etc/kubernetes/kubelet.env") or b"").decode()
         if "KUBELET_IMAGE_TAG=%s" % tag not in env:
             p.append("kubelet.env on disk: %r" % env)
@@ -269,28 +345,101 @@ def check(s, sc, boots, kubelet_line, events, disk):
             data = disk_file(raw, "%s/docker:%s.torcx.tgz" % (d, DOCKER)) or b""
             if hashlib.sha512(data).hexdigest() != s.image_sha512:
                 p.append("%s/docker:%s.torcx.tgz does not match the published sha512" % (d, DOCKER))
-        p += check_record(s, sc, raw)
-        if sc.torcx_base != "/var/lib/torcx" and disk_ls(raw, "/var/lib/torcx/store"):
-            p.append("something was staged under /var/lib/torcx/store although torcx's config.json moves the stores")
-        for d in ("/etc/kubernetes", "/etc/torcx", "/etc/torcx/profiles"):
-            left = [n for n in disk_ls(raw, d) if ".nodestrap-" in n]
-            if left:
-                p.append("temp files left in %s: %r" % (d, left))
-    finally:
-        os.unlink(raw)
+        rec, err = read_json(raw, "/var/lib/nodestrap/status.json")
+        p += [err] if err else check_record(s, sc, rec) + check_verification(rec, "verified", "tectonic", DOCKER)
+        # The boot check kept the profile torcx applied (tectonic's) as the known-good one.
+        kept, err = read_json(raw, KNOWN_GOOD)
+        if err or profile_docker(kept) != DOCKER:
+            p.append("%s on disk: %s" % (KNOWN_GOOD, err or "docker %r, expected %s" % (profile_docker(kept), DOCKER)))
+        p += leftovers(sc.torcx_base, raw)
     return p
 
 
-def check_record(s, sc, raw):
-    """The status record kept under /var/lib: the run is done, the version and its source are
-    the scenario's, and every store holds the file it lists with the published digest."""
-    p = []
+def read_json(raw, node_path):
+    """(the file's JSON, None) or (None, a problem naming it)."""
+    data = disk_file(raw, node_path)
+    if data is None:
+        return None, "%s is not on the disk" % node_path
     try:
-        rec = json.loads(disk_file(raw, "/var/lib/nodestrap/status.json") or b"")
+        return json.loads(data), None
     except ValueError as e:
-        return ["/var/lib/nodestrap/status.json on disk is not JSON: %s" % e]
-    if (rec.get("state"), rec.get("phase"), rec.get("exit_code")) != ("done", "done", 0):
-        p.append("status record: state %s phase %s exit %s" % (rec.get("state"), rec.get("phase"), rec.get("exit_code")))
+        return None, "%s on the disk is not JSON (%s): %r" % (node_path, e, data[:200])
+
+
+def profile_docker(profile):
+    """The docker reference a torcx profile names, or None."""
+    try:
+        return next(i["reference"] for i in profile["value"]["images"] if i["name"] == "docker")
+    except (KeyError, TypeError, StopIteration):
+        return None
+
+
+def leftovers(torcx_base, raw):
+    """Nothing staged where torcx does not look, no temp file left anywhere nodestrap wrote."""
+    p = []
+    if torcx_base != "/var/lib/torcx" and disk_ls(raw, "/var/lib/torcx/store"):
+        p.append("something was staged under /var/lib/torcx/store although torcx's config.json moves the stores")
+    for d in ("/etc/kubernetes", "/etc/torcx", "/etc/torcx/profiles"):
+        left = [n for n in disk_ls(raw, d) if ".nodestrap-" in n]
+        if left:
+            p.append("temp files left in %s: %r" % (d, left))
+    return p
+
+
+def check_verification(rec, outcome, profile, docker, label="the record"):
+    """The boot check's part of the record: `verified` (phase verified, every row agreed) or
+    `mismatch` (phase done, every row disagreed: nothing of the profile ran), the three torcx
+    rows expecting `profile` and docker `docker`, and the API server not asked."""
+    p = []
+    v = rec.get("verification") or {}
+    phase = "verified" if outcome == "verified" else "done"
+    if (rec.get("state"), rec.get("phase"), rec.get("exit_code"), v.get("outcome"), v.get("api")) != (
+            "done", phase, 0, outcome, "skipped"):
+        p.append("%s: state %s phase %s exit %s, verification %s (api %s); expected done, %s, 0, %s (api skipped)"
+                 % (label, rec.get("state"), rec.get("phase"), rec.get("exit_code"), v.get("outcome"), v.get("api"),
+                    phase, outcome))
+    rows = v.get("checks") or []
+    if [c.get("what") for c in rows] != CHECKS:
+        p.append("%s's checks are %r, expected %r" % (label, [c.get("what") for c in rows], CHECKS))
+    want = ["sealed with profile %s" % profile, "docker:%s" % docker, "version %s" % docker]
+    if [c.get("expected") for c in rows] != want:
+        p.append("%s's checks expected %r, not %r" % (label, [c.get("expected") for c in rows], want))
+    ok = [c.get("ok") for c in rows]
+    if ok != [outcome == "verified"] * len(CHECKS):
+        p.append("%s's checks: %r" % (label, [(c.get("what"), c.get("running"), c.get("ok")) for c in rows]))
+    return p
+
+
+def check_verified(sc, boots, bootcheck):
+    """The boot check in the boot the kubelet runs in: the three rows agreed and it verified the
+    profile tectonic with docker 20.10; it failed in no boot, and gave no verdict before (a boot
+    the bootstrap ends with its reboot has nothing to verify yet)."""
+    p = []
+    said = bootcheck.lines(boots)
+    # The record read: the one kept under /var/lib after a reboot, this boot's in /run when the
+    # initramfs bootstrapped.
+    verified = re.compile(r"verified: torcx applied profile tectonic with docker %s as /(var/lib|run)/nodestrap/"
+                          r"status\.json records; kept as the known-good profile %s;" % (re.escape(DOCKER), KNOWN_GOOD))
+    if not any(verified.match(t) for t in said):
+        p.append("boot %d: no `%s` from nodestrap verify: %r" % (boots, verified.pattern, said))
+    rows = ["check torcx seal: expected sealed with profile tectonic, found sealed with profile tectonic",
+            "check torcx applied docker: expected docker:%s, found docker:%s" % (DOCKER, DOCKER),
+            "check /run/torcx/bin/docker --version: expected version %s, found version %s" % (DOCKER, DOCKER)]
+    for row in rows:
+        if row not in said:
+            p.append("boot %d: verify did not log %r" % (boots, row))
+    if bootcheck.failed:
+        p.append("nodestrap-verify.service failed in boots %r" % sorted(bootcheck.failed))
+    early = [(b, bootcheck.verdict(b)[1]) for b in range(1, boots) if bootcheck.verdict(b)]
+    if early:
+        p.append("the boot check gave a verdict before the boot the kubelet runs in: %r" % early)
+    return p
+
+
+def check_record(s, sc, rec):
+    """The status record kept under /var/lib: the version and its source are the scenario's, and
+    every store holds the file it lists with the published digest."""
+    p = []
     k8s = [d for d in rec.get("decisions", []) if d.get("what") == "k8s"]
     want_from = "api-server" if sc.api_up else "fallback"
     tag = release(s, sc.tag)
@@ -325,3 +474,239 @@ def check_clock(events):
     if blamed:
         p.append("a certificate was blamed instead of the clock: %s" % blamed[0])
     return p
+
+
+# torcx-verify: seconds the harness watches boot 3 after the check's verdict (what the kubelet
+# makes of the known-good profile's docker), unless the Node's pod runs first.
+OBSERVE = 60
+
+
+def run_verify(s, sc, accel, boot_timeout):
+    """torcx-verify. Boot 1: the vendor docker runs; the bootstrap keeps that applied profile as
+    nodestrap-known-good, stages docker 20.10 in profile tectonic and reboots; at that shutdown,
+    once the bootstrap has stopped, torcx-verify-corrupt.service zeroes 1 MiB of the staged
+    archive (a disk fault). Boot 2: torcx's generator cannot unpack it and seals nothing; the boot
+    check records the mismatch, makes nodestrap-known-good the next profile, records the reboot
+    and fails; the harness reads the disk the boot left; torcx-verify-operator.service, standing in
+    for the operator (nodestrap never takes that reboot), reboots once. Boot 3: torcx applies the
+    known-good profile and the check verifies it. Returns (ok, boots, seconds to kubelet or None,
+    problems)."""
+    say("\n=== %s: %s" % (sc.name, sc.doc))
+    files = ["/opt/nodestrap-qemu/%s=%s:0755" % (n, os.path.join(GUEST, n))
+             for n in ("torcx-verify-corrupt", "torcx-verify-operator")]
+    units = [os.path.join(GUEST, n) for n in ("torcx-verify-corrupt.service", "torcx-verify-operator.service")]
+    config, disk, base = prepare(s, sc, files, units)
+    events, bootcheck, guest, kubelet, st = [], BootCheck(), [], {}, {}
+    joining = Joining(s.cluster, sc.name)
+    t0 = time.time()
+
+    def on_line(now, boots, line):
+        bootcheck.see(now, boots, line)
+        m = KUBELET_RE.search(line)
+        if m:
+            kubelet.setdefault(boots, (now, m.group(1)))
+        for kind, rx in (("fault", FAULT_RE), ("operator", OPERATOR_RE), ("generator", GENERATOR_RE)):
+            m = rx.search(line)
+            if m:
+                guest.append((now, boots, kind, m.group(1)))
+        if boots == 2 and "reboot: Restarting system" in line and "boot 2" not in st:
+            # The disk as boot 2 left it: the guest synced and unmounted before this line; wait
+            # for QEMU to let go of the image.
+            st["boot 2"] = disk_state(disk, wait=30)
+
+    def done(boots):
+        if boots < 3:
+            return False
+        now = time.time() - t0
+        joining.poll(now)
+        v = bootcheck.verdict(3)
+        return v is not None and (joining.done() or now - v[0] > OBSERVE)
+
+    boots, problems, log = boot_until(s, sc, disk, config, accel, boot_timeout, base, t0, events, on_line, done,
+                                      "a reboot (the bootstrap's, then the operator's)",
+                                      "the reboot, or in boot 3 the boot check's verdict")
+    figures = bootcheck.figures(events)
+    sc.timings = dict(figures)
+    sc.timings.update(joined(events, joining))
+    sc.proof = joining.info
+    at_kubelet = kubelet.get(3, (None,))[0]
+    say_figures(figures)
+    if not problems:
+        final = disk_state(disk)
+        problems = check_torcx_verify(s, sc, boots, events, bootcheck, guest, st.get("boot 2"), final)
+        observe(events, kubelet, joining, final)
+    for p in problems:
+        say("  problem: " + p)
+    if problems and log:
+        tail = open(log, errors="replace").read().splitlines()[-40:]
+        say("  last lines of %s:\n    %s" % (log, "\n    ".join(tail)))
+    return not problems, boots, at_kubelet, problems
+
+
+def disk_state(disk, wait=0):
+    """What torcx-verify reads from the node's disk: next-profile, the status record, the
+    known-good profile (and its bytes), the staged archive's sha512, kubelet.env."""
+    with disk_copy(disk, wait) as (raw, fsck):
+        rec, rec_err = read_json(raw, "/var/lib/nodestrap/status.json")
+        kept, kept_err = read_json(raw, KNOWN_GOOD)
+        archive = disk_file(raw, "/var/lib/torcx/store/%s/docker:%s.torcx.tgz" % (OS_VERSION, DOCKER))
+        return {"fsck": fsck, "next": (disk_file(raw, "/etc/torcx/next-profile") or b"").decode().strip(),
+                "record": rec, "record_err": rec_err, "kept": kept, "kept_err": kept_err,
+                "kept_bytes": disk_file(raw, KNOWN_GOOD) or b"",
+                "archive": hashlib.sha512(archive).hexdigest() if archive is not None else None,
+                "env": (disk_file(raw, "/etc/kubernetes/kubelet.env") or b"").decode(),
+                "leftovers": leftovers("/var/lib/torcx", raw)}
+
+
+def check_torcx_verify(s, sc, boots, events, bootcheck, guest, second, final):
+    """What torcx-verify promises, boot by boot, from the console and from the disk as boot 2 and
+    boot 3 left it."""
+    p = []
+    tag = release(s, sc.tag)
+    vendor = "1.12"  # the image's vendor docker (qemu/guest/layout), com.coreos.cl in its profile
+    archive = "/var/lib/torcx/store/%s/docker:%s.torcx.tgz" % (OS_VERSION, DOCKER)
+    said = lambda b, kind: [t for _, bb, k, t in events if bb == b and k == kind]
+    of_guest = lambda b, kind: [t for _, bb, k, t in guest if bb == b and k == kind]
+    if boots != sc.boots:
+        p.append("%d boots, expected %d" % (boots, sc.boots))
+    # Boot 1: the bootstrap keeps the vendor profile torcx applied, stages 20.10, reboots; the
+    # disk fault hits the staged archive at that shutdown.
+    if not any(t.startswith("/run/torcx/profile.json kept as %s" % KNOWN_GOOD) for t in said(1, "nodestrap")):
+        p.append("boot 1: the bootstrap did not keep the applied profile as %s" % KNOWN_GOOD)
+    if not any("bootstrap done k8s=%s docker=%s " % (tag, DOCKER) in t and "reboot=needed" in t
+               for t in said(1, "nodestrap")):
+        p.append("boot 1: no `bootstrap done k8s=%s docker=%s ... reboot=needed`" % (tag, DOCKER))
+    if not any(t.startswith("1 MiB of zeros at MiB ") and t.split(" of ", 2)[-1].startswith(archive)
+               for t in of_guest(1, "fault")):
+        p.append("boot 1: the disk fault did not hit %s: %r" % (archive, of_guest(1, "fault")))
+    if bootcheck.verdict(1):
+        p.append("boot 1: the boot check gave a verdict before the reboot: %r" % (bootcheck.verdict(1),))
+    # Boot 2: torcx seals nothing; the check says what it expected and found, selects the
+    # known-good profile, records the reboot and fails; only the operator's stand-in reboots.
+    reached = lambda b: any("Reached target torcx.target" in t for t in said(b, "torcx"))
+    if reached(2) or not of_guest(2, "generator"):
+        p.append("boot 2: torcx's generator did not fail on the damaged archive (torcx.target %s, generator %r)"
+                 % ("reached" if reached(2) else "not reached", of_guest(2, "generator")))
+    rows = ["check torcx seal: expected sealed with profile tectonic, found not sealed (/run/metadata/torcx "
+            "missing): torcx did not complete",
+            "check torcx applied docker: expected docker:%s, found torcx applied no profile (/run/torcx/profile.json "
+            "missing)" % DOCKER,
+            "check /run/torcx/bin/docker --version: expected version %s, found " % DOCKER]
+    for row in rows:
+        if not any(t.startswith(row) for t in bootcheck.lines(2)):
+            p.append("boot 2: verify did not log %r: %r" % (row, bootcheck.lines(2)))
+    if not any(t.startswith("reboot needed: the boot check selected the known-good profile nodestrap-known-good")
+               for t in bootcheck.lines(2)):
+        p.append("boot 2: no `reboot needed: the boot check selected the known-good profile nodestrap-known-good`")
+    v2 = bootcheck.verdict(2)
+    if not v2 or not v2[1].startswith("the node does not run what /var/lib/nodestrap/status.json chose: torcx seal: ") \
+            or "/etc/torcx/next-profile now selects the known-good profile nodestrap-known-good" not in v2[1] \
+            or "the reboot is recorded, not taken" not in v2[1]:
+        p.append("boot 2: verify's error does not name the mismatch, the known-good profile and the reboot left "
+                 "to the operator: %r" % (v2,))
+    if 2 not in bootcheck.failed:
+        p.append("boot 2: systemd did not report nodestrap-verify.service failed")
+    if not any(t.startswith("the boot check failed and the record asks for a reboot") for t in of_guest(2, "operator")):
+        p.append("boot 2: the operator's stand-in did not reboot: %r" % of_guest(2, "operator"))
+    if any(t.startswith("rebooting now") or "bootstrap done" in t for t in said(2, "nodestrap") + said(3, "nodestrap")):
+        p.append("a bootstrap ran after boot 1, or nodestrap rebooted by itself")
+    # The known-good docker boot 3 expects, as the return named it: the vendor's reference in
+    # the kept profile, or the version the vendor store resolves it to.
+    known = vendor
+    if second is None:
+        p.append("boot 2 ended without the guest's reboot: its disk was not read")
+    else:
+        p += check_second(s, sc, second)
+        to = (((second["record"] or {}).get("verification") or {}).get("returned") or {}).get("to") or [{}]
+        known = to[0].get("version") if to[0].get("version") in (vendor, "com.coreos.cl") else vendor
+    # Boot 3: torcx applies the known-good profile; the check verifies it, docker answers as
+    # the vendor's, and no one reboots.
+    if not reached(3):
+        p.append("boot 3: torcx.target was not reached: the known-good profile did not apply")
+    v3 = bootcheck.verdict(3)
+    verified = "verified: torcx applied profile nodestrap-known-good with docker %s as /var/lib/nodestrap/status.json " \
+               "records; kept as the known-good profile %s" % (known, KNOWN_GOOD)
+    if not v3 or not v3[1].startswith(verified):
+        p.append("boot 3: the boot check did not verify the known-good profile: %r, expected %r (docker as boot 2's "
+                 "return named it)" % (v3 and v3[1], verified))
+    if any("expected docker:com.coreos.cl, found docker:%s" % vendor in x for x in bootcheck.lines(3)):
+        p.append("boot 3: the check compared the known-good profile's vendor reference com.coreos.cl, unresolved, "
+                 "with the version torcx applied, which it resolves through the vendor store (%s)" % vendor)
+    if 3 in bootcheck.failed:
+        p.append("boot 3: nodestrap-verify.service failed")
+    if any(t.startswith("the boot check failed") for t in of_guest(3, "operator")):
+        p.append("boot 3: the operator's stand-in rebooted again")
+    p += ["boot 3: " + x for x in [final["fsck"], final["record_err"], final["kept_err"]] if x]
+    if final["record"]:
+        p += check_verification(final["record"], "verified", "nodestrap-known-good", known, "boot 3's record")
+        v = final["record"].get("verification") or {}
+        answered = [c.get("running") for c in v.get("checks") or [] if c.get("what") == CHECKS[2]]
+        if not answered or vendor not in answered[0]:
+            p.append("boot 3: the known-good profile's docker did not answer as %s: %r" % (vendor, answered))
+        r = v.get("returned") or {}
+        if r.get("result") != "next-profile for the next boot":
+            p.append("boot 3's record no longer names the return of boot 2: %r" % r)
+    if final["next"] != "nodestrap-known-good":
+        p.append("boot 3: next-profile on the disk is %r, expected nodestrap-known-good" % final["next"])
+    if profile_docker(final["kept"]) != "com.coreos.cl":
+        p.append("boot 3: the known-good profile names docker %r, expected the vendor's com.coreos.cl"
+                 % profile_docker(final["kept"]))
+    if "KUBELET_IMAGE_TAG=%s" % tag not in final["env"]:
+        p.append("kubelet.env on disk: %r" % final["env"])
+    p += final["leftovers"]
+    return p
+
+
+def check_second(s, sc, d):
+    """The disk as boot 2 left it: the fault is in the archive, next-profile names the
+    known-good profile, and the record holds the mismatch, the return and the reboot needed."""
+    p = ["boot 2: " + x for x in [d["fsck"], d["record_err"], d["kept_err"]] if x]
+    if d["archive"] in (None, s.image_sha512):
+        p.append("boot 2: the staged archive is %s" % ("missing" if d["archive"] is None else "intact: no fault"))
+    if d["next"] != "nodestrap-known-good":
+        p.append("boot 2: next-profile on the disk is %r, expected nodestrap-known-good" % d["next"])
+    # The vendor profile torcx applied in boot 1, as torcx wrote it.
+    if profile_docker(d["kept"]) != "com.coreos.cl":
+        p.append("boot 2: the known-good profile names docker %r, expected com.coreos.cl" % profile_docker(d["kept"]))
+    rec = d["record"]
+    if not rec:
+        return p
+    p += check_record(s, sc, rec)
+    p += check_verification(rec, "mismatch", "tectonic", DOCKER, "boot 2's record")
+    v = rec.get("verification") or {}
+    reboot = rec.get("reboot") or {}
+    if reboot.get("decision") != "needed" or "nodestrap-known-good" not in (reboot.get("reason") or ""):
+        p.append("boot 2's record: reboot %r, expected needed for nodestrap-known-good" % reboot)
+    r = v.get("returned") or {}
+    want = {"name": "docker", "image": KNOWN_GOOD, "digest": "sha256-" + hashlib.sha256(d["kept_bytes"]).hexdigest()}
+    to = r.get("to") or [{}]
+    if r.get("result") != "next-profile for the next boot" or len(to) != 1 or \
+            {k: to[0].get(k) for k in want} != want or to[0].get("version") not in ("1.12", "com.coreos.cl"):
+        p.append("boot 2's record: returned %r, expected to %r (docker 1.12, the vendor's) with result "
+                 "'next-profile for the next boot'" % (r, want))
+    process = (rec.get("process") or {}).get("boot_id")
+    if not v.get("boot_id") or r.get("boot_id") != v.get("boot_id") or v.get("boot_id") == process:
+        p.append("boot 2's record: boot IDs: check %r, return %r, bootstrap %r (expected the check and the return "
+                 "in one boot after the bootstrap's)" % (v.get("boot_id"), r.get("boot_id"), process))
+    return p
+
+
+def observe(events, kubelet, joining, final):
+    """What the kubelet made of the known-good profile's docker in boot 3: reported, not
+    required (the vendor image's docker is a stand-in that only says its version: no
+    containerd for the kubelet's CRI)."""
+    k = kubelet.get(3)
+    kernel = {b: t for t, b, kd, _ in events if kd == "kernel"}
+    if k:
+        fields = dict(re.findall(r"(\S+?)=('[^']*'|\S+)", k[1]))
+        say("  observed: boot 3: the kubelet started %.1f s after the kernel (torcx-docker=%s docker=%s status=%s)"
+            % (k[0] - kernel.get(3, 0), fields.get("torcx-docker"), fields.get("docker"), fields.get("status")))
+    else:
+        say("  observed: boot 3: the kubelet-wrapper never said it started the kubelet")
+    say("  observed: boot 3: the Node %s" % (
+        "registered (%s, %s)" % tuple(joining.info) if joining.registered is not None and joining.info
+        else "never registered within %d s of the verdict" % OBSERVE))
+    if final["record"]:
+        v = final["record"].get("verification") or {}
+        say("  observed: the record after boot 3: phase %s, verification %s in %s s, reboot %r"
+            % (final["record"].get("phase"), v.get("outcome"), v.get("duration_s"), final["record"].get("reboot")))
