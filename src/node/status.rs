@@ -216,23 +216,24 @@ impl Check {
         } else {
             log::error!("{line}");
         }
-        Check {
+        let c = Check {
             what,
             expected,
             running,
             ok,
-        }
+        };
+        // As it is made, not at the verdict: a receiver hears the check go on.
+        emit("check", json!(c));
+        c
     }
 }
 
-/// A boot check's verdict as events (each check; the `verified` phase on a match; the
-/// verification; the end), then what became of them: the record is amended after the last.
+/// A boot check's verdict as events (the `verified` phase on a match; the verification; the
+/// end; each check went as it was made), then what became of them: the record is amended
+/// after the last.
 pub fn verdict_events(v: &Verification, exit_code: i32) -> Option<crate::node::events::Delivery> {
     if !crate::node::events::is_open() {
         return None;
-    }
-    for c in &v.checks {
-        emit("check", json!(c));
     }
     if v.outcome == Outcome::Verified {
         emit("phase", json!({ "phase": Phase::Verified }));
