@@ -9,7 +9,10 @@
   /api/v1/nodes/NAME (labels only), bearer token required, errors as metav1.Status objects;
 * on the release server, for the in-place bootstrapper: a machine-config-server's /ignition
   behind its own bearer token, a registry's /v2/ (401: wants credentials), and a progress
-  endpoint (POST /progress/events, its own token) that appends each event to --progress-log.
+  endpoint (POST /progress/events, its own token) that appends each event to --progress-log;
+  with --client-ca, the release server asks for an optional client certificate and the progress
+  endpoint also takes a node's certificate from that CA (O=system:nodes: the kubelet's client
+  certificate, which nodestrap's events present once the node has joined) in place of the token.
 
 Every request is logged to --log as one line. Prints "ready RELEASE_PORT API_PORT" when both
 listen."""
@@ -34,6 +37,7 @@ ap.add_argument("--ignition", help="file served at /ignition")
 ap.add_argument("--ign-token", help="file holding /ignition's bearer token")
 ap.add_argument("--progress-token", help="file holding the progress endpoint's bearer token")
 ap.add_argument("--progress-log", help="file the progress events are appended to (JSON lines)")
+ap.add_argument("--client-ca", help="PEM CA whose node certificates the progress endpoint takes as identity")
 ap.add_argument("--nodes", help="JSON file: {\"name\": {label: value}}")
 a = ap.parse_args()
 ign_token = open(a.ign_token).read().strip() if a.ign_token else None
@@ -64,7 +68,8 @@ class Base(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
-        log("%s %s %s %d %d" % (self.kind, self.command, self.path, code, len(body)))
+        who = getattr(self, "who", None)
+        log("%s %s %s %d %d%s" % (self.kind, self.command, self.path, code, len(body), " as=" + who if who else ""))
 
 
 class Release(Base):
@@ -73,7 +78,19 @@ class Release(Base):
     def bearer(self, token):
         return token is not None and self.headers.get("Authorization", "") == "Bearer " + token
 
+    def progress_identity(self):
+        """Who posts an event: `token`, or `cert:CN` for a node certificate from --client-ca."""
+        if self.bearer(progress_token):
+            return "token"
+        cert = self.connection.getpeercert() if a.client_ca else None
+        if cert:
+            subject = dict(kv for rdn in cert.get("subject", ()) for kv in rdn)
+            if subject.get("organizationName") == "system:nodes":
+                return "cert:" + subject.get("commonName", "")
+        return None
+
     def do_GET(self):
+        self.who = None
         path = self.path.split("?", 1)[0]
         if path == "/ignition" and a.ignition:
             if not self.bearer(ign_token):
@@ -93,9 +110,11 @@ class Release(Base):
 
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.who = None
         if self.path != "/progress/events" or not a.progress_log:
             return self.send(404, b"not found\n", "text/plain")
-        if not self.bearer(progress_token):
+        self.who = self.progress_identity()
+        if self.who is None:
             return self.send(401, b"missing or wrong token\n", "text/plain")
         try:
             event = json.loads(body)
@@ -172,10 +191,13 @@ class Api(Base):
         self.status(404, "NotFound", "the server could not find the requested resource")
 
 
-def serve(handler):
+def serve(handler, client_ca=None):
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(a.cert, a.key)
+    if client_ca:
+        ctx.load_verify_locations(client_ca)
+        ctx.verify_mode = ssl.CERT_OPTIONAL
     # The handshake happens in each connection's thread: a silent client stalls only itself.
     srv.socket = ctx.wrap_socket(srv.socket, server_side=True, do_handshake_on_connect=False)
     srv.daemon_threads = True
@@ -183,7 +205,7 @@ def serve(handler):
     return srv.server_address[1]
 
 
-rp, apip = serve(Release), serve(Api)
+rp, apip = serve(Release, a.client_ca), serve(Api)
 print("ready %d %d" % (rp, apip), flush=True)
 try:
     while True:

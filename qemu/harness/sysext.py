@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import socket
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from harness.vm import boot_until
 EMPTY_SHA = hashlib.sha256(b"").hexdigest()
 FAIL_RE = re.compile(r"nodestrap\[\d+\]: (?:<3>)?(?:error: )?(.*(?:refused|signature check|out of date).*)")
 REPORT_RE = re.compile(r"nodestrap-qemu: after bootstrap \((\S+)\): (.*)")
+RUN_DONE_RE = re.compile(r"^run done after (\d+(?:\.\d+)?) s")
 KUBELET_STARTED_RE = re.compile(r"nodestrap-qemu: kubelet starting|Started kubelet\.service")
 # The patch scenario's window: every minute, each node at its fixed offset in the first 20 s.
 PATCH_WINDOW = "[Timer]\nOnCalendar=\nOnCalendar=*:*:00\nRandomizedDelaySec=20s\nAccuracySec=1s\n"
@@ -96,10 +98,12 @@ VERIFY_RE = re.compile(r"nodestrap\[\d+\]: (?:<\d>)?(?:\w+: )?((?:verified: |che
 
 class Sx:
     """One sysext scenario: which path bootstraps (initramfs or first-boot unit), what the
-    mirror serves, what the disk holds before the boot, Ignition links, what must be staged."""
+    mirror serves, what the disk holds before the boot, Ignition links, what must be staged.
+    `events`: None, or where the node's events go ("up": the World's receiver; "down": a closed
+    port on the host). `bench_only`: run only when named (`qemu/run NAME`, bench/boot)."""
 
     def __init__(self, name, doc, initrd, mirror="good", preseed=(), links=(), expect_runtime=True, fails=None,
-                 butane=False, boots=1):
+                 butane=False, boots=1, events=None, bench_only=False):
         self.__dict__.update(locals())
         del self.__dict__["self"]
         self.runner = lambda *a: (run_verify if mirror.startswith("verify") else run_sysext)(*a)  # defined below
@@ -107,7 +111,12 @@ class Sx:
 
 SCENARIOS = [
     Sx("sysext-initrd", "initramfs stages kubernetes + containerd; the real root's systemd-sysext "
-       "merges them at boot; the node joins in the first boot, no reboot", initrd=True),
+       "merges them at boot; the node joins in the first boot, no reboot; the events of the initramfs "
+       "run and of the real root's boot check reach the receiver complete and in order",
+       initrd=True, events="up"),
+    Sx("sysext-initrd-events-down", "(bench only) sysext-initrd with its events sent to a closed port: "
+       "the node joins as fast; the initramfs run's events wait in the spool", initrd=True,
+       events="down", bench_only=True),
     Sx("sysext-firstboot", "the first-boot unit stages, refreshes live, reloads systemd, proves the "
        "merge; the node joins in the same boot", initrd=False),
     Sx("sysext-tampered", "SHA256SUMS changed after signing: refused, nothing staged, no kubelet",
@@ -169,12 +178,25 @@ class World:
         os.makedirs(self.www)
         with open(s.path("sysext-configmaps.json"), "w") as f:
             f.write("{}")
+        # The events' receiver (POST /progress/events on the mirror): its bearer token, or the
+        # kubelet's client certificate from the cluster's CA once the node has joined.
+        self.events_token = s.path("sysext-events-token")
+        with open(self.events_token, "w") as f:
+            f.write(secrets.token_hex(16))
+        self.events_log = s.path("sysext-events.jsonl")
+        open(self.events_log, "w").close()
+        # A port on the host that refuses connections (bound, never listening) for the
+        # receiver-down scenario.
+        self.closed = socket.socket()
+        self.closed.bind(("127.0.0.1", 0))
         # The mirror (server.py's files; its API server stand-in is not used: the cluster is real).
         self.server = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "server.py"), "--www", self.www,
              "--cert", s.path("srv.pem"), "--key", s.path("srv.key"), "--token", s.path("token"),
              "--git-version", "v0.0.0-unused", "--configmaps", s.path("sysext-configmaps.json"),
-             "--log", s.path("sysext-server.log")], stdout=subprocess.PIPE, text=True)
+             "--log", s.path("sysext-server.log"), "--progress-token", self.events_token,
+             "--progress-log", self.events_log, "--client-ca", os.path.join(self.cp.pki, "ca.crt")],
+            stdout=subprocess.PIPE, text=True)
         ready = self.server.stdout.readline().split()
         if not ready or ready[0] != "ready":
             raise SystemExit("qemu/run: the sysext servers did not start")
@@ -183,6 +205,15 @@ class World:
     def stop(self):
         self.server.terminate()
         self.server.wait()
+        self.closed.close()
+
+    def events_url(self, sc):
+        port = self.port if sc.events == "up" else self.closed.getsockname()[1]
+        return "https://%s:%d/progress/events" % (GUEST_HOST, port)
+
+    def received(self):
+        """The receiver's log as it is now: one event per line, in arrival order."""
+        return [json.loads(l) for l in open(self.events_log) if l.strip()]
 
     def image(self, name, which):
         if name == "containerd":
@@ -274,6 +305,11 @@ class World:
             "/var/lib/kubelet/config.yaml": kubelet_config(),
             "/etc/kubernetes/manifests/probe.yaml": static_pod(s.images["BUSYBOX_REF"]),
         }
+        if sc.events:
+            # The receiver's token and CA; its URL is on the kernel command line (prepare).
+            files["/etc/nodestrap/bootstrap.conf"] += (
+                "events-token-file=/etc/nodestrap/events-token\nevents-ca-file=/etc/nodestrap/ca.pem\n")
+            files["/etc/nodestrap/events-token"] = open(self.events_token).read()
         args = []
         if sc.mirror.startswith("verify"):
             # The step between the two boots (qemu/guest/sysext/rebootstrap), told by the harness
@@ -283,7 +319,8 @@ class World:
             local = os.path.join(d, node_path.strip("/").replace("/", "_"))
             with open(local, "w") as f:
                 f.write(text)
-            args += ["--file", "%s=%s%s" % (node_path, local, ":0755" if node_path.startswith("/opt/") else "")]
+            mode = ":0755" if node_path.startswith("/opt/") else ":0600" if node_path.endswith("-token") else ""
+            args += ["--file", "%s=%s%s" % (node_path, local, mode)]
         for node_path, target in sc.links:
             args += ["--link", "%s=%s" % (node_path, target)]
         if sc.mirror.startswith("verify"):
@@ -393,6 +430,8 @@ def prepare(s, sc):
             "rd.emergency=poweroff", "systemd.show_status=1"]
     if not sc.initrd:
         base.append("rd.nodestrap=0")
+    if sc.events:
+        base.append("nodestrap.events-url=" + w.events_url(sc))
     if os.environ.get("NODESTRAP_QEMU_DEBUG") == "1":
         base.append("systemd.journald.forward_to_console=1")
     return w, config, disk, base
@@ -403,11 +442,16 @@ def run_sysext(s, sc, accel, boot_timeout):
     w, config, disk, base = prepare(s, sc)
     events, started, failures, reports = [], [], [], []
     joining = Joining(w.cp, sc.name)
+    # The receiver's log before this scenario: its events are the lines after these.
+    before = len(w.received())
+    verify = {}
     t0 = time.time()
 
     def on_line(now, boots, line):
         if KUBELET_STARTED_RE.search(line) and not started:
             started.append(now)
+        if re.search(r"Finished nodestrap-verify\.s|Failed to start nodestrap-verify\.s", line):
+            verify.setdefault("ended", now)
         m = FAIL_RE.search(line)
         if m:
             failures.append(m.group(1))
@@ -425,6 +469,15 @@ def run_sysext(s, sc, accel, boot_timeout):
         if not sc.expect_runtime:
             return bool(started)  # the kubelet ran; with no runtime it cannot join
         joining.poll(time.time() - t0)
+        if sc.events and joining.done():
+            # The boot check's events too: until nodestrap-verify.service ended and, with the
+            # receiver up, its `finished` event arrived (or 20 s after the unit ended).
+            if "ended" not in verify:
+                return False
+            if sc.events == "up" and time.time() - t0 - verify["ended"] < 20:
+                return any(e.get("command") == "verify" and e.get("kind") == "finished"
+                           for e in w.received()[before:])
+            return True
         if sc.mirror != "patch" or not joining.done():
             return joining.done()
         # The patch stream: once the node runs with the earlier patch, the mirror publishes the
@@ -463,6 +516,19 @@ def run_sysext(s, sc, accel, boot_timeout):
         problems = check(w, sc, events, joining, started, failures, reports, disk, patch)
     sc.timings = timings(events, started[0] if started else None)
     sc.timings.update(joined(events, joining))
+    # The first run's own wall time as it logs it last (`run done after N s`), after the events'
+    # wait at the run's end and its record (the summary line comes before both).
+    run_done = next((RUN_DONE_RE.search(x) for _, _, k, x in events if k == "nodestrap" and RUN_DONE_RE.search(x)), None)
+    if run_done:
+        sc.timings["nodestrap_run"] = float(run_done.group(1))
+    if sc.events and not problems:
+        problems = check_events(w, sc, w.received()[before:], disk)
+    if sc.events:
+        f = lambda k: "%.1f s" % sc.timings[k] if sc.timings.get(k) is not None else "-"
+        say("  receiver %s: nodestrap %s (first line to summary), %s (its `run done after`), the record's duration %s; "
+            "kernel to kubelet %s; the boot check's duration %s" % (
+                sc.events, f("nodestrap"), f("nodestrap_run"), f("bootstrap_duration_s"),
+                f("kernel_to_kubelet"), f("verify_duration_s")))
     if "reported" in patch:
         sc.timings["patch published to Node at it"] = round(patch["reported"] - patch["published"], 1)
     if "verified" in patch:
@@ -590,6 +656,125 @@ def check(w, sc, events, joining, started, failures, reports, disk, patch):
                 p.append("temp files left in %s: %r" % (d, left))
     finally:
         os.unlink(raw)
+    return p
+
+
+def in_order(evs, what):
+    """One run's events as received: (the events without exact repeats, problems, repeats). A
+    repeat of a (run, seq) pair may happen by design (an event on its way as the run ends); an
+    exact repeat is tolerated and counted, any other is a problem, as is more than one run, and
+    seq not 1..n in arrival order."""
+    p, seen, uniq, repeats = [], {}, [], 0
+    for e in evs:
+        key = (e.get("run"), e.get("seq"))
+        if key in seen:
+            if seen[key] != e:
+                p.append("%s: (run, seq) %r arrived twice, different: %r then %r" % (what, key, seen[key], e))
+            repeats += 1
+            continue
+        seen[key] = e
+        uniq.append(e)
+    runs = sorted({e.get("run") for e in uniq})
+    if len(runs) != 1:
+        p.append("%s: %d runs, expected 1: %r" % (what, len(runs), runs))
+    seqs = [e.get("seq") for e in uniq]
+    if seqs != list(range(1, len(uniq) + 1)):
+        p.append("%s: seq in arrival order is %r, expected 1..%d without a gap" % (what, seqs, len(uniq)))
+    return uniq, p, repeats
+
+
+def check_events(w, sc, got, disk):
+    """The events scenarios: the receiver's log (`got`, this scenario's lines in arrival order)
+    and the events in the status record on the disk."""
+    p = []
+    files, _, _ = read_disk(disk, ["/var/lib/nodestrap/status.json"])
+    rec, err = record_of(files["/var/lib/nodestrap/status.json"], "status.json")
+    if err:
+        return [err]
+    d, v = rec.get("events") or {}, rec.get("verification") or {}
+    ve = v.get("events") or {}
+    if v.get("duration_s") is not None:
+        sc.timings["verify_duration_s"] = v["duration_s"]
+    if rec.get("duration_s") is not None:
+        sc.timings["bootstrap_duration_s"] = rec["duration_s"]
+    say("  the record: events %s; verification (%s, %s s) events %s" % (
+        json.dumps(d, sort_keys=True), v.get("outcome"), v.get("duration_s"), json.dumps(ve, sort_keys=True)))
+    if sc.events == "down":
+        # Nothing reached a receiver; the initramfs run's events wait in the spool, the boot
+        # check took them over (and, the receiver still down, spooled them again).
+        if got:
+            p.append("the receiver got %d events although the node sent them to a closed port" % len(got))
+        if d.get("sent") != 0 or not d.get("spooled"):
+            p.append("the record's events: %r, expected sent 0 and spooled > 0" % d)
+        if v.get("outcome") != "verified":
+            p.append("the boot check's outcome is %r, expected verified" % v.get("outcome"))
+        return p
+    initrd = [(i, e) for i, e in enumerate(got) if (e.get("command"), e.get("stage")) == ("bootstrap", "initramfs")]
+    check = [(i, e) for i, e in enumerate(got) if (e.get("command"), e.get("stage")) == ("verify", "system")]
+    other = [e for e in got if (e.get("command"), e.get("stage")) not in (("bootstrap", "initramfs"), ("verify", "system"))]
+    if other:
+        p.append("events of neither run: %r" % [(e.get("command"), e.get("stage"), e.get("kind")) for e in other][:5])
+    b, pb, rb = in_order([e for _, e in initrd], "the initramfs bootstrap's events")
+    c, pc, rc = in_order([e for _, e in check], "nodestrap verify's events")
+    p += pb + pc
+    kinds = lambda evs: [e.get("kind") for e in evs]
+    phases = lambda evs: [e.get("phase") for e in evs if e.get("kind") == "phase"]
+    # The initramfs run: started, its phases in order, finished with 0.
+    if not b or b[0].get("kind") != "started":
+        p.append("the initramfs run's first event is %r, expected started" % (b[0] if b else None))
+    if phases(b) != ["version", "chosen", "staged", "marker"]:
+        p.append("the initramfs run's phases: %r, expected version, chosen, staged, marker" % phases(b))
+    if not b or b[-1].get("kind") != "finished" or b[-1].get("exit_code") != 0:
+        p.append("the initramfs run's last event is %r, expected finished with exit_code 0" % (b[-1] if b else None))
+    # The real root's boot check: started, its checks, verified, its verdict, finished with 0.
+    ck = kinds(c)
+    want = ["started"] + ["check"] * ck.count("check") + ["phase", "verification", "finished"]
+    if not ck.count("check") or ck != want:
+        p.append("nodestrap verify's events: %r, expected started, check..., phase, verification, finished" % ck)
+    else:
+        if phases(c) != ["verified"]:
+            p.append("nodestrap verify's phase: %r, expected verified" % phases(c))
+        if (c[-2].get("outcome") or (c[-2].get("verification") or {}).get("outcome")) != "verified":
+            p.append("nodestrap verify's verification event: %r" % c[-2])
+        if c[-1].get("exit_code") != 0:
+            p.append("nodestrap verify's finished event: %r" % c[-1])
+    boot_ids = {e.get("boot_id") for e in b + c}
+    if len(boot_ids) != 1 or "" in boot_ids or None in boot_ids:
+        p.append("the events' boot IDs: %r, expected one, the same in both runs" % boot_ids)
+    if initrd and check and max(i for i, _ in initrd) > min(i for i, _ in check):
+        p.append("an initramfs event (line %d) arrived after verify's first (line %d)"
+                 % (max(i for i, _ in initrd), min(i for i, _ in check)))
+    # Who sent them: the token in the initramfs; the kubelet's certificate once the node joined.
+    log = open(w.s.path("sysext-server.log")).read().splitlines()
+    who = sorted({l.split(" as=", 1)[1] for l in log if "POST /progress/events 200" in l and " as=" in l})
+    say("  the receiver: %d events (%d of the initramfs bootstrap, %d exact repeats; %d of verify, %d repeats); "
+        "as %s" % (len(got), len(b), rb, len(c), rc, ", ".join(who) or "?"))
+    for name, evs in (("initramfs bootstrap", b), ("verify", c)):
+        shown = []
+        for e in evs:
+            k = e.get("kind") + (" " + e["phase"] if e.get("kind") == "phase" else "")
+            if shown and shown[-1][0] == k:
+                shown[-1][1] += 1
+            else:
+                shown.append([k, 1])
+        say("    %s, seq 1..%d: %s" % (name, len(evs), ", ".join(k + (" x%d" % n if n > 1 else "") for k, n in shown)))
+    # The record: what the bootstrap sent, or spooled and the boot check sent.
+    if d.get("spooled") == 0:
+        if d.get("sent") != len(b):
+            p.append("the record's events.sent is %r, the receiver got %d of the initramfs run" % (d.get("sent"), len(b)))
+        say("  none spooled: the initramfs run delivered all %d of its events itself" % len(b))
+    elif d.get("spooled"):
+        if ve.get("from_spool") != d["spooled"]:
+            p.append("the initramfs run spooled %d events; verify took %r from the spool" % (d["spooled"], ve.get("from_spool")))
+        if d.get("sent", 0) + d["spooled"] != len(b):
+            p.append("the record's events (sent %r + spooled %d) are not the %d the receiver got of the initramfs run"
+                     % (d.get("sent"), d["spooled"], len(b)))
+        say("  the initramfs run spooled %d of its events; the boot check sent them (from_spool %r)"
+            % (d["spooled"], ve.get("from_spool")))
+    else:
+        p.append("the record has no events: %r" % d)
+    if d.get("dropped") or ve.get("dropped"):
+        p.append("events dropped: bootstrap %r, verify %r" % (d.get("dropped"), ve.get("dropped")))
     return p
 
 
