@@ -559,6 +559,17 @@ pub fn amend(root: &Root, before: &Record, after: &Record) -> Result<String> {
     Ok(root.show(&at))
 }
 
+/// The record of the last bootstrap on this system's root, which a boot check verifies; none
+/// is an error naming where it was looked for.
+pub fn last_bootstrap() -> Result<(Record, String)> {
+    load(Path::new("/"), "bootstrap")?.ok_or_else(|| {
+        Error::failed(format!(
+            "no status record at {} nor {KEPT}: no bootstrap has run, nothing to verify",
+            run_file("bootstrap").display(),
+        ))
+    })
+}
+
 /// Whether the last bootstrap on `root` staged the torcx payload (its record decides a torcx
 /// profile or the OS's version, which only torcx runs do); `false` without a readable record.
 pub fn last_bootstrap_was_torcx(root: &Path) -> bool {

@@ -40,13 +40,7 @@ pub fn run(v: &Verify) -> Result<()> {
         String::new()
     };
     let root = Root::open(Path::new("/"))?;
-    let (record, from) = status::load(Path::new("/"), "bootstrap")?.ok_or_else(|| {
-        Error::failed(format!(
-            "no status record at {} nor {}: no bootstrap has run, nothing to verify",
-            status::run_file("bootstrap").display(),
-            status::KEPT
-        ))
-    })?;
+    let (record, from) = status::last_bootstrap()?;
     let boot_id = crate::node::seams::boot_id()?;
     // Never while a bootstrap (the patch stream) switches links, and one check at a time: the
     // links' lock, held to the end.

@@ -35,13 +35,7 @@ struct Expected {
 pub fn run(_v: &Verify) -> Result<()> {
     let since = Instant::now();
     let root = Root::open(Path::new("/"))?;
-    let (record, from) = status::load(Path::new("/"), "bootstrap")?.ok_or_else(|| {
-        Error::failed(format!(
-            "no status record at {} nor {}: no bootstrap has run, nothing to verify",
-            status::run_file("bootstrap").display(),
-            status::KEPT
-        ))
-    })?;
+    let (record, from) = status::last_bootstrap()?;
     let boot_id = crate::node::seams::boot_id()?;
     let layout = Layout::read(&root)?;
     let known_path = store::known_good_path(&layout);
