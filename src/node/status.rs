@@ -281,6 +281,40 @@ pub struct Returned {
     pub result: String,
 }
 
+impl Verification {
+    /// A boot check's verdict, taken now on boot `boot_id`: `verified` when `ok`. Its own time
+    /// is set by `timed` at the end.
+    pub fn taken(
+        boot_id: &str,
+        checks: Vec<Check>,
+        ok: bool,
+        api: ApiCheck,
+        api_note: Option<String>,
+        returned: Option<Returned>,
+    ) -> Verification {
+        Verification {
+            at: rfc3339(SystemTime::now()),
+            boot_id: boot_id.to_string(),
+            duration_s: 0.0,
+            outcome: if ok {
+                Outcome::Verified
+            } else {
+                Outcome::Mismatch
+            },
+            checks,
+            api,
+            api_note,
+            returned,
+            events: None,
+        }
+    }
+
+    /// The check's own time, from `since`, to the millisecond.
+    pub fn timed(&mut self, since: std::time::Instant) {
+        self.duration_s = (since.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+    }
+}
+
 /// Who wrote a record: this boot's ID, the PID and the process's start (clock ticks after
 /// boot, /proc/PID/stat field 22), which together name one process even when PIDs are reused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -11,7 +11,7 @@
 //! back to the known-good set, systemd-sysext refreshes and the changed services restart.
 
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use crate::cli::Verify;
 use crate::error::{Error, Result};
@@ -19,7 +19,7 @@ use crate::net::kube::Kube;
 use crate::net::retry::Retry;
 use crate::node::root::Root;
 use crate::node::status::{
-    self, ApiCheck, Check, Chosen, Outcome, Phase, Record, Returned, State, Verification,
+    self, ApiCheck, Check, Chosen, Phase, Record, Returned, State, Verification,
 };
 use crate::node::undo::Undo;
 use crate::sysext::known_good::{KnownGood, Refused};
@@ -112,21 +112,7 @@ pub fn run(v: &Verify) -> Result<()> {
     checks.extend(api_checks);
     let ok = local_ok && api != ApiCheck::Mismatch;
 
-    let mut verification = Verification {
-        at: status::rfc3339(SystemTime::now()),
-        boot_id: boot_id.clone(),
-        duration_s: 0.0,
-        outcome: if ok {
-            Outcome::Verified
-        } else {
-            Outcome::Mismatch
-        },
-        checks,
-        api,
-        api_note,
-        returned: carried,
-        events: None,
-    };
+    let mut verification = Verification::taken(&boot_id, checks, ok, api, api_note, carried);
     let set = describe(&expected);
 
     if let Basis::KnownGood(_) = basis {
@@ -151,7 +137,7 @@ pub fn run(v: &Verify) -> Result<()> {
             known.save(&root)?;
         }
         after.phase = Phase::Verified;
-        verification.duration_s = secs(since);
+        verification.timed(since);
         verification.events = status::verdict_events(&verification, 0);
         after.verification = Some(verification);
         let at = status::amend(&root, &record, &after)?;
@@ -230,7 +216,7 @@ pub fn run(v: &Verify) -> Result<()> {
         }
     };
     known.save(&root)?;
-    verification.duration_s = secs(since);
+    verification.timed(since);
     let first = first_failed(&verification.checks);
     // The chosen set no longer holds: the record goes back to `done`.
     after.phase = Phase::Done;
@@ -629,8 +615,4 @@ fn describe(set: &[Chosen]) -> String {
         .map(|c| format!("{} {}", c.name, c.version))
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-fn secs(since: Instant) -> f64 {
-    (since.elapsed().as_secs_f64() * 1000.0).round() / 1000.0
 }

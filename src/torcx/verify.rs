@@ -6,7 +6,7 @@
 //! operator or the update agent, never taken here (docs/verify.md, "torcx nodes").
 
 use std::path::Path;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use crate::cli::Verify;
 use crate::error::{Error, Result};
@@ -14,7 +14,7 @@ use crate::node::envfile::EnvFile;
 use crate::node::exec;
 use crate::node::root::Root;
 use crate::node::status::{
-    self, ApiCheck, Check, Chosen, Outcome, Phase, Reboot, Returned, State, Verification,
+    self, ApiCheck, Check, Chosen, Phase, Reboot, Returned, State, Verification,
 };
 use crate::torcx::layout::Layout;
 use crate::torcx::store::{self, Profile, KNOWN_GOOD};
@@ -109,23 +109,14 @@ pub fn run(_v: &Verify) -> Result<()> {
 
     let checks = checks(&root, &layout, &expected);
     let ok = checks.iter().all(|c| c.ok);
-    let mut verification = Verification {
-        at: status::rfc3339(SystemTime::now()),
-        boot_id: boot_id.clone(),
-        duration_s: 0.0,
-        outcome: if ok {
-            Outcome::Verified
-        } else {
-            Outcome::Mismatch
-        },
+    let mut verification = Verification::taken(
+        &boot_id,
         checks,
-        api: ApiCheck::Skipped,
-        api_note: Some(
-            "a torcx node: the node's own runtime is checked, the API server not asked".into(),
-        ),
-        returned: carried,
-        events: None,
-    };
+        ok,
+        ApiCheck::Skipped,
+        Some("a torcx node: the node's own runtime is checked, the API server not asked".into()),
+        carried,
+    );
     let mut after = record.clone();
     let what = format!(
         "profile {} with docker {}",
@@ -148,7 +139,7 @@ pub fn run(_v: &Verify) -> Result<()> {
         if verification.returned.is_some() {
             after.reboot = Reboot::No;
         }
-        verification.duration_s = secs(since);
+        verification.timed(since);
         verification.events = status::verdict_events(&verification, 0);
         after.verification = Some(verification);
         let at = status::amend(&root, &record, &after)?;
@@ -219,7 +210,7 @@ pub fn run(_v: &Verify) -> Result<()> {
             root.show(&known_path)
         )
     };
-    verification.duration_s = secs(since);
+    verification.timed(since);
     after.phase = Phase::Done;
     verification.events = status::verdict_events(&verification, 1);
     after.verification = Some(verification);
@@ -299,10 +290,6 @@ fn read_profile(root: &Root, path: &str) -> Result<Option<Profile>> {
         Some(b) => Profile::parse(&b, &root.show(path)).map(Some),
         None => Ok(None),
     }
-}
-
-fn secs(since: Instant) -> f64 {
-    (since.elapsed().as_secs_f64() * 1000.0).round() / 1000.0
 }
 
 #[cfg(test)]
