@@ -526,9 +526,9 @@ def run_sysext(s, sc, accel, boot_timeout):
     if sc.events:
         f = lambda k: "%.1f s" % sc.timings[k] if sc.timings.get(k) is not None else "-"
         say("  receiver %s: nodestrap %s (first line to summary), %s (its `run done after`), the record's duration %s; "
-            "kernel to kubelet %s; the boot check's duration %s" % (
+            "kernel to kubelet %s; the boot check's duration %s (on the node itself %s)" % (
                 sc.events, f("nodestrap"), f("nodestrap_run"), f("bootstrap_duration_s"),
-                f("kernel_to_kubelet"), f("verify_duration_s")))
+                f("kernel_to_kubelet"), f("verify_duration_s"), f("verify_local_s")))
     if "reported" in patch:
         sc.timings["patch published to Node at it"] = round(patch["reported"] - patch["published"], 1)
     if "verified" in patch:
@@ -695,6 +695,8 @@ def check_events(w, sc, got, disk):
     ve = v.get("events") or {}
     if v.get("duration_s") is not None:
         sc.timings["verify_duration_s"] = v["duration_s"]
+    if v.get("local_s") is not None:
+        sc.timings["verify_local_s"] = v["local_s"]
     if rec.get("duration_s") is not None:
         sc.timings["bootstrap_duration_s"] = rec["duration_s"]
     say("  the record: events %s; verification (%s, %s s) events %s" % (

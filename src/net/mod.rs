@@ -7,4 +7,5 @@ pub mod events;
 pub mod fetch;
 pub mod join_config;
 pub mod kube;
+pub mod nodeinfo;
 pub mod retry;

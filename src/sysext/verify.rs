@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 
 use crate::cli::Verify;
 use crate::error::{Error, Result};
-use crate::net::kube::Kube;
-use crate::net::retry::Retry;
+use crate::net::nodeinfo;
 use crate::node::root::Root;
 use crate::node::status::{
     self, ApiCheck, Check, Chosen, Phase, Record, Returned, State, Verification,
@@ -28,14 +27,12 @@ use crate::sysext::stage;
 
 /// An image is hashed in full; a larger one is not one nodestrap staged.
 const IMAGE_CAP: u64 = 8 << 30;
-/// Between two questions to the API server while the Node catches up with a restarted kubelet.
-const API_PAUSE: Duration = Duration::from_secs(2);
 
 pub fn run(v: &Verify) -> Result<()> {
     let since = Instant::now();
     // A name that cannot be a Node's is the operator's error: exit 2 before anything.
     let node = if v.api_wait > 0 || v.node_name.is_some() {
-        node_name(v)?
+        nodeinfo::node_name(v.node_name.as_deref())?
     } else {
         String::new()
     };
@@ -92,6 +89,7 @@ pub fn run(v: &Verify) -> Result<()> {
     };
     let (checks, lying) = local_checks(&root, &expected);
     let local_ok = checks.iter().all(|c| c.ok);
+    let local_s = since.elapsed();
 
     let (api, api_note, api_checks) = if !local_ok {
         (
@@ -106,13 +104,37 @@ pub fn run(v: &Verify) -> Result<()> {
             Vec::new(),
         )
     } else {
-        ask_api(&root, v, &node, &expected)
+        let kubelet = expected
+            .iter()
+            .find(|c| c.name == "kubernetes")
+            .map(|c| c.version.clone());
+        let runtime = expected
+            .iter()
+            .find(|c| c.name == "containerd" || c.name == "docker")
+            .map(|c| format!("{}://{}", c.name, c.version.trim_start_matches('v')));
+        let judge = |got: &str| {
+            runtime
+                .as_ref()
+                .is_some_and(|w| nodeinfo::same_version(w, got))
+        };
+        let a = nodeinfo::ask(
+            &root,
+            &v.kubeconfig,
+            Duration::from_secs(v.api_wait),
+            &node,
+            &nodeinfo::Want {
+                kubelet,
+                runtime: runtime.clone().map(|w| (w, &judge as nodeinfo::Judge)),
+            },
+        );
+        (a.api, a.note, a.checks)
     };
     let mut checks = checks;
     checks.extend(api_checks);
     let ok = local_ok && api != ApiCheck::Mismatch;
 
     let mut verification = Verification::taken(&boot_id, checks, ok, api, api_note, carried);
+    verification.local_s = Some(status::millis(local_s));
     let set = describe(&expected);
 
     if let Basis::KnownGood(_) = basis {
@@ -274,13 +296,51 @@ fn check_sysext(record: &Record, from: &str) -> Result<()> {
 }
 
 /// The checks on the node itself, per extension; and the extensions whose image is to blame
-/// (merged intact from the recorded link, yet not in /usr or another version runs).
+/// (merged intact from the recorded link, yet not in /usr or another version runs). What takes
+/// time (hashing each image, each program's `--version`, `systemd-sysext status`) runs side by
+/// side; the checks are then made in order.
 fn local_checks(root: &Root, expected: &[Chosen]) -> (Vec<Check>, Vec<String>) {
-    let merged = merge::status_usr();
+    let (merged, digests, said) = std::thread::scope(|s| {
+        let merged = s.spawn(merge::status_usr);
+        let digests: Vec<_> = expected
+            .iter()
+            .map(|c| s.spawn(move || digest_of(root, &c.image, &c.digest)))
+            .collect();
+        let said: Vec<_> = expected
+            .iter()
+            .map(|c| {
+                s.spawn(move || {
+                    merge::version_probe(&c.name)
+                        .map(|argv| (crate::node::exec::version_line(&argv), argv))
+                })
+            })
+            .collect();
+        let join = |e: Box<dyn std::any::Any + Send>| {
+            e.downcast_ref::<&str>()
+                .map(|m| m.to_string())
+                .unwrap_or_else(|| "a check's thread panicked".into())
+        };
+        (
+            merged
+                .join()
+                .map_err(|e| Error::failed(join(e)))
+                .and_then(|m| m),
+            digests
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(join))
+                .collect::<Vec<_>>(),
+            said.into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|e| Some((Err(join(e)), Vec::new())))
+                })
+                .collect::<Vec<_>>(),
+        )
+    });
     let backing = crate::sysext::image::loop_backings();
     let mut out = Vec::new();
     let mut lying = Vec::new();
-    for c in expected {
+    for ((c, digest), said) in expected.iter().zip(digests).zip(said) {
         let n = &c.name;
         let first = out.len();
         let link = format!("{}/{n}.raw", stage::LINKS);
@@ -296,7 +356,7 @@ fn local_checks(root: &Root, expected: &[Chosen]) -> (Vec<Check>, Vec<String>) {
         out.push(Check::compare(
             format!("{n} image {}", root.show(&c.image)),
             c.digest.as_str(),
-            digest_of(root, &c.image, &c.digest),
+            digest,
         ));
         // The image is to blame when the merge took the others and not this one, or when
         // another version runs from it; never for an error or a merge that failed as a whole.
@@ -323,12 +383,12 @@ fn local_checks(root: &Root, expected: &[Chosen]) -> (Vec<Check>, Vec<String>) {
                 Err(e) => e,
             },
         ));
-        if let Some(argv) = merge::version_probe(n) {
+        if let Some((line, argv)) = said {
             let version = c.version.trim_start_matches('v');
             out.push(Check::compare(
                 format!("{n} {}", argv.join(" ")),
                 format!("version {version}"),
-                match crate::node::exec::version_line(&argv) {
+                match line {
                     Ok(s) if crate::node::exec::says_version(&s, version) => {
                         format!("version {version}")
                     }
@@ -387,129 +447,6 @@ fn digest_of(root: &Root, node_path: &str, recorded: &str) -> String {
             crate::crypto::digest::CopyError::Read(e) | crate::crypto::digest::CopyError::Write(e),
         ) => format!("unreadable: {e}"),
     }
-}
-
-/// The Node's own report: `nodeInfo.kubeletVersion` and `containerRuntimeVersion` say the
-/// chosen versions. Asked again for up to `--api-wait` while it does not (a restarted kubelet
-/// updates its Node within seconds); no answer in that time is `unreached`, never a pass.
-fn ask_api(
-    root: &Root,
-    v: &Verify,
-    name: &str,
-    expected: &[Chosen],
-) -> (ApiCheck, Option<String>, Vec<Check>) {
-    let until = Instant::now() + Duration::from_secs(v.api_wait);
-    let want_kubelet = expected
-        .iter()
-        .find(|c| c.name == "kubernetes")
-        .map(|c| c.version.clone());
-    let want_runtime = expected
-        .iter()
-        .find(|c| c.name == "containerd" || c.name == "docker")
-        .map(|c| format!("{}://{}", c.name, c.version.trim_start_matches('v')));
-    let mut last: Option<(String, String)> = None;
-    let mut why = String::new();
-    loop {
-        let left = until.saturating_duration_since(Instant::now());
-        let retry = Retry::exponential(1, Duration::from_millis(500))
-            .within(left.max(Duration::from_secs(1)));
-        match Kube::from_kubeconfig(root, &v.kubeconfig, retry)
-            .and_then(|k| {
-                k.ok_or_else(|| {
-                    Error::failed(format!("{} does not exist yet", root.show(&v.kubeconfig)))
-                })
-            })
-            .and_then(|k| k.get_node(name))
-        {
-            Ok(node) => {
-                let info = |k: &str| {
-                    node.pointer(&format!("/status/nodeInfo/{k}"))
-                        .and_then(|x| x.as_str())
-                        .unwrap_or("")
-                        .to_string()
-                };
-                let got = (info("kubeletVersion"), info("containerRuntimeVersion"));
-                let agrees = want_kubelet
-                    .as_ref()
-                    .is_none_or(|w| same_version(w, &got.0))
-                    && want_runtime
-                        .as_ref()
-                        .is_none_or(|w| same_version(w, &got.1));
-                last = Some(got);
-                if agrees {
-                    break;
-                }
-            }
-            Err(e) => why = e.to_string(),
-        }
-        if Instant::now() + API_PAUSE >= until {
-            break;
-        }
-        std::thread::sleep(API_PAUSE);
-    }
-    let Some((kubelet, runtime)) = last else {
-        log::warn!("API server not asked in time: {why}: recorded as unreached");
-        return (
-            ApiCheck::Unreached,
-            Some(format!(
-                "no answer within --api-wait {} s: {why}",
-                v.api_wait
-            )),
-            Vec::new(),
-        );
-    };
-    let mut checks = Vec::new();
-    if let Some(w) = want_kubelet {
-        let ok = same_version(&w, &kubelet);
-        checks.push(Check::judged(
-            format!("Node {name} nodeInfo.kubeletVersion"),
-            w,
-            kubelet,
-            ok,
-        ));
-    }
-    if let Some(w) = want_runtime {
-        let ok = same_version(&w, &runtime);
-        checks.push(Check::judged(
-            format!("Node {name} nodeInfo.containerRuntimeVersion"),
-            w,
-            runtime,
-            ok,
-        ));
-    }
-    let api = if checks.iter().all(|c| c.ok) {
-        ApiCheck::Confirmed
-    } else {
-        ApiCheck::Mismatch
-    };
-    (
-        api,
-        Some(format!("from {}", root.show(&v.kubeconfig))),
-        checks,
-    )
-}
-
-/// Whether two versions as the Node reports them are the same: `containerd://v1.7.24` (an
-/// upstream build says its tag) is `containerd://1.7.24`, `v1.32.3` is `1.32.3`.
-fn same_version(a: &str, b: &str) -> bool {
-    let bare = |s: &str| -> (String, String) {
-        let (scheme, v) = s.split_once("://").unwrap_or(("", s));
-        (scheme.to_string(), v.trim_start_matches('v').to_string())
-    };
-    bare(a) == bare(b)
-}
-
-/// `--node-name`, else the host name as the kubelet registers it (lower case).
-fn node_name(v: &Verify) -> Result<String> {
-    let n = match &v.node_name {
-        Some(n) => n.clone(),
-        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_ascii_lowercase())
-            .map_err(|e| Error::failed(format!("/proc/sys/kernel/hostname: {e}")))?,
-    };
-    crate::net::kube::NodeName::parse(&n)
-        .map(|n| n.to_string())
-        .ok_or_else(|| Error::config(format!("node name {n:?}: not a DNS subdomain")))
 }
 
 /// Links back to `set`, each image checked against its digest first; refresh, prove, restart

@@ -1,15 +1,19 @@
 //! `nodestrap verify` on a torcx node: after the boot the bootstrap asked for, prove that torcx
 //! applied the profile it chose (sealed with that profile, docker at the chosen version in the
-//! applied profile, and that docker answering as that version), or record what runs instead
-//! and select the known-good profile for the next boot. torcx applies a profile only at boot,
-//! so the return needs a reboot: it is recorded (the record's `reboot`), and left to the
+//! applied profile, and that docker answering as that version), that kubelet.env names the
+//! chosen kubelet, and, when the API server answers, that the Node reports that kubelet and a
+//! runtime of the applied image; or record what runs instead. A runtime that is not the chosen
+//! one selects the known-good profile for the next boot: torcx applies a profile only at boot,
+//! so the return needs a reboot, which is recorded (the record's `reboot`) and left to the
 //! operator or the update agent, never taken here (docs/verify.md, "torcx nodes").
-
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::cli::Verify;
 use crate::error::{Error, Result};
+use crate::net::nodeinfo;
 use crate::node::envfile::EnvFile;
 use crate::node::exec;
 use crate::node::root::Root;
@@ -26,14 +30,22 @@ const RUNTIME: &str = "docker";
 /// `Returned::result` of a return: the known-good profile is next-profile, for the next boot.
 const NEXT_BOOT: &str = "next-profile for the next boot";
 
-/// What the node should run: a profile, and the docker version it names.
+/// What the node should run: a profile, and the docker version it names; and the kubelet
+/// kubelet.env names (its path and version), when the record chose one.
 struct Expected {
     profile: String,
     version: String,
+    kubelet: Option<(String, String)>,
 }
 
-pub fn run(_v: &Verify) -> Result<()> {
+pub fn run(v: &Verify) -> Result<()> {
     let since = Instant::now();
+    // A name that cannot be a Node's is the operator's error: exit 2 before anything.
+    let node = if v.api_wait > 0 || v.node_name.is_some() {
+        nodeinfo::node_name(v.node_name.as_deref())?
+    } else {
+        String::new()
+    };
     let root = Root::open(Path::new("/"))?;
     let (record, from) = status::last_bootstrap()?;
     let boot_id = crate::node::seams::boot_id()?;
@@ -71,25 +83,35 @@ pub fn run(_v: &Verify) -> Result<()> {
         Expected {
             profile: KNOWN_GOOD.into(),
             version: v,
-        }
-    } else if let Some(r) = &carried {
-        // A return of an earlier check stands until a bootstrap chooses again.
-        log::info!(
-            "expecting the known-good profile a check selected at boot {} ({from})",
-            r.boot_id
-        );
-        Expected {
-            profile: KNOWN_GOOD.into(),
-            version: r.to.first().map(|c| c.version.clone()).unwrap_or_default(),
+            kubelet: None,
         }
     } else {
-        match (decided("torcx-profile"), decided(RUNTIME)) {
-            (Some(profile), Some(version)) => Expected { profile, version },
-            _ => {
-                log::info!(
-                    "{from}: the last bootstrap selected no torcx profile (torcx left alone): nothing to verify"
-                );
-                return Ok(());
+        let kubelet = decided("k8s").zip(record.kubelet_env.as_ref().map(|m| m.path.clone()));
+        let kubelet = kubelet.map(|(version, path)| (path, version));
+        if let Some(r) = &carried {
+            // A return of an earlier check stands until a bootstrap chooses again.
+            log::info!(
+                "expecting the known-good profile a check selected at boot {} ({from})",
+                r.boot_id
+            );
+            Expected {
+                profile: KNOWN_GOOD.into(),
+                version: r.to.first().map(|c| c.version.clone()).unwrap_or_default(),
+                kubelet,
+            }
+        } else {
+            match (decided("torcx-profile"), decided(RUNTIME)) {
+                (Some(profile), Some(version)) => Expected {
+                    profile,
+                    version,
+                    kubelet,
+                },
+                _ => {
+                    log::info!(
+                        "{from}: the last bootstrap selected no torcx profile (torcx left alone): nothing to verify"
+                    );
+                    return Ok(());
+                }
             }
         }
     };
@@ -107,16 +129,40 @@ pub fn run(_v: &Verify) -> Result<()> {
         return Ok(());
     }
 
-    let checks = checks(&root, &layout, &expected);
-    let ok = checks.iter().all(|c| c.ok);
-    let mut verification = Verification::taken(
-        &boot_id,
-        checks,
-        ok,
-        ApiCheck::Skipped,
-        Some("a torcx node: the node's own runtime is checked, the API server not asked".into()),
-        carried,
-    );
+    let (mut checks, bindir) = checks(&root, &layout, &expected);
+    let local_ok = checks.iter().all(|c| c.ok);
+    let local_s = since.elapsed();
+    let (api, api_note) = if !local_ok {
+        (
+            ApiCheck::Skipped,
+            Some("not asked: the node itself does not run the chosen set".to_string()),
+        )
+    } else if v.api_wait == 0 {
+        (ApiCheck::Skipped, Some("--api-wait 0".to_string()))
+    } else {
+        let runtime = RuntimeJudge::new(&expected.version, &bindir);
+        let judge = |got: &str| runtime.judge(got);
+        let a = nodeinfo::ask(
+            &root,
+            &v.kubeconfig,
+            Duration::from_secs(v.api_wait),
+            &node,
+            &nodeinfo::Want {
+                kubelet: expected.kubelet.as_ref().map(|(_, k)| k.clone()),
+                runtime: Some((runtime.expected(), &judge)),
+            },
+        );
+        checks.extend(a.checks);
+        (a.api, a.note)
+    };
+    let ok = local_ok && api != ApiCheck::Mismatch;
+    // Only a runtime that is not the chosen one is the profile's fault: the kubelet comes from
+    // kubelet.env, which no profile changes.
+    let profile_failed = checks.iter().any(|c| {
+        !c.ok && !c.what.ends_with("KUBELET_IMAGE_TAG") && !c.what.ends_with(".kubeletVersion")
+    });
+    let mut verification = Verification::taken(&boot_id, checks, ok, api, api_note, carried);
+    verification.local_s = Some(status::millis(local_s));
     let mut after = record.clone();
     let what = format!(
         "profile {} with docker {}",
@@ -167,7 +213,9 @@ pub fn run(_v: &Verify) -> Result<()> {
         .as_ref()
         .and_then(|p| p.returned.as_ref())
         .is_some_and(|r| r.boot_id == boot_id);
-    let back = if returned_here {
+    let back = if !profile_failed {
+        "nothing to return to: the kubelet comes from kubelet.env (KUBELET_IMAGE_TAG), which no torcx profile changes; the node needs an operator".to_string()
+    } else if returned_here {
         "not returned again: this boot already selected the known-good profile once; the node needs an operator".to_string()
     } else if expected.profile == KNOWN_GOOD {
         "nothing to return to: the known-good profile itself did not apply".to_string()
@@ -220,8 +268,9 @@ pub fn run(_v: &Verify) -> Result<()> {
     )))
 }
 
-/// The seal, the applied profile and docker's own word, against `e`.
-fn checks(root: &Root, layout: &Layout, e: &Expected) -> Vec<Check> {
+/// The seal, the applied profile, docker's own word and kubelet.env's tag, against `e`; and
+/// the folder of the applied image's programs.
+fn checks(root: &Root, layout: &Layout, e: &Expected) -> (Vec<Check>, String) {
     let mut out = Vec::new();
     let seal = match root.read(SEAL, 64 << 10) {
         Ok(Some(b)) => {
@@ -273,7 +322,94 @@ fn checks(root: &Root, layout: &Layout, e: &Expected) -> Vec<Check> {
         said,
         ok,
     ));
-    out
+    if let Some((path, version)) = &e.kubelet {
+        // kubelet-wrapper runs the kubelet image this tag names (`+` spelled `_`).
+        let tag = version.replace('+', "_");
+        out.push(Check::compare(
+            format!("kubelet {} KUBELET_IMAGE_TAG", root.show(path)),
+            tag,
+            match root.read(path, 64 << 10) {
+                Ok(Some(b)) => match EnvFile::parse(&String::from_utf8_lossy(&b), path) {
+                    Ok(env) => env
+                        .get("KUBELET_IMAGE_TAG")
+                        .map(str::to_string)
+                        .unwrap_or_else(|| "no KUBELET_IMAGE_TAG".into()),
+                    Err(e) => e.to_string(),
+                },
+                Ok(None) => "missing".into(),
+                Err(e) => e.to_string(),
+            },
+        ));
+    }
+    (out, bindir)
+}
+
+/// What the Node may report as its runtime on a torcx node: `docker://` at the chosen release
+/// line (a kubelet with dockershim), or a runtime the applied image carries that says that
+/// version itself (a CRI kubelet talking to the image's containerd).
+struct RuntimeJudge<'a> {
+    docker: &'a str,
+    bindir: &'a str,
+    /// `--version` lines already asked, per program: the API server is asked again every 2 s.
+    said: RefCell<HashMap<String, std::result::Result<String, String>>>,
+}
+
+impl<'a> RuntimeJudge<'a> {
+    fn new(docker: &'a str, bindir: &'a str) -> Self {
+        RuntimeJudge {
+            docker,
+            bindir,
+            said: RefCell::new(HashMap::new()),
+        }
+    }
+
+    fn expected(&self) -> String {
+        format!(
+            "{RUNTIME}://{}, or a runtime in {} at the version it says",
+            self.docker, self.bindir
+        )
+    }
+
+    fn judge(&self, got: &str) -> bool {
+        let Some((scheme, version)) = got.split_once("://") else {
+            return false;
+        };
+        if scheme == RUNTIME {
+            return same_release(self.docker, version);
+        }
+        // A name from the API server: a program name, nothing more.
+        if scheme.is_empty()
+            || !scheme
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            return false;
+        }
+        let program = format!("{}/{scheme}", self.bindir);
+        let mut said = self.said.borrow_mut();
+        let line = said
+            .entry(program.clone())
+            .or_insert_with(|| exec::version_line(&[program, "--version".into()]));
+        line.as_ref()
+            .is_ok_and(|l| exec::says_version(l, version.trim_start_matches('v')))
+    }
+}
+
+/// Whether `reported` (`17.9.1`, `17.09.1-ce`: the kubelet drops leading zeros) is of the
+/// release line or version `chosen` (`17.09`), compared number by number.
+fn same_release(chosen: &str, reported: &str) -> bool {
+    let numbers = |s: &str| -> Option<Vec<u64>> {
+        s.trim_start_matches('v')
+            .split(['-', '+', '~'])
+            .next()?
+            .split('.')
+            .map(|n| n.parse().ok())
+            .collect()
+    };
+    match (numbers(chosen), numbers(reported)) {
+        (Some(c), Some(r)) => r.len() >= c.len() && r[..c.len()] == c[..],
+        _ => false,
+    }
 }
 
 /// A torcx image's reference names a release line (`17.09`); its docker says the patch too
@@ -305,5 +441,15 @@ mod tests {
         assert!(says_torcx_version("docker 17.03", "17.03"));
         assert!(!says_torcx_version("Docker version 17.091.0", "17.09"));
         assert!(!says_torcx_version("Docker version 17.06.2-ce", "17.09"));
+    }
+
+    #[test]
+    fn the_kubelet_s_docker_version_is_of_the_chosen_line() {
+        assert!(same_release("17.09", "17.9.1"));
+        assert!(same_release("17.09", "17.09.1-ce"));
+        assert!(same_release("1.12", "1.12.6"));
+        assert!(!same_release("17.09", "17.6.2"));
+        assert!(!same_release("17.09.1", "17.9"));
+        assert!(!same_release("17.09", "garbage"));
     }
 }

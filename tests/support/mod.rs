@@ -37,6 +37,15 @@ pub fn bin_board() -> &'static str {
     }
 }
 
+/// Now, UTC, as the API server writes times (`2026-11-27T01:02:03Z`): from date(1).
+pub fn utc_now() -> String {
+    let out = Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
 pub fn unique_dir(tag: &str) -> PathBuf {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);

@@ -402,7 +402,8 @@ fn the_real_api_server_confirms_or_contradicts_the_node() {
             "--type=merge",
             "-p",
             &format!(
-                "{{\"status\":{{\"nodeInfo\":{{\"kubeletVersion\":\"{kubelet}\",\"containerRuntimeVersion\":\"containerd://1.7.24\"}}}}}}"
+                "{{\"status\":{{\"nodeInfo\":{{\"kubeletVersion\":\"{kubelet}\",\"containerRuntimeVersion\":\"containerd://1.7.24\"}},\"conditions\":[{{\"type\":\"Ready\",\"status\":\"True\",\"reason\":\"KubeletReady\",\"message\":\"test\",\"lastHeartbeatTime\":\"{at}\",\"lastTransitionTime\":\"{at}\"}}]}}}}",
+                at = support::utc_now()
             ),
         ]);
     };

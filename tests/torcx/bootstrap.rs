@@ -2898,12 +2898,18 @@ fn api_and_manifest_errors_name_the_setting_that_fixes_them() {
 /// nodestrap-verify.service runs it, with `boot_id` as the kernel's boot ID. The generator's
 /// exit code and log, then verify's exit code and log.
 fn boot_and_verify(w: &World, boot_id: &str) -> (i32, String, i32, String) {
-    let _ = std::fs::remove_dir_all(w.path("/run"));
-    verify_in(w, boot_id, true)
+    boot_and_verify_with(w, boot_id, "--api-wait=0")
 }
 
-/// `nodestrap verify` once more in the boot `boot_and_verify` left (`generator`: boot first).
-fn verify_in(w: &World, boot_id: &str, generator: bool) -> (i32, String, i32, String) {
+/// `boot_and_verify` with verify's `args`.
+fn boot_and_verify_with(w: &World, boot_id: &str, args: &str) -> (i32, String, i32, String) {
+    let _ = std::fs::remove_dir_all(w.path("/run"));
+    verify_in(w, boot_id, true, args)
+}
+
+/// `nodestrap verify ARGS` once more in the boot `boot_and_verify` left (`generator`: boot
+/// first).
+fn verify_in(w: &World, boot_id: &str, generator: bool, args: &str) -> (i32, String, i32, String) {
     let gen = w.path("/usr/lib/systemd/system-generators/torcx-generator");
     std::fs::create_dir_all(gen.parent().unwrap()).unwrap();
     std::fs::copy(real_torcx(), &gen).unwrap();
@@ -2923,10 +2929,11 @@ fn verify_in(w: &World, boot_id: &str, generator: bool) -> (i32, String, i32, St
                chroot \"$0\" /usr/lib/systemd/system-generators/torcx-generator /gen /gen /gen 2>\"$0/gen.log\"; echo $? >\"$0/gen.rc\"\n\
              fi\n\
              mount --bind /dev \"$0/dev\"\n\
-             chroot \"$0\" /usr/bin/nodestrap verify --api-wait=0",
+             chroot \"$0\" /usr/bin/nodestrap verify $2",
         )
         .arg(&w.root)
         .arg(if generator { "boot" } else { "again" })
+        .arg(args)
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .env("NODESTRAP_BOOT_ID", "/boot-id/id")
@@ -2985,6 +2992,7 @@ fn a_torcx_profile_that_did_not_apply_is_found_and_the_known_good_one_selected()
         "check torcx seal: expected sealed with profile tectonic, found sealed with profile tectonic",
         "check torcx applied docker: expected docker:17.03, found docker:17.03",
         "check /run/torcx/bin/docker --version: expected version 17.03, found version 17.03",
+        "check kubelet /etc/kubernetes/kubelet.env KUBELET_IMAGE_TAG: expected v1.9.6_coreos.0, found v1.9.6_coreos.0",
         "verified: torcx applied profile tectonic with docker 17.03",
     ] {
         assert!(out.contains(needle), "{needle}: {out}");
@@ -3033,7 +3041,7 @@ fn a_torcx_profile_that_did_not_apply_is_found_and_the_known_good_one_selected()
     assert_eq!(rec["phase"], "done", "{rec}");
 
     // The same boot checked again: no second return.
-    let (_, _, code, out) = verify_in(&w, "boot-2", false);
+    let (_, _, code, out) = verify_in(&w, "boot-2", false, "--api-wait=0");
     assert_eq!(code, 1, "{out}");
     assert!(
         out.contains("expecting the known-good profile a check selected at boot boot-2"),
@@ -3127,4 +3135,116 @@ fn a_vendor_known_good_profile_is_returned_to_and_verified() {
         serde_json::from_str(&w.read("/var/lib/nodestrap/status.json").unwrap()).unwrap();
     assert_eq!(rec["reboot"]["decision"], "no", "{rec}");
     assert_eq!(rec["phase"], "verified", "{rec}");
+}
+
+/// The torcx check asks the real kube-apiserver: a Node whose nodeInfo reports the chosen
+/// kubelet and docker at the chosen release line (as a dockershim kubelet spells it, leading
+/// zeros dropped) confirms the boot. A Node reporting a containerd the applied image does not
+/// carry is the runtime's mismatch: the known-good profile is selected for the next boot. A
+/// Node reporting another kubelet is recorded and fails, and the profile is left alone: the
+/// kubelet comes from kubelet.env.
+#[test]
+fn the_real_api_server_confirms_or_contradicts_a_torcx_node() {
+    if std::env::var_os("NODESTRAP_RUNNER").is_some_and(|r| !r.is_empty()) {
+        return;
+    }
+    let c = support::cluster::cluster();
+    let w = World::new();
+    w.with_real_images();
+    w.run().assert_ok();
+    let node = format!("torcx-verify-{}", std::process::id());
+    let user = format!("nodestrap-torcx-verify-{}", std::process::id());
+    c.kubectl(&[
+        "create",
+        "clusterrole",
+        &user,
+        "--verb=get",
+        "--resource=nodes",
+    ]);
+    c.kubectl(&[
+        "create",
+        "clusterrolebinding",
+        &user,
+        &format!("--clusterrole={user}"),
+        &format!("--user={user}"),
+    ]);
+    c.kubeconfig(&user, &w.path("/etc/kubernetes/kubelet.conf"));
+    c.apply(&format!(
+        "{{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{{\"name\":\"{node}\"}}}}"
+    ));
+    // As the kubelet reports: its versions, and its Ready heartbeat (now, or `at`).
+    let report_at = |kubelet: &str, runtime: &str, at: &str| {
+        c.kubectl(&[
+            "patch",
+            "node",
+            &node,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &format!(
+                "{{\"status\":{{\"nodeInfo\":{{\"kubeletVersion\":\"{kubelet}\",\"containerRuntimeVersion\":\"{runtime}\"}},\"conditions\":[{{\"type\":\"Ready\",\"status\":\"True\",\"reason\":\"KubeletReady\",\"message\":\"test\",\"lastHeartbeatTime\":\"{at}\",\"lastTransitionTime\":\"{at}\"}}]}}}}"
+            ),
+        ]);
+    };
+    let report = |kubelet: &str, runtime: &str| report_at(kubelet, runtime, &support::utc_now());
+    let args = |wait: u32| format!("--node-name={node} --api-wait={wait}");
+    // A Node whose kubelet has not reported since this boot began is not judged: unreached.
+    report_at("v1.9.5+coreos.0", "docker://17.3.2", "2020-01-01T00:00:00Z");
+    let (gen, log, code, out) = boot_and_verify_with(&w, "boot-0", &args(3));
+    assert_eq!(gen, 0, "{log}");
+    assert_eq!(code, 0, "{out}");
+    let rec: serde_json::Value =
+        serde_json::from_str(&w.read("/var/lib/nodestrap/status.json").unwrap()).unwrap();
+    assert_eq!(rec["verification"]["api"], "unreached", "{rec}");
+    assert!(
+        rec["verification"]["api_note"].as_str().unwrap().contains(
+            "has not reported since this boot began (its Ready heartbeat: 2020-01-01T00:00:00Z)"
+        ),
+        "{rec}"
+    );
+    report("v1.9.6+coreos.0", "docker://17.3.2");
+    let (gen, log, code, out) = boot_and_verify_with(&w, "boot-1", &args(20));
+    assert_eq!(gen, 0, "{log}");
+    assert_eq!(code, 0, "{out}");
+    for needle in [
+        format!("check Node {node} nodeInfo.kubeletVersion: expected v1.9.6+coreos.0, found v1.9.6+coreos.0"),
+        format!("check Node {node} nodeInfo.containerRuntimeVersion: expected docker://17.03, or a runtime in /run/torcx/bin at the version it says, found docker://17.3.2"),
+    ] {
+        assert!(out.contains(&needle), "{needle}: {out}");
+    }
+    let rec: serde_json::Value =
+        serde_json::from_str(&w.read("/var/lib/nodestrap/status.json").unwrap()).unwrap();
+    assert_eq!(rec["verification"]["api"], "confirmed", "{rec}");
+    assert!(rec["verification"]["local_s"].as_f64().is_some(), "{rec}");
+
+    // Another kubelet: recorded, failed, the profile left alone.
+    report("v1.9.5+coreos.0", "docker://17.3.2");
+    let (_, _, code, out) = boot_and_verify_with(&w, "boot-2", &args(3));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "check Node {node} nodeInfo.kubeletVersion: expected v1.9.6+coreos.0, found v1.9.5+coreos.0"
+        )) && out.contains("nothing to return to: the kubelet comes from kubelet.env"),
+        "{out}"
+    );
+    assert_eq!(w.read("/etc/torcx/next-profile").unwrap(), "tectonic\n");
+    let rec: serde_json::Value =
+        serde_json::from_str(&w.read("/var/lib/nodestrap/status.json").unwrap()).unwrap();
+    assert_eq!(rec["verification"]["api"], "mismatch", "{rec}");
+    assert_eq!(rec["reboot"]["decision"], "no", "{rec}");
+
+    // A containerd the applied image does not carry: the runtime is not the chosen one.
+    report("v1.9.6+coreos.0", "containerd://1.7.24");
+    let (_, _, code, out) = boot_and_verify_with(&w, "boot-3", &args(3));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "check Node {node} nodeInfo.containerRuntimeVersion: expected docker://17.03, or a runtime in /run/torcx/bin at the version it says, found containerd://1.7.24"
+        )) && out.contains("as next-profile"),
+        "{out}"
+    );
+    assert_eq!(
+        w.read("/etc/torcx/next-profile").unwrap(),
+        "nodestrap-known-good\n"
+    );
 }
