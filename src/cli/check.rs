@@ -15,7 +15,7 @@ pub const TORCX_ONLY: &[&str] = &[
     "reboot",
 ];
 /// Options only the sysext payload acts on.
-pub const SYSEXT_ONLY: &[&str] = &["sysext-url", "allow-downgrade"];
+pub const SYSEXT_ONLY: &[&str] = &["sysext-url"];
 
 /// Step 0 for the merged options: each value, then the rules between options; returns the
 /// manifest URL template.
@@ -159,13 +159,13 @@ pub fn downgrades(v: &str) -> Result<Vec<(String, String)>> {
     for pair in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let bad = |why: &str| {
             Error::config(format!(
-                "--allow-downgrade {v:?}: {pair:?} {why}: expected NAME=VERSION, as kubernetes=v1.37.1"
+                "--allow-downgrade {v:?}: {pair:?} {why}: expected NAME=VERSION, as kubernetes=v1.37.1 or docker=17.03"
             ))
         };
         let (name, version) = pair.split_once('=').ok_or_else(|| bad("has no ="))?;
         let digits = version.strip_prefix('v').unwrap_or(version);
         if !plain_name(name) || name.contains('=') {
-            return Err(bad("names no extension"));
+            return Err(bad("names no extension or torcx image"));
         }
         if digits.is_empty()
             || !digits
@@ -175,7 +175,7 @@ pub fn downgrades(v: &str) -> Result<Vec<(String, String)>> {
             return Err(bad("is not a version"));
         }
         if out.iter().any(|(n, _)| n == name) {
-            return Err(bad("names its extension twice"));
+            return Err(bad("names its extension or image twice"));
         }
         out.push((name.to_string(), version.to_string()));
     }

@@ -96,8 +96,8 @@ pub struct Bootstrap {
     #[argh(option, default = "String::new()")]
     pub sysext_url: String,
     /// let these exact versions through the version floor, NAME=VERSION, comma-separated
-    /// (kubernetes=v1.37.1): an explicit downgrade, recorded, which lowers the floor (sysext
-    /// only; default: none)
+    /// (kubernetes=v1.37.1 for an extension, docker=17.03 for a torcx image): an explicit
+    /// downgrade, recorded, which lowers the floor (default: none)
     #[argh(option, default = "String::new()")]
     pub allow_downgrade: String,
     /// kubeconfig for the API server (node path, default /etc/kubernetes/kubeconfig)

@@ -128,7 +128,6 @@ pub fn payload_options(a: &Bootstrap, merged: &Merged) -> Result<()> {
             "reboot" => a.reboot == cli::RebootMode::Never,
             "torcx-skip-setup" => a.torcx_skip_setup,
             "sysext-url" => a.sysext_url.is_empty(),
-            "allow-downgrade" => a.allow_downgrade.is_empty(),
             _ => false,
         };
         if off {

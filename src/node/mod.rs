@@ -9,6 +9,7 @@ pub mod dbus;
 pub mod envfile;
 pub mod events;
 pub mod exec;
+pub mod floor;
 pub mod mappings;
 pub mod marker;
 pub mod reboot;

@@ -556,12 +556,8 @@ impl Lists<'_> {
             None => true,
         });
         // Versions only go forward: below the floor only an exact version a setting names.
-        if let Some((floor, f)) = self.known.floor_of(name) {
-            let allowed = self
-                .downgrades
-                .iter()
-                .find(|(n, _)| n == name)
-                .and_then(|(_, v)| Version::parse(v));
+        if let Some((floor, f)) = self.known.floor.of(name) {
+            let allowed = crate::node::floor::allowed(self.downgrades, name);
             let before = out.len();
             out.retain(|i| i.version >= floor || allowed.as_ref() == Some(&i.version));
             let why = format!(
@@ -596,12 +592,14 @@ impl Lists<'_> {
             let lowered = named
                 && self
                     .known
-                    .floor_of(&s.img.name)
+                    .floor
+                    .of(&s.img.name)
                     .is_some_and(|(f, _)| s.img.version < f);
             if lowered {
                 let from = self
                     .known
-                    .floor_of(&s.img.name)
+                    .floor
+                    .of(&s.img.name)
                     .map(|(_, f)| f.version.clone());
                 log::warn!(
                     "{} downgraded to {} below its floor {} (--allow-downgrade): the floor is lowered",
@@ -618,7 +616,8 @@ impl Lists<'_> {
                     ),
                 );
             }
-            k.staged(&s.img.name, &s.img.version, &s.img.label(), &at, lowered);
+            k.floor
+                .staged(&s.img.name, &s.img.version, &s.img.label(), &at, lowered);
         }
         for (url, d) in self.seen.borrow().iter() {
             k.saw_list(url, *d, &at);

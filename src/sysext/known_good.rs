@@ -10,9 +10,10 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::node::floor::Floors;
 use crate::node::root::Root;
 use crate::node::status::Chosen;
-use crate::sysext::sums::{Date, Version};
+use crate::sysext::sums::Date;
 
 pub const PATH: &str = "/var/lib/nodestrap/known-good.json";
 const SCHEMA: u32 = 1;
@@ -36,22 +37,10 @@ pub struct KnownGood {
     /// Per extension, the highest version staged: never a lower one again, unless a setting
     /// names it (docs/bootstrap.md, "Versions only go forward").
     #[serde(default)]
-    pub floor: Vec<Floor>,
+    pub floor: Floors,
     /// Per signed list (its URL), the newest BEST-BEFORE date accepted.
     #[serde(default)]
     pub lists: Vec<ListSeen>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Floor {
-    pub name: String,
-    /// As the image's name spells it (`v1.37.2`, `1.7.24`).
-    pub version: String,
-    /// RFC 3339, when it was staged.
-    pub at: String,
-    /// `raised` by a run that staged it, `lowered` by an explicit downgrade, or `back` to the
-    /// known-good version when the boot check refused the image that raised it.
-    pub how: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -129,62 +118,6 @@ impl KnownGood {
         }
     }
 
-    /// The floor of extension `name`, parsed; `None` without one (or one not a version).
-    pub fn floor_of(&self, name: &str) -> Option<(Version, &Floor)> {
-        let f = self.floor.iter().find(|f| f.name == name)?;
-        Some((Version::parse(&f.version)?, f))
-    }
-
-    /// `name` staged at `version` (`label` as the image spells it): the floor rises to it, or,
-    /// `lowered` (an explicit downgrade), goes down to it.
-    pub fn staged(&mut self, name: &str, version: &Version, label: &str, at: &str, lowered: bool) {
-        let higher = self.floor_of(name).is_none_or(|(f, _)| *version > f);
-        if !higher && !lowered {
-            return;
-        }
-        let f = Floor {
-            name: name.to_string(),
-            version: label.to_string(),
-            at: at.to_string(),
-            how: if lowered && !higher {
-                "lowered"
-            } else {
-                "raised"
-            }
-            .to_string(),
-        };
-        if let Some(x) = self.floor.iter_mut().find(|x| x.name == name) {
-            *x = f;
-        } else if self.floor.len() < MAX_REFUSED {
-            self.floor.push(f);
-        }
-    }
-
-    /// The boot check refused `name` at `version`: a version that did not run as named holds no
-    /// floor; it goes back to the known-good one (none without one).
-    pub fn floor_back(&mut self, name: &str, version: &str, at: &str) {
-        let Some(i) = self
-            .floor
-            .iter()
-            .position(|f| f.name == name && f.version == version)
-        else {
-            return;
-        };
-        match self.image_of(name).map(|c| c.version.clone()) {
-            Some(v) => {
-                self.floor[i] = Floor {
-                    name: name.to_string(),
-                    version: v,
-                    at: at.to_string(),
-                    how: "back".to_string(),
-                }
-            }
-            None => {
-                self.floor.remove(i);
-            }
-        }
-    }
-
     /// The newest BEST-BEFORE date accepted for `url`.
     pub fn list_seen(&self, url: &str) -> Option<(Date, &ListSeen)> {
         let l = self.lists.iter().find(|l| l.url == url)?;
@@ -223,18 +156,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_floor_only_rises_unless_lowered_and_lists_only_get_newer() {
+    fn lists_only_get_newer() {
         let mut k = KnownGood::default();
-        let v = |s: &str| Version::parse(s).unwrap();
-        k.staged("kubernetes", &v("1.37.2"), "v1.37.2", "t1", false);
-        k.staged("kubernetes", &v("1.37.1"), "v1.37.1", "t2", false);
-        assert_eq!(k.floor_of("kubernetes").unwrap().1.version, "v1.37.2");
-        k.staged("kubernetes", &v("1.37.1"), "v1.37.1", "t3", true);
-        let (_, f) = k.floor_of("kubernetes").unwrap();
-        assert_eq!((f.version.as_str(), f.how.as_str()), ("v1.37.1", "lowered"));
-        k.staged("kubernetes", &v("1.37.3"), "v1.37.3", "t4", false);
-        assert_eq!(k.floor_of("kubernetes").unwrap().1.how, "raised");
-        assert!(k.floor_of("containerd").is_none());
         let d = |s: &str| Date::parse(s).unwrap();
         k.saw_list("u", d("2026-12-01"), "a");
         k.saw_list("u", d("2026-11-01"), "b");

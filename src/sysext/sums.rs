@@ -5,6 +5,7 @@
 
 use crate::crypto::digest::Digest;
 use crate::error::{excerpt, Error, Result};
+pub use crate::node::floor::Version;
 
 /// The budget of one list: the bakery's per-extension list holds a few hundred lines.
 pub const MAX_BYTES: u64 = 1 << 20;
@@ -179,41 +180,6 @@ impl Sums {
                 })
             })
             .collect()
-    }
-}
-
-/// A release version: dot-separated numbers (`1.32.4`), compared number by number.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Version(pub Vec<u64>);
-
-impl Version {
-    pub fn parse(s: &str) -> Option<Version> {
-        let s = s.strip_prefix('v').unwrap_or(s);
-        let parts: Option<Vec<u64>> = s
-            .split('.')
-            .map(|p| {
-                (!p.is_empty() && p.len() <= 9 && p.bytes().all(|b| b.is_ascii_digit()))
-                    .then(|| p.parse().ok())?
-            })
-            .collect();
-        parts.filter(|p| (1..=4).contains(&p.len())).map(Version)
-    }
-
-    /// `(major, minor)`; a lone major has minor 0.
-    pub fn minor(&self) -> (u64, u64) {
-        (self.0[0], self.0.get(1).copied().unwrap_or(0))
-    }
-
-    /// Whether `self` is `prefix` or in its stream (`1.7.24` is in `1.7`).
-    pub fn within(&self, prefix: &Version) -> bool {
-        self.0.starts_with(&prefix.0)
-    }
-}
-
-impl std::fmt::Display for Version {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let s: Vec<String> = self.0.iter().map(u64::to_string).collect();
-        f.write_str(&s.join("."))
     }
 }
 

@@ -189,7 +189,10 @@ pub fn run(v: &Verify) -> Result<()> {
             c.version,
             c.digest
         );
-        known.floor_back(&c.name, &c.version, &verification.at);
+        let back = known.image_of(&c.name).map(|k| k.version.clone());
+        known
+            .floor
+            .back(&c.name, &c.version, back.as_deref(), &verification.at);
         known.refuse(Refused {
             name: c.name.clone(),
             version: c.version.clone(),

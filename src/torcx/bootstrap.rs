@@ -184,6 +184,7 @@ impl<'a> Staging<'a> {
         // 5-8. torcx: choose, fetch and verify, stage, profile.
         let chosen = match (self.http, self.wanted) {
             (Some(http), Some(wanted)) => {
+                let downgrades = crate::cli::check::downgrades(&a.allow_downgrade)?;
                 let m = Manifests {
                     http,
                     template: self.template,
@@ -196,6 +197,7 @@ impl<'a> Staging<'a> {
                     next: self.next,
                     profile_default: &a.torcx_profile,
                     cap: a.image_max_bytes(),
+                    downgrades: &downgrades,
                     dry_run: a.dry_run,
                 };
                 runtime::stage_runtime(root, &m, &st, wanted, undo)?

@@ -131,6 +131,7 @@ pub fn run(a: &Hook) -> Result<()> {
         next: next.as_deref(),
         profile_default: &a.torcx_profile,
         cap: a.image_max_bytes(),
+        downgrades: &[],
         dry_run: false,
     };
     let mut undo = Undo::new(&root);

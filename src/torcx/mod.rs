@@ -4,6 +4,7 @@
 //! docs/hook.md.
 
 pub mod bootstrap;
+pub mod floor;
 pub mod hook;
 pub mod layout;
 pub mod runtime;

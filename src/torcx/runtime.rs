@@ -6,10 +6,12 @@ use crate::crypto::openpgp::Keyring;
 use crate::error::{Error, Result};
 use crate::net::fetch::{Http, Request};
 use crate::node::envfile::EnvFile;
+use crate::node::floor::Version;
 use crate::node::mappings::Mappings;
 use crate::node::root::{plain_name, Root};
 use crate::node::status;
 use crate::node::undo::Undo;
+use crate::torcx::floor::TorcxFloor;
 use crate::torcx::layout::Layout;
 use crate::torcx::store::{self, PackageList, Source, Staged};
 
@@ -183,6 +185,8 @@ pub struct Stage<'a> {
     pub profile_default: &'a str,
     /// Largest image taken, in bytes (`--image-max-mib`).
     pub cap: u64,
+    /// `--allow-downgrade`: exact versions let through the version floor.
+    pub downgrades: &'a [(String, String)],
     pub dry_run: bool,
 }
 
@@ -207,8 +211,9 @@ pub fn stage_runtime(
         return Ok(None);
     }
     let list = m.get(primary)?;
-    let (version, source) = wanted
-        .versions
+    let floors = TorcxFloor::load(root)?;
+    let candidates = above_floor(&floors, wanted, st.downgrades)?;
+    let (version, source) = candidates
         .iter()
         .find_map(|v| list.source_for(RUNTIME, v).map(|s| (v.clone(), s)))
         .ok_or_else(|| {
@@ -296,8 +301,82 @@ pub fn stage_runtime(
             st.layout.source
         );
         status::decide("torcx-profile", &profile, why);
+        raise_floor(root, floors, &version, st.downgrades, undo)?;
     }
     Ok(Some(version))
+}
+
+/// The mapped versions not below the floor of the runtime's image, most preferred first: below
+/// it only the exact version `--allow-downgrade` names. None left: an error naming the floor.
+fn above_floor(
+    floors: &TorcxFloor,
+    wanted: &Wanted,
+    downgrades: &[(String, String)],
+) -> Result<Vec<String>> {
+    let Some((floor, f)) = floors.floor.of(RUNTIME) else {
+        return Ok(wanted.versions.clone());
+    };
+    let allowed = crate::node::floor::allowed(downgrades, RUNTIME);
+    let (keep, below): (Vec<String>, Vec<String>) =
+        wanted.versions.iter().cloned().partition(|v| {
+            Version::parse(v).is_some_and(|x| x >= floor || allowed.as_ref() == Some(&x))
+        });
+    if below.is_empty() {
+        return Ok(keep);
+    }
+    let why = format!(
+        "{RUNTIME} {} below the version floor {} (staged at {}; {}) not considered; --allow-downgrade {RUNTIME}=VERSION lets one exact version through",
+        bounded_list(below.iter().map(String::as_str)),
+        f.version,
+        f.at,
+        crate::torcx::floor::PATH
+    );
+    if keep.is_empty() {
+        return Err(Error::failed(format!(
+            "{RUNTIME}: every version {} maps to is below the version floor: {why}",
+            wanted.source
+        )));
+    }
+    log::info!("{why}");
+    Ok(keep)
+}
+
+/// The staged version raises the floor, or, named by `--allow-downgrade` below it, lowers it
+/// (logged and recorded). Through `undo`: a run that fails later leaves the file as it was.
+fn raise_floor(
+    root: &Root,
+    mut floors: TorcxFloor,
+    version: &str,
+    downgrades: &[(String, String)],
+    undo: &mut Undo,
+) -> Result<()> {
+    let Some(v) = Version::parse(version) else {
+        return Ok(());
+    };
+    let before = floors.clone();
+    let old = floors
+        .floor
+        .of(RUNTIME)
+        .map(|(f, r)| (f, r.version.clone()));
+    let lowered = old.as_ref().is_some_and(|(f, _)| v < *f)
+        && crate::node::floor::allowed(downgrades, RUNTIME).as_ref() == Some(&v);
+    if let Some((_, from)) = old.as_ref().filter(|_| lowered) {
+        log::warn!(
+            "{RUNTIME} downgraded to {version} below its floor {from} (--allow-downgrade): the floor is lowered"
+        );
+        status::decide(
+            "downgrade",
+            format_args!("{RUNTIME} {version}"),
+            format_args!("--allow-downgrade, below the floor {from}"),
+        );
+    }
+    let at = status::rfc3339(std::time::SystemTime::now());
+    floors.floor.staged(RUNTIME, &v, version, &at, lowered);
+    if floors != before {
+        undo.write(crate::torcx::floor::PATH, &floors.to_json()?, 0o644)?;
+        crate::debug!("{} updated", root.show(crate::torcx::floor::PATH));
+    }
+    Ok(())
 }
 
 /// Whether torcx, booting OS `os`, would take `docker:<version>` from another archive than the

@@ -3248,3 +3248,70 @@ fn the_real_api_server_confirms_or_contradicts_a_torcx_node() {
         "nodestrap-known-good\n"
     );
 }
+
+/// Issue 34 on torcx: versions only go forward. A bootstrap for a v1.10 cluster stages docker
+/// 17.06; the cluster's version goes back to v1.9, whose mappings want 17.03, validly signed
+/// and offered: refused, naming the floor, and nothing changes. A wiped store does not lower
+/// the floor. `--allow-downgrade docker=17.03` lets that exact version through once: logged,
+/// recorded as a `downgrade` decision, and the floor is lowered to it.
+#[test]
+fn a_torcx_image_never_goes_below_its_floor_unless_named() {
+    let mut w = World::new();
+    let to = |w: &World, tag: &str| {
+        w.write(
+            "/etc/kubernetes/installer/kubelet.env",
+            &format!("KUBELET_IMAGE_URL=quay.io/coreos/hyperkube\nKUBELET_IMAGE_TAG={tag}\n"),
+        );
+        let _ = std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env"));
+    };
+    to(&w, "v1.10.2_coreos.0");
+    w.run().assert_ok();
+    assert_eq!(w.decision("docker").0, "17.06");
+    let floor: serde_json::Value =
+        serde_json::from_str(&w.read("/var/lib/nodestrap/torcx-floor.json").unwrap()).unwrap();
+    assert_eq!(floor["floor"][0]["name"], "docker", "{floor}");
+    assert_eq!(floor["floor"][0]["version"], "17.06", "{floor}");
+    assert_eq!(floor["floor"][0]["how"], "raised", "{floor}");
+
+    to(&w, "v1.9.6_coreos.0");
+    let profile = w.read("/etc/torcx/profiles/tectonic.json").unwrap();
+    std::fs::remove_dir_all(w.path("/var/lib/torcx/store")).unwrap();
+    let r = w.run();
+    r.assert_fails(1, "docker: every version");
+    for needle in [
+        "maps to is below the version floor: docker 17.03, 1.12 below the version floor 17.06 (staged at ",
+        "/var/lib/nodestrap/torcx-floor.json) not considered; --allow-downgrade docker=VERSION lets one exact version through",
+    ] {
+        assert!(r.stderr.contains(needle), "{needle}: {}", r.stderr);
+    }
+    assert!(!w.path("/etc/kubernetes/kubelet.env").exists());
+    assert_eq!(
+        w.read("/etc/torcx/profiles/tectonic.json").unwrap(),
+        profile
+    );
+    assert!(w
+        .read("/var/lib/nodestrap/torcx-floor.json")
+        .unwrap()
+        .contains("\"17.06\""));
+
+    w.extra = vec!["--allow-downgrade=docker=17.03".into()];
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stderr.contains(
+            "docker downgraded to 17.03 below its floor 17.06 (--allow-downgrade): the floor is lowered"
+        ),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(w.decision("docker").0, "17.03");
+    let (what, src) = w.decision("downgrade");
+    assert_eq!(
+        (what.as_str(), src.as_str()),
+        ("docker 17.03", "--allow-downgrade, below the floor 17.06")
+    );
+    let floor: serde_json::Value =
+        serde_json::from_str(&w.read("/var/lib/nodestrap/torcx-floor.json").unwrap()).unwrap();
+    assert_eq!(floor["floor"][0]["version"], "17.03", "{floor}");
+    assert_eq!(floor["floor"][0]["how"], "lowered", "{floor}");
+}
