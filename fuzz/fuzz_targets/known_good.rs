@@ -19,11 +19,11 @@ fuzz_target!(|data: &[u8]| {
     }
     // The floor only rises through `staged`, whatever the file held.
     let mut k = k;
-    for f in k.floor.clone() {
-        if let Some((v, _)) = k.floor_of(&f.name) {
+    for f in k.floor.clone().iter() {
+        if let Some((v, _)) = k.floor.of(&f.name) {
             let lower = nodestrap::sysext::sums::Version(vec![0]);
-            k.staged(&f.name, &lower, "0", "t", false);
-            assert_eq!(k.floor_of(&f.name).map(|(x, _)| x), Some(v));
+            k.floor.staged(&f.name, &lower, "0", "t", false);
+            assert_eq!(k.floor.of(&f.name).map(|(x, _)| x), Some(v));
         }
     }
 });

@@ -64,6 +64,10 @@ pub struct Floor {
 pub struct Floors(Vec<Floor>);
 
 impl Floors {
+    pub fn iter(&self) -> std::slice::Iter<'_, Floor> {
+        self.0.iter()
+    }
+
     /// The floor of `name`, parsed; `None` without one (or one not a version).
     pub fn of(&self, name: &str) -> Option<(Version, &Floor)> {
         let f = self.0.iter().find(|f| f.name == name)?;
@@ -122,7 +126,7 @@ impl Floors {
 }
 
 /// The version `--allow-downgrade` names for `name`, if it names one.
-pub fn allowed<'a>(downgrades: &'a [(String, String)], name: &str) -> Option<Version> {
+pub fn allowed(downgrades: &[(String, String)], name: &str) -> Option<Version> {
     downgrades
         .iter()
         .find(|(n, _)| n == name)

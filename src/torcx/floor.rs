@@ -30,8 +30,13 @@ impl TorcxFloor {
                 floor: Floors::default(),
             });
         };
-        let name = root.show(PATH);
-        let f: TorcxFloor = serde_json::from_slice(&bytes)
+        TorcxFloor::from_json(&bytes, &root.show(PATH))
+    }
+
+    /// The file's bytes as read from `name` (serde_json's depth limit of 128 bounds nesting;
+    /// the caller bounds the size).
+    pub fn from_json(bytes: &[u8], name: &str) -> Result<TorcxFloor> {
+        let f: TorcxFloor = serde_json::from_slice(bytes)
             .map_err(|e| Error::failed(format!("{name}: not nodestrap's torcx floor: {e}")))?;
         if f.schema != SCHEMA {
             return Err(Error::failed(format!(
