@@ -1,7 +1,9 @@
-//! The crypto floor: digests, OpenPGP signature checks, random spreads, certificate pins. Imports nothing of
+//! The crypto floor: digests, OpenPGP signature checks, PKCS#7 signatures over verity root
+//! hashes, random spreads, certificate pins. Imports nothing of
 //! ours but the ground.
 
 pub mod digest;
 pub mod openpgp;
+pub mod pkcs7;
 pub mod random;
 pub mod x509;
