@@ -5,7 +5,8 @@
 # and the QEMU scenarios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The test programs built from the Go module proxy (cached by version; test programs only): the
+# The test programs built from the Go module proxy (cached by version; test programs only), and
+# Debian 13's systemd-repart (a debootstrap'ed root, cached by its package list): the
 # real torcx, the oracle of what torcx finds at boot (tests/torcx, the QEMU guests), real
 # Kubernetes, the cluster the commands that talk to one are tested against
 # (tests/support/cluster.rs) and the QEMU nodes join, and real Butane (ignition/check). Cold, they take minutes: they build in
@@ -16,8 +17,8 @@ go_out=$(mktemp -d)
 # one folder per run: removed once the tests pass, kept and named when they fail.
 worlds=$(mktemp -d /tmp/nodestrap-worlds.XXXXXX)
 trap 'rm -rf "$go_out"; [ ! -d "$worlds" ] || echo "tests/run.sh: the tests'"'"' worlds are kept in $worlds" >&2' EXIT
-(qemu/build-torcx >"$go_out/torcx" && qemu/build-kubernetes >"$go_out/kubernetes" && qemu/build-butane >/dev/null) \
-  2>"$go_out/log" &
+(qemu/build-torcx >"$go_out/torcx" && qemu/build-kubernetes >"$go_out/kubernetes" && qemu/build-butane >/dev/null &&
+  qemu/build-ddi-tools >"$go_out/ddi") 2>"$go_out/log" &
 go_build=$!
 cargo fmt --check
 # clippy -D warnings, shellcheck, pyflakes, the minimum Rust (.ci/lint says what each covers).
@@ -37,12 +38,14 @@ arm=$(sed -n 's/^aarch64-unknown-linux-musl=//p' <<<"$builds")
 # (sysext's tests are x86-64 only: their images are built for x86-64 and merged by this
 # machine's systemd-sysext.)
 # (The Go builds, started above; their progress and durations.)
-wait "$go_build" || { cat "$go_out/log" >&2; echo "tests/run.sh: building torcx or Kubernetes failed" >&2; exit 1; }
+wait "$go_build" || { cat "$go_out/log" >&2; echo "tests/run.sh: building torcx, Kubernetes, Butane or the DDI tools failed" >&2; exit 1; }
 cat "$go_out/log" >&2
 NODESTRAP_TORCX=$(cat "$go_out/torcx")
 eval "$(cat "$go_out/kubernetes")"
 NODESTRAP_KUBE_BIN=$KUBE_BIN
-export NODESTRAP_TORCX NODESTRAP_KUBE_BIN
+# Debian 13's systemd-repart, which makes the signed DDIs of tests/sysext/signed.rs.
+NODESTRAP_DDI_TOOLS=$(cat "$go_out/ddi")
+export NODESTRAP_TORCX NODESTRAP_KUBE_BIN NODESTRAP_DDI_TOOLS
 TMPDIR=$worlds NODESTRAP_BIN=$x86 cargo test --locked
 TMPDIR=$worlds NODESTRAP_BIN=$arm NODESTRAP_RUNNER=${NODESTRAP_RUNNER_ARM64:-/usr/local/lib/nodestrap-ci/qemu-aarch64} \
   cargo test --locked --test bootstrap --test hook --test activate --test reprovision --test kubeconfig

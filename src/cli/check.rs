@@ -15,7 +15,7 @@ pub const TORCX_ONLY: &[&str] = &[
     "reboot",
 ];
 /// Options only the sysext payload acts on.
-pub const SYSEXT_ONLY: &[&str] = &["sysext-url"];
+pub const SYSEXT_ONLY: &[&str] = &["sysext-url", "sysext-trust", "sysext-verity-certs"];
 
 /// Step 0 for the merged options: each value, then the rules between options; returns the
 /// manifest URL template.
@@ -23,6 +23,11 @@ pub fn check_options(a: &Bootstrap) -> Result<ManifestUrl> {
     let template = check_values(a)?;
     // Between options, so only once all sources are merged (a config file may name the payload
     // on one line and its source on the next).
+    if a.sysext_trust == crate::cli::SysextTrust::Signed && a.sysext_verity_certs.is_none() {
+        return Err(Error::config(
+            "--sysext-trust signed needs --sysext-verity-certs (the PEM file of the certificates that sign the images' verity root hashes)",
+        ));
+    }
     if a.payload == Payload::Sysext && a.sysext_url.is_empty() {
         return Err(Error::config(
             "--payload sysext needs --sysext-url (the directory holding SHA256SUMS and the images)",

@@ -100,6 +100,15 @@ pub struct Bootstrap {
     /// downgrade, recorded, which lowers the floor (default: none)
     #[argh(option, default = "String::new()")]
     pub allow_downgrade: String,
+    /// who vouches for a sysext image on the disk: plain (its SHA-256 in the signed
+    /// SHA256SUMS, as fetched; signed DDIs taken too) or signed (signed DDIs only, merged under
+    /// the strict image policy) (default plain)
+    #[argh(option, default = "SysextTrust::Plain")]
+    pub sysext_trust: SysextTrust,
+    /// PEM file of the certificates whose signatures over verity root hashes are trusted,
+    /// installed in /etc/verity.d (host path; a node path when set on the node; default: none)
+    #[argh(option)]
+    pub sysext_verity_certs: Option<Input>,
     /// kubeconfig for the API server (node path, default /etc/kubernetes/kubeconfig)
     #[argh(option, default = "\"/etc/kubernetes/kubeconfig\".into()")]
     pub kubeconfig: String,
@@ -864,6 +873,34 @@ impl argh::FromArgValue for Payload {
             "sysext" => Ok(Payload::Sysext),
             _ => Err(format!("expected torcx or sysext, got {v:?}")),
         }
+    }
+}
+
+/// Who vouches for a sysext image on the disk (docs/bootstrap.md, "Signed images").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SysextTrust {
+    /// Its SHA-256 in the signed SHA256SUMS, checked as it is fetched; signed DDIs taken too.
+    Plain,
+    /// Signed DDIs only, merged under the strict image policy.
+    Signed,
+}
+
+impl argh::FromArgValue for SysextTrust {
+    fn from_arg_value(v: &str) -> Result<Self, String> {
+        match v {
+            "plain" => Ok(SysextTrust::Plain),
+            "signed" => Ok(SysextTrust::Signed),
+            _ => Err(format!("expected plain or signed, got {v:?}")),
+        }
+    }
+}
+
+impl std::fmt::Display for SysextTrust {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SysextTrust::Plain => "plain",
+            SysextTrust::Signed => "signed",
+        })
     }
 }
 

@@ -31,6 +31,8 @@ const KERNEL: &str = "the kernel command line";
 pub const KEYS: &[&str] = &[
     "payload",
     "sysext-url",
+    "sysext-trust",
+    "sysext-verity-certs",
     "kubeconfig",
     "bootstrap-kubeconfig",
     "join-config",
@@ -71,7 +73,13 @@ pub const EVENTS_KEYS: &[&str] = &["events-url", "events-token-file", "events-ca
 const COMMAND_LINE_ONLY: &[&str] = &["root", "config", "cmdline", "dry-run", "help"];
 const ALIASES: &[(&str, &str)] = &[("manifest-url", "torcx-manifest-url")];
 /// Files nodestrap reads: node paths when set on the node (Ignition writes them to its disk).
-const NODE_FILE_KEYS: &[&str] = &["keyring", "ca-file", "events-token-file", "events-ca-file"];
+const NODE_FILE_KEYS: &[&str] = &[
+    "keyring",
+    "ca-file",
+    "events-token-file",
+    "events-ca-file",
+    "sysext-verity-certs",
+];
 
 /// One `key=value` from a source, the key in its canonical spelling.
 #[derive(Debug, PartialEq)]
@@ -128,6 +136,8 @@ pub fn payload_options(a: &Bootstrap, merged: &Merged) -> Result<()> {
             "reboot" => a.reboot == cli::RebootMode::Never,
             "torcx-skip-setup" => a.torcx_skip_setup,
             "sysext-url" => a.sysext_url.is_empty(),
+            "sysext-trust" => a.sysext_trust == cli::SysextTrust::Plain,
+            "sysext-verity-certs" => a.sysext_verity_certs.is_none(),
             _ => false,
         };
         if off {

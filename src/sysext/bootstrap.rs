@@ -6,6 +6,7 @@
 use crate::cli::check::{check_options, SysextUrl};
 use crate::cli::Bootstrap;
 use crate::crypto::openpgp::Keyring;
+use crate::crypto::pkcs7::Cert;
 use crate::error::{Error, Result};
 use crate::net::cluster;
 use crate::net::fetch::{Http, Request};
@@ -21,6 +22,7 @@ use crate::sysext::known_good::KnownGood;
 use crate::sysext::merge::{self, Expect};
 use crate::sysext::stage::{self, Link};
 use crate::sysext::sums::{Date, Image, Sums, Version};
+use crate::sysext::trust::{Mode, Trust};
 
 const KUBERNETES: &str = "kubernetes";
 /// Flatcar's own runtimes: while one is active, a second containerd is not merged over it.
@@ -80,6 +82,11 @@ pub fn run(a: &Bootstrap) -> Result<()> {
 
     // What earlier boots proved: images never to stage again, and the set to keep.
     let known = KnownGood::load(&root)?;
+
+    // Who vouches for the images on the disk; a node that cannot merge signed images is
+    // refused here, before anything is staged.
+    let trust = load_trust(&root, a)?;
+    trust.check_node(&root)?;
 
     // 2. The cluster's version, from the same sources as the torcx payload.
     let kube = if a.kubeconfig.is_empty() || a.force_kube_version.is_some() {
@@ -208,6 +215,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         host: &host,
         steps: &steps,
         known: &known,
+        trust: &trust,
         live,
     };
     match run
@@ -249,6 +257,7 @@ struct Apply<'a> {
     host: &'a Host,
     steps: &'a [Step],
     known: &'a KnownGood,
+    trust: &'a Trust,
     live: bool,
 }
 
@@ -283,9 +292,15 @@ impl<'a> Apply<'a> {
                 &s.dir_url,
                 &s.img,
                 self.host,
+                self.trust,
                 self.a.image_max_bytes(),
                 undo,
             )?;
+        }
+        // The certificates and the policy, before any link names a signed image.
+        self.trust.install(root, self.live, undo)?;
+        if self.trust.mode == Mode::Signed {
+            others_reported(root, steps)?;
         }
 
         // 7. Switch the links.
@@ -331,8 +346,11 @@ impl<'a> Apply<'a> {
             } else {
                 // Registered before the first refresh: whatever fails from here on merges the
                 // previous extensions again once their links are back.
-                undo.then_on_undo("the previous extensions are merged again", merge::refresh);
-                merge::refresh().and_then(|()| merge::prove(&expect))?;
+                let policy = self.trust.policy();
+                undo.then_on_undo("the previous extensions are merged again", move || {
+                    merge::refresh(policy)
+                });
+                merge::refresh(policy).and_then(|()| merge::prove(&expect))?;
                 // What runs from the old images restarts once the run is done.
                 restart = changed
                     .iter()
@@ -698,4 +716,60 @@ impl Lists<'_> {
         }
         Ok(sums)
     }
+}
+
+/// `--sysext-trust` and `--sysext-verity-certs`, recorded as the `sysext-trust` decision.
+fn load_trust(root: &Root, a: &Bootstrap) -> Result<Trust> {
+    let (certs, from) = match &a.sysext_verity_certs {
+        Some(input) => {
+            let pem = input.read(root, 1 << 20, "sysext-verity-certs")?;
+            let label = input.label(root);
+            (
+                Cert::from_pem(&pem, &label).map_err(Error::config)?,
+                input.name(root, "sysext-verity-certs"),
+            )
+        }
+        None => (Vec::new(), "no --sysext-verity-certs".to_string()),
+    };
+    let t = Trust {
+        mode: a.sysext_trust,
+        certs,
+        from,
+    };
+    log::info!(
+        "sysext trust {}: {} certificate(s) from {}{}",
+        t.mode,
+        t.certs.len(),
+        t.from,
+        t.policy()
+            .map(|p| format!(", image policy {p}"))
+            .unwrap_or_default()
+    );
+    status::decide(
+        "sysext-trust",
+        format_args!("{} ({} certificate(s))", t.mode, t.certs.len()),
+        &t.from,
+    );
+    Ok(t)
+}
+
+/// Signed mode: the extensions in /etc/extensions that nodestrap does not manage are reported,
+/// never touched; a plain image among them makes the strict policy refuse the boot's whole
+/// merge.
+fn others_reported(root: &Root, steps: &[Step]) -> Result<()> {
+    let Some(d) = root.dir(stage::LINKS)? else {
+        return Ok(());
+    };
+    for n in d.entries()? {
+        let ours = steps.iter().any(|s| n == format!("{}.raw", s.img.name));
+        if !ours && !n.starts_with('.') {
+            log::warn!(
+                "{}: not an extension nodestrap manages, left alone; under the strict policy ({}) the boot merges nothing at all if it is not a signed DDI of a certificate in /etc/verity.d",
+                d.show(&n),
+                crate::sysext::trust::POLICY
+            );
+            status::decide("unmanaged-extension", &n, d.show(&n));
+        }
+    }
+    Ok(())
 }

@@ -1,4 +1,5 @@
-//! Check an image the way systemd-sysext will, before it may become current: the file system,
+//! Check an image the way systemd-sysext will, before it may become current: a signed DDI's
+//! signature, layout and hash tree (sysext::ddi), the file system,
 //! the `extension-release` named after the extension, and its fields against the node's
 //! os-release in systemd's order (docs/bootstrap.md, "sysext"). The image is mounted read-only
 //! by the kernel that will merge it, through a loop device and a detached mount (fsopen and
@@ -13,6 +14,7 @@ use rustix::mount::{FsMountFlags, FsOpenFlags, MountAttrFlags};
 
 use crate::error::{Error, Result};
 use crate::node::envfile::EnvFile;
+use crate::sysext::ddi;
 use crate::sysext::host::Host;
 
 const RELEASE_DIR: &str = "usr/lib/extension-release.d";
@@ -73,26 +75,74 @@ impl std::fmt::Display for Refusal {
     }
 }
 
-/// What a good image says of itself.
+/// What a good image says of itself; for a signed DDI, the certificate that signed it.
 #[derive(Debug)]
 pub struct Checked {
     pub fs: FsType,
     pub release: EnvFile,
+    pub signer: Option<usize>,
 }
 
-/// Check the image in `file` that will be merged as extension `name` on `host`. `shown` names
-/// it in errors.
-pub fn check(file: &File, name: &str, host: &Host, shown: &str) -> Result<Checked> {
+/// Check the image in `file` that will be merged as extension `name` on `host` under `trust`.
+/// A bare file system is taken in `plain` mode; a signed DDI (a GPT disk image) when its root
+/// hash signature, layout and hash tree are proven against the configured certificates, then
+/// its file system is checked as a bare one's. `shown` names it in errors.
+pub fn check(
+    file: &File,
+    name: &str,
+    host: &Host,
+    trust: &crate::sysext::trust::Trust,
+    shown: &str,
+) -> Result<Checked> {
     let refuse = |r: Refusal| Error::failed(format!("image {shown} refused: {r}"));
-    let mut head = vec![0u8; 2048];
-    let n = read_head(file, &mut head).map_err(|e| Error::failed(format!("{shown}: {e}")))?;
+    let mut head = vec![0u8; 8192];
+    let n = read_head(file, &mut head, 0).map_err(|e| Error::failed(format!("{shown}: {e}")))?;
     head.truncate(n);
+    let (region, signer) = match ddi::gpt_sector(&head) {
+        Some(sector) => {
+            let size = file
+                .metadata()
+                .map_err(|e| Error::failed(format!("{shown}: {e}")))?
+                .len();
+            let d = ddi::read(file, sector, size, host.arch).map_err(|w| {
+                refuse(Refusal::Unreadable(format!(
+                    "a disk image, but not a signed sysext DDI: {w}"
+                )))
+            })?;
+            if trust.certs.is_empty() {
+                return Err(refuse(Refusal::Unreadable(
+                    "a signed DDI, and no --sysext-verity-certs names a certificate to check it with: systemd refuses an image signed by a certificate not in /etc/verity.d, whatever the policy".into(),
+                )));
+            }
+            let p =
+                ddi::prove(file, &d, &trust.certs).map_err(|w| refuse(Refusal::Unreadable(w)))?;
+            log::info!(
+                "{shown}: signed DDI, root hash {} {}",
+                p.root_hash,
+                trust.root_of(p.signer)
+            );
+            (Some((d.data.offset, d.data.len)), Some(p.signer))
+        }
+        None if trust.mode == crate::sysext::trust::Mode::Signed => {
+            return Err(refuse(Refusal::Unreadable(format!(
+                "a plain image, and --sysext-trust signed takes only signed DDIs: the policy {} refuses it, and with it every other extension of the boot's merge",
+                crate::sysext::trust::POLICY
+            ))));
+        }
+        None => (None, None),
+    };
+    if let Some((offset, _)) = region {
+        head = vec![0u8; 2048];
+        let n = read_head(file, &mut head, offset)
+            .map_err(|e| Error::failed(format!("{shown}: {e}")))?;
+        head.truncate(n);
+    }
     let fs = FsType::probe(&head).ok_or_else(|| {
         refuse(Refusal::Unreadable(
-            "not a squashfs, erofs or ext4 file system (nodestrap takes bare file system images, not GPT disk images)".into(),
+            "not a squashfs, erofs or ext4 file system, nor a signed DDI holding one".into(),
         ))
     })?;
-    let mnt = mount_ro(file, fs).map_err(|e| {
+    let mnt = mount_ro(file, fs, region).map_err(|e| {
         refuse(Refusal::Unreadable(format!(
             "the kernel cannot mount it as {}: {e}",
             fs.kernel_name()
@@ -110,13 +160,17 @@ pub fn check(file: &File, name: &str, host: &Host, shown: &str) -> Result<Checke
         )));
     }
     validate(&release, name, host).map_err(|w| refuse(Refusal::Incompatible(w)))?;
-    Ok(Checked { fs, release })
+    Ok(Checked {
+        fs,
+        release,
+        signer,
+    })
 }
 
-fn read_head(file: &File, buf: &mut [u8]) -> std::io::Result<usize> {
+fn read_head(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
-        match rustix::io::pread(file, &mut buf[n..], n as u64) {
+        match rustix::io::pread(file, &mut buf[n..], at + n as u64) {
             Ok(0) => break,
             Ok(k) => n += k,
             Err(rustix::io::Errno::INTR) => {}
@@ -255,8 +309,9 @@ struct Mounted {
     _loop: OwnedFd,
 }
 
-fn mount_ro(file: &File, fs: FsType) -> std::io::Result<Mounted> {
-    let (dev, lo) = attach_loop(file)?;
+/// `region`: (offset, length) of the partition to mount, for a DDI.
+fn mount_ro(file: &File, fs: FsType, region: Option<(u64, u64)>) -> std::io::Result<Mounted> {
+    let (dev, lo) = attach_loop(file, region)?;
     let ctx = rustix::mount::fsopen(fs.kernel_name(), FsOpenFlags::FSOPEN_CLOEXEC)?;
     rustix::mount::fsconfig_set_string(&ctx, "source", dev.as_str())?;
     rustix::mount::fsconfig_set_flag(&ctx, "ro")?;
@@ -349,7 +404,7 @@ pub fn loop_backings() -> Vec<(u32, u32, u64)> {
 
 /// A free loop device bound read-only to `file` (LOOP_CONFIGURE, Linux 5.8+); another process
 /// may take the same free device first, so a busy one is tried again.
-fn attach_loop(file: &File) -> std::io::Result<(String, OwnedFd)> {
+fn attach_loop(file: &File, region: Option<(u64, u64)>) -> std::io::Result<(String, OwnedFd)> {
     let ctl = rustix::fs::open(
         "/dev/loop-control",
         OFlags::RDWR | OFlags::CLOEXEC,
@@ -372,6 +427,10 @@ fn attach_loop(file: &File) -> std::io::Result<(String, OwnedFd)> {
         let mut cfg: LoopConfig = unsafe { std::mem::zeroed() };
         cfg.fd = file.as_fd().as_raw_fd() as u32;
         cfg.info.flags = LO_FLAGS_READ_ONLY | LO_FLAGS_AUTOCLEAR;
+        if let Some((offset, len)) = region {
+            cfg.info.offset = offset;
+            cfg.info.sizelimit = len;
+        }
         // SAFETY: cfg is a live, properly laid out struct loop_config for the whole call.
         let r = unsafe {
             libc::ioctl(

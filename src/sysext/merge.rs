@@ -21,9 +21,12 @@ pub struct Expect<'a> {
     pub version: String,
 }
 
-/// `systemd-sysext refresh`, then daemon-reload.
-pub fn refresh() -> Result<()> {
-    let c = Command::new(&[SYSEXT.into(), "refresh".into()], TIMEOUT)?;
+/// `systemd-sysext refresh` (under `policy`, the one the boot's merge uses, when nodestrap set
+/// one), then daemon-reload.
+pub fn refresh(policy: Option<&str>) -> Result<()> {
+    let mut argv = vec![SYSEXT.to_string(), "refresh".into()];
+    argv.extend(policy.map(|p| format!("--image-policy={p}")));
+    let c = Command::new(&argv, TIMEOUT)?;
     let out = exec::capture(&c, SYSEXT, OUTPUT_CAP)?;
     for l in String::from_utf8_lossy(&out.stdout)
         .lines()

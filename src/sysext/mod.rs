@@ -6,10 +6,12 @@
 
 pub mod bootstrap;
 pub mod choose;
+pub mod ddi;
 pub mod host;
 pub mod image;
 pub mod known_good;
 pub mod merge;
 pub mod stage;
 pub mod sums;
+pub mod trust;
 pub mod verify;

@@ -2,6 +2,7 @@
 //! the symlink `/etc/extensions/<name>.raw`, and older ones kept for rollback (docs/bootstrap.md,
 //! "sysext").
 
+use crate::sysext::trust::Trust;
 use rustix::fs::FileType;
 
 use crate::error::{Error, Result};
@@ -82,9 +83,21 @@ pub fn fetch_image(
     dir_url: &str,
     img: &Image,
     host: &Host,
+    trust: &Trust,
     cap: u64,
     undo: &mut Undo,
 ) -> Result<()> {
+    // What vouches for the image once it is on the disk: the record says it per image.
+    let vouched = |c: &image::Checked| {
+        status::decide(
+            &format!("{}-trust", img.name),
+            match c.signer {
+                Some(i) => trust.root_of(i),
+                None => "none once on the disk: a plain image (its SHA-256 in the signed SHA256SUMS, checked as fetched)".into(),
+            },
+            img.file.as_str(),
+        )
+    };
     let dir = store_dir(&img.name, undo)?;
     let shown = dir.show(&img.file);
     if dir.kind_of(&img.file) == Some(FileType::RegularFile) {
@@ -94,7 +107,7 @@ pub fn fetch_image(
             .matches(&f)
             .map_err(|e| Error::from(e).context(shown.clone()))?
         {
-            image::check(&f, &img.name, host, &shown)?;
+            vouched(&image::check(&f, &img.name, host, trust, &shown)?);
             log::info!("{shown}: already in place, SHA-256 and contents checked again");
             status::staged(&image_path(img), &img.digest);
             return Ok(());
@@ -107,7 +120,7 @@ pub fn fetch_image(
             &dir,
             &img.file,
             (&img.digest, "the signed SHA256SUMS"),
-            &|f| image::check(f, &img.name, host, &shown).map(|_| ()),
+            &|f| image::check(f, &img.name, host, trust, &shown).map(|c| vouched(&c)),
             &mut &mut *body,
             undo,
         )

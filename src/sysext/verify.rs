@@ -219,7 +219,13 @@ pub fn run(v: &Verify) -> Result<()> {
             .filter(|k| !k.ok)
             .filter_map(|k| k.what.strip_suffix(" merged for /usr").map(str::to_string))
             .collect();
-        let (result, note) = match return_to(&root, &known.set, &expected, &missing) {
+        let (result, note) = match return_to(
+            &root,
+            &known.set,
+            &expected,
+            &missing,
+            crate::sysext::trust::policy_of(&record),
+        ) {
             Ok(None) => ("merged".to_string(), String::new()),
             Ok(Some(restart)) => ("merged".to_string(), format!("; but {restart}")),
             Err(e) => (e.to_string(), String::new()),
@@ -466,6 +472,7 @@ fn return_to(
     set: &[Chosen],
     leaving: &[Chosen],
     missing: &[String],
+    policy: Option<&'static str>,
 ) -> Result<Option<String>> {
     for c in set {
         let now = digest_of(root, &c.image, &c.digest);
@@ -505,10 +512,9 @@ fn return_to(
                 );
             }
         }
-        undo.then_on_undo(
-            "the extensions found at boot are merged again",
-            merge::refresh,
-        );
+        undo.then_on_undo("the extensions found at boot are merged again", move || {
+            merge::refresh(policy)
+        });
         let expect: Vec<Expect> = set
             .iter()
             .map(|c| Expect {
@@ -517,7 +523,7 @@ fn return_to(
                 version: c.version.trim_start_matches('v').to_string(),
             })
             .collect();
-        merge::refresh().and_then(|()| merge::prove(&expect))?;
+        merge::refresh(policy).and_then(|()| merge::prove(&expect))?;
         Ok(changed)
     })();
     match changed {

@@ -2034,6 +2034,9 @@ fn stages_from(w: &World, url: &str, keyring: &Path) {
 #[path = "verify.rs"]
 mod verify;
 
+#[path = "signed.rs"]
+mod signed;
+
 /// The events a receiver got on `path`, parsed, in arrival order.
 fn received(r: &Server, path: &str) -> Vec<serde_json::Value> {
     r.requests("POST", path)

@@ -1,0 +1,410 @@
+//! Issue 34, "Verity-signed images, enforced": real signed DDIs made by Debian 13's
+//! systemd-repart 257 (`qemu/build-ddi-tools`, NODESTRAP_DDI_TOOLS), staged by the sysext
+//! bootstrap under `--sysext-trust signed` into a node root as from the initramfs. What the
+//! real systemd-sysext makes of them at boot needs dm-verity, which this machine's kernel
+//! lacks: the QEMU guests prove that part (docs/where-it-runs.md).
+
+use super::*;
+
+/// The Debian 13 root holding systemd-repart (tests/run.sh sets it from qemu/build-ddi-tools).
+fn tools() -> PathBuf {
+    PathBuf::from(std::env::var("NODESTRAP_DDI_TOOLS").expect(
+        "NODESTRAP_DDI_TOOLS: the Debian 13 root qemu/build-ddi-tools prints (tests/run.sh sets it)",
+    ))
+}
+
+/// A key and its self-signed certificate, made by openssl now.
+struct Key {
+    key: PathBuf,
+    crt: PathBuf,
+}
+
+fn key(work: &Path, cn: &str) -> Key {
+    let (key, crt) = (
+        work.join(format!("{cn}.key")),
+        work.join(format!("{cn}.crt")),
+    );
+    let o = Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&crt)
+        .arg(format!("-subj=/CN={cn}"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    Key { key, crt }
+}
+
+/// How a DDI is made.
+enum Make<'a> {
+    /// `systemd-repart --make-ddi=sysext`, signed by this key.
+    Signed(&'a Key),
+    /// root and root-verity partitions, no signature partition (repart definitions of its own).
+    Unsigned,
+}
+
+/// A sysext DDI of extension `name` holding `files`, made by the real systemd-repart 257 in
+/// the Debian 13 root, offline, in a private mount namespace.
+fn ddi(work: &Path, name: &str, files: &[(&str, String)], make: Make) -> Vec<u8> {
+    let w = unique_dir("ddi");
+    let tree = w.join("tree");
+    std::fs::create_dir_all(tree.join("usr/lib/extension-release.d")).unwrap();
+    std::fs::write(
+        tree.join(format!(
+            "usr/lib/extension-release.d/extension-release.{name}"
+        )),
+        ANY,
+    )
+    .unwrap();
+    for (p, content) in files {
+        let f = tree.join(p);
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        std::fs::write(&f, content).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let repart = match make {
+        Make::Signed(k) => {
+            std::fs::copy(&k.key, w.join("key.pem")).unwrap();
+            std::fs::copy(&k.crt, w.join("cert.crt")).unwrap();
+            "--make-ddi=sysext --private-key=/w/key.pem --certificate=/w/cert.crt".to_string()
+        }
+        Make::Unsigned => {
+            let defs = w.join("defs");
+            std::fs::create_dir_all(&defs).unwrap();
+            std::fs::write(
+                defs.join("10-root.conf"),
+                "[Partition]\nType=root\nFormat=erofs\nCopyFiles=/usr\nVerity=data\nVerityMatchKey=root\nMinimize=best\n",
+            )
+            .unwrap();
+            std::fs::write(
+                defs.join("20-root-verity.conf"),
+                "[Partition]\nType=root-verity\nVerity=hash\nVerityMatchKey=root\nMinimize=best\n",
+            )
+            .unwrap();
+            "--definitions=/w/defs --empty=create --size=auto".to_string()
+        }
+    };
+    let t = tools();
+    let o = Command::new("unshare")
+        .args(["-m", "sh", "-ec"])
+        .arg(format!(
+            "mkdir -p {t}/w && mount --bind {w} {t}/w && mount -t proc proc {t}/proc && mount --rbind /dev {t}/dev\n\
+             chroot {t} systemd-repart {repart} --copy-source=/w/tree --offline=yes --no-pager /w/out.raw",
+            t = t.display(),
+            w = w.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "systemd-repart: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let b = std::fs::read(w.join("out.raw")).unwrap();
+    let _ = std::fs::remove_dir_all(&w);
+    let _ = work;
+    b
+}
+
+fn kubelet(v: &str) -> Vec<(&'static str, String)> {
+    vec![(
+        "usr/bin/kubelet",
+        format!("#!/bin/sh\necho 'Kubernetes v{v}'\n"),
+    )]
+}
+
+fn containerd_bin(v: &str) -> Vec<(&'static str, String)> {
+    vec![(
+        "usr/bin/containerd",
+        format!("#!/bin/sh\necho 'containerd github.com/containerd/containerd {v}'\n"),
+    )]
+}
+
+/// A node that can merge signed images: systemd 257's shared library, libcryptsetup.so.12,
+/// kmod, and dm-verity among the running kernel's modules.
+fn verity_capable(w: &World) {
+    w.write(
+        "/usr/lib/x86_64-linux-gnu/systemd/libsystemd-shared-257.so",
+        "",
+    );
+    w.write("/usr/lib/x86_64-linux-gnu/libcryptsetup.so.12", "");
+    w.write("/usr/bin/kmod", "");
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    w.write(
+        &format!(
+            "/usr/lib/modules/{}/kernel/drivers/md/dm-verity.ko.xz",
+            release.trim()
+        ),
+        "",
+    );
+}
+
+/// The world's source, with signed DDIs of kubernetes v1.32.3 and containerd 1.7.24 by `k`.
+fn signed_world(k: &Key) -> World {
+    let w = World::new();
+    verity_capable(&w);
+    let kube = ddi(&w.work, "kubernetes", &kubelet("1.32.3"), Make::Signed(k));
+    let ctd = ddi(
+        &w.work,
+        "containerd",
+        &containerd_bin("1.7.24"),
+        Make::Signed(k),
+    );
+    w.publish(
+        "kubernetes",
+        &[("kubernetes-v1.32.3-x86-64.raw".into(), kube)],
+        "",
+    );
+    w.publish(
+        "containerd",
+        &[("containerd-v1.7.24-x86-64.raw".into(), ctd)],
+        "",
+    );
+    w
+}
+
+fn signed_args(w: &mut World, certs: &Path) {
+    w.extra = vec![
+        "--sysext-trust=signed".into(),
+        format!("--sysext-verity-certs={}", certs.display()),
+    ];
+}
+
+fn decision(w: &World, what: &str) -> String {
+    let rec: serde_json::Value =
+        serde_json::from_str(&w.read("/var/lib/nodestrap/status.json").unwrap()).unwrap();
+    rec["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["what"] == what)
+        .map(|d| {
+            format!(
+                "{} ({})",
+                d["value"].as_str().unwrap(),
+                d["source"].as_str().unwrap()
+            )
+        })
+        .unwrap_or_default()
+}
+
+fn verity_d(w: &World) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(w.path("/etc/verity.d"))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Signed mode with a trusted signer: both DDIs proven (signature, layout, hash tree) and
+/// staged; the certificate in the real root's /etc/verity.d under nodestrap's name; the strict
+/// policy in the drop-in systemd 257 reads; the record names each image's trust root.
+#[test]
+fn signed_ddis_of_a_trusted_key_are_staged_with_their_certificate_and_the_strict_policy() {
+    let work = unique_dir("keys");
+    let a = key(&work, "trusted");
+    let mut w = signed_world(&a);
+    signed_args(&mut w, &a.crt);
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stderr.contains("signed DDI, root hash ")
+            && r.stderr.contains(&format!("signed by {}", a.crt.display())),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        w.link("kubernetes").as_deref(),
+        Some("/opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw")
+    );
+    assert_eq!(
+        w.link("containerd").as_deref(),
+        Some("/opt/extensions/containerd/containerd-v1.7.24-x86-64.raw")
+    );
+    let certs = verity_d(&w);
+    assert_eq!(certs.len(), 1, "{certs:?}");
+    assert!(certs[0].starts_with("nodestrap-") && certs[0].ends_with(".crt"));
+    // The installed file is the certificate: openssl reads it as the same one.
+    let same = |p: &Path| {
+        let o = Command::new("openssl")
+            .args(["x509", "-noout", "-fingerprint", "-sha256", "-in"])
+            .arg(p)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert_eq!(
+        same(&w.path(&format!("/etc/verity.d/{}", certs[0]))),
+        same(&a.crt)
+    );
+    let dropin = w
+        .read("/etc/systemd/system/systemd-sysext.service.d/50-nodestrap-image-policy.conf")
+        .unwrap();
+    assert!(
+        dropin.contains(
+            "ExecStart=\nExecStart=systemd-sysext refresh --image-policy=root=signed+absent:usr=signed+absent\nExecReload=\nExecReload=systemd-sysext refresh --image-policy=root=signed+absent:usr=signed+absent\n"
+        ),
+        "{dropin}"
+    );
+    assert!(
+        decision(&w, "kubernetes-trust").starts_with("signed by "),
+        "{}",
+        decision(&w, "kubernetes-trust")
+    );
+    assert!(decision(&w, "image-policy").starts_with("root=signed+absent:usr=signed+absent"));
+    assert!(decision(&w, "sysext-trust").starts_with("signed (1 certificate(s))"));
+}
+
+/// A DDI signed by a key that is not configured is refused before the switch, naming the
+/// reason: systemd would refuse it at boot, and with it every extension. The previous set
+/// stays linked.
+#[test]
+fn a_ddi_signed_by_another_key_is_refused_and_the_previous_set_stays() {
+    let work = unique_dir("keys");
+    let (a, b) = (key(&work, "trusted"), key(&work, "other"));
+    let mut w = signed_world(&a);
+    signed_args(&mut w, &a.crt);
+    w.run().assert_ok();
+    // The cluster moves to v1.32.4; that image is signed by another key.
+    let kube = ddi(&w.work, "kubernetes", &kubelet("1.32.4"), Make::Signed(&b));
+    let old = ddi(&w.work, "kubernetes", &kubelet("1.32.3"), Make::Signed(&a));
+    w.publish(
+        "kubernetes",
+        &[
+            ("kubernetes-v1.32.3-x86-64.raw".into(), old),
+            ("kubernetes-v1.32.4-x86-64.raw".into(), kube),
+        ],
+        "",
+    );
+    w.write(
+        "/etc/kubernetes/installer/kubelet.env",
+        "KUBELET_IMAGE_TAG=v1.32.4\n",
+    );
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    let r = w.run();
+    r.assert_fails(
+        1,
+        "kubernetes-v1.32.4-x86-64.raw refused: its root hash signature does not verify: signer certificate not found among the trusted certificates",
+    );
+    assert_eq!(
+        w.link("kubernetes").as_deref(),
+        Some("/opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw")
+    );
+    assert!(!w.store("kubernetes").iter().any(|f| f.contains("1.32.4")));
+    assert!(w.read("/etc/kubernetes/kubelet.env").is_none());
+}
+
+/// A DDI with verity but no signature partition (the policy's `verity`, not `signed`) and a
+/// plain squashfs image are refused in signed mode, before any link changes: the runtime's
+/// link is not touched.
+#[test]
+fn unsigned_and_plain_images_are_refused_in_signed_mode() {
+    let work = unique_dir("keys");
+    let a = key(&work, "trusted");
+    let mut w = signed_world(&a);
+    signed_args(&mut w, &a.crt);
+    w.run().assert_ok();
+    let runtime = w.link("containerd");
+    for (label, body, needle) in [
+        (
+            "unsigned",
+            ddi(&w.work, "containerd", &containerd_bin("1.7.25"), Make::Unsigned),
+            "its root partition is not signed: root present, root-verity present, no signature present; the policy `root=signed+absent` refuses it",
+        ),
+        (
+            "plain",
+            containerd(&w.work, "1.7.25", 0),
+            "a plain image, and --sysext-trust signed takes only signed DDIs",
+        ),
+    ] {
+        let ctd = ddi(&w.work, "containerd", &containerd_bin("1.7.24"), Make::Signed(&a));
+        w.publish(
+            "containerd",
+            &[
+                ("containerd-v1.7.24-x86-64.raw".into(), ctd),
+                ("containerd-v1.7.25-x86-64.raw".into(), body),
+            ],
+            "",
+        );
+        std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+        let r = w.run();
+        r.assert_fails(1, needle);
+        assert_eq!(w.link("containerd"), runtime, "{label}");
+        assert!(w.read("/etc/kubernetes/kubelet.env").is_none(), "{label}");
+        // The next test case starts from a done node again.
+        w.write("/etc/kubernetes/kubelet.env", "KUBELET_IMAGE_TAG=v1.32.4\n");
+    }
+}
+
+/// The certificates follow the configuration: two configured, two installed; one taken out
+/// of the PEM file, and the next run takes its file away (systemd then no longer trusts what
+/// it signed). Plain mode takes the policy drop-in away.
+#[test]
+fn certificates_and_the_policy_follow_the_configuration() {
+    let work = unique_dir("keys");
+    let (a, b) = (key(&work, "trusted"), key(&work, "second"));
+    let both = work.join("both.pem");
+    std::fs::write(
+        &both,
+        [
+            std::fs::read(&a.crt).unwrap(),
+            std::fs::read(&b.crt).unwrap(),
+        ]
+        .concat(),
+    )
+    .unwrap();
+    let mut w = signed_world(&a);
+    signed_args(&mut w, &both);
+    w.run().assert_ok();
+    assert_eq!(verity_d(&w).len(), 2, "{:?}", verity_d(&w));
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    signed_args(&mut w, &a.crt);
+    let r = w.run();
+    r.assert_ok();
+    assert_eq!(verity_d(&w).len(), 1, "{:?}", verity_d(&w));
+    assert!(
+        r.stderr
+            .contains("removed: no longer a configured certificate"),
+        "{}",
+        r.stderr
+    );
+    // Something not nodestrap's in /etc/verity.d is left alone.
+    w.write("/etc/verity.d/site.crt", "not ours");
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    w.extra = vec![format!("--sysext-verity-certs={}", a.crt.display())];
+    w.run().assert_ok();
+    assert!(w
+        .read("/etc/systemd/system/systemd-sysext.service.d/50-nodestrap-image-policy.conf")
+        .is_none());
+    assert_eq!(verity_d(&w).len(), 2, "{:?}", verity_d(&w));
+    assert!(decision(&w, "image-policy").starts_with("systemd's default"));
+}
+
+/// Signed mode on a node that cannot merge verity images is refused before anything is staged,
+/// naming each thing missing.
+#[test]
+fn a_node_that_cannot_merge_signed_images_is_refused_first() {
+    let work = unique_dir("keys");
+    let a = key(&work, "trusted");
+    let mut w = signed_world(&a);
+    signed_args(&mut w, &a.crt);
+    std::fs::remove_file(w.path("/usr/lib/x86_64-linux-gnu/libcryptsetup.so.12")).unwrap();
+    std::fs::remove_file(w.path("/usr/bin/kmod")).unwrap();
+    let r = w.run();
+    r.assert_fails(1, "cannot merge signed images: no libcryptsetup.so.12 (Debian: libcryptsetup12), which systemd loads to activate verity; no kmod: no module loads, not even loop");
+    w.assert_nothing_staged();
+    // Signed mode needs its certificates: a configuration error.
+    w.extra = vec!["--sysext-trust=signed".into()];
+    w.run()
+        .assert_fails(2, "--sysext-trust signed needs --sysext-verity-certs");
+}
