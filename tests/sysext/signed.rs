@@ -408,3 +408,61 @@ fn a_node_that_cannot_merge_signed_images_is_refused_first() {
     w.run()
         .assert_fails(2, "--sysext-trust signed needs --sysext-verity-certs");
 }
+
+/// The node's own settings choose signed mode: the config file names the certificates as a
+/// node path, and the record says where the trust came from.
+#[test]
+fn the_config_file_sets_signed_mode_and_its_certificates() {
+    let work = unique_dir("keys");
+    let a = key(&work, "trusted");
+    let w = signed_world(&a);
+    w.write(
+        "/etc/nodestrap/keyring.asc",
+        &std::fs::read_to_string(&w.keyring).unwrap(),
+    );
+    w.write(
+        "/etc/nodestrap/ca.pem",
+        &std::fs::read_to_string(&w.ca_file).unwrap(),
+    );
+    w.write(
+        "/etc/nodestrap/verity.pem",
+        &std::fs::read_to_string(&a.crt).unwrap(),
+    );
+    w.write(
+        "/etc/nodestrap/bootstrap.conf",
+        &format!(
+            "payload=sysext\nsysext-url={}\nkeyring=/etc/nodestrap/keyring.asc\nca-file=/etc/nodestrap/ca.pem\n\
+             kubeconfig=\nsysext-trust=signed\nsysext-verity-certs=/etc/nodestrap/verity.pem\n",
+            w.files.url("/ext/${NAME}")
+        ),
+    );
+    let r = nodestrap(
+        &["bootstrap".into(), format!("--root={}", w.root.display())],
+        None,
+        &[],
+    );
+    r.assert_ok();
+    assert!(
+        decision(&w, "sysext-trust").contains("sysext-verity-certs ")
+            && decision(&w, "sysext-trust").contains("/etc/nodestrap/verity.pem (from "),
+        "{}",
+        decision(&w, "sysext-trust")
+    );
+    assert_eq!(verity_d(&w).len(), 1);
+    // A torcx node's config may not ask for it: an option of the other payload.
+    w.write(
+        "/etc/nodestrap/bootstrap.conf",
+        "payload=torcx\nsysext-trust=signed\n",
+    );
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    nodestrap(
+        &[
+            "bootstrap".into(),
+            format!("--root={}", w.root.display()),
+            "--dry-run".into(),
+        ],
+        None,
+        &[],
+    )
+    .assert_fails(2, "sysext-trust");
+}
