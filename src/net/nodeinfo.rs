@@ -38,12 +38,15 @@ pub struct Answer {
 /// not reported since, or no answer in that time, is `unreached`, never a pass or a mismatch.
 pub fn ask(root: &Root, kubeconfig: &str, wait: Duration, name: &str, want: &Want) -> Answer {
     let until = Instant::now() + wait;
-    // The boot's start in the node's wall clock, to the second the API stores.
-    let booted = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
-        - crate::node::run::since_boot().as_secs() as i64
-        - 1;
+    // The boot's start in the node's wall clock, to the second the API stores; taken at each
+    // answer, as the clock may be set meanwhile (a node that booted with its clock behind).
+    let booted = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64)
+            - crate::node::run::since_boot().as_secs() as i64
+            - 1
+    };
 
     let agrees = |got: &(String, String)| {
         want.kubelet
@@ -67,7 +70,7 @@ pub fn ask(root: &Root, kubeconfig: &str, wait: Duration, name: &str, want: &Wan
         {
             Ok(node) => {
                 let beat = heartbeat(&node);
-                if beat.as_ref().and_then(|b| crate::net::kube::rfc3339(b)) < Some(booted) {
+                if beat.as_ref().and_then(|b| crate::net::kube::rfc3339(b)) < Some(booted()) {
                     why = format!(
                         "Node {name} has not reported since this boot began (its Ready heartbeat: {})",
                         beat.as_deref().unwrap_or("none")
