@@ -263,6 +263,20 @@ fn signed_ddis_of_a_trusted_key_are_staged_with_their_certificate_and_the_strict
     );
     assert!(decision(&w, "image-policy").starts_with("root=signed+absent:usr=signed+absent"));
     assert!(decision(&w, "sysext-trust").starts_with("signed (1 certificate(s))"));
+    // `nodestrap status` shows the mode, the policy in force and each image's trust root.
+    let st = nodestrap(
+        &["status".into(), format!("--root={}", w.root.display())],
+        None,
+        &[],
+    );
+    for row in [
+        "  sysext-trust     signed (1 certificate(s))  from --sysext-verity-certs ",
+        "  image-policy     root=signed+absent:usr=signed+absent  from ",
+        "  kubernetes-trust signed by ",
+        "  containerd-trust signed by ",
+    ] {
+        assert!(st.stdout.contains(row), "{row:?}: {}", st.stdout);
+    }
 }
 
 /// A DDI signed by a key that is not configured is refused before the switch, naming the
