@@ -937,7 +937,9 @@ fn an_api_server_busy_until_the_deadline_is_not_guessed_past_by_default() {
     let mut w = World::new();
     let (api, _ca) = w.with_api("v1.10.2+coreos.0", None);
     api.set("/version", Reply::busy(503, "1"));
-    w.extra.push("--deadline=3".into());
+    // Long enough for several answers even under qemu-user on a loaded machine (the arm64 run):
+    // a first TLS handshake past the deadline would end the run as unreachable, not busy.
+    w.extra.push("--deadline=8".into());
     let r = w.run();
     assert_eq!(r.code, 1, "{}", r.stderr);
     assert!(
