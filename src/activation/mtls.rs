@@ -5,6 +5,7 @@
 //! Servers verify clients against one configured CA (`WebPkiClientVerifier`); clients trust
 //! only the pinned CA they are given, never a system store. TLS 1.3 only: both ends are ours.
 
+use crate::crypto::der::Der;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
@@ -167,23 +168,6 @@ pub struct Peer {
     pub spki: String,
 }
 
-/// One DER TLV: (tag, content, rest).
-fn tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, b) = b.split_first()?;
-    let (&l0, b) = b.split_first()?;
-    let (len, b) = if l0 < 0x80 {
-        (l0 as usize, b)
-    } else {
-        let n = (l0 & 0x7f) as usize;
-        if n == 0 || n > 4 || b.len() < n {
-            return None;
-        }
-        let len = b[..n].iter().fold(0usize, |a, &x| (a << 8) | x as usize);
-        (len, &b[n..])
-    };
-    (b.len() >= len).then(|| (tag, &b[..len], &b[len..]))
-}
-
 pub fn peer(cert_der: &[u8]) -> Option<Peer> {
     const CN: &[u8] = &[0x55, 0x04, 0x03];
     const O: &[u8] = &[0x55, 0x04, 0x0a];
@@ -194,22 +178,13 @@ pub fn peer(cert_der: &[u8]) -> Option<Peer> {
         orgs: Vec::new(),
         spki: spki_sha256(cert_der)?,
     };
-    let mut rdns = cert.subject();
+    let mut rdns = Der(cert.subject());
     while !rdns.is_empty() {
-        let (0x31, set, r) = tlv(rdns)? else {
-            return None;
-        };
-        rdns = r;
-        let mut atvs = set;
+        let mut atvs = Der(rdns.expect(0x31)?);
         while !atvs.is_empty() {
-            let (0x30, atv, r) = tlv(atvs)? else {
-                return None;
-            };
-            atvs = r;
-            let (0x06, oid, r) = tlv(atv)? else {
-                return None;
-            };
-            let (_, value, _) = tlv(r)?;
+            let mut atv = Der(atvs.expect(0x30)?);
+            let oid = atv.expect(0x06)?;
+            let (_, value, _) = atv.tlv()?;
             let value = String::from_utf8_lossy(value).into_owned();
             match oid {
                 CN => p.cn = value,

@@ -2,6 +2,7 @@
 //! hashes, random spreads, certificate pins. Imports nothing of
 //! ours but the ground.
 
+pub mod der;
 pub mod digest;
 pub mod openpgp;
 pub mod pkcs7;

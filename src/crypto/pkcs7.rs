@@ -7,6 +7,8 @@
 //! ECDSA P-256/P-384, Ed25519), already in the binary for TLS.
 
 use rustls::pki_types::CertificateDer;
+
+use crate::crypto::der::Der;
 use webpki::ring as alg;
 
 /// Largest signature taken: a few kilobytes in practice.
@@ -239,61 +241,12 @@ fn strip_zeros(b: &[u8]) -> &[u8] {
     &b[n.min(b.len().saturating_sub(1))..]
 }
 
-/// A DER reader over definite lengths and one-byte tags: what PKCS#7 and X.509 use.
-struct Der<'a>(&'a [u8]);
-
-impl<'a> Der<'a> {
-    /// The next element: (tag, content, the whole element).
-    fn tlv(&mut self) -> Option<(u8, &'a [u8], &'a [u8])> {
-        let b = self.0;
-        let tag = *b.first()?;
-        if tag & 0x1f == 0x1f {
-            return None;
-        }
-        let l0 = *b.get(1)? as usize;
-        let (len, head) = if l0 < 0x80 {
-            (l0, 2)
-        } else {
-            let n = l0 & 0x7f;
-            // No indefinite length (BER), at most 4 length bytes, and the shortest form.
-            if n == 0 || n > 4 || *b.get(2)? == 0 {
-                return None;
-            }
-            let mut len = 0usize;
-            for i in 0..n {
-                len = len << 8 | *b.get(2 + i)? as usize;
-            }
-            if len < 0x80 {
-                return None;
-            }
-            (len, 2 + n)
-        };
-        let end = head.checked_add(len)?;
-        let whole = b.get(..end)?;
-        self.0 = &b[end..];
-        Some((tag, &whole[head..], whole))
-    }
-
-    /// The next element's content, if its tag is `tag`.
-    fn expect(&mut self, tag: u8) -> Option<&'a [u8]> {
-        match self.tlv()? {
-            (t, content, _) if t == tag => Some(content),
-            _ => None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn lengths_are_definite_and_shortest() {
-        assert_eq!(Der(&[0x04, 0x01, 0xaa]).expect(0x04), Some(&[0xaa][..]));
-        assert!(Der(&[0x30, 0x80, 0x00, 0x00]).tlv().is_none());
-        assert!(Der(&[0x04, 0x81, 0x01, 0xaa]).tlv().is_none());
-        assert!(Der(&[0x04, 0x05, 0xaa]).tlv().is_none());
-        assert!(Der(&[0x1f, 0x01, 0x00]).tlv().is_none());
+    fn garbage_is_no_signature() {
         assert!(parse(b"garbage").is_none());
         assert_eq!(strip_zeros(&[0, 0, 5]), &[5]);
         assert_eq!(strip_zeros(&[0]), &[0]);
