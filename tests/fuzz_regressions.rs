@@ -90,3 +90,20 @@ fn a_status_record_survives_its_round_trip_whatever_its_floats() {
     let again = from_json(text.as_bytes(), "again").unwrap();
     assert_eq!(to_json_text(&again).unwrap(), text);
 }
+
+/// An `expirationTimestamp` whose offset holds a multi-byte character (`+ tÞi`): found by
+/// fuzz/exec_credential as a panic, slicing the offset by bytes inside that character. The same
+/// reader judges the API server's Node heartbeats in the boot check. Now not a time.
+#[test]
+fn a_time_offset_with_a_multibyte_character_is_no_time() {
+    let out = br#"{"apiVersion":"client.authentication.k8s.io/v1beta1","kind":"ExecCredential","status":{"token":"t","expirationTimestamp":"2030-01-02T03:04:05.123+ t\xc3\x9ei"}}"#;
+    let _ = nodestrap::fuzz::exec_credential(out, 1_800_000_000);
+    assert_eq!(
+        nodestrap::net::kube::rfc3339("2030-01-02T03:04:05.123+ tÞi"),
+        None
+    );
+    assert_eq!(
+        nodestrap::net::kube::rfc3339("2030-01-02T03:04:05+01:00"),
+        Some(1_893_549_845)
+    );
+}

@@ -886,7 +886,12 @@ pub fn rfc3339(t: &str) -> Option<i64> {
     }
     let offset = match rest {
         "Z" | "z" => 0,
-        o if o.len() == 6 && (o.starts_with('+') || o.starts_with('-')) && &o[3..4] == ":" => {
+        // ASCII first: a byte index inside a multi-byte character would panic.
+        o if o.len() == 6
+            && o.is_ascii()
+            && (o.starts_with('+') || o.starts_with('-'))
+            && &o[3..4] == ":" =>
+        {
             let m = o[1..3].parse::<i64>().ok()? * 3600 + o[4..6].parse::<i64>().ok()? * 60;
             if o.starts_with('-') {
                 -m
