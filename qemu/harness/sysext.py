@@ -12,13 +12,23 @@ nodestrap-verify.service: it passes on the first boot, and on the second (bootst
 the initramfs) it finds what does not run as chosen (sysext-verify: an image that lies about its
 kubelet; sysext-verify-runtime: a containerd staged for an OS update that was rolled back, which
 systemd-sysext left out of the merge), refuses the image and returns the node to the known-good
-set, which the Node then reports."""
+set, which the Node then reports.
+
+sysext-signed (issue 34's signed half) serves signed DDIs (qemu/build-sysext's sysext-ddi-*) to a
+node whose bootstrap.conf says `sysext-trust=signed`: the initramfs proves and stages them and
+installs the certificate and the strict image policy, the real root's systemd-sysext merges them
+under that policy at boot and the node joins; then another signer's image is put under the
+staged kubernetes image's name, and the second boot shows what systemd-sysext and the boot check
+make of it. sysext-initrd-signed (bench only) is its first boot with sysext-initrd's events."""
+
+import base64
 import hashlib
 import json
 import os
 import re
 import secrets
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -91,6 +101,46 @@ CONTAINERD_CONSOLE = """[Service]
 ExecStartPost=-/bin/sh -c 'echo "nodestrap-qemu: containerd started: $$(/usr/bin/containerd --version)" >/dev/console'
 """
 CONTAINERD_STARTED_RE = re.compile(r"nodestrap-qemu: containerd started: (.*)")
+# The signed scenarios: the policy nodestrap sets for systemd 257 and where (docs/bootstrap.md,
+# "Signed images"), and the test's report of what systemd-sysext did at each boot
+# (qemu/guest/sysext/trust-report), after the boot check so that it costs the measured boot
+# nothing.
+POLICY = "root=signed+absent:usr=signed+absent"
+POLICY_DROPIN = "/etc/systemd/system/systemd-sysext.service.d/50-nodestrap-image-policy.conf"
+TRUST_REPORT_UNIT = """# The signed sysext scenarios (qemu/harness/sysext.py): what systemd-sysext did at this boot,
+# on the console (qemu/guest/sysext/trust-report).
+[Unit]
+Description=nodestrap-qemu: report what systemd-sysext did at this boot
+After=systemd-sysext.service sysext-reload.service nodestrap-verify.service
+
+[Service]
+Type=oneshot
+ExecStart=/opt/nodestrap-qemu/trust-report
+
+[Install]
+WantedBy=multi-user.target
+"""
+# sysext-signed's step between its boots (qemu/guest/sysext/swap-image), once, after the boot
+# check of the first boot passed and the report was made.
+SWAP_UNIT = """# The sysext-signed scenario (qemu/harness/sysext.py): once the boot check passed, wait for the
+# harness, put another signer's image under the staged kubernetes image's name, reboot, once.
+[Unit]
+Description=nodestrap-qemu: swap the staged kubernetes image for another signer's, then reboot
+After=nodestrap-verify.service nodestrap-qemu-trust-report.service
+ConditionPathExists=!/var/lib/nodestrap-qemu/swapped
+
+[Service]
+Type=oneshot
+ExecStart=/opt/nodestrap-qemu/swap-image %s
+TimeoutStartSec=30min
+
+[Install]
+WantedBy=multi-user.target
+"""
+IMPOSTER_DIR = "/var/lib/nodestrap-qemu/imposter"
+# The report's lines, read from the console as they come (the timeline would take a journal line
+# such as "Failed to start systemd-sysext.service" for systemd's own).
+TRUST_REPORT_RE = re.compile(r"nodestrap-qemu: sysext-report: (.*)")
 # nodestrap verify's lines (journald has taken the priority prefix off).
 VERIFY_RE = re.compile(r"nodestrap\[\d+\]: (?:<\d>)?(?:\w+: )?((?:verified: |check |the node does not run what |"
                        r"\w+ \S+ \(sha256-\S+\) refused|expecting the known-good).*)")
@@ -100,13 +150,17 @@ class Sx:
     """One sysext scenario: which path bootstraps (initramfs or first-boot unit), what the
     mirror serves, what the disk holds before the boot, Ignition links, what must be staged.
     `events`: None, or where the node's events go ("up": the World's receiver; "down": a closed
-    port on the host). `bench_only`: run only when named (`qemu/run NAME`, bench/boot)."""
+    port on the host). `bench_only`: run only when named (`qemu/run NAME`, bench/boot).
+    `trust`: None, or "signed" (the mirror serves signed DDIs, the node's bootstrap.conf sets
+    `sysext-trust=signed` and its certificate). `tamper`: a second boot after another signer's
+    image replaced the staged kubernetes image (sysext-signed)."""
 
     def __init__(self, name, doc, initrd, mirror="good", preseed=(), links=(), expect_runtime=True, fails=None,
-                 butane=False, boots=1, events=None, bench_only=False):
+                 butane=False, boots=1, events=None, bench_only=False, trust=None, tamper=False):
         self.__dict__.update(locals())
         del self.__dict__["self"]
-        self.runner = lambda *a: (run_verify if mirror.startswith("verify") else run_sysext)(*a)  # defined below
+        self.runner = lambda *a: (run_signed if tamper else run_verify if mirror.startswith("verify")
+                                  else run_sysext)(*a)  # defined below
 
 
 SCENARIOS = [
@@ -152,6 +206,15 @@ SCENARIOS = [
        "but containerd; the boot check finds it not merged, refuses the image, returns to containerd "
        "1.7.24, which starts, and the Node reports it again",
        initrd=True, mirror="verify-runtime", boots=2),
+    Sx("sysext-signed", "signed DDIs under sysext-trust=signed: the initramfs proves and stages them, installs "
+       "the certificate and the strict image policy; the real root's systemd-sysext merges both under that "
+       "policy at boot, the node joins in the first boot and the boot check passes; then an image signed by "
+       "another key replaces the staged kubernetes image under its name: at the next boot systemd-sysext "
+       "merges nothing of it, and the boot check reports the mismatch naming the image",
+       initrd=True, trust="signed", tamper=True, boots=2),
+    Sx("sysext-initrd-signed", "(bench only) sysext-initrd with signed DDIs under sysext-trust=signed (the first "
+       "boot of sysext-signed, with sysext-initrd's events): the cost of verity", initrd=True, trust="signed",
+       events="up", bench_only=True),
 ]
 
 
@@ -168,6 +231,13 @@ class World:
                   env=dict(os.environ, **s.images)).stdout
         self.images = dict(l.split("=", 1) for l in out.splitlines() if "=" in l)
         self.ext = self.images["SYSEXT_IMAGES"]
+        # The signed DDIs of the same trees, the certificate a node trusts, and how nodestrap
+        # names it in /etc/verity.d (the first 16 hex digits of the SHA-256 of its DER).
+        self.ddis = self.images["SYSEXT_DDIS"]
+        self.verity_cert = os.path.join(self.ddis, "keys", "signing.crt")
+        self.cert_fp = hashlib.sha256(pem_der(open(self.verity_cert).read())).hexdigest()
+        self.cert_file = "nodestrap-%s.crt" % self.cert_fp[:16]
+        self.digests = {}
         self.containerd = self.images["CONTAINERD_VERSION"]
         # sysext-verify-runtime's: the next Debian, and the containerd of its image.
         self.next_os = self.images["NEXT_OS_VERSION_ID"]
@@ -215,17 +285,35 @@ class World:
         """The receiver's log as it is now: one event per line, in arrival order."""
         return [json.loads(l) for l in open(self.events_log) if l.strip()]
 
-    def image(self, name, which):
+    def image(self, name, which, signed=False):
+        """The plain image, or with `signed` the signed DDI of the same tree (same file name)."""
+        d = self.ddis if signed else self.ext
         if name == "containerd":
-            return os.path.join(self.ext, "containerd-v%s-x86-64.raw" % self.containerd)
-        return os.path.join(self.ext, "kubernetes-%s-x86-64.raw" % self.release[which])
+            return os.path.join(d, "containerd-v%s-x86-64.raw" % self.containerd)
+        return os.path.join(d, "kubernetes-%s-x86-64.raw" % self.release[which])
+
+    def imposter(self):
+        """The current release's kubernetes tree signed by a key no node trusts, its file named as
+        the trusted DDI's (qemu/build-sysext)."""
+        return os.path.join(self.ddis, "imposter", "kubernetes-%s-x86-64.raw" % self.release[CURRENT])
+
+    def digest(self, path):
+        """`sha256-<hex>` of a file of the run's images, computed once."""
+        if path not in self.digests:
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+            self.digests[path] = "sha256-" + h.hexdigest()
+        return self.digests[path]
 
     def publish(self, sc):
         """The scenario's own mirror directory: images, SHA256SUMS and its binary signature."""
         releases = (PREVIOUS, PATCH) if sc.mirror in ("patch", "verify") else (PREVIOUS, CURRENT)
-        offer = {"kubernetes": [("kubernetes-%s-x86-64.raw" % self.release[w], self.image("kubernetes", w))
+        signed = sc.trust == "signed"  # the signed DDIs, under the plain images' names
+        offer = {"kubernetes": [("kubernetes-%s-x86-64.raw" % self.release[w], self.image("kubernetes", w, signed))
                                 for w in releases],
-                 "containerd": [("containerd-v%s-x86-64.raw" % self.containerd, self.image("containerd", None))]}
+                 "containerd": [("containerd-v%s-x86-64.raw" % self.containerd, self.image("containerd", None, signed))]}
         if sc.mirror == "mismatch":
             offer["kubernetes"][-1] = (offer["kubernetes"][-1][0], os.path.join(self.ext, "kubernetes-fedora.raw"))
         for name, files in offer.items():
@@ -310,6 +398,24 @@ class World:
             files["/etc/nodestrap/bootstrap.conf"] += (
                 "events-token-file=/etc/nodestrap/events-token\nevents-ca-file=/etc/nodestrap/ca.pem\n")
             files["/etc/nodestrap/events-token"] = open(self.events_token).read()
+        units = []
+        if sc.trust:
+            # Signed mode from the node's config file, its certificate delivered by Ignition
+            # (a node path there); and the test's report of what systemd-sysext did at boot.
+            files["/etc/nodestrap/bootstrap.conf"] += (
+                "sysext-trust=%s\nsysext-verity-certs=/etc/nodestrap/verity.pem\n" % sc.trust)
+            files["/etc/nodestrap/verity.pem"] = open(self.verity_cert).read()
+            files["/opt/nodestrap-qemu/trust-report"] = open(os.path.join(HERE, "guest/sysext/trust-report")).read()
+            units.append(("nodestrap-qemu-trust-report.service", TRUST_REPORT_UNIT))
+        if sc.tamper:
+            # The step between the boots (qemu/guest/sysext/swap-image), told by the harness
+            # through `sc.signal_port`; the imposter was planted on the disk (disk()). The patch
+            # stream stays out of the run, as in the verify scenarios.
+            fname = os.path.basename(self.imposter())
+            files["/opt/nodestrap-qemu/swap-image"] = open(os.path.join(HERE, "guest/sysext/swap-image")).read()
+            units += [("nodestrap-patch.timer.d/10-test.conf", PATCH_NEVER),
+                      ("nodestrap-qemu-swap.service", SWAP_UNIT % "%d %s/%s /opt/extensions/kubernetes/%s"
+                       % (sc.signal_port, IMPOSTER_DIR, fname, fname))]
         args = []
         if sc.mirror.startswith("verify"):
             # The step between the two boots (qemu/guest/sysext/rebootstrap), told by the harness
@@ -325,17 +431,17 @@ class World:
             args += ["--link", "%s=%s" % (node_path, target)]
         if sc.mirror.startswith("verify"):
             step = "%d %s" % (sc.signal_port, self.next_os) if sc.mirror == "verify-runtime" else "%d" % sc.signal_port
-            units = [("nodestrap-patch.timer.d/10-test.conf", PATCH_NEVER),
-                     ("nodestrap-qemu-rebootstrap.service", REBOOTSTRAP_UNIT % step),
-                     ("containerd.service.d/99-console.conf", CONTAINERD_CONSOLE)]
+            units += [("nodestrap-patch.timer.d/10-test.conf", PATCH_NEVER),
+                      ("nodestrap-qemu-rebootstrap.service", REBOOTSTRAP_UNIT % step),
+                      ("containerd.service.d/99-console.conf", CONTAINERD_CONSOLE)]
             if sc.mirror == "verify-runtime":
                 units.append(("nodestrap-qemu-rollback.service", ROLLBACK_UNIT))
-            for unit, text in units:
-                local = os.path.join(d, unit)
-                os.makedirs(os.path.dirname(local), exist_ok=True)
-                with open(local, "w") as f:
-                    f.write(text)
-                args += ["--unit", local]
+        for unit, text in units:
+            local = os.path.join(d, unit)
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            with open(local, "w") as f:
+                f.write(text)
+            args += ["--unit", local]
         if sc.mirror == "patch":
             # The patch window shortened to a minute for the test, and the run on the console.
             for unit, text in (("nodestrap-patch.timer", PATCH_WINDOW), ("nodestrap-patch.service", PATCH_CONSOLE)):
@@ -382,17 +488,23 @@ class World:
 
     def disk(self, sc):
         """A copy-on-write overlay of the node image; with `preseed`, over a copy that already
-        holds those images and links, as an earlier bootstrap left them."""
+        holds those images and links, as an earlier bootstrap left them; with `tamper`, over a
+        copy that holds the imposter in IMPOSTER_DIR."""
         base = self.images["SYSEXT_NODE_IMAGE"]
-        if sc.preseed:
+        if sc.preseed or sc.tamper:
             raw = self.s.path(sc.name + "-base.raw")
             run(["cp", "--sparse=always", base, raw])
             cmds = []
-            for name, which in sc.preseed + (("containerd", None),):
+            for name, which in sc.preseed + ((("containerd", None),) if sc.preseed else ()):
                 fname = os.path.basename(self.image(name, which))
                 cmds += ["mkdir /opt/extensions/%s" % name,
                          "write %s /opt/extensions/%s/%s" % (self.image(name, which), name, fname),
                          "symlink /etc/extensions/%s.raw /opt/extensions/%s/%s" % (name, name, fname)]
+            if sc.tamper:
+                # The imposter waits outside every folder systemd-sysext or nodestrap reads,
+                # for the step between the boots (qemu/guest/sysext/swap-image).
+                cmds += ["mkdir %s" % os.path.dirname(IMPOSTER_DIR), "mkdir %s" % IMPOSTER_DIR,
+                         "write %s %s/%s" % (self.imposter(), IMPOSTER_DIR, os.path.basename(self.imposter()))]
             r = subprocess.run(["debugfs", "-w", "-f", "-", raw], input="\n".join(cmds) + "\n",
                                capture_output=True, text=True)
             if r.returncode != 0:
@@ -440,7 +552,7 @@ def prepare(s, sc):
 def run_sysext(s, sc, accel, boot_timeout):
     say("\n=== %s: %s" % (sc.name, sc.doc))
     w, config, disk, base = prepare(s, sc)
-    events, started, failures, reports = [], [], [], []
+    events, started, failures, reports, report = [], [], [], [], []
     joining = Joining(w.cp, sc.name)
     # The receiver's log before this scenario: its events are the lines after these.
     before = len(w.received())
@@ -458,6 +570,9 @@ def run_sysext(s, sc, accel, boot_timeout):
         m = REPORT_RE.search(line)
         if m:
             reports.append(m.groups())
+        m = TRUST_REPORT_RE.search(line)
+        if m:
+            report.append((boots, m.group(1)))
         if not sc.fails and sc.expect_runtime:
             joining.poll(now)
 
@@ -468,6 +583,9 @@ def run_sysext(s, sc, accel, boot_timeout):
             return len(reports) >= 2  # the unit failed, reported, retried and failed again
         if not sc.expect_runtime:
             return bool(started)  # the kubelet ran; with no runtime it cannot join
+        if sc.trust and not trust_report(report, 1)["end"]:
+            joining.poll(time.time() - t0)
+            return False  # the report of what systemd-sysext did comes after the boot check
         joining.poll(time.time() - t0)
         if sc.events and joining.done():
             # The boot check's events too: until nodestrap-verify.service ended and, with the
@@ -523,12 +641,15 @@ def run_sysext(s, sc, accel, boot_timeout):
         sc.timings["nodestrap_run"] = float(run_done.group(1))
     if sc.events and not problems:
         problems = check_events(w, sc, w.received()[before:], disk)
+    if sc.trust and not problems:
+        problems = check_trust_disk(w, sc, report, disk, 1)
     if sc.events:
         f = lambda k: "%.1f s" % sc.timings[k] if sc.timings.get(k) is not None else "-"
         say("  receiver %s: nodestrap %s (first line to summary), %s (its `run done after`), the record's duration %s; "
             "kernel to kubelet %s; the boot check's duration %s (on the node itself %s)" % (
                 sc.events, f("nodestrap"), f("nodestrap_run"), f("bootstrap_duration_s"),
                 f("kernel_to_kubelet"), f("verify_duration_s"), f("verify_local_s")))
+    figures(w, sc, events)
     if "reported" in patch:
         sc.timings["patch published to Node at it"] = round(patch["reported"] - patch["published"], 1)
     if "verified" in patch:
@@ -1114,6 +1235,449 @@ def check_verify(w, sc, case, events, said, seen, runtime, st, disk):
                          or "os-release.rolled-back" in dirs["/var/lib/nodestrap-qemu"]):
         p.append("/etc/os-release is not Debian's link again: %r; /var/lib/nodestrap-qemu holds %r"
                  % (links["/etc/os-release"][:300], dirs["/var/lib/nodestrap-qemu"]))
+    for d, names in dirs.items():
+        left = [n for n in names if ".nodestrap-" in n]
+        if left:
+            p.append("temp files left in %s: %r" % (d, left))
+    return p
+
+
+DOWNLOADED_RE = re.compile(r"^downloaded (\S+): ")
+CHECKED_RE = re.compile(r": \d+ bytes from (\S+), SHA-256 matches")
+
+
+def figures(w, sc, events):
+    """One line of the scenario's figures for bench/boot (qemu/run's results file carries no
+    `local_s`): `  figures NAME: {json}`; with the MiB of the images the mirror offers for the
+    current release (kubernetes and containerd: what a node that joins downloads), and the
+    seconds nodestrap's first run spent between each image's last byte and its `contents
+    checked` line (for a DDI: its layout, signature and hash tree proven; as the console's
+    lines arrived), summed."""
+    keys = ("kernel_to_kubelet", "kernel_to_node", "kernel_to_pod", "nodestrap", "nodestrap_run",
+            "bootstrap_duration_s", "verify_duration_s", "verify_local_s")
+    fig = {k: sc.timings.get(k) for k in keys}
+    got, checked = {}, {}
+    for t, b, k, x in events:
+        if b == 1 and k == "nodestrap":
+            m = DOWNLOADED_RE.search(x) or CHECKED_RE.search(x)
+            if m:
+                (got if m.re is DOWNLOADED_RE else checked).setdefault(m.group(1), t)
+    fig["check_s"] = round(sum(checked[u] - got[u] for u in checked if u in got), 1) if checked else None
+    signed = sc.trust == "signed"
+    fig["images_mib"] = round(sum(os.path.getsize(w.image(n, wh, signed))
+                                  for n, wh in (("kubernetes", CURRENT), ("containerd", None))) / 2 ** 20, 1)
+    say("  figures %s: %s" % (sc.name, json.dumps(fig, sort_keys=True)))
+
+
+def pem_der(pem):
+    """The DER of the first certificate of a PEM text."""
+    body = pem.split("-----BEGIN CERTIFICATE-----", 1)[1].split("-----END CERTIFICATE-----", 1)[0]
+    return base64.b64decode("".join(body.split()))
+
+
+def trust_report(lines, boot):
+    """qemu/guest/sysext/trust-report's lines of one boot (`lines`: (boot, text) as
+    TRUST_REPORT_RE took them from the console): {"ExecStart", "unit", "status", "verity.d":
+    text, "journal", "kernel": [lines], "end": bool}."""
+    r = {"journal": [], "kernel": [], "end": False}
+    for b, t in lines:
+        if b != boot:
+            continue
+        if t == "end":
+            r["end"] = True
+        elif t.startswith("journal: ") or t.startswith("kernel: "):
+            key, _, line = t.partition(": ")
+            r[key].append(line)
+        else:
+            key, _, rest = t.partition(" ")
+            r.setdefault(key, rest)
+    return r
+
+
+def ddi_root_hash(path):
+    """The root hash a signed DDI's signature partition names (its JSON's `rootHash`), read
+    through its GPT (512-byte sectors, as systemd-repart writes them)."""
+    with open(path, "rb") as f:
+        f.seek(512)
+        hdr = f.read(92)
+        if hdr[:8] != b"EFI PART":
+            return None
+        lba, count, size = struct.unpack_from("<QII", hdr, 72)
+        f.seek(lba * 512)
+        table = f.read(count * size)
+        for i in range(count):
+            e = table[i * size:(i + 1) * size]
+            first, last = struct.unpack_from("<QQ", e, 32)
+            if e[56:128].decode("utf-16-le").rstrip("\0").endswith("-verity-sig"):
+                f.seek(first * 512)
+                return json.loads(f.read((last - first + 1) * 512).rstrip(b"\0")).get("rootHash")
+    return None
+
+
+def merged_usr(status):
+    """The extensions `systemd-sysext status --json=short` lists for /usr (sorted), or the text."""
+    try:
+        for h in json.loads(status):
+            if h.get("hierarchy") == "/usr":
+                e = h.get("extensions")
+                return sorted(e) if isinstance(e, list) else e
+    except (TypeError, ValueError, AttributeError):
+        pass
+    return "unreadable: %r" % (status,)
+
+
+def check_trust(w, sc, report, rec, cert, dropin, boot):
+    """A signed boot that merged: what the initramfs run recorded (signed mode, the strict
+    policy in the drop-in, each image signed by the node's certificate and staged as the signed
+    DDI's digest), the certificate and the drop-in on the disk, and what the real root's
+    systemd-sysext did at boot `boot` (its command line with the policy, success, both
+    extensions merged for /usr)."""
+    p = []
+    d = {x.get("what"): (x.get("value"), x.get("source")) for x in (rec or {}).get("decisions") or []}
+    tr = d.get("sysext-trust") or ("", "")
+    if not tr[0].startswith("signed (1 certificate"):
+        p.append("the record's sysext-trust decision is %r, expected signed with 1 certificate" % (tr,))
+    pol = d.get("image-policy") or ("", "")
+    if pol[0] != POLICY or not (pol[1] or "").endswith(POLICY_DROPIN):
+        p.append("the record's image-policy decision is %r, expected %s from %s" % (pol, POLICY, POLICY_DROPIN))
+    tail = "(SHA-256 %s), trusted through /etc/verity.d/%s" % (w.cert_fp, w.cert_file)
+    chosen_ = {c.get("name"): c for c in (rec or {}).get("chosen") or []}
+    for name, which in (("kubernetes", CURRENT), ("containerd", None)):
+        v, src = d.get(name + "-trust") or ("", "")
+        f = os.path.basename(w.image(name, which, True))
+        if not v.startswith("signed by ") or not v.endswith(tail) or src != f:
+            p.append("the record's %s-trust decision is %r, expected `signed by … %s` from %s" % (name, (v, src), tail, f))
+        got = (chosen_.get(name) or {}).get("digest")
+        if got != w.digest(w.image(name, which, True)):
+            p.append("the record chose %s with digest %r, not the signed DDI's %s"
+                     % (name, got, w.digest(w.image(name, which, True))))
+    if cert is None or pem_der(cert.decode()) != pem_der(open(w.verity_cert).read()):
+        p.append("/etc/verity.d/%s on the disk is not the node's certificate: %r" % (w.cert_file, (cert or b"")[:80]))
+    want = "ExecStart=systemd-sysext refresh --image-policy=%s\n" % POLICY
+    if dropin is None or want not in dropin.decode() or "ExecStart=\n" not in dropin.decode():
+        p.append("the drop-in %s on the disk does not reset ExecStart= and set %r: %r" % (POLICY_DROPIN, want, dropin))
+    # What systemd-sysext did at that boot, as the guest's report has it.
+    if not report["end"]:
+        p.append("boot %d: no report of what systemd-sysext did (trust-report)" % boot)
+        return p
+    p += check_policy_ran(report, boot)
+    if sorted(report.get("unit", "").split()) != ["ActiveState=active", "ExecMainStatus=0", "Result=success"]:
+        p.append("boot %d: systemd-sysext.service ended %r" % (boot, report.get("unit")))
+    if merged_usr(report.get("status")) != ["containerd", "kubernetes"]:
+        p.append("boot %d: systemd-sysext status lists %r for /usr, expected containerd and kubernetes"
+                 % (boot, report.get("status")))
+    if report.get("verity.d", "").split() != [w.cert_file]:
+        p.append("boot %d: /etc/verity.d holds %r, expected %s" % (boot, report.get("verity.d"), w.cert_file))
+    # Each image activated as dm-verity: the kernel refused the signature first (its keyrings do
+    # not know a test certificate), systemd's userspace check against /etc/verity.d accepted it,
+    # and erofs was mounted from the verity device, not from the loop device.
+    for name, which in (("kubernetes", CURRENT), ("containerd", None)):
+        rh = ddi_root_hash(w.image(name, which, True))
+        kernel_no = "device-mapper: reload ioctl on %s-verity (" % rh
+        if not any(l.startswith(kernel_no) and l.endswith("failed: Required key not available")
+                   for l in report["journal"]):
+            p.append("boot %d: no activation of %s's verity device (root hash %s) in systemd-sysext's journal: %r"
+                     % (boot, name, rh, report["journal"]))
+    for want in ("Using extensions 'containerd.raw', 'kubernetes.raw'.", "Merged extensions into '/usr'."):
+        if want not in report["journal"]:
+            p.append("boot %d: systemd-sysext's journal lacks %r: %r" % (boot, want, report["journal"]))
+    on_dm = [l for l in report["kernel"] if re.match(r"erofs: \(device dm-\d+\): mounted", l)]
+    if len(on_dm) != 2:
+        p.append("boot %d: erofs was mounted from %d verity devices, expected 2: %r" % (boot, len(on_dm), report["kernel"]))
+    return p
+
+
+def check_policy_ran(report, boot):
+    """The drop-in was in effect: systemd ran systemd-sysext.service's ExecStart= of nodestrap's
+    drop-in (unqualified, as the drop-in writes it), with the strict policy."""
+    want = "{ path=systemd-sysext ; argv[]=systemd-sysext refresh --image-policy=%s ;" % POLICY
+    if not report.get("ExecStart", "").startswith(want):
+        return ["boot %d: systemd-sysext.service's ExecStart is %r, expected %r…" % (boot, report.get("ExecStart"), want)]
+    return []
+
+
+def check_trust_disk(w, sc, lines, disk, boot):
+    files, _, _ = read_disk(disk, ["/var/lib/nodestrap/status.json", "/etc/verity.d/" + w.cert_file, POLICY_DROPIN])
+    rec, err = record_of(files["/var/lib/nodestrap/status.json"], "status.json")
+    if err:
+        return [err]
+    report = trust_report(lines, boot)
+    show_report(report, boot)
+    return check_trust(w, sc, report, rec, files["/etc/verity.d/" + w.cert_file], files[POLICY_DROPIN], boot)
+
+
+def show_report(report, boot):
+    argv = re.search(r"argv\[\]=(.*?) ;", report.get("ExecStart", ""))
+    say("  boot %d: systemd-sysext.service ran %s; %s; /usr: %s" % (
+        boot, argv.group(1) if argv else repr(report.get("ExecStart")), report.get("unit", "?").strip(),
+        merged_usr(report.get("status"))))
+    for line in report["journal"]:
+        say("    journal: " + line)
+    for line in report["kernel"]:
+        if "loop" not in line or "verity" in line:
+            say("    kernel: " + line)
+
+
+def run_signed(s, sc, accel, boot_timeout):
+    """sysext-signed: boot 1 stages signed DDIs from the initramfs, merges them under the strict
+    policy at boot, joins and passes the boot check; the harness then tells the guest
+    (sc.signal_port), which puts another signer's image under the staged kubernetes image's name
+    and reboots; boot 2 shows what systemd-sysext and the boot check make of it."""
+    say("\n=== %s: %s" % (sc.name, sc.doc))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    listener.setblocking(False)
+    sc.signal_port = listener.getsockname()[1]
+    try:
+        return signed_boots(s, sc, accel, boot_timeout, listener)
+    finally:
+        listener.close()
+
+
+def signed_boots(s, sc, accel, boot_timeout, listener):
+    w, config, disk, base = prepare(s, sc)
+    events, started, said, report = [], [], [], []
+    st = {}
+    joining = Joining(w.cp, sc.name)
+    t0 = time.time()
+    first_files = ["/var/lib/nodestrap/status.json", "/var/lib/nodestrap/known-good.json",
+                   "/etc/verity.d/" + w.cert_file, POLICY_DROPIN, "/var/lib/nodestrap-qemu/swapped"]
+
+    def on_line(now, boots, line):
+        if KUBELET_STARTED_RE.search(line):
+            started.append((now, boots))
+        m = VERIFY_RE.search(line)
+        if m:
+            said.append((now, boots, m.group(1)))
+        m = TRUST_REPORT_RE.search(line)
+        if m:
+            report.append((boots, m.group(1)))
+            return
+        for unit in ("nodestrap-verify", "systemd-sysext"):
+            # systemd's status line, which cuts a unit's name at the console's width.
+            if "Failed to start %s.s" % unit in line:
+                st.setdefault("%s failed in boot %d" % (unit, boots), now)
+        if boots == 1 and "reboot: Restarting system" in line and "first disk" not in st:
+            # The disk as the first boot left it (the guest synced before this line).
+            st["first disk"] = read_disk(disk, first_files, ["/opt/extensions/kubernetes", IMPOSTER_DIR])
+
+    def reported(boot):
+        return trust_report(report, boot)["end"]
+
+    def done(boots):
+        now = time.time() - t0
+        if boots == 1:
+            joining.poll(now)
+            if "nodestrap-verify failed in boot 1" in st:
+                return True  # the checks say why
+            if "told" in st:
+                return False
+            if not joining.done() or not reported(1) or not any(
+                    b == 1 and t.startswith("verified: ") for _, b, t in said):
+                return False
+            try:
+                conn, _ = listener.accept()
+            except BlockingIOError:
+                return False
+            with conn:
+                conn.settimeout(10)
+                conn.sendall(b"swap\n")
+            st["told"], st["joined"], st["boot 1 Node"] = now, joining.info, node_status(w.cp, sc.name)
+            say("  %5.1fs  the guest is told to swap the kubernetes image for the imposter and reboot" % now)
+            return False
+        if any(b == 2 and t.startswith("verified: ") for _, b, t in said):
+            return True  # not what should happen: the checks say so
+        if not reported(2) or not any(b == 2 and t.startswith("the node does not run what") for _, b, t in said):
+            return False
+        st.setdefault("boot 2 reported", now)
+        # The unit's failure shows on the console right after verify exits; wait for it a little.
+        return "nodestrap-verify failed in boot 2" in st or now - st["boot 2 reported"] > 30
+
+    boot_timeout += 120  # the first boot waits for the join, the check and the report; then a second boot
+    boots, problems, log = boot_until(s, sc, disk, config, accel, boot_timeout, base, t0, events, on_line, done,
+                                      "the reboot into the second boot",
+                                      "the join, the boot check and the report, or the second boot's verdict")
+    kernel = {b: t for t, b, k, _ in reversed(events) if k == "kernel"}
+    sc.timings = timings(events, next((t for t, b in started if b == 1), None))
+    sc.timings.update(joined(events, joining))
+    run_done = next((RUN_DONE_RE.search(x) for _, b, k, x in events
+                     if b == 1 and k == "nodestrap" and RUN_DONE_RE.search(x)), None)
+    if run_done:
+        sc.timings["nodestrap_run"] = float(run_done.group(1))
+    first = st.get("first disk")
+    rec1, _ = record_of(first[0]["/var/lib/nodestrap/status.json"], "boot 1's status.json") if first else (None, None)
+    v1 = (rec1 or {}).get("verification") or {}
+    for k, v in (("verify_duration_s", v1.get("duration_s")), ("verify_local_s", v1.get("local_s")),
+                 ("bootstrap_duration_s", (rec1 or {}).get("duration_s"))):
+        if v is not None:
+            sc.timings[k] = v
+    at = lambda b, prefix: next((t for t, bb, x in said if bb == b and x.startswith(prefix)), None)
+    for k, (b, t) in {"boot 1: kernel to verified": (1, at(1, "verified: ")),
+                      "boot 2: kernel to systemd-sysext.service failed": (2, st.get("systemd-sysext failed in boot 2")),
+                      "boot 2: kernel to verify's mismatch": (2, at(2, "the node does not run what"))}.items():
+        if t is not None and b in kernel:
+            sc.timings[k] = round(t - kernel[b], 1)
+    if not problems:
+        problems = check_signed(w, sc, events, said, started, st, disk, joining, report)
+    sc.proof = st.get("joined") or joining.info
+    figures(w, sc, events)
+    for k, v in sc.timings.items():
+        if k.startswith("boot "):
+            say("  %-56s %6.1f s" % (k, v))
+    for p in problems:
+        say("  problem: " + p)
+    if problems and log:
+        tail = open(log, errors="replace").read().splitlines()[-40:]
+        say("  last lines of %s:\n    %s" % (log, "\n    ".join(tail)))
+    return not problems, boots, sc.timings.get("kernel_to_kubelet"), problems
+
+
+def check_signed(w, sc, events, said, started, st, disk, joining, lines):
+    p = []
+    current = w.release[CURRENT]
+    fname = "kubernetes-%s-x86-64.raw" % current
+    image = "/opt/extensions/kubernetes/" + fname
+    trusted, imposter = w.digest(w.image("kubernetes", CURRENT, True)), w.digest(w.imposter())
+    in_boot = lambda b: [t for _, bb, t in said if bb == b]
+    boot_said = lambda b: [t for _, bb, k, t in events if bb == b and k == "nodestrap"]
+    # Boot 1: the initramfs staged the signed DDIs, systemd-sysext merged them under the policy,
+    # the kubelet started and joined with the chosen versions, the boot check verified.
+    staged = "kubernetes=%s containerd=v%s activation=staged" % (current, w.containerd)
+    if not any(staged in t for t in boot_said(1)):
+        p.append("boot 1: the initramfs did not stage %r: %r" % (staged, [t for t in boot_said(1) if "done" in t]))
+    if not any(b == 1 for _, b in started):
+        p.append("boot 1: the kubelet never started")
+    want = (current, "containerd://" + w.containerd)
+    if not st.get("joined") or tuple(st["joined"]) != want:
+        p.append("boot 1: the Node joined with %r, expected %r" % (st.get("joined"), want))
+    if joining.running is None:
+        p.append("boot 1: the static pod's mirror pod never ran")
+    if not any(t.startswith("verified: the node runs kubernetes %s, containerd v%s" % (current, w.containerd))
+               for t in in_boot(1)):
+        p.append("boot 1: no `verified:` from nodestrap verify: %r" % in_boot(1))
+    if "nodestrap-verify failed in boot 1" in st:
+        p.append("boot 1: nodestrap-verify.service failed")
+    first = st.get("first disk")
+    if not first:
+        p.append("boot 1 ended without the guest's reboot: its disk was not read")
+        return p
+    files, dirs, _ = first
+    rec, e1 = record_of(files["/var/lib/nodestrap/status.json"], "boot 1's status.json")
+    kg1, e2 = record_of(files["/var/lib/nodestrap/known-good.json"], "boot 1's known-good.json")
+    p += [e for e in (e1, e2) if e]
+    report1 = trust_report(lines, 1)
+    show_report(report1, 1)
+    p += check_trust(w, sc, report1, rec, files["/etc/verity.d/" + w.cert_file], files[POLICY_DROPIN], 1)
+    if rec:
+        v = rec.get("verification") or {}
+        got = (rec.get("phase"), v.get("outcome"), v.get("api"))
+        if got != ("verified", "verified", "confirmed"):
+            p.append("boot 1's record (phase, outcome, api): %r, expected verified, verified, confirmed" % (got,))
+    if kg1 and (versions(kg1.get("set")) != {"kubernetes": current, "containerd": "v" + w.containerd}
+                or kg1.get("refused")):
+        p.append("boot 1's known-good.json: %r" % kg1)
+    # At the reboot the imposter had moved from where it was planted to the staged name.
+    if dirs["/opt/extensions/kubernetes"] != [fname] or dirs[IMPOSTER_DIR] != []:
+        p.append("boot 1: /opt/extensions/kubernetes holds %r, %s %r" % (
+            dirs["/opt/extensions/kubernetes"], IMPOSTER_DIR, dirs[IMPOSTER_DIR]))
+    if files["/var/lib/nodestrap-qemu/swapped"] is None:
+        p.append("boot 1: the guest rebooted without swapping the image")
+    # Boot 2: another signer's image under the staged name. No bootstrap runs (kubelet.env is
+    # there); systemd-sysext refuses it under the strict policy and merges nothing at all, so
+    # neither the kubelet nor containerd runs; the boot check finds the image changed and the
+    # merge empty, has nothing to return to, records the mismatch and fails.
+    if boot_said(2) and any("nodestrap: sysext done" in t for t in boot_said(2)):
+        p.append("boot 2: a bootstrap ran: %r" % [t for t in boot_said(2) if "done" in t])
+    report2 = trust_report(lines, 2)
+    show_report(report2, 2)
+    if not report2["end"]:
+        p.append("boot 2: no report of what systemd-sysext did (trust-report)")
+    else:
+        # As systemd 257 logs it at its default level: the images are activated in no fixed
+        # order; the kernel refuses the imposter's root hash signature (as it refused the
+        # trusted ones in boot 1), the userspace check against /etc/verity.d refuses it too
+        # (silently at this level), no file system is mounted from its verity device, and the
+        # whole merge fails: no extension at all, containerd included (its verity device may
+        # have been set up before the imposter's failed).
+        p += check_policy_ran(report2, 2)
+        if merged_usr(report2.get("status")) != "none":
+            p.append("boot 2: systemd-sysext status lists %r for /usr, expected none" % report2.get("status"))
+        if sorted(report2.get("unit", "").split()) != ["ActiveState=failed", "ExecMainStatus=1", "Result=exit-code"]:
+            p.append("boot 2: systemd-sysext.service ended %r, expected failed, exit code 1" % report2.get("unit"))
+        no_key = re.compile(r"device-mapper: reload ioctl on ([0-9a-f]{64})-verity \(253:(\d+)\) failed: "
+                            r"Required key not available$")
+        imposter_rh, containerd_rh = ddi_root_hash(w.imposter()), ddi_root_hash(w.image("containerd", None, True))
+        said_ = [l for l in report2["journal"] if not l.startswith("systemd-sysext.service: ")
+                 and not l.startswith(("Starting ", "Failed to start ", "Finished "))]
+        refused = [no_key.match(l) for l in said_ if no_key.match(l)]
+        tried = {m.group(1): int(m.group(2)) for m in refused}
+        if (imposter_rh not in tried or set(tried) - {imposter_rh, containerd_rh}
+                or said_ != [m.group(0) for m in refused] + ["Failed to merge hierarchies"]):
+            p.append("boot 2: systemd-sysext logged %r, expected the kernel's refusal of the imposter's root hash %s "
+                     "(and of containerd's %s, if it came first), then `Failed to merge hierarchies`"
+                     % (said_, imposter_rh, containerd_rh))
+        if imposter_rh in tried and any(l.startswith("erofs: (device dm-%d)" % tried[imposter_rh])
+                                        for l in report2["kernel"]):
+            p.append("boot 2: a file system was mounted from the imposter's verity device dm-%d: %r"
+                     % (tried[imposter_rh], report2["kernel"]))
+        if any("Merged extensions" in l or "Using extensions" in l for l in report2["journal"]):
+            p.append("boot 2: systemd-sysext merged something: %r" % report2["journal"])
+    if "systemd-sysext failed in boot 2" not in st:
+        p.append("boot 2: systemd did not report systemd-sysext.service failed")
+    if any(b == 2 for _, b in started):
+        p.append("boot 2: a kubelet started, though nothing should have merged")
+    check_line = "check kubernetes image %s: expected %s, found %s" % (image, trusted, imposter)
+    if check_line not in in_boot(2):
+        p.append("boot 2: verify did not log %r: %r" % (check_line, in_boot(2)))
+    err = [t for t in in_boot(2) if t.startswith("the node does not run what")]
+    want_err = ("the node does not run what /var/lib/nodestrap/status.json chose: kubernetes image %s: expected %s, "
+                "found %s; nothing to return to: the known-good set itself does not run as recorded" % (image, trusted, imposter))
+    if not err or not err[0].startswith(want_err):
+        p.append("boot 2: verify's error is %r, expected %r…" % (err, want_err))
+    if "nodestrap-verify failed in boot 2" not in st:
+        p.append("boot 2: systemd did not report nodestrap-verify.service failed")
+    # The Node: no kubelet of boot 2 ever reported (its boot ID is still boot 1's).
+    now = node_status(w.cp, sc.name)
+    boot1 = (st.get("boot 1 Node") or (None, None, None))[2]
+    if not now or now[2] != boot1:
+        p.append("the Node at the end reports %r; boot 1's boot ID was %r" % (now, boot1))
+    # The disk after boot 2: the record says mismatch, naming the image and both digests; the
+    # image is not refused for good (the file changed on the node is not the image's fault);
+    # nothing changed in /opt/extensions or /etc/extensions.
+    files, dirs, links = read_disk(disk, ["/var/lib/nodestrap/status.json", "/var/lib/nodestrap/known-good.json"],
+                                   ["/opt/extensions/kubernetes", "/opt/extensions/containerd", "/etc/extensions",
+                                    "/etc/verity.d"], ["/etc/extensions/kubernetes.raw"])
+    rec2, e1 = record_of(files["/var/lib/nodestrap/status.json"], "status.json")
+    kg2, e2 = record_of(files["/var/lib/nodestrap/known-good.json"], "known-good.json")
+    p += [e for e in (e1, e2) if e]
+    if rec2:
+        v = rec2.get("verification") or {}
+        bad = [(c.get("what"), c.get("expected"), c.get("running")) for c in v.get("checks") or [] if not c.get("ok")]
+        say("  the record after boot 2: phase %s, outcome %s, api %s, returned %r; failed checks:" % (
+            rec2.get("phase"), v.get("outcome"), v.get("api"), v.get("returned")))
+        for what, exp, run_ in bad:
+            say("    %s: expected %s, found %s" % (what, exp, run_))
+        got = (rec2.get("phase"), v.get("outcome"), v.get("api"), v.get("returned"))
+        if got != ("done", "mismatch", "skipped", None):
+            p.append("the record after boot 2 (phase, outcome, api, returned): %r, expected done, mismatch, skipped, None"
+                     % (got,))
+        if not bad or bad[0] != ("kubernetes image " + image, trusted, imposter):
+            p.append("the record's first failed check is %r, expected the kubernetes image %s: %s, found %s"
+                     % (bad[:1], image, trusted, imposter))
+        for n in ("kubernetes", "containerd"):
+            if (n + " merged for /usr", "listed by systemd-sysext status", "nothing merged") not in bad:
+                p.append("the record does not say %s was not merged because nothing merged: %r" % (n, bad))
+    if kg2:
+        if kg2.get("refused"):
+            p.append("known-good.json refuses %r: a file changed on the node is not the image's fault" % kg2["refused"])
+        if kg1 and kg2.get("set") != kg1.get("set"):
+            p.append("known-good.json's set changed in boot 2: %r" % kg2.get("set"))
+    if dirs["/opt/extensions/kubernetes"] != [fname] or dirs["/etc/verity.d"] != [w.cert_file]:
+        p.append("after boot 2: /opt/extensions/kubernetes holds %r, /etc/verity.d %r" % (
+            dirs["/opt/extensions/kubernetes"], dirs["/etc/verity.d"]))
+    if image not in links["/etc/extensions/kubernetes.raw"]:
+        p.append("/etc/extensions/kubernetes.raw does not name %s: %r" % (image, links["/etc/extensions/kubernetes.raw"][:300]))
     for d, names in dirs.items():
         left = [n for n in names if ".nodestrap-" in n]
         if left:
