@@ -216,6 +216,26 @@ impl Cluster {
         .unwrap();
     }
 
+    /// A kubeconfig at `path` for a new user `cn` who may only read Nodes (a cluster role and
+    /// its binding of that name): what a boot check asks the API server with.
+    pub fn node_reader(&self, cn: &str, path: &Path) {
+        self.kubectl(&[
+            "create",
+            "clusterrole",
+            cn,
+            "--verb=get",
+            "--resource=nodes",
+        ]);
+        self.kubectl(&[
+            "create",
+            "clusterrolebinding",
+            cn,
+            &format!("--clusterrole={cn}"),
+            &format!("--user={cn}"),
+        ]);
+        self.kubeconfig(cn, path);
+    }
+
     /// A kubeconfig at `path` for the user `cn` (a client certificate of the cluster's CA, in no
     /// group).
     pub fn kubeconfig(&self, cn: &str, path: &Path) {

@@ -374,22 +374,8 @@ fn the_real_api_server_confirms_or_contradicts_the_node() {
     w.run().assert_ok();
     let node = format!("verify-{}", std::process::id());
     let user = format!("nodestrap-verify-{}", std::process::id());
-    c.kubectl(&[
-        "create",
-        "clusterrole",
-        &user,
-        "--verb=get",
-        "--resource=nodes",
-    ]);
-    c.kubectl(&[
-        "create",
-        "clusterrolebinding",
-        &user,
-        &format!("--clusterrole={user}"),
-        &format!("--user={user}"),
-    ]);
     let kubeconfig = unique_dir("verify-kubeconfig").join("kubelet.conf");
-    c.kubeconfig(&user, &kubeconfig);
+    c.node_reader(&user, &kubeconfig);
     c.apply(&format!(
         "{{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{{\"name\":\"{node}\"}}}}"
     ));

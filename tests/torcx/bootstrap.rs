@@ -3156,21 +3156,7 @@ fn the_real_api_server_confirms_or_contradicts_a_torcx_node() {
     w.run().assert_ok();
     let node = format!("torcx-verify-{}", std::process::id());
     let user = format!("nodestrap-torcx-verify-{}", std::process::id());
-    c.kubectl(&[
-        "create",
-        "clusterrole",
-        &user,
-        "--verb=get",
-        "--resource=nodes",
-    ]);
-    c.kubectl(&[
-        "create",
-        "clusterrolebinding",
-        &user,
-        &format!("--clusterrole={user}"),
-        &format!("--user={user}"),
-    ]);
-    c.kubeconfig(&user, &w.path("/etc/kubernetes/kubelet.conf"));
+    c.node_reader(&user, &w.path("/etc/kubernetes/kubelet.conf"));
     c.apply(&format!(
         "{{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{{\"name\":\"{node}\"}}}}"
     ));
