@@ -300,7 +300,7 @@ impl<'a> Apply<'a> {
         // The certificates and the policy, before any link names a signed image.
         self.trust.install(root, self.live, undo)?;
         if self.trust.mode == Mode::Signed {
-            others_reported(root, steps)?;
+            others_reported(root, steps, self.trust, self.host.arch)?;
         }
 
         // 7. Switch the links.
@@ -753,22 +753,47 @@ fn load_trust(root: &Root, a: &Bootstrap) -> Result<Trust> {
     Ok(t)
 }
 
-/// Signed mode: the extensions in /etc/extensions that nodestrap does not manage are reported,
-/// never touched; a plain image among them makes the strict policy refuse the boot's whole
-/// merge.
-fn others_reported(root: &Root, steps: &[Step]) -> Result<()> {
+/// Signed mode: the extensions in /etc/extensions that nodestrap does not manage are judged as
+/// the strict policy will judge them and reported, never touched: one that systemd refuses (a
+/// plain image, a DDI whose signer is not a configured certificate) makes the boot merge nothing
+/// at all.
+fn others_reported(root: &Root, steps: &[Step], trust: &Trust, arch: &str) -> Result<()> {
     let Some(d) = root.dir(stage::LINKS)? else {
         return Ok(());
     };
     for n in d.entries()? {
         let ours = steps.iter().any(|s| n == format!("{}.raw", s.img.name));
-        if !ours && !n.starts_with('.') {
-            log::warn!(
-                "{}: not an extension nodestrap manages, left alone; under the strict policy ({}) the boot merges nothing at all if it is not a signed DDI of a certificate in /etc/verity.d",
-                d.show(&n),
-                crate::sysext::trust::POLICY
-            );
-            status::decide("unmanaged-extension", &n, d.show(&n));
+        if ours || n.starts_with('.') {
+            continue;
+        }
+        // Each image's trust root in the record, as for the extensions nodestrap manages.
+        let what = format!("{}-trust", n.strip_suffix(".raw").unwrap_or(&n));
+        let verdict = match root.open_file(&format!("{}/{n}", stage::LINKS)) {
+            Ok(Some(f)) => crate::sysext::ddi::judge(&f, arch, &trust.certs),
+            Ok(None) => Err("it names no file".to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match verdict {
+            Ok(signer) => {
+                let root_of = trust.root_of(signer);
+                log::info!(
+                    "{}: not an extension nodestrap manages, left alone: a signed DDI, {root_of}",
+                    d.show(&n)
+                );
+                status::decide(&what, format_args!("not managed: {root_of}"), d.show(&n));
+            }
+            Err(why) => {
+                log::warn!(
+                    "{}: not an extension nodestrap manages, left alone; under the strict policy ({}) systemd will refuse it, and with it the boot's whole merge: {why}",
+                    d.show(&n),
+                    crate::sysext::trust::POLICY
+                );
+                status::decide(
+                    &what,
+                    format_args!("not managed: refused by the strict policy: {why}"),
+                    d.show(&n),
+                );
+            }
         }
     }
     Ok(())

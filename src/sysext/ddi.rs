@@ -271,6 +271,20 @@ pub fn prove(file: &File, d: &Ddi, certs: &[Cert]) -> Result<Proven, String> {
     })
 }
 
+/// The whole judgement of a file as the strict policy's merge will make it: a signed DDI of
+/// one of `certs` (its index), or why not (a plain image, a layout, a signature).
+pub fn judge(file: &File, arch: &str, certs: &[Cert]) -> Result<usize, String> {
+    let mut head = vec![0u8; 8192];
+    let size = file.metadata().map_err(|e| e.to_string())?.len();
+    let n = head.len().min(size as usize);
+    pread(file, &mut head[..n], 0)?;
+    let Some(sector) = gpt_sector(&head[..n]) else {
+        return Err("a plain image, not a signed DDI".into());
+    };
+    let d = read(file, sector, size, arch)?;
+    prove(file, &d, certs).map(|p| p.signer)
+}
+
 fn hex_bytes(s: &str) -> Option<Vec<u8>> {
     if !s.len().is_multiple_of(2) || s.len() > 128 {
         return None;

@@ -480,3 +480,65 @@ fn the_config_file_sets_signed_mode_and_its_certificates() {
     )
     .assert_fails(2, "sysext-trust");
 }
+
+/// Signed mode judges the extensions it does not manage as the strict policy will, and only
+/// reports them: a DDI of a configured certificate is fine; a plain image and a DDI of another
+/// key would make the boot merge nothing, and the record says so. None of them is touched.
+#[test]
+fn unmanaged_extensions_are_judged_and_reported_never_touched() {
+    let work = unique_dir("keys");
+    let (a, b) = (key(&work, "trusted"), key(&work, "other"));
+    let mut w = signed_world(&a);
+    signed_args(&mut w, &a.crt);
+    let site = [
+        (
+            "good",
+            ddi(&w.work, "good", &kubelet("0"), Make::Signed(&a)),
+        ),
+        (
+            "foreign",
+            ddi(&w.work, "foreign", &kubelet("0"), Make::Signed(&b)),
+        ),
+        ("plain", containerd(&w.work, "0.1", 0)),
+    ];
+    for (n, body) in &site {
+        std::fs::create_dir_all(w.path("/var/lib/site")).unwrap();
+        std::fs::write(w.path(&format!("/var/lib/site/{n}.raw")), body).unwrap();
+        std::fs::create_dir_all(w.path("/etc/extensions")).unwrap();
+        std::os::unix::fs::symlink(
+            format!("/var/lib/site/{n}.raw"),
+            w.path(&format!("/etc/extensions/{n}.raw")),
+        )
+        .unwrap();
+    }
+    let r = w.run();
+    r.assert_ok();
+    let seen: Vec<String> = ["foreign", "good", "plain"]
+        .iter()
+        .map(|n| format!("{n}.raw: {}", decision(&w, &format!("{n}-trust"))))
+        .collect();
+    assert!(
+        seen[0].starts_with(
+            "foreign.raw: not managed: refused by the strict policy: its root hash signature does not verify"
+        ),
+        "{seen:?}"
+    );
+    assert!(
+        seen[1].starts_with("good.raw: not managed: signed by "),
+        "{seen:?}"
+    );
+    assert!(
+        seen[2].starts_with("plain.raw: not managed: refused by the strict policy: a plain image"),
+        "{seen:?}"
+    );
+    assert!(r
+        .stderr
+        .contains("systemd will refuse it, and with it the boot's whole merge"));
+    for (n, body) in &site {
+        assert_eq!(
+            &std::fs::read(w.path(&format!("/var/lib/site/{n}.raw"))).unwrap(),
+            body
+        );
+        assert!(w.path(&format!("/etc/extensions/{n}.raw")).is_symlink());
+    }
+}
