@@ -542,3 +542,55 @@ fn unmanaged_extensions_are_judged_and_reported_never_touched() {
         assert!(w.path(&format!("/etc/extensions/{n}.raw")).is_symlink());
     }
 }
+
+/// Signed mode's own changes (certificates in /etc/verity.d, the policy drop-in, a certificate
+/// taken away) under the fault matrix: an upgrade from a set signed by one key to one signed by
+/// another, the configuration naming only the new key; every mutating call of the run fails in
+/// turn (EIO, ENOSPC) or the run is killed there, and the node must then be as before the run
+/// or as after it, never in between.
+#[test]
+fn fault_matrix_of_a_signed_upgrade() {
+    use support::faults::*;
+    if !native() {
+        return;
+    }
+    let work = unique_dir("keys");
+    let (a, b) = (key(&work, "old"), key(&work, "new"));
+    let mut w = signed_world(&a);
+    signed_args(&mut w, &a.crt);
+    w.run().assert_ok();
+    let kube = ddi(&w.work, "kubernetes", &kubelet("1.32.4"), Make::Signed(&b));
+    let ctd = ddi(
+        &w.work,
+        "containerd",
+        &containerd_bin("1.7.24"),
+        Make::Signed(&b),
+    );
+    w.publish(
+        "kubernetes",
+        &[("kubernetes-v1.32.4-x86-64.raw".into(), kube)],
+        "",
+    );
+    w.publish(
+        "containerd",
+        &[("containerd-v1.7.24-x86-64.raw".into(), ctd)],
+        "",
+    );
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    signed_args(&mut w, &b.crt);
+    let skip = ["var/lib/nodestrap"];
+    let pristine = w.work.join("pristine");
+    copy_tree(&w.root, &pristine);
+    let before = snapshot(&w.root, &skip);
+    let cmd = || command(&w.args_for(&w.root.display().to_string()), None);
+    let (calls, run) = trace(&cmd(), &w.work.join("trace"));
+    run.assert_ok();
+    let after = snapshot(&w.root, &skip);
+    assert_eq!(verity_d(&w).len(), 1, "{:?}", verity_d(&w));
+    assert_eq!(
+        w.link("kubernetes").as_deref(),
+        Some("/opt/extensions/kubernetes/kubernetes-v1.32.4-x86-64.raw")
+    );
+    assert!(calls.len() > 20, "{calls:#?}");
+    matrix(&w.root, &pristine, &w.work, &cmd, &calls, &before, &after);
+}
