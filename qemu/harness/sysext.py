@@ -992,11 +992,10 @@ class Second:
         return ", ".join("%s %s" % kv for kv in which.items())
 
 
-def run_verify(s, sc, accel, boot_timeout):
-    """The verify scenarios: boot 1 joins and the boot check passes; the harness publishes the
-    new image and tells the guest (sc.signal_port), which removes kubelet.env (sysext-verify-runtime:
-    and makes os-release claim the next Debian) and reboots; boot 2's initramfs stages the new
-    image, and the boot check finds it does not run as chosen and returns."""
+
+def with_signal(sc, boots):
+    """Announce the scenario, then run `boots(listener)` with the port the guest's step between
+    the boots connects to (sc.signal_port), closed afterwards."""
     say("\n=== %s: %s" % (sc.name, sc.doc))
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -1004,9 +1003,16 @@ def run_verify(s, sc, accel, boot_timeout):
     listener.setblocking(False)
     sc.signal_port = listener.getsockname()[1]
     try:
-        return verify_boots(s, sc, accel, boot_timeout, listener)
+        return boots(listener)
     finally:
         listener.close()
+
+def run_verify(s, sc, accel, boot_timeout):
+    """The verify scenarios: boot 1 joins and the boot check passes; the harness publishes the
+    new image and tells the guest (sc.signal_port), which removes kubelet.env (sysext-verify-runtime:
+    and makes os-release claim the next Debian) and reboots; boot 2's initramfs stages the new
+    image, and the boot check finds it does not run as chosen and returns."""
+    return with_signal(sc, lambda listener: verify_boots(s, sc, accel, boot_timeout, listener))
 
 
 def verify_boots(s, sc, accel, boot_timeout, listener):
@@ -1423,16 +1429,7 @@ def run_signed(s, sc, accel, boot_timeout):
     policy at boot, joins and passes the boot check; the harness then tells the guest
     (sc.signal_port), which puts another signer's image under the staged kubernetes image's name
     and reboots; boot 2 shows what systemd-sysext and the boot check make of it."""
-    say("\n=== %s: %s" % (sc.name, sc.doc))
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(4)
-    listener.setblocking(False)
-    sc.signal_port = listener.getsockname()[1]
-    try:
-        return signed_boots(s, sc, accel, boot_timeout, listener)
-    finally:
-        listener.close()
+    return with_signal(sc, lambda listener: signed_boots(s, sc, accel, boot_timeout, listener))
 
 
 def signed_boots(s, sc, accel, boot_timeout, listener):
