@@ -216,6 +216,22 @@ impl Cluster {
         .unwrap();
     }
 
+    /// Node `node`'s status as its kubelet reports it: its versions, and its Ready heartbeat at
+    /// `at` (RFC 3339, the node's clock).
+    pub fn report_node(&self, node: &str, kubelet: &str, runtime: &str, at: &str) {
+        self.kubectl(&[
+            "patch",
+            "node",
+            node,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &format!(
+                "{{\"status\":{{\"nodeInfo\":{{\"kubeletVersion\":\"{kubelet}\",\"containerRuntimeVersion\":\"{runtime}\"}},\"conditions\":[{{\"type\":\"Ready\",\"status\":\"True\",\"reason\":\"KubeletReady\",\"message\":\"test\",\"lastHeartbeatTime\":\"{at}\",\"lastTransitionTime\":\"{at}\"}}]}}}}"
+            ),
+        ]);
+    }
+
     /// A kubeconfig at `path` for a new user `cn` who may only read Nodes (a cluster role and
     /// its binding of that name): what a boot check asks the API server with.
     pub fn node_reader(&self, cn: &str, path: &Path) {

@@ -379,20 +379,8 @@ fn the_real_api_server_confirms_or_contradicts_the_node() {
     c.apply(&format!(
         "{{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{{\"name\":\"{node}\"}}}}"
     ));
-    let report = |kubelet: &str| {
-        c.kubectl(&[
-            "patch",
-            "node",
-            &node,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &format!(
-                "{{\"status\":{{\"nodeInfo\":{{\"kubeletVersion\":\"{kubelet}\",\"containerRuntimeVersion\":\"containerd://1.7.24\"}},\"conditions\":[{{\"type\":\"Ready\",\"status\":\"True\",\"reason\":\"KubeletReady\",\"message\":\"test\",\"lastHeartbeatTime\":\"{at}\",\"lastTransitionTime\":\"{at}\"}}]}}}}",
-                at = support::utc_now()
-            ),
-        ]);
-    };
+    let report =
+        |kubelet: &str| c.report_node(&node, kubelet, "containerd://1.7.24", &support::utc_now());
     report("v1.32.3");
     let args = |wait: u32| {
         format!(

@@ -3161,19 +3161,8 @@ fn the_real_api_server_confirms_or_contradicts_a_torcx_node() {
         "{{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{{\"name\":\"{node}\"}}}}"
     ));
     // As the kubelet reports: its versions, and its Ready heartbeat (now, or `at`).
-    let report_at = |kubelet: &str, runtime: &str, at: &str| {
-        c.kubectl(&[
-            "patch",
-            "node",
-            &node,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &format!(
-                "{{\"status\":{{\"nodeInfo\":{{\"kubeletVersion\":\"{kubelet}\",\"containerRuntimeVersion\":\"{runtime}\"}},\"conditions\":[{{\"type\":\"Ready\",\"status\":\"True\",\"reason\":\"KubeletReady\",\"message\":\"test\",\"lastHeartbeatTime\":\"{at}\",\"lastTransitionTime\":\"{at}\"}}]}}}}"
-            ),
-        ]);
-    };
+    let report_at =
+        |kubelet: &str, runtime: &str, at: &str| c.report_node(&node, kubelet, runtime, at);
     let report = |kubelet: &str, runtime: &str| report_at(kubelet, runtime, &support::utc_now());
     let args = |wait: u32| format!("--node-name={node} --api-wait={wait}");
     // A Node whose kubelet has not reported since this boot began is not judged: unreached.
