@@ -70,3 +70,8 @@ pub fn torcx_config(data: &[u8]) -> std::result::Result<usize, String> {
     }
     Ok(l.store_paths.len())
 }
+
+/// A systemd drop-in's settings as the sysext trust check reads them (`sysext::trust`).
+pub fn systemd_dropin(text: &str) -> Vec<(String, String, String)> {
+    crate::sysext::trust::settings(text)
+}

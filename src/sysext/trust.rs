@@ -25,8 +25,29 @@ const PREFIX: &str = "nodestrap-";
 /// systemd 257 and 258 read the policy only from the command line: a drop-in gives it to the
 /// boot's merge.
 const DROPIN: &str = "/etc/systemd/system/systemd-sysext.service.d/50-nodestrap-image-policy.conf";
-/// systemd 259 and later: its configuration file's drop-in folder.
-const CONF_DROPIN: &str = "/etc/systemd/sysext.conf.d/50-nodestrap-image-policy.conf";
+/// systemd 259 and later: its configuration file's drop-in folder (`man sysext.conf`: 60–90 is
+/// the range for drop-ins in /etc).
+const CONF_DROPIN: &str = "/etc/systemd/sysext.conf.d/60-nodestrap-image-policy.conf";
+/// Where systemd finds the drop-ins of systemd-sysext.service and of sysext.conf, first folder
+/// first: a name in an earlier folder hides the same name in a later one, and the files apply
+/// in the order of their names, the last one setting a key winning (systemd.unit(5),
+/// sysext.conf(5); seen with systemd 262).
+const UNIT_DROPIN_DIRS: [&str; 4] = [
+    "/etc/systemd/system/systemd-sysext.service.d",
+    "/run/systemd/system/systemd-sysext.service.d",
+    "/usr/local/lib/systemd/system/systemd-sysext.service.d",
+    "/usr/lib/systemd/system/systemd-sysext.service.d",
+];
+const CONF_DROPIN_DIRS: [&str; 4] = [
+    "/etc/systemd/sysext.conf.d",
+    "/run/systemd/sysext.conf.d",
+    "/usr/local/lib/systemd/sysext.conf.d",
+    "/usr/lib/systemd/sysext.conf.d",
+];
+/// A drop-in is a few lines; more than this is not one nodestrap reads.
+const DROPIN_MAX: u64 = 64 << 10;
+/// Folders hold a few drop-ins; more than this fail the check rather than go unread.
+const DROPINS_MAX: usize = 256;
 /// The first systemd with `--image-policy=`.
 const MIN_POLICY_SYSTEMD: u32 = 254;
 
@@ -99,13 +120,20 @@ impl Trust {
         {
             missing.push("no kmod: no module loads, not even loop".into());
         }
-        if missing.is_empty() {
+        if !missing.is_empty() {
+            return Err(Error::failed(format!(
+                "--sysext-trust signed: the node {} cannot merge signed images: {}",
+                root.show("/"),
+                missing.join("; ")
+            )));
+        }
+        let overrides = overrides(root, systemd_version(root).unwrap_or(0))?;
+        if overrides.is_empty() {
             return Ok(());
         }
         Err(Error::failed(format!(
-            "--sysext-trust signed: the node {} cannot merge signed images: {}",
-            root.show("/"),
-            missing.join("; ")
+            "--sysext-trust signed: the node's own configuration would merge under another image policy than {POLICY}: {}; take it away (or make it set the same policy) and run again",
+            overrides.join("; ")
         )))
     }
 
@@ -180,6 +208,111 @@ impl Trust {
     }
 }
 
+/// What on the node would make its systemd-sysext merge under another policy than nodestrap's,
+/// each naming its file: on systemd `version` 259 and later, an `ImagePolicy=` of sysext.conf's
+/// drop-ins applied after nodestrap's; on every version, a drop-in of systemd-sysext.service
+/// applied after nodestrap's (before 259) or anywhere (259 and later, where the command line
+/// beats the configuration) that gives it another command line.
+fn overrides(root: &Root, version: u32) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    let own_unit = DROPIN.rsplit('/').next().unwrap_or(DROPIN);
+    let own_conf = CONF_DROPIN.rsplit('/').next().unwrap_or(CONF_DROPIN);
+    let ours = format!("systemd-sysext refresh --image-policy={POLICY}");
+    for (path, text) in dropins(root, &UNIT_DROPIN_DIRS)? {
+        let name = path.rsplit('/').next().unwrap_or(&path);
+        if version < 259 && name <= own_unit {
+            continue;
+        }
+        for (section, key, value) in settings(&text) {
+            // An empty value only resets the list: nothing runs under another policy.
+            let command = section == "Service"
+                && (key == "ExecStart" || key == "ExecReload")
+                && !value.is_empty();
+            let weaker = if version < 259 {
+                value != ours
+            } else {
+                value.contains("--image-policy=") && value != ours
+            };
+            if command && weaker {
+                found.push(format!("{} sets {key}={value}", root.show(&path)));
+            }
+        }
+    }
+    if version >= 259 {
+        for (path, text) in dropins(root, &CONF_DROPIN_DIRS)? {
+            if path.rsplit('/').next().unwrap_or(&path) <= own_conf {
+                continue;
+            }
+            for (section, key, value) in settings(&text) {
+                if section == "SysExt" && key == "ImagePolicy" && value != POLICY {
+                    found.push(format!("{} sets ImagePolicy={value}", root.show(&path)));
+                }
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// The `*.conf` drop-ins of `dirs` that apply, as (node path, text), in the order systemd
+/// applies them: by name, a name in an earlier folder hiding the same name in a later one.
+fn dropins(root: &Root, dirs: &[&str]) -> Result<Vec<(String, String)>> {
+    let mut by_name: std::collections::BTreeMap<String, String> = Default::default();
+    for dir in dirs {
+        let Some(d) = root.dir(dir)? else { continue };
+        for n in d.entries()? {
+            if n.ends_with(".conf") {
+                by_name
+                    .entry(n.clone())
+                    .or_insert_with(|| format!("{dir}/{n}"));
+            }
+        }
+        // Fail closed: a drop-in not read could be the one that weakens the policy.
+        if by_name.len() > DROPINS_MAX {
+            return Err(Error::failed(format!(
+                "more than {DROPINS_MAX} drop-ins (up to {}): not read",
+                root.show(dir)
+            )));
+        }
+    }
+    let mut out = Vec::new();
+    for path in by_name.into_values() {
+        // A drop-in linked to /dev/null (masked), or gone meanwhile, says nothing.
+        if let Some(b) = root.read(&path, DROPIN_MAX)? {
+            out.push((path, String::from_utf8_lossy(&b).into_owned()));
+        }
+    }
+    Ok(out)
+}
+
+/// The (section, key, value) settings of a systemd configuration file, as systemd reads them
+/// for what nodestrap asks: comments (`#`, `;`) and blank lines skipped, a `\` at a line's end
+/// joining the next, keys and values trimmed. Never fails: a line that is no setting is none.
+pub(crate) fn settings(text: &str) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    let mut section = String::new();
+    let mut lines = text.lines();
+    while let Some(first) = lines.next() {
+        let mut line = first.trim().to_string();
+        if line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        while line.ends_with('\\') {
+            line.pop();
+            line.push(' ');
+            match lines.next() {
+                Some(next) => line.push_str(next.trim()),
+                None => break,
+            }
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.trim().to_string();
+        } else if let Some((k, v)) = line.split_once('=') {
+            out.push((section.clone(), k.trim().to_string(), v.trim().to_string()));
+        }
+    }
+    out
+}
+
 /// The policy the run that wrote `record` set for the node's merges (its `image-policy`
 /// decision), for every later systemd-sysext call on its behalf.
 pub fn policy_of(record: &status::Record) -> Option<&'static str> {
@@ -251,4 +384,24 @@ fn pem(der: &[u8]) -> String {
     }
     out.push_str("-----END CERTIFICATE-----\n");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::settings;
+
+    #[test]
+    fn settings_read_as_systemd_writes_them() {
+        let text = "# a comment\n; another\n[Service]\nExecStart=\nExecStart = systemd-sysext \\\n  refresh\n\n[SysExt]\nImagePolicy=root=signed+absent\nno setting here\n";
+        let got: Vec<(String, String, String)> = settings(text);
+        let want: Vec<(String, String, String)> = [
+            ("Service", "ExecStart", ""),
+            ("Service", "ExecStart", "systemd-sysext  refresh"),
+            ("SysExt", "ImagePolicy", "root=signed+absent"),
+        ]
+        .iter()
+        .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+        .collect();
+        assert_eq!(got, want);
+    }
 }
