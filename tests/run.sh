@@ -6,10 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The test programs built from the Go module proxy (cached by version; test programs only), and
-# Debian 13's systemd-repart (a debootstrap'ed root, cached by its package list): the
+# Debian 13's systemd-repart and Debian 14's systemd (debootstrap'ed roots, cached by their
+# package lists): the
 # real torcx, the oracle of what torcx finds at boot (tests/torcx, the QEMU guests), real
 # Kubernetes, the cluster the commands that talk to one are tested against
-# (tests/support/cluster.rs) and the QEMU nodes join, and real Butane (ignition/check). Cold, they take minutes: they build in
+# (tests/support/cluster.rs) and the QEMU nodes join, real Butane (ignition/check), the signed
+# DDIs and the oracle of sysext.conf (tests/sysext/signed.rs). Cold, they take minutes: they build in
 # the background while the release binaries link (mostly one core: LTO), and are waited for
 # before the tests that need them.
 go_out=$(mktemp -d)
@@ -18,7 +20,7 @@ go_out=$(mktemp -d)
 worlds=$(mktemp -d /tmp/nodestrap-worlds.XXXXXX)
 trap 'rm -rf "$go_out"; [ ! -d "$worlds" ] || echo "tests/run.sh: the tests'"'"' worlds are kept in $worlds" >&2' EXIT
 (qemu/build-torcx >"$go_out/torcx" && qemu/build-kubernetes >"$go_out/kubernetes" && qemu/build-butane >/dev/null &&
-  qemu/build-ddi-tools >"$go_out/ddi") 2>"$go_out/log" &
+  qemu/build-ddi-tools >"$go_out/ddi" && qemu/build-systemd-forky >"$go_out/forky") 2>"$go_out/log" &
 go_build=$!
 cargo fmt --check
 # clippy -D warnings, shellcheck, pyflakes, the minimum Rust (.ci/lint says what each covers).
@@ -45,7 +47,9 @@ eval "$(cat "$go_out/kubernetes")"
 NODESTRAP_KUBE_BIN=$KUBE_BIN
 # Debian 13's systemd-repart, which makes the signed DDIs of tests/sysext/signed.rs.
 NODESTRAP_DDI_TOOLS=$(cat "$go_out/ddi")
-export NODESTRAP_TORCX NODESTRAP_KUBE_BIN NODESTRAP_DDI_TOOLS
+# Debian 14's systemd (259 or later), whose systemd-sysext reads the policy from sysext.conf.
+NODESTRAP_SYSTEMD_FORKY=$(cat "$go_out/forky")
+export NODESTRAP_TORCX NODESTRAP_KUBE_BIN NODESTRAP_DDI_TOOLS NODESTRAP_SYSTEMD_FORKY
 TMPDIR=$worlds NODESTRAP_BIN=$x86 cargo test --locked
 TMPDIR=$worlds NODESTRAP_BIN=$arm NODESTRAP_RUNNER=${NODESTRAP_RUNNER_ARM64:-/usr/local/lib/nodestrap-ci/qemu-aarch64} \
   cargo test --locked --test bootstrap --test hook --test activate --test reprovision --test kubeconfig

@@ -594,3 +594,189 @@ fn fault_matrix_of_a_signed_upgrade() {
     assert!(calls.len() > 20, "{calls:#?}");
     matrix(&w.root, &pristine, &w.work, &cmd, &calls, &before, &after);
 }
+
+/// The Debian 14 root whose systemd (259 or later) reads its image policy from sysext.conf
+/// (tests/run.sh sets it from qemu/build-systemd-forky).
+fn forky() -> PathBuf {
+    PathBuf::from(std::env::var("NODESTRAP_SYSTEMD_FORKY").expect(
+        "NODESTRAP_SYSTEMD_FORKY: the Debian 14 root qemu/build-systemd-forky prints (tests/run.sh sets it)",
+    ))
+}
+
+/// The systemd version of a root, from its shared library's name.
+fn systemd_of(root: &Path) -> u32 {
+    std::fs::read_dir(root.join("usr/lib/x86_64-linux-gnu/systemd"))
+        .unwrap()
+        .flatten()
+        .find_map(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.strip_prefix("libsystemd-shared-")?
+                .split(['.', '-'])
+                .next()?
+                .parse()
+                .ok()
+        })
+        .expect("libsystemd-shared-*.so in the Debian 14 root")
+}
+
+/// What the real systemd-sysext of the Debian 14 root does with `image` (a plain image) in
+/// /etc/extensions, and the node's sysext.conf drop-ins `conf` (name, text) in
+/// /etc/systemd/sysext.conf.d: `systemd-sysext merge` in a private mount namespace, the root
+/// overlaid so that nothing of it changes. Its exit status and what it printed.
+fn sysext_of_forky(image: &[u8], conf: &[(String, String)]) -> (bool, String) {
+    let s = unique_dir("forky");
+    let up = s.join("up");
+    std::fs::create_dir_all(up.join("etc/extensions")).unwrap();
+    std::fs::create_dir_all(up.join("etc/systemd/sysext.conf.d")).unwrap();
+    std::fs::create_dir_all(s.join("work")).unwrap();
+    std::fs::create_dir_all(s.join("root")).unwrap();
+    std::fs::write(up.join("etc/extensions/probe.raw"), image).unwrap();
+    for (name, text) in conf {
+        std::fs::write(up.join("etc/systemd/sysext.conf.d").join(name), text).unwrap();
+    }
+    let script = format!(
+        "set -e\nmount --make-rprivate /\nR={s}/root\nmount -t overlay overlay -o lowerdir={t},upperdir={s}/up,workdir={s}/work $R\nmount --rbind /dev $R/dev\nmount -t proc proc $R/proc\nmount --rbind /sys $R/sys\nmount -t tmpfs tmpfs $R/run\nrc=0\nchroot $R systemd-sysext merge || rc=$?\nchroot $R systemd-sysext unmerge >/dev/null 2>&1 || true\nexit $rc\n",
+        s = s.display(),
+        t = forky().display()
+    );
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .expect("unshare (util-linux)");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// systemd 259 and later read the image policy from sysext.conf's drop-ins, and there
+/// nodestrap writes it (no unit drop-in): the real systemd-sysext of Debian 14 refuses a plain
+/// image under nodestrap's file and merges it without. A later drop-in of the site's with a
+/// weaker policy, which that systemd obeys, makes nodestrap refuse signed mode naming the file,
+/// before anything is staged; plain mode takes nodestrap's drop-in away.
+#[test]
+fn systemd_259_and_later_read_the_policy_nodestrap_writes_to_sysext_conf() {
+    const CONF: &str = "/etc/systemd/sysext.conf.d/60-nodestrap-image-policy.conf";
+    const UNIT: &str =
+        "/etc/systemd/system/systemd-sysext.service.d/50-nodestrap-image-policy.conf";
+    let v = systemd_of(&forky());
+    assert!(v >= 259, "the Debian 14 root has systemd {v}");
+    let work = unique_dir("keys");
+    let a = key(&work, "trusted");
+    let mut w = signed_world(&a);
+    std::fs::remove_file(w.path("/usr/lib/x86_64-linux-gnu/systemd/libsystemd-shared-257.so"))
+        .unwrap();
+    w.write(
+        &format!("/usr/lib/x86_64-linux-gnu/systemd/libsystemd-shared-{v}.so"),
+        "",
+    );
+    signed_args(&mut w, &a.crt);
+    w.run().assert_ok();
+    let ours = w.read(CONF).expect("nodestrap's sysext.conf drop-in");
+    assert!(w.read(UNIT).is_none(), "no unit drop-in on systemd {v}");
+    let policy = decision(&w, "image-policy");
+    assert!(
+        policy.starts_with("root=signed+absent:usr=signed+absent (") && policy.contains(CONF),
+        "{policy}"
+    );
+    // The real reader: a plain image is refused under nodestrap's drop-in, merged without it.
+    let plain = squashfs(
+        &w.work,
+        "probe",
+        ANY,
+        &[("usr/bin/probe", "probe".into(), 0o755)],
+        0,
+    );
+    let named = |text: &str| {
+        vec![(
+            "60-nodestrap-image-policy.conf".to_string(),
+            text.to_string(),
+        )]
+    };
+    let (ok, said) = sysext_of_forky(&plain, &named(&ours));
+    assert!(
+        !ok && said.contains("probe.raw: Image does not match image policy"),
+        "systemd {v} under nodestrap's drop-in: {said}"
+    );
+    let (ok, said) = sysext_of_forky(&plain, &[]);
+    assert!(
+        ok && said.contains("Using extensions 'probe.raw'"),
+        "systemd {v} without it: {said}"
+    );
+    // A site's drop-in sorted after nodestrap's weakens the policy, as systemd shows...
+    let weaker =
+        "[SysExt]\nImagePolicy=root=unprotected+signed+absent:usr=unprotected+signed+absent\n";
+    let mut both = named(&ours);
+    both.push(("70-site.conf".into(), weaker.into()));
+    let (ok, said) = sysext_of_forky(&plain, &both);
+    assert!(
+        ok,
+        "systemd {v} with a weaker drop-in after nodestrap's: {said}"
+    );
+    // ...so nodestrap refuses signed mode on such a node, naming it, and stages nothing.
+    w.write("/etc/systemd/sysext.conf.d/70-site.conf", weaker);
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    let before = support::faults::snapshot_but_records(&w.root);
+    let r = w.run();
+    r.assert_fails(1, &format!(
+        "--sysext-trust signed: the node's own configuration would merge under another image policy than root=signed+absent:usr=signed+absent: {} sets ImagePolicy=root=unprotected+signed+absent:usr=unprotected+signed+absent",
+        w.path("/etc/systemd/sysext.conf.d/70-site.conf").display()
+    ));
+    assert_eq!(support::faults::snapshot_but_records(&w.root), before);
+    // A drop-in sorted before nodestrap's is overridden by it, as systemd shows: signed mode
+    // goes on.
+    let mut both = named(&ours);
+    both.push(("40-site.conf".into(), weaker.into()));
+    let (ok, said) = sysext_of_forky(&plain, &both);
+    assert!(
+        !ok && said.contains("Image does not match image policy"),
+        "systemd {v} with a weaker drop-in before nodestrap's: {said}"
+    );
+    std::fs::rename(
+        w.path("/etc/systemd/sysext.conf.d/70-site.conf"),
+        w.path("/etc/systemd/sysext.conf.d/40-site.conf"),
+    )
+    .unwrap();
+    w.run().assert_ok();
+    // Plain mode takes nodestrap's drop-in away.
+    std::fs::remove_file(w.path("/etc/kubernetes/kubelet.env")).unwrap();
+    w.extra = vec![format!("--sysext-verity-certs={}", a.crt.display())];
+    w.run().assert_ok();
+    assert!(w.read(CONF).is_none());
+}
+
+/// On 254 to 258 the policy rides on the command line nodestrap's unit drop-in sets: a site's
+/// drop-in applied after it (by name) that sets another command would run the merge without
+/// the policy, so signed mode is refused naming it, before anything is staged; one applied
+/// before it is overridden by nodestrap's, and signed mode goes on.
+#[test]
+fn a_unit_drop_in_after_nodestraps_that_sets_another_command_is_refused() {
+    let work = unique_dir("keys");
+    let a = key(&work, "trusted");
+    let mut w = signed_world(&a);
+    signed_args(&mut w, &a.crt);
+    let site = "/etc/systemd/system/systemd-sysext.service.d/90-site.conf";
+    w.write(
+        site,
+        "[Service]\nExecStart=\nExecStart=systemd-sysext refresh --image-policy=root=verity+signed+absent\n",
+    );
+    let before = support::faults::snapshot_but_records(&w.root);
+    w.run().assert_fails(
+        1,
+        &format!(
+            "image policy than root=signed+absent:usr=signed+absent: {} sets ExecStart=systemd-sysext refresh --image-policy=root=verity+signed+absent; take it away",
+            w.path(site).display()
+        ),
+    );
+    assert_eq!(support::faults::snapshot_but_records(&w.root), before);
+    std::fs::rename(
+        w.path(site),
+        w.path("/etc/systemd/system/systemd-sysext.service.d/10-site.conf"),
+    )
+    .unwrap();
+    w.run().assert_ok();
+}
