@@ -123,9 +123,10 @@ WantedBy=multi-user.target
 # sysext-signed's step between its boots (qemu/guest/sysext/swap-image), once, after the boot
 # check of the first boot passed and the report was made.
 SWAP_UNIT = """# The sysext-signed scenario (qemu/harness/sysext.py): once the boot check passed, wait for the
-# harness, put another signer's image under the staged kubernetes image's name, reboot, once.
+# harness, take the second signer out of nodestrap's configuration and run nodestrap again, put
+# that signer's image under the staged kubernetes image's name, reboot, once.
 [Unit]
-Description=nodestrap-qemu: swap the staged kubernetes image for another signer's, then reboot
+Description=nodestrap-qemu: untrust the second signer, run nodestrap, swap in its image, then reboot
 After=nodestrap-verify.service nodestrap-qemu-trust-report.service
 ConditionPathExists=!/var/lib/nodestrap-qemu/swapped
 
@@ -138,9 +139,14 @@ TimeoutStartSec=30min
 WantedBy=multi-user.target
 """
 IMPOSTER_DIR = "/var/lib/nodestrap-qemu/imposter"
+KEPT_PEM = "/etc/nodestrap/verity-kept.pem"
+# Boot 1's record, saved by swap-image before nodestrap runs again on the running node.
+BOOT1_RECORD = "/var/lib/nodestrap-qemu/status-boot1.json"
 # The report's lines, read from the console as they come (the timeline would take a journal line
 # such as "Failed to start systemd-sysext.service" for systemd's own).
 TRUST_REPORT_RE = re.compile(r"nodestrap-qemu: sysext-report: (.*)")
+# What nodestrap's second run in sysext-signed said of /etc/verity.d (swap-image, from its journal).
+PATCH_RUN_RE = re.compile(r"nodestrap-qemu: patch run: (.*)")
 # nodestrap verify's lines (journald has taken the priority prefix off).
 VERIFY_RE = re.compile(r"nodestrap\[\d+\]: (?:<\d>)?(?:\w+: )?((?:verified: |check |the node does not run what |"
                        r"\w+ \S+ \(sha256-\S+\) refused|expecting the known-good).*)")
@@ -206,14 +212,16 @@ SCENARIOS = [
        "but containerd; the boot check finds it not merged, refuses the image, returns to containerd "
        "1.7.24, which starts, and the Node reports it again",
        initrd=True, mirror="verify-runtime", boots=2),
-    Sx("sysext-signed", "signed DDIs under sysext-trust=signed: the initramfs proves and stages them, installs "
-       "the certificate and the strict image policy; the real root's systemd-sysext merges both under that "
-       "policy at boot, the node joins in the first boot and the boot check passes; then an image signed by "
-       "another key replaces the staged kubernetes image under its name: at the next boot systemd-sysext "
-       "merges nothing of it, and the boot check reports the mismatch naming the image",
+    Sx("sysext-signed", "signed DDIs under sysext-trust=signed with two trusted signers: the initramfs proves and "
+       "stages them, installs both certificates and the strict image policy; the real root's systemd-sysext "
+       "merges both under that policy at boot, the node joins in the first boot and the boot check passes; "
+       "then the second signer leaves the configuration and the node's patch unit runs nodestrap, which takes "
+       "its certificate away; an image that signer signed replaces the staged kubernetes image under its "
+       "name: at the next boot systemd-sysext merges nothing of it, and the boot check reports the mismatch "
+       "naming the image",
        initrd=True, trust="signed", tamper=True, boots=2),
     Sx("sysext-initrd-signed", "(bench only) sysext-initrd with signed DDIs under sysext-trust=signed (the first "
-       "boot of sysext-signed, with sysext-initrd's events): the cost of verity", initrd=True, trust="signed",
+       "boot of sysext-signed with one certificate and sysext-initrd's events): the cost of verity", initrd=True, trust="signed",
        events="up", bench_only=True),
 ]
 
@@ -237,6 +245,11 @@ class World:
         self.verity_cert = os.path.join(self.ddis, "keys", "signing.crt")
         self.cert_fp = hashlib.sha256(pem_der(open(self.verity_cert).read())).hexdigest()
         self.cert_file = "nodestrap-%s.crt" % self.cert_fp[:16]
+        # The second signer's: sysext-signed trusts it in its first boot (a rotation under way)
+        # and takes it out of the configuration before the imposter it signed is swapped in.
+        self.imposter_cert = os.path.join(self.ddis, "keys", "imposter.crt")
+        self.imposter_file = "nodestrap-%s.crt" % hashlib.sha256(
+            pem_der(open(self.imposter_cert).read())).hexdigest()[:16]
         self.digests = {}
         self.containerd = self.images["CONTAINERD_VERSION"]
         # sysext-verify-runtime's: the next Debian, and the containerd of its image.
@@ -405,6 +418,11 @@ class World:
             files["/etc/nodestrap/bootstrap.conf"] += (
                 "sysext-trust=%s\nsysext-verity-certs=/etc/nodestrap/verity.pem\n" % sc.trust)
             files["/etc/nodestrap/verity.pem"] = open(self.verity_cert).read()
+            if sc.tamper:
+                # Both signers trusted at first; the step between the boots puts back the
+                # first alone (KEPT_PEM) before nodestrap runs again.
+                files[KEPT_PEM] = files["/etc/nodestrap/verity.pem"]
+                files["/etc/nodestrap/verity.pem"] += open(self.imposter_cert).read()
             files["/opt/nodestrap-qemu/trust-report"] = open(os.path.join(HERE, "guest/sysext/trust-report")).read()
             units.append(("nodestrap-qemu-trust-report.service", TRUST_REPORT_UNIT))
         if sc.tamper:
@@ -414,8 +432,8 @@ class World:
             fname = os.path.basename(self.imposter())
             files["/opt/nodestrap-qemu/swap-image"] = open(os.path.join(HERE, "guest/sysext/swap-image")).read()
             units += [("nodestrap-patch.timer.d/10-test.conf", PATCH_NEVER),
-                      ("nodestrap-qemu-swap.service", SWAP_UNIT % "%d %s/%s /opt/extensions/kubernetes/%s"
-                       % (sc.signal_port, IMPOSTER_DIR, fname, fname))]
+                      ("nodestrap-qemu-swap.service", SWAP_UNIT % "%d %s/%s /opt/extensions/kubernetes/%s %s %s"
+                       % (sc.signal_port, IMPOSTER_DIR, fname, fname, KEPT_PEM, "/etc/nodestrap/verity.pem"))]
         args = []
         if sc.mirror.startswith("verify"):
             # The step between the two boots (qemu/guest/sysext/rebootstrap), told by the harness
@@ -1332,17 +1350,19 @@ def merged_usr(status):
     return "unreadable: %r" % (status,)
 
 
-def check_trust(w, sc, report, rec, cert, dropin, boot):
+def check_trust(w, sc, report, rec, cert, dropin, boot, trusted=None):
     """A signed boot that merged: what the initramfs run recorded (signed mode, the strict
     policy in the drop-in, each image signed by the node's certificate and staged as the signed
     DDI's digest), the certificate and the drop-in on the disk, and what the real root's
     systemd-sysext did at boot `boot` (its command line with the policy, success, both
-    extensions merged for /usr)."""
+    extensions merged for /usr). `trusted`: the names nodestrap gave the configured
+    certificates in /etc/verity.d (default: the node's certificate alone)."""
     p = []
+    trusted = sorted(trusted or [w.cert_file])
     d = {x.get("what"): (x.get("value"), x.get("source")) for x in (rec or {}).get("decisions") or []}
     tr = d.get("sysext-trust") or ("", "")
-    if not tr[0].startswith("signed (1 certificate"):
-        p.append("the record's sysext-trust decision is %r, expected signed with 1 certificate" % (tr,))
+    if not tr[0].startswith("signed (%d certificate" % len(trusted)):
+        p.append("the record's sysext-trust decision is %r, expected signed with %d certificate(s)" % (tr, len(trusted)))
     pol = d.get("image-policy") or ("", "")
     if pol[0] != POLICY or not (pol[1] or "").endswith(POLICY_DROPIN):
         p.append("the record's image-policy decision is %r, expected %s from %s" % (pol, POLICY, POLICY_DROPIN))
@@ -1372,8 +1392,8 @@ def check_trust(w, sc, report, rec, cert, dropin, boot):
     if merged_usr(report.get("status")) != ["containerd", "kubernetes"]:
         p.append("boot %d: systemd-sysext status lists %r for /usr, expected containerd and kubernetes"
                  % (boot, report.get("status")))
-    if report.get("verity.d", "").split() != [w.cert_file]:
-        p.append("boot %d: /etc/verity.d holds %r, expected %s" % (boot, report.get("verity.d"), w.cert_file))
+    if sorted(report.get("verity.d", "").split()) != trusted:
+        p.append("boot %d: /etc/verity.d holds %r, expected %s" % (boot, report.get("verity.d"), " ".join(trusted)))
     # Each image activated as dm-verity: the kernel refused the signature first (its keyrings do
     # not know a test certificate), systemd's userspace check against /etc/verity.d accepted it,
     # and erofs was mounted from the verity device, not from the loop device.
@@ -1425,10 +1445,12 @@ def show_report(report, boot):
 
 
 def run_signed(s, sc, accel, boot_timeout):
-    """sysext-signed: boot 1 stages signed DDIs from the initramfs, merges them under the strict
-    policy at boot, joins and passes the boot check; the harness then tells the guest
-    (sc.signal_port), which puts another signer's image under the staged kubernetes image's name
-    and reboots; boot 2 shows what systemd-sysext and the boot check make of it."""
+    """sysext-signed: boot 1 stages signed DDIs from the initramfs (two signers trusted), merges
+    them under the strict policy at boot, joins and passes the boot check; the harness then tells
+    the guest (sc.signal_port), which takes the second signer out of the configuration, runs
+    nodestrap again (nodestrap-patch.service: its certificate goes), puts that signer's image
+    under the staged kubernetes image's name and reboots; boot 2 shows what systemd-sysext and the
+    boot check make of it."""
     return with_signal(sc, lambda listener: signed_boots(s, sc, accel, boot_timeout, listener))
 
 
@@ -1438,8 +1460,9 @@ def signed_boots(s, sc, accel, boot_timeout, listener):
     st = {}
     joining = Joining(w.cp, sc.name)
     t0 = time.time()
-    first_files = ["/var/lib/nodestrap/status.json", "/var/lib/nodestrap/known-good.json",
-                   "/etc/verity.d/" + w.cert_file, POLICY_DROPIN, "/var/lib/nodestrap-qemu/swapped"]
+    first_files = ["/var/lib/nodestrap/status.json", "/var/lib/nodestrap/known-good.json", BOOT1_RECORD,
+                   "/etc/verity.d/" + w.cert_file, "/etc/verity.d/" + w.imposter_file, POLICY_DROPIN,
+                   "/var/lib/nodestrap-qemu/swapped"]
 
     def on_line(now, boots, line):
         if KUBELET_STARTED_RE.search(line):
@@ -1450,6 +1473,10 @@ def signed_boots(s, sc, accel, boot_timeout, listener):
         m = TRUST_REPORT_RE.search(line)
         if m:
             report.append((boots, m.group(1)))
+            return
+        m = PATCH_RUN_RE.search(line)
+        if m:
+            st.setdefault("patch run", []).append(m.group(1).strip())
             return
         for unit in ("nodestrap-verify", "systemd-sysext"):
             # systemd's status line, which cuts a unit's name at the console's width.
@@ -1481,7 +1508,8 @@ def signed_boots(s, sc, accel, boot_timeout, listener):
                 conn.settimeout(10)
                 conn.sendall(b"swap\n")
             st["told"], st["joined"], st["boot 1 Node"] = now, joining.info, node_status(w.cp, sc.name)
-            say("  %5.1fs  the guest is told to swap the kubernetes image for the imposter and reboot" % now)
+            say("  %5.1fs  the guest is told to untrust the second signer, run nodestrap, swap in its image and reboot"
+                % now)
             return False
         if any(b == 2 and t.startswith("verified: ") for _, b, t in said):
             return True  # not what should happen: the checks say so
@@ -1491,7 +1519,9 @@ def signed_boots(s, sc, accel, boot_timeout, listener):
         # The unit's failure shows on the console right after verify exits; wait for it a little.
         return "nodestrap-verify failed in boot 2" in st or now - st["boot 2 reported"] > 30
 
-    boot_timeout += 120  # the first boot waits for the join, the check and the report; then a second boot
+    # The first boot waits for the join, the check, the report and nodestrap's second run (which
+    # proves both images again); then a second boot.
+    boot_timeout += 300
     boots, problems, log = boot_until(s, sc, disk, config, accel, boot_timeout, base, t0, events, on_line, done,
                                       "the reboot into the second boot",
                                       "the join, the boot check and the report, or the second boot's verdict")
@@ -1503,7 +1533,7 @@ def signed_boots(s, sc, accel, boot_timeout, listener):
     if run_done:
         sc.timings["nodestrap_run"] = float(run_done.group(1))
     first = st.get("first disk")
-    rec1, _ = record_of(first[0]["/var/lib/nodestrap/status.json"], "boot 1's status.json") if first else (None, None)
+    rec1, _ = record_of(first[0][BOOT1_RECORD], "boot 1's status.json") if first else (None, None)
     v1 = (rec1 or {}).get("verification") or {}
     for k, v in (("verify_duration_s", v1.get("duration_s")), ("verify_local_s", v1.get("local_s")),
                  ("bootstrap_duration_s", (rec1 or {}).get("duration_s"))):
@@ -1560,12 +1590,35 @@ def check_signed(w, sc, events, said, started, st, disk, joining, lines):
         p.append("boot 1 ended without the guest's reboot: its disk was not read")
         return p
     files, dirs, _ = first
-    rec, e1 = record_of(files["/var/lib/nodestrap/status.json"], "boot 1's status.json")
+    # Boot 1's record as the boot check left it (swap-image saved it before nodestrap ran again).
+    rec, e1 = record_of(files[BOOT1_RECORD], "boot 1's status.json")
     kg1, e2 = record_of(files["/var/lib/nodestrap/known-good.json"], "boot 1's known-good.json")
     p += [e for e in (e1, e2) if e]
     report1 = trust_report(lines, 1)
     show_report(report1, 1)
-    p += check_trust(w, sc, report1, rec, files["/etc/verity.d/" + w.cert_file], files[POLICY_DROPIN], 1)
+    # Both signers trusted in boot 1: both certificates installed, both images signed by the first.
+    p += check_trust(w, sc, report1, rec, files["/etc/verity.d/" + w.cert_file], files[POLICY_DROPIN], 1,
+                     trusted=[w.cert_file, w.imposter_file])
+    # The run after the second signer left the configuration (nodestrap-patch.service on the
+    # running node): signed mode with one certificate, nothing to change in the images, and the
+    # second signer's certificate gone from /etc/verity.d before the swap.
+    again, e3 = record_of(files["/var/lib/nodestrap/status.json"], "the status.json of the run after boot 1")
+    p += [e3] if e3 else []
+    if again:
+        d = {x.get("what"): x.get("value") for x in again.get("decisions") or []}
+        got = (again.get("phase"), (d.get("sysext-trust") or "").split(")")[0] + ")", d.get("activation"))
+        say("  the run after the second signer left the configuration: phase %s, trust %r, activation %s" % got)
+        if got != ("verified", "signed (1 certificate(s)", "unchanged"):
+            p.append("the run after the second signer left the configuration recorded (phase, trust, activation) %r, "
+                     "expected verified, signed (1 certificate(s)), unchanged" % (got,))
+    if files["/etc/verity.d/" + w.imposter_file] is not None:
+        p.append("/etc/verity.d/%s (the second signer's) was still there at the reboot" % w.imposter_file)
+    for t in st.get("patch run", []):
+        say("    patch run: " + t)
+    if not any("/etc/verity.d/%s: removed: no longer a configured certificate" % w.imposter_file in t
+               for t in st.get("patch run", [])):
+        p.append("boot 1: nodestrap's run after the rotation did not say it removed /etc/verity.d/%s: %r"
+                 % (w.imposter_file, st.get("patch run")))
     if rec:
         v = rec.get("verification") or {}
         got = (rec.get("phase"), v.get("outcome"), v.get("api"))
