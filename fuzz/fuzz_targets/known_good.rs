@@ -1,10 +1,11 @@
 //! The sysext bootstrap and `nodestrap verify` reading the node's known-good set
-//! (`sysext::known_good::KnownGood::from_json`): any bytes are a set or an error, never a panic;
+//! (`StateFile::from_json` of `sysext::known_good::KnownGood`): any bytes are a set or an error, never a panic;
 //! a set read is written back as the same set, its refusals are found by name and digest, and
 //! a lower version never lowers a floor without the downgrade flag.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use nodestrap::node::state_file::StateFile;
 use nodestrap::sysext::known_good::KnownGood;
 
 fuzz_target!(|data: &[u8]| {

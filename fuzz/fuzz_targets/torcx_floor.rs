@@ -1,10 +1,11 @@
 //! The torcx bootstrap and the hook reading the node's torcx version floor
-//! (`torcx::floor::TorcxFloor::from_json`): any bytes are floors or an error, never a panic;
+//! (`StateFile::from_json` of `torcx::floor::TorcxFloor`): any bytes are floors or an error, never a panic;
 //! floors read are written back as the same floors, and a lower version never lowers a floor
 //! without the downgrade flag.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use nodestrap::node::state_file::StateFile;
 use nodestrap::torcx::floor::TorcxFloor;
 
 fuzz_target!(|data: &[u8]| {

@@ -17,5 +17,6 @@ pub mod root;
 pub mod run;
 pub mod seams;
 pub mod signals;
+pub mod state_file;
 pub mod status;
 pub mod undo;

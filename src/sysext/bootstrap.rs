@@ -14,6 +14,7 @@ use crate::net::kube::Kube;
 use crate::node::mappings::Mappings;
 use crate::node::marker;
 use crate::node::root::Root;
+use crate::node::state_file::StateFile;
 use crate::node::status;
 use crate::node::undo::Undo;
 use crate::sysext::choose;

@@ -9,16 +9,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
 use crate::node::floor::Floors;
-use crate::node::root::Root;
+use crate::node::state_file::StateFile;
 use crate::node::status::Chosen;
 use crate::sysext::sums::Date;
 
 pub const PATH: &str = "/var/lib/nodestrap/known-good.json";
-const SCHEMA: u32 = 1;
-/// A small file; a larger one is not ours.
-const CAP: u64 = 256 << 10;
 /// Refusals kept, newest last: a node refuses a handful of images in its life.
 const MAX_REFUSED: usize = 32;
 
@@ -63,44 +59,26 @@ pub struct Refused {
     pub at: String,
 }
 
-impl KnownGood {
-    /// The file under `root`, or an empty one when there is none. A file that is not ours is an
-    /// error naming it: a node that cannot tell its refused images must not guess.
-    pub fn load(root: &Root) -> Result<KnownGood> {
-        let Some(bytes) = root.read(PATH, CAP)? else {
-            return Ok(KnownGood {
-                schema: SCHEMA,
-                ..Default::default()
-            });
-        };
-        KnownGood::from_json(&bytes, &root.show(PATH))
+impl StateFile for KnownGood {
+    const PATH: &'static str = PATH;
+    const WHAT: &'static str = "nodestrap's known-good set";
+    const SCHEMA: u32 = 1;
+    const CAP: u64 = 256 << 10;
+
+    fn schema(&self) -> u32 {
+        self.schema
     }
 
-    /// The file's bytes as read from `name` (serde_json's depth limit of 128 bounds nesting;
-    /// the caller bounds the size).
-    pub fn from_json(bytes: &[u8], name: &str) -> Result<KnownGood> {
-        let k: KnownGood = serde_json::from_slice(bytes)
-            .map_err(|e| Error::failed(format!("{name}: not nodestrap's known-good set: {e}")))?;
-        if k.schema != SCHEMA {
-            return Err(Error::failed(format!(
-                "{name}: schema {} (this nodestrap reads {SCHEMA})",
-                k.schema
-            )));
+    /// Empty: before the first verified boot, nothing refused, no floor.
+    fn empty() -> Self {
+        KnownGood {
+            schema: Self::SCHEMA,
+            ..Default::default()
         }
-        Ok(k)
     }
+}
 
-    pub fn to_json(&self) -> Result<Vec<u8>> {
-        let mut json =
-            serde_json::to_vec_pretty(self).map_err(|e| Error::failed(format!("{PATH}: {e}")))?;
-        json.push(b'\n');
-        Ok(json)
-    }
-
-    pub fn save(&self, root: &Root) -> Result<()> {
-        root.write_atomic(PATH, &self.to_json()?, 0o644)
-    }
-
+impl KnownGood {
     /// Why `digest` of `name` was refused, if it was.
     pub fn refusal(&self, name: &str, digest: &str) -> Option<&Refused> {
         self.refused

@@ -17,6 +17,7 @@ use crate::cli::Verify;
 use crate::error::{Error, Result};
 use crate::net::nodeinfo;
 use crate::node::root::Root;
+use crate::node::state_file::StateFile;
 use crate::node::status::{
     self, ApiCheck, Check, Chosen, Phase, Record, Returned, State, Verification,
 };

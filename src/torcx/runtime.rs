@@ -9,6 +9,7 @@ use crate::node::envfile::EnvFile;
 use crate::node::floor::Version;
 use crate::node::mappings::Mappings;
 use crate::node::root::{plain_name, Root};
+use crate::node::state_file::StateFile;
 use crate::node::status;
 use crate::node::undo::Undo;
 use crate::torcx::floor::TorcxFloor;
