@@ -85,7 +85,8 @@ impl Trust {
     /// Signed mode on a node that cannot merge verity images is refused before anything is
     /// staged, naming what is missing: systemd 254 or later (the policy), dm-verity in its
     /// kernel, libcryptsetup.so.12 (which systemd loads to activate verity) and kmod (without
-    /// it no module loads: not even loop).
+    /// it no module loads: not even loop). So is a node whose own drop-ins would have systemd
+    /// merge under another policy (`overrides`), naming each file.
     pub fn check_node(&self, root: &Root) -> Result<()> {
         if self.mode == Mode::Plain {
             return Ok(());
