@@ -25,7 +25,7 @@ const BODY_CAP: usize = 1 << 20;
 const HEAD_CAP: usize = 16 << 10;
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    crate::net::fetch::tls_provider()
+    crate::net::tls::tls_provider()
 }
 
 /// A PEM file named on the command line (`flag`), read as a node path under `root`.

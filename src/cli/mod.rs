@@ -10,8 +10,9 @@ use std::time::Duration;
 use crate::crypto::openpgp::Keyring;
 use crate::error::{Error, Kind, Result};
 use crate::net::cluster::Fallback;
-use crate::net::fetch::{AttemptLimits, Http, Tls};
+use crate::net::fetch::{AttemptLimits, Http};
 use crate::net::retry::Retry;
+use crate::net::tls::Tls;
 use crate::node::root::Root;
 
 mod argv;

@@ -6,8 +6,9 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::json;
 
-use crate::net::fetch::{Http, Request, Tls};
+use crate::net::fetch::{Http, Request};
 use crate::net::retry::Retry;
+use crate::net::tls::Tls;
 use crate::node::status::rfc3339;
 
 pub struct Reporter {

@@ -124,7 +124,7 @@ pub fn before_join(
     root: &Root,
     b: &BeforeJoin,
     retry: crate::net::retry::Retry,
-    tls: impl FnOnce() -> Result<crate::net::fetch::Tls>,
+    tls: impl FnOnce() -> Result<crate::net::tls::Tls>,
 ) -> Result<Option<Joining>> {
     let BeforeJoin {
         bootstrap_kubeconfig,

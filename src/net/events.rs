@@ -8,8 +8,9 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::net::fetch::{AttemptLimits, Failure, Http, Request, Tls};
+use crate::net::fetch::{AttemptLimits, Failure, Http, Request};
 use crate::net::retry::Retry;
+use crate::net::tls::Tls;
 use crate::node::events::{Delivery, Sink, MAX_EVENTS};
 
 /// One POST's bound, connection and answer included.

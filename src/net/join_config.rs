@@ -13,9 +13,10 @@
 use yaml_rust2::Yaml;
 
 use crate::error::{Error, Result};
-use crate::net::fetch::{Check, Failure, Http, Request, Tls};
+use crate::net::fetch::{Failure, Http, Request};
 use crate::net::kube::Kube;
 use crate::net::retry::Retry;
+use crate::net::tls::{Check, Tls};
 use crate::node::root::Root;
 use crate::yaml;
 

@@ -9,8 +9,9 @@ use base64::Engine as _;
 use ureq::tls::{ClientCert, PemItem};
 
 use crate::error::{Error, Result};
-use crate::net::fetch::{Failure, Http, Request, Tls};
+use crate::net::fetch::{Failure, Http, Request};
 use crate::net::retry::Retry;
+use crate::net::tls::Tls;
 use crate::node::exec::{self, Command, Env};
 use crate::node::root::Root;
 use crate::yaml;

@@ -1,4 +1,4 @@
-//! The network floor: the HTTPS fetcher (retries, deadlines, verify-while-streaming) and the
+//! The network floor: TLS, the HTTPS fetcher (retries, deadlines, verify-while-streaming) and the
 //! Kubernetes API client (kubeconfig as kubectl reads it, node-name rules). Uses `node` and
 //! `crypto`.
 
@@ -9,3 +9,4 @@ pub mod join_config;
 pub mod kube;
 pub mod nodeinfo;
 pub mod retry;
+pub mod tls;

@@ -1,7 +1,7 @@
 //! The node floor: the real root's handle (dirfd-relative, atomic replace), env files and
 //! os-release, D-Bus, reboots through one executor, one command runner, one signal module, the
-//! clock's floor, the run's status record, and the undo log that puts the node back after a
-//! failure. Uses only `crypto`.
+//! clock's floor, the run's status record, the undo log that puts the node back after a
+//! failure, and the one verified write of a payload. Uses only `crypto`.
 
 pub mod clock;
 pub mod cmdline;
@@ -20,3 +20,4 @@ pub mod signals;
 pub mod state_file;
 pub mod status;
 pub mod undo;
+pub mod verified;

@@ -6,10 +6,11 @@ use crate::sysext::trust::Trust;
 use rustix::fs::FileType;
 
 use crate::error::{Error, Result};
-use crate::net::fetch::{write_verified, Http, Request};
+use crate::net::fetch::{Http, Request};
 use crate::node::root::{Dir, Root};
 use crate::node::status;
 use crate::node::undo::Undo;
+use crate::node::verified::{write_verified, Expect};
 use crate::sysext::host::Host;
 use crate::sysext::image;
 use crate::sysext::sums::{Image, Version};
@@ -119,11 +120,13 @@ pub fn fetch_image(
         write_verified(
             &dir,
             &img.file,
-            (&img.digest, "the signed SHA256SUMS"),
+            0o644,
+            &Expect::Digest(&img.digest, "the signed SHA256SUMS"),
             &|f| image::check(f, &img.name, host, trust, &shown).map(|c| vouched(&c)),
-            &mut &mut *body,
-            undo,
+            body,
+            Some(&mut *undo),
         )
+        .map(|w| w.bytes)
     })?;
     log::info!("{shown}: {n} bytes from {url}, SHA-256 matches the signed list, contents checked");
     status::staged(&image_path(img), &img.digest);

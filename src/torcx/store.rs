@@ -6,9 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::crypto::digest::Digest;
 use crate::error::{Context, Error, Result};
-use crate::net::fetch::{write_verified, Http, Staging};
+use crate::net::fetch::Http;
 use crate::node::root::{plain_name, Root};
 use crate::node::undo::Undo;
+use crate::node::verified::{write_verified, Expect, Staging};
 use crate::torcx::layout::{Layout, VENDOR_STORE};
 
 pub const PACKAGE_LIST_KIND: &str = "torcx-package-list-v0";
@@ -223,13 +224,14 @@ pub fn stage_image(
         match write_verified(
             &dir,
             &file,
-            (w.digest, "the signed manifest"),
+            0o644,
+            &Expect::Digest(w.digest, "the signed manifest"),
             &|_| Ok(()),
             &mut f,
-            undo,
+            Some(&mut *undo),
         ) {
             Ok(_) => return Ok(Staged::Copied(root.show(&other))),
-            Err(Staging::Mismatch(..)) => {
+            Err(Staging::Mismatch { .. }) => {
                 crate::debug!("{} does not match {}", root.show(&other), w.digest)
             }
             // Another store is only a shortcut: a copy that cannot be read is downloaded.

@@ -1176,7 +1176,7 @@ fn a_payload_that_changes_after_preflight_is_refused_without_a_configured_digest
     r.assert_fails(1, "hash mismatch");
     assert!(
         r.stderr.contains(&format!(
-            "computed sha256-{} but the preflight fetch says {}",
+            "computed sha256-{} but the preflight fetch says sha256-{}",
             sha256_hex(&other),
             sha256_hex(&good)
         )),

@@ -4,9 +4,11 @@ use serde_json::Value;
 
 use super::setup::*;
 use crate::cli::Reprovision;
+use crate::crypto::digest::Algo;
 use crate::error::{Error, Result};
 use crate::inplace::mco;
 use crate::net::fetch::{Http, Request};
+use crate::node::verified::{copy_verified, Expect, Written};
 
 pub struct Check {
     pub check: &'static str,
@@ -99,15 +101,12 @@ pub(super) fn probe_payload(s: &Setup, seen: &mut Option<String>) -> Result<Stri
     let url = s.secrets.payload_url();
     req.url = &url;
     bearer(&mut req, &s.secrets.token);
-    let (n, got) = s.pinned.stream(&req, PAYLOAD_CAP, None, |body| {
-        hash_into(
-            body,
-            &mut std::io::sink(),
-            s.secrets
-                .payload_sha256
-                .as_ref()
-                .map(|d| (d, "payload-sha256")),
-        )
+    let expect = match &s.secrets.payload_sha256 {
+        Some(d) => Expect::Digest(d, "payload-sha256"),
+        None => Expect::Record(Algo::Sha256),
+    };
+    let Written { bytes: n, hex: got } = s.pinned.stream(&req, PAYLOAD_CAP, None, |body| {
+        copy_verified(body, &mut std::io::sink(), &expect)
     })?;
     *seen = Some(got.clone());
     Ok(match &s.secrets.payload_sha256 {

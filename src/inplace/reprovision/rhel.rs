@@ -7,9 +7,10 @@ use crate::cli::Reprovision;
 use crate::crypto::digest::{Algo, Digest};
 use crate::error::{Error, Result};
 use crate::inplace::progress::Reporter;
-use crate::net::fetch::{Request, Staging};
+use crate::net::fetch::Request;
 use crate::node::exec::{self, Command, Env};
 use crate::node::root::Dir;
+use crate::node::verified::{write_verified, Expect};
 
 /// Steps 3 and 4 for RHEL: download and verify the payload, unpack it into a private folder,
 /// run its entry script.
@@ -53,12 +54,13 @@ pub(super) fn rhel_configure(
     let got = s
         .pinned
         .stream(&req, PAYLOAD_CAP, Some((&work, PAYLOAD_FILE)), |body| {
-            let mut tmp = work
-                .create_temp(PAYLOAD_FILE, 0o600)
-                .map_err(Staging::Write)?;
-            let (n, got) = hash_into(body, tmp.file(), want.as_ref().map(|(d, w)| (d, *w)))?;
-            tmp.persist().map_err(Staging::Write)?;
-            Ok((n, got))
+            let expect = match &want {
+                Some((d, from)) => Expect::Digest(d, from),
+                None => Expect::Record(Algo::Sha256),
+            };
+            // The payload's private work folder: nothing of the node to put back.
+            write_verified(&work, PAYLOAD_FILE, 0o600, &expect, &|_| Ok(()), body, None)
+                .map(|w| (w.bytes, w.hex))
         });
     let (n, sha) = match got {
         Ok(v) => v,

@@ -4,13 +4,14 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::cli::{Pick, Reprovision};
-use crate::crypto::digest::{self, Algo, Digest};
+use crate::crypto::digest::{self, Digest};
 use crate::error::{Error, Result};
 use crate::inplace::mco;
-use crate::net::fetch::{Http, Request, Staging, Tls};
+use crate::net::fetch::{Http, Request};
 use crate::net::kube::Kube;
 use crate::net::kube::{api_client, check_key, node_name, NodeName};
 use crate::net::retry::Retry;
+use crate::net::tls::Tls;
 use crate::node::envfile::EnvFile;
 use crate::node::root::{Dir, Root, CONFIG_CAP};
 
@@ -410,32 +411,6 @@ pub(super) fn finished_on_disk(root: &Root, flow: Flow) -> bool {
 pub(super) fn bearer(req: &mut Request, token: &str) {
     req.headers
         .push(("Authorization", format!("Bearer {token}")));
-}
-
-/// Copy while hashing with SHA-256; a mismatch with `want` is `Staging::Mismatch`.
-pub(super) fn hash_into(
-    body: &mut dyn std::io::Read,
-    out: &mut dyn std::io::Write,
-    want: Option<(&Digest, &str)>,
-) -> std::result::Result<(u64, String), Staging> {
-    let mut h = Digest {
-        algo: Algo::Sha256,
-        hex: String::new(),
-    }
-    .hasher();
-    let n = match digest::copy_hashing(&mut &mut *body, &mut h, &mut &mut *out) {
-        Ok(n) => n,
-        Err(digest::CopyError::Read(e)) => return Err(Staging::Read(e)),
-        Err(digest::CopyError::Write(e)) => return Err(Staging::Write(e.into())),
-    };
-    let got = h.finish_hex();
-    match want {
-        Some((w, says)) if w.hex != got => Err(Staging::Mismatch(
-            format!("sha256-{got}"),
-            format!("{says} says {}", w.hex),
-        )),
-        _ => Ok((n, got)),
-    }
 }
 
 pub(super) fn base_env() -> Vec<(String, String)> {
