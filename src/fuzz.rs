@@ -30,7 +30,8 @@ pub fn ticket_object(bytes: &[u8]) -> Option<String> {
 
 /// An answer's framing as activate's `post` reads it (the body to EOF).
 pub fn wire_answer(r: &mut impl Read) -> std::io::Result<(String, Vec<u8>)> {
-    crate::activation::mtls::read_message(&mut BufReader::new(r), true).map(|m| (m.first, m.body))
+    crate::activation::exchange::read_message(&mut BufReader::new(r), true)
+        .map(|m| (m.first, m.body))
 }
 
 /// The config-file parser, settings as (key, value).

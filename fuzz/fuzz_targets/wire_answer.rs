@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::activation::mtls::answer_error;
+use nodestrap::activation::exchange::answer_error;
 use nodestrap::fuzz::wire_answer;
 use nodestrap::activation::wire::Ticket;
 

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::activation::mtls::read_request;
+use nodestrap::activation::exchange::read_request;
 use nodestrap::activation::wire::{as_flag, InitRequest};
 
 fuzz_target!(|data: &[u8]| {

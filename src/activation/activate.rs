@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 
 use rustls::{ClientConfig, ServerConfig};
 
+use crate::activation::exchange::{self, Endpoint};
 use crate::activation::init_secret::SecretHash;
 use crate::activation::kubeadm::{self, InitSpec, JoinSpec};
-use crate::activation::mtls::{self, Endpoint};
+use crate::activation::mtls;
 use crate::activation::nodelock::{self, NodeLock, Role, State};
 use crate::activation::wire::{InitRequest, Ticket, INIT_PATH, TICKET_PATH};
 use crate::cli::{Activate, RebootMode};
@@ -323,7 +324,7 @@ enum Conn {
 
 fn init_server(ctx: &Ctx, listener: &TcpListener) -> Result<Side> {
     let mut end = Ok(Side::Stopped);
-    mtls::serve(
+    exchange::serve(
         listener,
         || ctx.stop.requested(),
         |tcp, addr| init_preauth(ctx, tcp, addr),
@@ -347,17 +348,17 @@ fn init_server(ctx: &Ctx, listener: &TcpListener) -> Result<Side> {
     }
 }
 
-fn answer(s: &mut mtls::ServerStream, who: &str, status: u16, body: serde_json::Value) {
+fn answer(s: &mut exchange::ServerStream, who: &str, status: u16, body: serde_json::Value) {
     // kubeadm init may have run since the request: the answer gets a full time limit.
     s.sock.restart();
-    if let Err(e) = mtls::respond(s, status, &body) {
+    if let Err(e) = exchange::respond(s, status, &body) {
         log::warn!("init server: answering {who}: {e}");
     }
 }
 
 /// An admin whose certificate, secret and request passed.
 struct Asked {
-    s: mtls::ServerStream,
+    s: exchange::ServerStream,
     who: String,
     body: InitRequest,
 }
@@ -367,7 +368,7 @@ struct Asked {
 /// first, then every field, CIDRs against the node's own address. A refusal is answered here.
 fn init_preauth(ctx: &Ctx, tcp: TcpStream, addr: SocketAddr) -> Option<Asked> {
     let node_ip = tcp.local_addr().ok().map(|a| a.ip());
-    let (mut s, peer) = match mtls::accept(tcp, &ctx.server, mtls::PREAUTH_TIMEOUT) {
+    let (mut s, peer) = match exchange::accept(tcp, &ctx.server, exchange::PREAUTH_TIMEOUT) {
         Ok(x) => x,
         Err(e) => {
             log::warn!("init server: refused a connection from {addr}: {e}; node lock untouched");
@@ -379,7 +380,7 @@ fn init_preauth(ctx: &Ctx, tcp: TcpStream, addr: SocketAddr) -> Option<Asked> {
         Ok(body) => Some(Asked { s, who, body }),
         Err((status, code, m)) => {
             log::warn!("init server: request from {who} refused, node lock untouched: {m}");
-            answer(&mut s, &who, status, mtls::error_body(code, &m));
+            answer(&mut s, &who, status, exchange::error_body(code, &m));
             None
         }
     }
@@ -418,7 +419,7 @@ fn init_conn(ctx: &Ctx, asked: Asked) -> Conn {
         Ok(x) => x,
         Err((e, tail)) => {
             let e = ctx.fatal(e);
-            let mut b = mtls::error_body("init_failed", &e.to_string());
+            let mut b = exchange::error_body("init_failed", &e.to_string());
             if !tail.is_empty() {
                 b["log_tail"] = tail.into();
             }
@@ -446,7 +447,7 @@ fn refuse_taken(ctx: &Ctx, asked: Asked) {
     let Asked { mut s, who, .. } = asked;
     if !ctx.lock.is_taken() {
         log::info!("init server: init request from {who}: stopping, node still fresh; refused");
-        let b = mtls::error_body(
+        let b = exchange::error_body(
             "stopping",
             "the node is stopping and still fresh; ask again",
         );
@@ -456,7 +457,7 @@ fn refuse_taken(ctx: &Ctx, asked: Asked) {
     log::info!(
         "init server: init request from {who}: the node is already activating ({what}); refused"
     );
-    let b = mtls::error_body(
+    let b = exchange::error_body(
         "already_activating",
         &format!("the node is already activating: {what}"),
     );
@@ -467,10 +468,10 @@ fn refuse_taken(ctx: &Ctx, asked: Asked) {
 /// field is looked at, then every other field. An error is (HTTP status, code, message).
 fn init_request(
     ctx: &Ctx,
-    s: &mut mtls::ServerStream,
+    s: &mut exchange::ServerStream,
     node_ip: Option<std::net::IpAddr>,
 ) -> std::result::Result<InitRequest, (u16, &'static str, String)> {
-    let req = mtls::read_request(s).map_err(|e| (400, "bad_request", e.to_string()))?;
+    let req = exchange::read_request(s).map_err(|e| (400, "bad_request", e.to_string()))?;
     if req.path != INIT_PATH || req.method != "POST" {
         let status = if req.path == INIT_PATH { 405 } else { 404 };
         let m = format!("{} {}: only POST {INIT_PATH}", req.method, req.path);
@@ -631,10 +632,10 @@ fn request_ticket(
     ep: &Endpoint,
 ) -> std::result::Result<Ticket, (Error, Option<Duration>)> {
     let t = Duration::from_secs(ctx.a.join_timeout);
-    let a = mtls::post(&ctx.client, ep, None, TICKET_PATH, b"{}", t, t)
+    let a = exchange::post(&ctx.client, ep, None, TICKET_PATH, b"{}", t, t)
         .map_err(|e| (e.into_error(), None))?;
     if a.status != 200 {
-        let (_, msg) = mtls::answer_error(a.status, &a.body);
+        let (_, msg) = exchange::answer_error(a.status, &a.body);
         return Err((
             Error::failed(format!("ticket from {}: {msg}", ep.url)),
             a.retry_after,

@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::activation::mtls::{self, CallError, Endpoint, Identity};
+use crate::activation::exchange::{self, CallError, Endpoint};
+use crate::activation::mtls::{self, Identity};
 use crate::activation::wire::{self, InitRequest, INIT_PATH};
 use crate::cli::InitCluster;
 use crate::error::{Error, Result};
@@ -67,7 +68,7 @@ pub fn run(a: &InitCluster) -> Result<()> {
     // 2. Send once the node answers; only an unreachable node is tried again.
     let start = Instant::now();
     let (status, answer) = loop {
-        match mtls::post(
+        match exchange::post(
             &cfg,
             &ep,
             a.server_name.as_deref(),
@@ -89,7 +90,7 @@ pub fn run(a: &InitCluster) -> Result<()> {
 
     // 3. The answer.
     if status != 200 {
-        let (code, msg) = mtls::answer_error(status, &answer);
+        let (code, msg) = exchange::answer_error(status, &answer);
         let v: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
         if let Some(tail) = v["log_tail"].as_str().filter(|t| !t.is_empty()) {
             use std::io::Write as _;

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use rustls::ServerConfig;
 
+use crate::activation::exchange;
 use crate::activation::kubeadm;
 use crate::activation::ledger::{self, Claim, ClusterLedger, FileLedger, Ledger};
 use crate::activation::mtls::{self, Peer};
@@ -124,7 +125,7 @@ pub fn run(a: &JoinService) -> Result<()> {
     );
     signals::catch_sigterm();
     let server = svc.server.clone();
-    mtls::serve(
+    exchange::serve(
         &listener,
         signals::signalled,
         |tcp, addr| preauth(&server, tcp, addr),
@@ -135,8 +136,8 @@ pub fn run(a: &JoinService) -> Result<()> {
         |mut asked: Asked| {
             // Stopping: no ticket is spent now; the node asks again (another service, or this
             // one once it is back).
-            let b = mtls::error_body("stopping", "the join service is stopping; ask again");
-            if let Err(e) = mtls::respond_later(&mut asked.s, &b, TRY_LATER) {
+            let b = exchange::error_body("stopping", "the join service is stopping; ask again");
+            if let Err(e) = exchange::respond_later(&mut asked.s, &b, TRY_LATER) {
                 log::warn!("{}: answering: {e}", asked.who);
             }
         },
@@ -184,7 +185,8 @@ fn open_ledger<'r>(a: &JoinService, root: &'r Root, instance: &str) -> Result<Le
                     .within(LEDGER_CALL_BUDGET),
             )?;
             // A claim is in flight as long as a ticket can take: the token command, the answer.
-            let lease = a.token_timeout + mtls::PREAUTH_TIMEOUT.as_secs() + ledger::LEASE_MARGIN;
+            let lease =
+                a.token_timeout + exchange::PREAUTH_TIMEOUT.as_secs() + ledger::LEASE_MARGIN;
             let l = ClusterLedger::open(
                 &startup,
                 serving,
@@ -201,7 +203,7 @@ fn open_ledger<'r>(a: &JoinService, root: &'r Root, instance: &str) -> Result<Le
 
 /// A node that passed its handshake with a well-formed ticket request.
 struct Asked {
-    s: mtls::ServerStream,
+    s: exchange::ServerStream,
     peer: Peer,
     who: String,
 }
@@ -211,7 +213,7 @@ struct Asked {
 /// `POST /v1/ticket` with a well-formed body. Anything else is answered here and goes no
 /// further: a malformed request never costs a ticket.
 fn preauth(server: &Arc<ServerConfig>, tcp: TcpStream, addr: SocketAddr) -> Option<Asked> {
-    let (mut s, peer) = match mtls::accept(tcp, server, mtls::PREAUTH_TIMEOUT) {
+    let (mut s, peer) = match exchange::accept(tcp, server, exchange::PREAUTH_TIMEOUT) {
         Ok(x) => x,
         Err(e) => {
             log::warn!("refused a connection from {addr}: {e}");
@@ -219,25 +221,25 @@ fn preauth(server: &Arc<ServerConfig>, tcp: TcpStream, addr: SocketAddr) -> Opti
         }
     };
     let who = format!("node {} ({}) at {addr}", peer.cn, peer.spki);
-    let refusal = match mtls::read_request(&mut s) {
-        Err(e) => (400, mtls::error_body("bad_request", &e.to_string())),
+    let refusal = match exchange::read_request(&mut s) {
+        Err(e) => (400, exchange::error_body("bad_request", &e.to_string())),
         Ok(r) if r.path != TICKET_PATH || r.method != "POST" => (
             404,
-            mtls::error_body(
+            exchange::error_body(
                 "not_found",
                 &format!("{} {}: only POST {TICKET_PATH}", r.method, r.path),
             ),
         ),
         Ok(r) => match TicketRequest::parse(&r.body) {
             Ok(TicketRequest {}) => return Some(Asked { s, peer, who }),
-            Err(m) => (400, mtls::error_body("invalid", &m)),
+            Err(m) => (400, exchange::error_body("invalid", &m)),
         },
     };
     log::warn!(
         "{who}: request refused before a ticket was spent: {}",
         refusal.1["message"].as_str().unwrap_or_default()
     );
-    if let Err(e) = mtls::respond(&mut s, refusal.0, &refusal.1) {
+    if let Err(e) = exchange::respond(&mut s, refusal.0, &refusal.1) {
         log::warn!("{who}: answering: {e}");
     }
     None
@@ -265,13 +267,13 @@ impl Svc<'_> {
             Claim::Granted(h) => h,
             Claim::Refused(code, m) => {
                 log::warn!("{}: {m}", asked.who);
-                return self.reply(&mut asked, 409, mtls::error_body(code, &m));
+                return self.reply(&mut asked, 409, exchange::error_body(code, &m));
             }
             Claim::Unavailable(m) => {
                 log::warn!("{}: {m}; told to ask again in {TRY_LATER} s", asked.who);
-                let b = mtls::error_body("try_later", &format!("{m}; ask again"));
+                let b = exchange::error_body("try_later", &format!("{m}; ask again"));
                 asked.s.sock.restart();
-                if let Err(e) = mtls::respond_later(&mut asked.s, &b, TRY_LATER) {
+                if let Err(e) = exchange::respond_later(&mut asked.s, &b, TRY_LATER) {
                     log::warn!("{}: answering: {e}", asked.who);
                 }
                 return;
@@ -292,12 +294,12 @@ impl Svc<'_> {
             Err(e) => {
                 log::warn!("{}: no ticket: {e}", asked.who);
                 self.ledger.settle(held, Err(short(&e)));
-                return self.reply(&mut asked, 500, mtls::error_body("internal", &e));
+                return self.reply(&mut asked, 500, exchange::error_body("internal", &e));
             }
         };
         // The token command had its own time limit: the answer gets a full one.
         asked.s.sock.restart();
-        let sent = mtls::respond(&mut asked.s, 200, &t);
+        let sent = exchange::respond(&mut asked.s, 200, &t);
         match &sent {
             Ok(()) => {
                 log::info!(
@@ -324,7 +326,7 @@ impl Svc<'_> {
 
     fn reply(&self, asked: &mut Asked, status: u16, body: serde_json::Value) {
         asked.s.sock.restart();
-        if let Err(e) = mtls::respond(&mut asked.s, status, &body) {
+        if let Err(e) = exchange::respond(&mut asked.s, status, &body) {
             log::warn!("{}: answering: {e}", asked.who);
         }
     }

@@ -4,6 +4,7 @@
 //! docs/join-service.md, docs/init-cluster.md.
 
 pub mod activate;
+pub mod exchange;
 pub mod init_cluster;
 pub mod init_secret;
 pub mod join_service;
