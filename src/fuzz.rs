@@ -49,7 +49,7 @@ pub fn kernel_cmdline(text: &str) -> Result<Vec<(&'static str, String)>> {
 /// An exec plugin's output in every apiVersion kubectl speaks; `Ok` holds the token's or the
 /// certificate's length.
 pub fn exec_credential(out: &[u8], now: i64) -> std::result::Result<usize, String> {
-    use crate::net::kube::{parse_exec_output, ExecCredential, EXEC_VERSIONS};
+    use crate::net::kubeconfig::{parse_exec_output, ExecCredential, EXEC_VERSIONS};
     for v in EXEC_VERSIONS {
         if let Ok(c) = parse_exec_output(out, v, now) {
             return Ok(match c {

@@ -2,7 +2,7 @@
 //! working out what they could not yet reach), fed to the same entry points. Each stays after
 //! its fix so the finding cannot come back.
 
-use nodestrap::net::kube::Kubeconfig;
+use nodestrap::net::kubeconfig::Kubeconfig;
 use nodestrap::node::mappings::Mappings;
 
 /// `levels` anchors, each a list of ten aliases of the one before: yaml-rust2's loader copies
@@ -99,11 +99,11 @@ fn a_time_offset_with_a_multibyte_character_is_no_time() {
     let out = br#"{"apiVersion":"client.authentication.k8s.io/v1beta1","kind":"ExecCredential","status":{"token":"t","expirationTimestamp":"2030-01-02T03:04:05.123+ t\xc3\x9ei"}}"#;
     let _ = nodestrap::fuzz::exec_credential(out, 1_800_000_000);
     assert_eq!(
-        nodestrap::net::kube::rfc3339("2030-01-02T03:04:05.123+ tÞi"),
+        nodestrap::net::kubeconfig::rfc3339("2030-01-02T03:04:05.123+ tÞi"),
         None
     );
     assert_eq!(
-        nodestrap::net::kube::rfc3339("2030-01-02T03:04:05+01:00"),
+        nodestrap::net::kubeconfig::rfc3339("2030-01-02T03:04:05+01:00"),
         Some(1_893_549_845)
     );
 }

@@ -6,7 +6,7 @@
 mod yaml_budget;
 
 use libfuzzer_sys::fuzz_target;
-use nodestrap::net::kube::Kubeconfig;
+use nodestrap::net::kubeconfig::Kubeconfig;
 
 fuzz_target!(|text: &str| {
     yaml_budget::assert_tree_within_input(text);

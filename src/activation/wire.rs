@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::activation::nodelock::Role;
-use crate::net::kube::dns_subdomain;
+use crate::net::names::dns_subdomain;
 
 pub const INIT_PATH: &str = "/v1/init";
 pub const TICKET_PATH: &str = "/v1/ticket";

@@ -68,7 +68,7 @@ pub fn events_target(
     let cert = match root.read(KUBELET_CLIENT_CERT, 64 << 10) {
         Ok(Some(pem)) => {
             let name = root.show(KUBELET_CLIENT_CERT);
-            match crate::net::kube::client_cert(&pem, &pem, &name) {
+            match crate::net::kubeconfig::client_cert(&pem, &pem, &name) {
                 Ok(c) => Some((c, name)),
                 Err(e) => {
                     log::warn!("events: not the node's identity: {e}");

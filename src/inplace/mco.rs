@@ -206,7 +206,7 @@ pub fn rendered(cfg: &Value, src: &str) -> Result<Rendered> {
 
 /// A Kubernetes object name (DNS subdomain), as MachineConfig names are.
 fn check_name(name: &str, src: &str, path: &str) -> Result<String> {
-    if crate::net::kube::dns_subdomain(name) {
+    if crate::net::names::dns_subdomain(name) {
         Ok(name.to_string())
     } else {
         Err(Error::failed(format!(

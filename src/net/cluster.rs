@@ -6,7 +6,7 @@
 use std::fmt;
 
 use crate::error::{Error, Result};
-use crate::net::fetch::Failure;
+use crate::net::fetch::{Failure, FetchError};
 use crate::net::join_config::Unreached;
 use crate::net::kube::Kube;
 use crate::node::envfile::EnvFile;
@@ -256,7 +256,11 @@ fn find_version(root: &Root, s: &Sources) -> Result<Version> {
     let asked = match (s.kube, s.joining) {
         (Some(k), _) | (None, Some(Joining::Client(k))) => Some((k.server_version(), &k.source)),
         (None, Some(Joining::Unreached(u))) => {
-            Some((Err((Error::failed(u.error.clone()), u.failure)), &u.source))
+            let unreached = FetchError {
+                class: u.failure,
+                error: Error::failed(u.error.clone()),
+            };
+            Some((Err(unreached), &u.source))
         }
         (None, None) => None,
     };
@@ -268,18 +272,21 @@ fn find_version(root: &Root, s: &Sources) -> Result<Version> {
                 let value = checked_version(v, &source.to_string())?;
                 return Ok(Version { value, source });
             }
-            Err((e, failure)) if s.fallback.allows(failure) => match failure {
+            Err(FetchError { class, error: e }) if s.fallback.allows(class) => match class {
                 Failure::Unreachable => format!("the API server is unreachable: {e}"),
                 Failure::Busy => format!(
                     "the API server was busy until the run's deadline (--version-fallback always-after-deadline): {e}"
                 ),
-                Failure::Final | Failure::Denied => format!(
+                Failure::Final | Failure::Denied | Failure::Passed(_) => format!(
                     "the API server refused (--version-fallback always-after-deadline): {e}"
                 ),
             },
             // Credentials the cluster rejects: that first, and how to fix it; the fallback
             // policy only says why the node's files were not used instead.
-            Err((e, Failure::Denied)) => {
+            Err(FetchError {
+                class: Failure::Denied,
+                error: e,
+            }) => {
                 return Err(Error::failed(format!(
                     "unable to determine the cluster version: the API server rejected the credentials of {} ({e}): give the node a kubeconfig whose credentials the cluster accepts, or set --force-kube-version (--version-fallback {} does not let {} decide)",
                     from,
@@ -287,12 +294,12 @@ fn find_version(root: &Root, s: &Sources) -> Result<Version> {
                     root.show(s.installer_env)
                 )));
             }
-            Err((e, failure)) => {
-                let state = match failure {
+            Err(FetchError { class, error: e }) => {
+                let state = match class {
                     Failure::Unreachable => "unreachable",
                     Failure::Busy => "busy until the run's deadline (--deadline)",
                     // Denied is answered above.
-                    Failure::Final | Failure::Denied => "refusing",
+                    Failure::Final | Failure::Denied | Failure::Passed(_) => "refusing",
                 };
                 return Err(e.context(format!(
                     "unable to determine the cluster version: the API server is {state}, and --version-fallback {} does not let {} decide",

@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::net::fetch::{AttemptLimits, Failure, Http, Request};
+use crate::net::fetch::{AttemptLimits, Failure, FetchError, Http, Request};
 use crate::net::retry::Retry;
 use crate::net::tls::Tls;
 use crate::node::events::{Delivery, Sink, MAX_EVENTS};
@@ -208,7 +208,7 @@ fn send_loop(s: &Shared, t: &Target) {
         if let Some(tok) = &t.token {
             req.headers.push(("Authorization", format!("Bearer {tok}")));
         }
-        let outcome = http.fetch_why(&req, 64 << 10);
+        let outcome = http.fetch(&req, 64 << 10);
         let Ok(mut q) = s.q.lock() else { return };
         let (done, answering) = match outcome {
             Ok(_) => {
@@ -220,12 +220,15 @@ fn send_loop(s: &Shared, t: &Target) {
                 (true, true)
             }
             // The receiver refused this event: sending it again will not change that.
-            Err((e, Failure::Final | Failure::Denied)) => {
+            Err(FetchError {
+                class: Failure::Final | Failure::Denied | Failure::Passed(_),
+                error: e,
+            }) => {
                 log::warn!("events to {}: an event refused, dropped: {e}", t.shown);
                 q.dropped += 1;
                 (true, true)
             }
-            Err((e, _)) => {
+            Err(e) => {
                 if !warned {
                     log::warn!(
                         "events to {}: {e}; events wait in memory (at most {MAX_EVENTS}, {} s each) and the run goes on",

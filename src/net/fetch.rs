@@ -34,6 +34,36 @@ pub enum Failure {
     /// wrong, so older data stands in only where the operator said so for every failure
     /// (`--version-fallback always-after-deadline`).
     Denied,
+    /// An answer with a status the caller named (`fetch_passing`), handed back at once for the
+    /// caller's own rule: 404 for a file that may be absent, 409 for a patch to read again.
+    Passed(u16),
+}
+
+/// Why a request did not give its answer: the class a caller decides on, and the error that
+/// says what and why (zincati's `FleetLockError` shape). A caller with nothing to decide uses
+/// `?` and gets the error.
+#[derive(Debug)]
+pub struct FetchError {
+    pub class: Failure,
+    pub error: Error,
+}
+
+impl FetchError {
+    fn new(class: Failure, error: Error) -> FetchError {
+        FetchError { class, error }
+    }
+}
+
+impl From<FetchError> for Error {
+    fn from(f: FetchError) -> Error {
+        f.error
+    }
+}
+
+impl std::fmt::Display for FetchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
 }
 
 /// The `Retry-After` of a 429 or 503 answer: delay-seconds or an HTTP-date (RFC 9110 §10.2.3).
@@ -147,6 +177,8 @@ enum Attempt<T> {
     Final(Error),
     /// 401 or 403.
     Denied(Error),
+    /// A status the caller named: its answer, at once.
+    Passed(u16, Error),
 }
 
 pub struct Http {
@@ -275,13 +307,19 @@ impl Http {
         &self,
         what: &str,
         op: impl FnMut(Duration) -> Attempt<T>,
-    ) -> std::result::Result<T, (Error, Failure)> {
+    ) -> std::result::Result<T, FetchError> {
         let learned = self.load.lock().map(|l| *l).unwrap_or_default();
         let mut tries = Attempts::new(self.retry, Instant::now(), learned);
         let out = self.attempts(what, &mut tries, op);
         // What the next request of this client starts from: a step lower if the server
         // answered at last (a 404 or a 403 is an answer too).
-        let answered = !matches!(out, Err((_, Failure::Busy | Failure::Unreachable)));
+        let answered = !matches!(
+            out,
+            Err(FetchError {
+                class: Failure::Busy | Failure::Unreachable,
+                ..
+            })
+        );
         if let Ok(mut l) = self.load.lock() {
             *l = tries.load(answered);
         }
@@ -294,19 +332,19 @@ impl Http {
         what: &str,
         tries: &mut Attempts,
         mut op: impl FnMut(Duration) -> Attempt<T>,
-    ) -> std::result::Result<T, (Error, Failure)> {
+    ) -> std::result::Result<T, FetchError> {
         // The last busy answer, for the error: "busy: 503, Retry-After 30".
         let mut busy_word = String::new();
         let mut last = Failure::Unreachable;
         loop {
             let left = tries.left(Instant::now());
             if left.is_zero() {
-                return Err((
+                return Err(FetchError::new(
+                    last,
                     Error::failed(format!(
                         "{what}: {busy_word}giving up after {} attempts: the deadline passed",
                         tries.made().0
                     )),
-                    last,
                 ));
             }
             // An attempt the run's deadline cuts short says nothing new of the server: the
@@ -316,8 +354,11 @@ impl Http {
             let cut_short = || left < self.limits.deadline && began.elapsed() >= given;
             let (e, failure, answer) = match op(given) {
                 Attempt::Done(t) => return Ok(t),
-                Attempt::Final(e) => return Err((e, Failure::Final)),
-                Attempt::Denied(e) => return Err((e, Failure::Denied)),
+                Attempt::Final(e) => return Err(FetchError::new(Failure::Final, e)),
+                Attempt::Denied(e) => return Err(FetchError::new(Failure::Denied, e)),
+                Attempt::Passed(status, e) => {
+                    return Err(FetchError::new(Failure::Passed(status), e))
+                }
                 Attempt::Retry(e) if last == Failure::Busy && cut_short() => {
                     (e, Failure::Busy, Answer::Nothing)
                 }
@@ -339,28 +380,28 @@ impl Http {
             let delay = match next {
                 Next::Pause(d) => d,
                 Next::OutOfAttempts => {
-                    return Err((
+                    return Err(FetchError::new(
+                        failure,
                         e.context(format!(
                             "{what}: {busy_word}giving up after {n} attempts ({failed} without an answer)"
                         )),
-                        failure,
                     ))
                 }
                 Next::OutOfTime => {
-                    return Err((
+                    return Err(FetchError::new(
+                        failure,
                         e.context(format!(
                             "{what}: {busy_word}giving up after {n} attempts: the deadline comes before the next"
                         )),
-                        failure,
                     ))
                 }
                 Next::AskedTooLong(a) => {
-                    return Err((
+                    return Err(FetchError::new(
+                        failure,
                         e.context(format!(
                             "{what}: {busy_word}giving up: the server asks for a wait of {} s, longer than this check waits",
                             a.as_secs()
                         )),
-                        failure,
                     ))
                 }
             };
@@ -417,36 +458,18 @@ impl Http {
     }
 
     /// A request whose body is read whole (at most `cap` bytes), retried as a unit.
-    pub fn fetch(&self, req: &Request, cap: u64) -> Result<Vec<u8>> {
-        self.fetch_passing(req, cap, &[])?
+    pub fn fetch(&self, req: &Request, cap: u64) -> std::result::Result<Vec<u8>, FetchError> {
+        self.fetch_passing(req, cap, &[])
     }
 
-    /// `fetch`, saying why it failed for good.
-    pub fn fetch_why(
-        &self,
-        req: &Request,
-        cap: u64,
-    ) -> std::result::Result<Vec<u8>, (Error, Failure)> {
-        self.fetch_status(req, cap, &[])?
-            .map_err(|(_, e)| (e, Failure::Final))
-    }
-
-    /// `fetch`, but an answer with a status in `pass` is handed back as the inner `Err`
-    /// at once, for the caller's own retry rule (409 Conflict on a patch).
-    pub fn fetch_passing(&self, req: &Request, cap: u64, pass: &[u16]) -> Result<Result<Vec<u8>>> {
-        self.fetch_status(req, cap, pass)
-            .map(|r| r.map_err(|(_, e)| e))
-            .map_err(|(e, _)| e)
-    }
-
-    /// `fetch_passing` with the passed answer's status, and why it failed for good.
-    #[allow(clippy::type_complexity)]
-    pub fn fetch_status(
+    /// `fetch`, but an answer with a status in `pass` is handed back at once as
+    /// `Failure::Passed`, for the caller's own rule (409 Conflict on a patch).
+    pub fn fetch_passing(
         &self,
         req: &Request,
         cap: u64,
         pass: &[u16],
-    ) -> std::result::Result<std::result::Result<Vec<u8>, (u16, Error)>, (Error, Failure)> {
+    ) -> std::result::Result<Vec<u8>, FetchError> {
         let what = format!("{} {}", req.method, req.url);
         self.retrying(&what, |deadline| {
             let mut resp = match self.call(req, deadline) {
@@ -455,9 +478,7 @@ impl Http {
             };
             match status_failure(&what, &mut resp) {
                 None => {}
-                Some(r) if pass.contains(&r.status) => {
-                    return Attempt::Done(Err((r.status, r.error)))
-                }
+                Some(r) if pass.contains(&r.status) => return Attempt::Passed(r.status, r.error),
                 Some(r) => return verdict(r),
             }
             if let Some(t) = resp.body().content_length().filter(|t| *t > cap) {
@@ -468,7 +489,7 @@ impl Http {
             let body = capped(&mut resp, cap);
             let mut v = Vec::new();
             match RateFloor::new(body, self.limits).read_to_end(&mut v) {
-                Ok(_) => Attempt::Done(Ok(v)),
+                Ok(_) => Attempt::Done(v),
                 Err(e) if over_limit(&e) => Attempt::Final(Error::failed(format!(
                     "{what}: response larger than the {cap}-byte limit"
                 ))),
@@ -491,7 +512,7 @@ impl Http {
         digest: &Digest,
         cap: u64,
         undo: &mut Undo,
-    ) -> Result<u64> {
+    ) -> std::result::Result<u64, FetchError> {
         self.stream(&Request::get(url), cap, Some((dir, name)), |body| {
             write_verified(
                 dir,
@@ -518,7 +539,7 @@ impl Http {
         cap: u64,
         target: Option<(&Dir, &str)>,
         mut consume: impl FnMut(&mut dyn Read) -> std::result::Result<T, Staging>,
-    ) -> Result<T> {
+    ) -> std::result::Result<T, FetchError> {
         let what = format!("{} {}", req.method, req.url);
         self.retrying(&what, |deadline| {
             let mut resp = match self.call(req, deadline) {
@@ -582,7 +603,6 @@ impl Http {
                 ))),
             }
         })
-        .map_err(|(e, _)| e)
     }
 }
 
@@ -954,7 +974,10 @@ mod tests {
             Retry::exponential(1, Duration::from_millis(10))
                 .until(Instant::now() + Duration::from_millis(2500)),
         );
-        let (e, why) = http.fetch_why(&Request::get(&url), 1 << 20).unwrap_err();
+        let FetchError {
+            error: e,
+            class: why,
+        } = http.fetch(&Request::get(&url), 1 << 20).unwrap_err();
         assert_eq!(why, Failure::Busy, "{e}");
         assert!(e.to_string().contains("HTTP 503"), "{e}");
         // Nothing listens: unreachable, after the attempts.
@@ -962,7 +985,10 @@ mod tests {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
         });
-        let (e, why) = http.fetch_why(&Request::get(&dead), 1 << 20).unwrap_err();
+        let FetchError {
+            error: e,
+            class: why,
+        } = http.fetch(&Request::get(&dead), 1 << 20).unwrap_err();
         assert_eq!(why, Failure::Unreachable, "{e}");
     }
 
@@ -990,7 +1016,10 @@ mod tests {
             Retry::exponential(3, Duration::from_millis(10))
                 .until(Instant::now() + Duration::from_secs(5)),
         );
-        let (e, why) = http.fetch_why(&Request::get(&url), 1 << 20).unwrap_err();
+        let FetchError {
+            error: e,
+            class: why,
+        } = http.fetch(&Request::get(&url), 1 << 20).unwrap_err();
         assert_eq!(why, Failure::Busy, "{e}");
         assert!(e.to_string().contains("busy: 503, Retry-After 1;"), "{e}");
     }

@@ -13,7 +13,7 @@
 use yaml_rust2::Yaml;
 
 use crate::error::{Error, Result};
-use crate::net::fetch::{Failure, Http, Request};
+use crate::net::fetch::{Failure, FetchError, Http, Request};
 use crate::net::kube::Kube;
 use crate::net::retry::Retry;
 use crate::net::tls::{Check, Tls};
@@ -193,11 +193,11 @@ pub fn kube(
                 format!("{name} (its bootstrap token; the cluster's CA pinned by caCertHashes)");
             let tls = match pinned_ca(&endpoint, &pins, &name, retry)? {
                 Ok(tls) => tls,
-                Err((e, failure)) => {
+                Err(FetchError { class, error }) => {
                     return Ok(Some(Err(Unreached {
                         source,
-                        error: e.to_string(),
-                        failure,
+                        error: error.to_string(),
+                        failure: class,
                     })))
                 }
             };
@@ -214,22 +214,20 @@ fn pinned_ca(
     pins: &[String],
     name: &str,
     retry: Retry,
-) -> Result<std::result::Result<Tls, (Error, Failure)>> {
+) -> Result<std::result::Result<Tls, FetchError>> {
     let url = format!("https://{endpoint}/api/v1/namespaces/kube-public/configmaps/cluster-info");
     let unchecked = Tls {
         check: Check::PinnedAfter,
         ..Tls::default()
     };
-    let body = match Http::new(&unchecked, retry).fetch_why(&Request::get(&url), 1 << 20) {
+    let body = match Http::new(&unchecked, retry).fetch(&Request::get(&url), 1 << 20) {
         Ok(b) => b,
-        Err((e, f @ (Failure::Unreachable | Failure::Busy))) => {
-            return Ok(Err((
-                e.context(format!("{name}: discovery.bootstrapToken: cluster-info")),
-                f,
-            )))
-        }
-        Err((e, _)) => {
-            return Err(e.context(format!("{name}: discovery.bootstrapToken: cluster-info")))
+        Err(FetchError { class, error }) => {
+            let error = error.context(format!("{name}: discovery.bootstrapToken: cluster-info"));
+            return match class {
+                Failure::Unreachable | Failure::Busy => Ok(Err(FetchError { class, error })),
+                _ => Err(error),
+            };
         }
     };
     let bad = |why: String| Error::failed(format!("{name}: cluster-info from {url}: {why}"));
@@ -245,7 +243,7 @@ fn pinned_ca(
         .ok_or_else(|| {
             bad("its kubeconfig has no cluster with certificate-authority-data".into())
         })?;
-    let pem = crate::net::kube::b64(&ca, &url, "certificate-authority-data")?;
+    let pem = crate::net::kubeconfig::b64(&ca, &url, "certificate-authority-data")?;
     let mut offered = Vec::new();
     for item in ureq::tls::parse_pem(&pem) {
         if let Ok(ureq::tls::PemItem::Certificate(c)) = item {

@@ -7,6 +7,8 @@ pub mod events;
 pub mod fetch;
 pub mod join_config;
 pub mod kube;
+pub mod kubeconfig;
+pub mod names;
 pub mod nodeinfo;
 pub mod retry;
 pub mod tls;

@@ -70,7 +70,11 @@ pub fn ask(root: &Root, kubeconfig: &str, wait: Duration, name: &str, want: &Wan
         {
             Ok(node) => {
                 let beat = heartbeat(&node);
-                if beat.as_ref().and_then(|b| crate::net::kube::rfc3339(b)) < Some(booted()) {
+                if beat
+                    .as_ref()
+                    .and_then(|b| crate::net::kubeconfig::rfc3339(b))
+                    < Some(booted())
+                {
                     why = format!(
                         "Node {name} has not reported since this boot began (its Ready heartbeat: {})",
                         beat.as_deref().unwrap_or("none")
@@ -172,7 +176,7 @@ pub fn node_name(given: Option<&str>) -> Result<String> {
             .map(|h| h.trim().to_ascii_lowercase())
             .map_err(|e| Error::failed(format!("/proc/sys/kernel/hostname: {e}")))?,
     };
-    crate::net::kube::NodeName::parse(&n)
+    crate::net::names::NodeName::parse(&n)
         .map(|n| n.to_string())
         .ok_or_else(|| Error::config(format!("node name {n:?}: not a DNS subdomain")))
 }

@@ -9,7 +9,7 @@ use crate::crypto::openpgp::Keyring;
 use crate::crypto::pkcs7::Cert;
 use crate::error::{Error, Result};
 use crate::net::cluster;
-use crate::net::fetch::{Http, Request};
+use crate::net::fetch::{Failure, FetchError, Http, Request};
 use crate::net::kube::Kube;
 use crate::node::mappings::Mappings;
 use crate::node::marker;
@@ -665,14 +665,19 @@ impl Lists<'_> {
 
     fn fetch(&self, dir: &str, name: &str) -> Result<Sums> {
         let url = format!("{dir}SHA256SUMS");
-        let body = self
-            .http
-            .fetch_passing(&Request::get(&url), crate::sysext::sums::MAX_BYTES, &[404])?
-            .map_err(|e| {
-                e.hint(format!(
+        let body = match self.http.fetch_passing(
+            &Request::get(&url),
+            crate::sysext::sums::MAX_BYTES,
+            &[404],
+        ) {
+            Ok(b) => b,
+            Err(e) if e.class == Failure::Passed(404) => {
+                return Err(e.error.hint(format!(
                     "the source has no list for {name} where --sysext-url points ({dir}): check --sysext-url and that the mirror holds {name}"
-                ))
-            })?;
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        };
         match self.keyring {
             Some(k) => {
                 let get = |ext: &str| {
@@ -683,13 +688,17 @@ impl Lists<'_> {
                     )
                 };
                 // As systemd-pull does: a detached armored signature when there is no .gpg.
-                let sig = match get("gpg")? {
+                let absent = |e: &FetchError| e.class == Failure::Passed(404);
+                let sig = match get("gpg") {
                     Ok(s) => s,
-                    Err(_) => get("asc")?.map_err(|_| {
-                        Error::failed(format!(
+                    Err(e) if absent(&e) => match get("asc") {
+                        Ok(s) => s,
+                        Err(e) if absent(&e) => return Err(Error::failed(format!(
                             "{url} is not signed: neither SHA256SUMS.gpg nor SHA256SUMS.asc is beside it (HTTP 404 for both): sign it as systemd-sysupdate reads it (gpg --detach-sign --output SHA256SUMS.gpg SHA256SUMS) with a key of --keyring, or, dangerous, --no-verify-signatures"
-                        ))
-                    })?,
+                        ))),
+                        Err(e) => return Err(e.into()),
+                    },
+                    Err(e) => return Err(e.into()),
                 };
                 let by = k.verify_detached(&body, &sig, &url)?;
                 log::info!("{url}: good signature by {by}");

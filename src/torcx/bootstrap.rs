@@ -9,7 +9,7 @@ use crate::cli::check::check_options;
 use crate::cli::{Bootstrap, RebootMode};
 use crate::error::{Error, Result};
 use crate::net::cluster;
-use crate::net::fetch::Failure;
+use crate::net::fetch::{Failure, FetchError};
 use crate::net::kube::Kube;
 use crate::node::clock;
 use crate::node::dbus::{self, Update};
@@ -281,9 +281,10 @@ fn runtime_versions(root: &Root, a: &Bootstrap, kube: Option<&Kube>, k8s: &str) 
         // An identity that may not read the mappings is misconfigured, and an API server that
         // cannot answer may still be right: the node's file decides only where
         // --version-fallback lets it stand in for the cluster.
-        Some(Err((e, failure)))
-            if failure != Failure::Final && !a.version_fallback.allows(failure) =>
-        {
+        Some(Err(FetchError {
+            class: failure,
+            error: e,
+        })) if failure != Failure::Final && !a.version_fallback.allows(failure) => {
             let why = match failure {
                 Failure::Denied => "refused these credentials the ConfigMap",
                 _ => "did not answer",
@@ -294,7 +295,7 @@ fn runtime_versions(root: &Root, a: &Bootstrap, kube: Option<&Kube>, k8s: &str) 
             )));
         }
         other => {
-            if let Some(Err((e, _))) = other {
+            if let Some(Err(e)) = other {
                 log::warn!("runtime mappings from the API unavailable, using {name}: {e}");
             }
             let text = root.read_text(&a.version_manifest)?.ok_or_else(|| {

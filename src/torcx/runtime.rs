@@ -4,7 +4,7 @@
 use crate::cli::check::ManifestUrl;
 use crate::crypto::openpgp::Keyring;
 use crate::error::{Error, Result};
-use crate::net::fetch::{Http, Request};
+use crate::net::fetch::{Failure, Http, Request};
 use crate::node::envfile::EnvFile;
 use crate::node::floor::Version;
 use crate::node::mappings::Mappings;
@@ -155,16 +155,20 @@ impl Manifests<'_> {
 
     fn get(&self, os_version: &str) -> Result<PackageList> {
         let url = self.url(os_version)?;
-        let body = self
+        let body = match self
             .http
-            .fetch_passing(&Request::get(&url), MANIFEST_CAP, &[404])?
-            .map_err(|e| {
-                e.hint(format!(
+            .fetch_passing(&Request::get(&url), MANIFEST_CAP, &[404])
+        {
+            Ok(b) => b,
+            Err(e) if e.class == Failure::Passed(404) => {
+                return Err(e.error.hint(format!(
                     "no torcx manifest for OS {os_version} board {} there: check --torcx-manifest-url ({})",
                     self.board,
                     self.template.as_str()
-                ))
-            })?;
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        };
         match self.keyring {
             Some(k) => {
                 let sig_url = format!("{url}.asc");

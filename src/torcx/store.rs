@@ -239,8 +239,9 @@ pub fn stage_image(
             Err(Staging::Write(e)) => return Err(e),
         }
     }
-    http.download(w.url, &dir, &file, w.digest, w.cap, undo)
-        .map(Staged::Downloaded)
+    Ok(Staged::Downloaded(
+        http.download(w.url, &dir, &file, w.digest, w.cap, undo)?,
+    ))
 }
 
 fn local_copies(root: &Root, layout: &Layout, file: &str, except: &str) -> Result<Vec<String>> {

@@ -9,8 +9,9 @@ use super::file::parse_record;
 use super::{now, stamp, Claim, Held};
 use crate::activation::nodelock::Role;
 use crate::error::{Error, Result};
-use crate::net::fetch::Failure;
-use crate::net::kube::{self, Kube, Reply};
+use crate::net::fetch::FetchError;
+use crate::net::kube::{Kube, Reply};
+use crate::net::kubeconfig;
 use crate::node::root::Root;
 
 /// The label every ticket record carries, so that `kubectl get -l` finds them all.
@@ -87,7 +88,7 @@ pub(crate) enum Verdict {
 pub(crate) fn judge(e: &Entry, now: u64, lease: u64, window: u64, mine: bool) -> Verdict {
     let at = |s: &Option<String>| {
         s.as_deref()
-            .and_then(kube::rfc3339)
+            .and_then(kubeconfig::rfc3339)
             .map(|t| t.max(0) as u64)
     };
     let claimed = at(&Some(e.claimed_at.clone())).unwrap_or(0);
@@ -165,7 +166,7 @@ impl ClusterLedger {
         lease: u64,
         window: u64,
     ) -> Result<ClusterLedger> {
-        if !kube::dns_label(ns) {
+        if !crate::net::names::dns_label(ns) {
             return Err(Error::config(format!(
                 "--ledger-namespace {ns:?}: not a namespace name (RFC 1123 label)"
             )));
@@ -182,7 +183,7 @@ impl ClusterLedger {
                 startup.source
             ))
         };
-        let failed = |verb: &str, (e, _): (Error, Failure)| {
+        let failed = |verb: &str, e: FetchError| {
             Error::failed(format!(
                 "checking that this instance may {verb} ticket records: {e}"
             ))
@@ -285,7 +286,7 @@ impl ClusterLedger {
         ) {
             Ok(Reply::Ok(cm)) => Self::read(&cm, name).map(|(_, rv)| Some(rv)),
             Ok(Reply::Status(_, _)) => Ok(None),
-            Err((e, _)) => Err(e.to_string()),
+            Err(e) => Err(e.to_string()),
         }
     }
 
@@ -305,7 +306,7 @@ impl ClusterLedger {
         ) {
             Ok(Reply::Ok(cm)) => Self::read(&cm, name).map(|(_, rv)| Some(rv)),
             Ok(Reply::Status(_, _)) => Ok(None),
-            Err((e, _)) => Err(e.to_string()),
+            Err(e) => Err(e.to_string()),
         }
     }
 
@@ -356,7 +357,7 @@ impl ClusterLedger {
             Ok(Reply::Status(_, _)) => {
                 return unavailable(format!("{name} was deleted while being read; ask again"))
             }
-            Err((e, _)) => return unavailable(e.to_string()),
+            Err(e) => return unavailable(e.to_string()),
         };
         // Our own claim, unless a record of it waits to be written.
         let mine =
@@ -521,7 +522,7 @@ impl ClusterLedger {
             let got = self
                 .kube
                 .call("GET", &self.path(Some(&name)), None, &[])
-                .map_err(|(e, _)| fail(e.to_string()))?;
+                .map_err(|e| fail(e.to_string()))?;
             let Reply::Ok(cm) = got else { continue };
             let (old, rv) = Self::read(&cm, &name).map_err(&fail)?;
             if old.state != State::Issued && self.replace(&name, &e, &rv).map_err(&fail)?.is_none()

@@ -7,7 +7,7 @@ use crate::cli::Reprovision;
 use crate::crypto::digest::Algo;
 use crate::error::{Error, Result};
 use crate::inplace::mco;
-use crate::net::fetch::{Http, Request};
+use crate::net::fetch::{Failure, FetchError, Http, Request};
 use crate::node::verified::{copy_verified, Expect, Written};
 
 pub struct Check {
@@ -65,9 +65,13 @@ pub(super) fn v2_url(r: &str) -> String {
 /// A registry answers `/v2/` with 200, or 401 when it wants credentials: both mean it is there.
 pub(super) fn probe_registry(http: &Http, r: &str) -> Result<String> {
     let url = v2_url(r);
-    match http.fetch_passing(&Request::get(&url), 1 << 20, &[401])? {
+    match http.fetch_passing(&Request::get(&url), 1 << 20, &[401]) {
         Ok(_) => Ok("HTTP 200".into()),
-        Err(_) => Ok("HTTP 401 (wants credentials)".into()),
+        Err(FetchError {
+            class: Failure::Passed(_),
+            ..
+        }) => Ok("HTTP 401 (wants credentials)".into()),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -81,9 +85,13 @@ pub(super) fn probe_progress(s: &Setup, url: &str) -> Result<String> {
     let pass: Vec<u16> = (400..500)
         .filter(|c| ![401, 403, 408, 429].contains(c))
         .collect();
-    match s.open.fetch_passing(&req, 1 << 20, &pass)? {
+    match s.open.fetch_passing(&req, 1 << 20, &pass) {
         Ok(_) => Ok("answers (2xx)".into()),
-        Err(e) => Ok(format!("answers ({})", short_status(&e.to_string()))),
+        Err(FetchError {
+            class: Failure::Passed(_),
+            error,
+        }) => Ok(format!("answers ({})", short_status(&error.to_string()))),
+        Err(e) => Err(e.into()),
     }
 }
 

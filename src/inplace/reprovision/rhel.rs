@@ -66,7 +66,7 @@ pub(super) fn rhel_configure(
         Ok(v) => v,
         Err(e) => {
             progress.report("fetch", "failed", &e.to_string());
-            return Err(e);
+            return Err(e.into());
         }
     };
     let verified = match &want {
