@@ -191,15 +191,19 @@ pub fn kube(
         } => {
             let source =
                 format!("{name} (its bootstrap token; the cluster's CA pinned by caCertHashes)");
-            let tls = match pinned_ca(&endpoint, &pins, &name, retry)? {
+            let tls = match pinned_ca(&endpoint, &pins, &name, retry) {
                 Ok(tls) => tls,
-                Err(FetchError { class, error }) => {
+                Err(FetchError {
+                    class: class @ (Failure::Unreachable | Failure::Busy),
+                    error,
+                }) => {
                     return Ok(Some(Err(Unreached {
                         source,
                         error: error.to_string(),
                         failure: class,
                     })))
                 }
+                Err(e) => return Err(e.into()),
             };
             Kube::with_token(&format!("https://{endpoint}"), tls, token, source, retry)
                 .map(|k| Some(Ok(k)))
@@ -208,42 +212,48 @@ pub fn kube(
 }
 
 /// The CA that cluster-info at `endpoint` offers, trusted only if its key is one of `pins`;
-/// the inner error: cluster-info could not be read (unreachable, busy), as `/version` fails.
+/// a failure's class says whether cluster-info could be read at all (unreachable, busy: as
+/// `/version` fails) or was read and refused (final).
 fn pinned_ca(
     endpoint: &str,
     pins: &[String],
     name: &str,
     retry: Retry,
-) -> Result<std::result::Result<Tls, FetchError>> {
+) -> std::result::Result<Tls, FetchError> {
     let url = format!("https://{endpoint}/api/v1/namespaces/kube-public/configmaps/cluster-info");
     let unchecked = Tls {
         check: Check::PinnedAfter,
         ..Tls::default()
     };
-    let body = match Http::new(&unchecked, retry).fetch(&Request::get(&url), 1 << 20) {
-        Ok(b) => b,
-        Err(FetchError { class, error }) => {
-            let error = error.context(format!("{name}: discovery.bootstrapToken: cluster-info"));
-            return match class {
-                Failure::Unreachable | Failure::Busy => Ok(Err(FetchError { class, error })),
-                _ => Err(error),
-            };
-        }
-    };
+    let body = Http::new(&unchecked, retry)
+        .fetch(&Request::get(&url), 1 << 20)
+        .map_err(|FetchError { class, error }| FetchError {
+            class,
+            error: error.context(format!("{name}: discovery.bootstrapToken: cluster-info")),
+        })?;
+    // What the answer holds is final: asking again gets the same CA.
+    pinned_in(&body, &url, endpoint, pins, name).map_err(|error| FetchError {
+        class: Failure::Final,
+        error,
+    })
+}
+
+/// The CA in cluster-info's answer `body`, if its key is one of `pins`.
+fn pinned_in(body: &[u8], url: &str, endpoint: &str, pins: &[String], name: &str) -> Result<Tls> {
     let bad = |why: String| Error::failed(format!("{name}: cluster-info from {url}: {why}"));
     let cm: serde_json::Value =
-        serde_json::from_slice(&body).map_err(|e| bad(format!("invalid JSON: {e}")))?;
+        serde_json::from_slice(body).map_err(|e| bad(format!("invalid JSON: {e}")))?;
     let kubeconfig = cm["data"]["kubeconfig"]
         .as_str()
         .ok_or_else(|| bad("no data.kubeconfig".into()))?;
     let doc = yaml::parse(kubeconfig, &format!("{url} data.kubeconfig"))?;
-    let ca = yaml::items(&doc["clusters"], &url, "clusters")?
+    let ca = yaml::items(&doc["clusters"], url, "clusters")?
         .first()
         .and_then(|c| yaml::scalar(&c["cluster"]["certificate-authority-data"]))
         .ok_or_else(|| {
             bad("its kubeconfig has no cluster with certificate-authority-data".into())
         })?;
-    let pem = crate::net::kubeconfig::b64(&ca, &url, "certificate-authority-data")?;
+    let pem = crate::net::kubeconfig::b64(&ca, url, "certificate-authority-data")?;
     let mut offered = Vec::new();
     for item in ureq::tls::parse_pem(&pem) {
         if let Ok(ureq::tls::PemItem::Certificate(c)) = item {
@@ -258,7 +268,7 @@ fn pinned_ca(
                 tls.fix = Some(format!(
                     "discovery.bootstrapToken.caCertHashes in {name} (the cluster's CA)"
                 ));
-                return Ok(Ok(tls));
+                return Ok(tls);
             }
             offered.push(pin.unwrap_or_else(|| "an unreadable certificate".into()));
         }
