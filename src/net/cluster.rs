@@ -255,13 +255,10 @@ fn find_version(root: &Root, s: &Sources) -> Result<Version> {
     }
     let asked = match (s.kube, s.joining) {
         (Some(k), _) | (None, Some(Joining::Client(k))) => Some((k.server_version(), &k.source)),
-        (None, Some(Joining::Unreached(u))) => {
-            let unreached = FetchError {
-                class: u.failure,
-                error: Error::failed(u.error.clone()),
-            };
-            Some((Err(unreached), &u.source))
-        }
+        (None, Some(Joining::Unreached(u))) => Some((
+            Err(FetchError::new(u.failure, Error::failed(u.error.clone()))),
+            &u.source,
+        )),
         (None, None) => None,
     };
     let why = match asked {
@@ -283,13 +280,10 @@ fn find_version(root: &Root, s: &Sources) -> Result<Version> {
             },
             // Credentials the cluster rejects: that first, and how to fix it; the fallback
             // policy only says why the node's files were not used instead.
-            Err(FetchError {
-                class: Failure::Denied,
-                error: e,
-            }) => {
+            Err(f) if f.class == Failure::Denied => {
                 return Err(Error::failed(format!(
-                    "unable to determine the cluster version: the API server rejected the credentials of {} ({e}): give the node a kubeconfig whose credentials the cluster accepts, or set --force-kube-version (--version-fallback {} does not let {} decide)",
-                    from,
+                    "unable to determine the cluster version: the API server rejected the credentials of {from} ({}): give the node a kubeconfig whose credentials the cluster accepts, or set --force-kube-version (--version-fallback {} does not let {} decide)",
+                    f.error,
                     s.fallback.word(),
                     root.show(s.installer_env)
                 )));

@@ -49,7 +49,7 @@ pub struct FetchError {
 }
 
 impl FetchError {
-    fn new(class: Failure, error: Error) -> FetchError {
+    pub fn new(class: Failure, error: Error) -> FetchError {
         FetchError { class, error }
     }
 }

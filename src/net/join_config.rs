@@ -232,10 +232,8 @@ fn pinned_ca(
             error: error.context(format!("{name}: discovery.bootstrapToken: cluster-info")),
         })?;
     // What the answer holds is final: asking again gets the same CA.
-    pinned_in(&body, &url, endpoint, pins, name).map_err(|error| FetchError {
-        class: Failure::Final,
-        error,
-    })
+    pinned_in(&body, &url, endpoint, pins, name)
+        .map_err(|error| FetchError::new(Failure::Final, error))
 }
 
 /// The CA in cluster-info's answer `body`, if its key is one of `pins`.
