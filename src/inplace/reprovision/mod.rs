@@ -14,6 +14,7 @@ mod rhel;
 mod setup;
 mod state;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::json;
@@ -22,6 +23,7 @@ use crate::cli::{HostReboot, Reprovision};
 use crate::error::{Error, Result};
 use crate::inplace::progress::Reporter;
 use crate::net::kube::Kube;
+use crate::net::names::NodeName;
 use crate::node::reboot::{self, Rebooter, Requested};
 use crate::node::root::Root;
 use crate::node::seams::boot_id;
@@ -33,38 +35,119 @@ use rhel::*;
 use setup::*;
 use state::*;
 
-/// `nodestrap reprovision`.
+/// `nodestrap reprovision`: its numbered steps (docs/reprovision.md), one function each.
 pub fn run(a: &Reprovision) -> Result<()> {
     // 0. Options, Secret, flow and clients (exit 2 on any configuration error).
-    let (s, api) = setup::<ForReprovision>(a)?;
-    let node = api.node.clone();
-    let kube = &api.kube;
-    let flow = s.secrets.flow;
-    let target = s.secrets.target();
-    let boot = boot_id()?;
-    crate::node::status::decide("node", &node, "the Node this pod runs on");
-    crate::node::status::decide("flow", flow.name(), "the Secret's keys");
-    let progress = if a.dry_run {
-        Reporter::silent(&node, flow.name())
-    } else {
-        Reporter::new(
-            &s.open_tls,
-            s.secrets.progress_url.as_deref(),
-            s.secrets.progress_token.as_deref(),
-            &node,
-            flow.name(),
-        )
+    let r = Run::setup(a)?;
+    // 1. Where a previous run got to: a finished run, or a hand-off in this boot, ends here.
+    let Next::Go(prev) = r.previous()? else {
+        return Ok(());
     };
+    // 2, 3 and 4. Preflight, fetch, configure; RHEL resumes after an entry script that
+    //    succeeded. A dry run ends here.
+    let Next::Go(configured) = r.configure(prev)? else {
+        return Ok(());
+    };
+    // 5. The label goes before the reboot, so the kubelet never comes back with it and the
+    //    DaemonSet does not schedule here again. Its removal makes the DaemonSet delete this
+    //    pod: from here on SIGTERM is held off until the hand-off is complete.
+    hold_sigterm();
+    remove_label(&r.api.kube, &r.node, &a.label)?;
+    // 6. Hand off to the MCD or the reboot.
+    r.hand_off(configured)
+}
 
-    // 1. Where a previous run got to.
-    let prev = read_state(&s.root)?.filter(|st| {
-        let same = st.target == target && st.flow == flow;
-        if !same {
-            log::info!("state file is for another reprovision target; starting afresh");
+/// Whether a step lets the run go on.
+enum Next<T> {
+    Go(T),
+    /// Nothing more to do; the step said why.
+    Stop,
+}
+
+/// What step 4 leaves for the hand-off.
+enum Configured {
+    /// The MachineConfig is persisted for the MCD to apply.
+    Rhcos { rendered: String, mcd: PathBuf },
+    /// The payload's entry script succeeded (`rendered` is a previous run's, if it had one).
+    Rhel { rendered: Option<String> },
+}
+
+impl Configured {
+    fn rendered(&self) -> Option<&str> {
+        match self {
+            Configured::Rhcos { rendered, .. } => Some(rendered),
+            Configured::Rhel { rendered } => rendered.as_deref(),
         }
-        same
-    });
-    if let Some(st) = &prev {
+    }
+}
+
+/// One run's inputs, read once in step 0.
+struct Run<'a> {
+    a: &'a Reprovision,
+    s: Setup,
+    api: Api,
+    node: NodeName,
+    flow: Flow,
+    target: String,
+    boot: String,
+    progress: Reporter,
+}
+
+impl<'a> Run<'a> {
+    fn setup(a: &'a Reprovision) -> Result<Self> {
+        let (s, api) = setup::<ForReprovision>(a)?;
+        let node = api.node.clone();
+        let flow = s.secrets.flow;
+        let target = s.secrets.target();
+        let boot = boot_id()?;
+        crate::node::status::decide("node", &node, "the Node this pod runs on");
+        crate::node::status::decide("flow", flow.name(), "the Secret's keys");
+        let progress = if a.dry_run {
+            Reporter::silent(&node, flow.name())
+        } else {
+            Reporter::new(
+                &s.open_tls,
+                s.secrets.progress_url.as_deref(),
+                s.secrets.progress_token.as_deref(),
+                &node,
+                flow.name(),
+            )
+        };
+        Ok(Run {
+            a,
+            s,
+            api,
+            node,
+            flow,
+            target,
+            boot,
+            progress,
+        })
+    }
+
+    fn state(&self, phase: Phase, config: Option<String>) -> State {
+        State {
+            flow: self.flow,
+            target: self.target.clone(),
+            phase,
+            boot_id: self.boot.clone(),
+            config,
+        }
+    }
+
+    /// Step 1: the state file of a previous run for this same target, if it leaves work.
+    fn previous(&self) -> Result<Next<Option<State>>> {
+        let (node, flow) = (&self.node, self.flow);
+        let prev = read_state(&self.s.root)?.filter(|st| {
+            let same = st.target == self.target && st.flow == flow;
+            if !same {
+                log::info!("state file is for another reprovision target; starting afresh");
+            }
+            same
+        });
+        let Some(st) = &prev else {
+            return Ok(Next::Go(None));
+        };
         if st.phase == Phase::Done {
             log::info!(
                 "node {node} was already reprovisioned for this target ({}); nothing to do",
@@ -74,36 +157,35 @@ pub fn run(a: &Reprovision) -> Result<()> {
                 "nodestrap: reprovision already done node={node} flow={}",
                 flow.name()
             ));
-            return Ok(());
+            return Ok(Next::Stop);
         }
         // A hand-off the MCD already took (it renamed the config away) counts even when this
         // process was killed before it could record `reboot-pending`.
-        let taken =
-            st.phase == Phase::HandedOff && flow == Flow::Rhcos && finished_on_disk(&s.root, flow);
-        if (st.phase == Phase::RebootPending || taken) && st.boot_id == boot {
+        let taken = st.phase == Phase::HandedOff
+            && flow == Flow::Rhcos
+            && finished_on_disk(&self.s.root, flow);
+        if (st.phase == Phase::RebootPending || taken) && st.boot_id == self.boot {
             // The MCD applied the config (or systemd accepted the reboot) in this boot: the
             // node is going down. Fetching, patching and running the MCD again would only
             // race it.
             log::info!(
                 "node {node} was handed off in this boot and is rebooting into its new configuration; nothing to do"
             );
-            if let Err(e) = crate::outln!(
+            summary(format_args!(
                 "nodestrap: reprovision handed off node={node} flow={} (reboot pending)",
                 flow.name()
-            ) {
-                log::warn!("{e}");
-            }
-            return Ok(());
+            ));
+            return Ok(Next::Stop);
         }
         let after_hand_off = st.phase == Phase::HandedOff || st.phase == Phase::RebootPending;
-        if after_hand_off && st.boot_id != boot && finished_on_disk(&s.root, flow) {
-            let work = work_dir(&s.root)?;
+        if after_hand_off && st.boot_id != self.boot && finished_on_disk(&self.s.root, flow) {
+            let work = work_dir(&self.s.root)?;
             let done = State {
                 phase: Phase::Done,
-                boot_id: boot.clone(),
+                boot_id: self.boot.clone(),
                 ..st.clone()
             };
-            if !a.dry_run {
+            if !self.a.dry_run {
                 write_state(&work, &done)?;
             }
             log::info!(
@@ -113,25 +195,63 @@ pub fn run(a: &Reprovision) -> Result<()> {
                 "nodestrap: reprovision done node={node} flow={}",
                 flow.name()
             ));
-            return Ok(());
+            return Ok(Next::Stop);
         }
+        Ok(Next::Go(prev))
     }
-    // RHEL: an entry script that succeeded is not run again; resume at the label.
-    // (`done`, and a hand-off followed by a reboot, returned above.)
-    let resume = flow == Flow::Rhel && prev.is_some();
-    let mut rendered = prev.as_ref().and_then(|p| p.config.clone());
-    let mut mcd = None;
 
-    if !resume {
-        // 2. Preflight: every dependency answers, or nothing is changed.
-        progress.report("preflight", "started", "checking dependencies");
+    /// Steps 2 to 4, or the resume of a RHEL run whose entry script succeeded (`done`, and a
+    /// hand-off followed by a reboot, stopped in step 1).
+    fn configure(&self, prev: Option<State>) -> Result<Next<Configured>> {
+        let (node, flow) = (&self.node, self.flow);
+        if flow == Flow::Rhel && prev.is_some() {
+            log::info!(
+                "the payload's entry script already succeeded in this boot; resuming at the label"
+            );
+            if self.a.dry_run {
+                summary(format_args!(
+                    "nodestrap: reprovision dry run node={node} flow=rhel (nothing changed)"
+                ));
+                return Ok(Next::Stop);
+            }
+            return Ok(Next::Go(Configured::Rhel {
+                rendered: prev.and_then(|p| p.config),
+            }));
+        }
         let Preflight {
-            checks,
             config,
             payload_sha256,
-        } = preflight_checks(&s, Some(&api));
-        print_table(&checks)?;
-        let failed: Vec<String> = checks
+            ..
+        } = self.preflight()?;
+        // 3 and 4. Fetch, then configure (no MCD and nothing written in a dry run).
+        let (a, s, progress) = (self.a, &self.s, &self.progress);
+        let r = match flow {
+            Flow::Rhcos => rhcos_configure(a, s, progress, config.expect("rhcos preflight"))
+                .map(|(rendered, mcd)| mcd.map(|mcd| Configured::Rhcos { rendered, mcd })),
+            Flow::Rhel => rhel_configure(a, s, node, progress, payload_sha256)
+                .map(|()| (!a.dry_run).then_some(Configured::Rhel { rendered: None })),
+        };
+        let configured = r.inspect_err(|e| progress.fail_once("configure", &e.to_string()))?;
+        let Some(configured) = configured else {
+            summary(format_args!(
+                "nodestrap: reprovision dry run node={node} flow={} (nothing changed)",
+                flow.name()
+            ));
+            return Ok(Next::Stop);
+        };
+        let config = configured.rendered().map(str::to_string);
+        write_state(&work_dir(&s.root)?, &self.state(Phase::Configured, config))?;
+        Ok(Next::Go(configured))
+    }
+
+    /// Step 2: every dependency answers, or nothing is changed.
+    fn preflight(&self) -> Result<Preflight> {
+        let progress = &self.progress;
+        progress.report("preflight", "started", "checking dependencies");
+        let p = preflight_checks(&self.s, Some(&self.api));
+        print_table(&p.checks)?;
+        let failed: Vec<String> = p
+            .checks
             .iter()
             .filter(|c| !c.pass)
             .map(|c| format!("{} {}: {}", c.check, c.target, c.detail))
@@ -144,143 +264,82 @@ pub fn run(a: &Reprovision) -> Result<()> {
         progress.report(
             "preflight",
             "succeeded",
-            &format!("{} checks passed", checks.len()),
+            &format!("{} checks passed", p.checks.len()),
         );
-
-        // 3 and 4. Fetch, then configure.
-        let r = match flow {
-            Flow::Rhcos => rhcos_configure(a, &s, &progress, config.expect("rhcos preflight")).map(
-                |(name, bin)| {
-                    mcd = bin;
-                    Some(name)
-                },
-            ),
-            Flow::Rhel => rhel_configure(a, &s, &node, &progress, payload_sha256).map(|()| None),
-        };
-        rendered = match r {
-            Ok(r) => r,
-            Err(e) => {
-                progress.fail_once("configure", &e.to_string());
-                return Err(e);
-            }
-        };
-        if a.dry_run {
-            summary(format_args!(
-                "nodestrap: reprovision dry run node={node} flow={} (nothing changed)",
-                flow.name()
-            ));
-            return Ok(());
-        }
-        let work = work_dir(&s.root)?;
-        write_state(
-            &work,
-            &State {
-                flow,
-                target: target.clone(),
-                phase: Phase::Configured,
-                boot_id: boot.clone(),
-                config: rendered.clone(),
-            },
-        )?;
-    } else {
-        log::info!(
-            "the payload's entry script already succeeded in this boot; resuming at the label"
-        );
-        if a.dry_run {
-            summary(format_args!(
-                "nodestrap: reprovision dry run node={node} flow=rhel (nothing changed)"
-            ));
-            return Ok(());
-        }
+        Ok(p)
     }
 
-    // 5. The label goes before the reboot, so the kubelet never comes back with it and the
-    //    DaemonSet does not schedule here again. Its removal makes the DaemonSet delete this
-    //    pod: from here on SIGTERM is held off until the hand-off is complete.
-    hold_sigterm();
-    remove_label(kube, &node, &a.label)?;
-
-    // 6. Hand off: the state first, so a crash from here on is recognised after the reboot.
-    let work = work_dir(&s.root)?;
-    let handed = State {
-        flow,
-        target,
-        phase: Phase::HandedOff,
-        boot_id: boot,
-        config: rendered.clone(),
-    };
-    write_state(&work, &handed)?;
-    progress.report(
-        "reboot",
-        "started",
-        "handing the node over to its new configuration",
-    );
-    // Recorded as soon as the hand-off is accepted, so that a run again in this boot does not
-    // hand off a second time, even if this process is killed before it ends.
-    let pending = || {
-        let st = State {
-            phase: Phase::RebootPending,
-            ..handed.clone()
+    /// Step 6: the state first, so a crash from here on is recognised after the reboot; then
+    /// the MCD (RHCOS) or the reboot request (RHEL).
+    fn hand_off(&self, c: Configured) -> Result<()> {
+        let (node, flow, progress) = (&self.node, self.flow, &self.progress);
+        let work = work_dir(&self.s.root)?;
+        let rendered = c.rendered();
+        let config = || rendered.map(str::to_string);
+        write_state(&work, &self.state(Phase::HandedOff, config()))?;
+        progress.report(
+            "reboot",
+            "started",
+            "handing the node over to its new configuration",
+        );
+        // Recorded as soon as the hand-off is accepted, so that a run again in this boot does
+        // not hand off a second time, even if this process is killed before it ends.
+        let pending = || {
+            if let Err(e) = write_state(&work, &self.state(Phase::RebootPending, config())) {
+                log::warn!("{e}");
+            }
         };
-        if let Err(e) = write_state(&work, &st) {
-            log::warn!("{e}");
+        let r = match &c {
+            Configured::Rhcos { mcd, .. } => {
+                mcd_hand_off(self.a, &self.s.root, mcd).inspect(|()| pending())
+            }
+            Configured::Rhel { .. } => self.request_reboot(&pending),
+        };
+        if let Err(e) = r {
+            progress.report("reboot", "failed", &e.to_string());
+            return Err(e);
         }
-    };
-    let r = match flow {
-        Flow::Rhcos => mcd_hand_off(
-            a,
-            &s.root,
-            &mcd.expect("rhcos_configure found or extracted it"),
-        )
-        .inspect(|()| pending()),
-        // "succeeded" only once systemd accepted the job; then SIGTERM (the node going down)
-        // ends the wait at once with exit 0.
-        Flow::Rhel => rebooter(a, &s.root)
-            .request("reprovisioned in place (RHEL bootstrap payload applied)")
-            .and_then(|r| match r {
-                Requested::Queued(job) => {
-                    pending();
-                    progress.report(
-                        "reboot",
-                        "succeeded",
-                        &format!("reboot queued as systemd job {job}"),
-                    );
-                    reboot::wait_to_be_stopped(Duration::from_secs(600))
-                }
-                // Not accepted, so not "succeeded": the node still has to be rebooted.
-                Requested::Declined(why) => {
-                    pending();
-                    progress.report(
-                        "reboot",
-                        "skipped",
-                        &format!("not rebooting ({why}); the node must be rebooted to finish"),
-                    );
-                    Ok(())
-                }
-            }),
-    };
-    match r {
-        Ok(()) => {
-            if flow == Flow::Rhcos {
+        if let Configured::Rhcos { rendered, .. } = &c {
+            progress.report(
+                "reboot",
+                "succeeded",
+                &format!("machine-config-daemon applied {rendered} and reboots the node"),
+            );
+        }
+        summary(format_args!(
+            "nodestrap: reprovision handed off node={node} flow={} config={}",
+            flow.name(),
+            rendered.unwrap_or("-")
+        ));
+        Ok(())
+    }
+
+    /// RHEL's hand-off: "succeeded" only once systemd accepted the job; then SIGTERM (the node
+    /// going down) ends the wait at once with exit 0.
+    fn request_reboot(&self, pending: &dyn Fn()) -> Result<()> {
+        let progress = &self.progress;
+        match rebooter(self.a, &self.s.root)
+            .request("reprovisioned in place (RHEL bootstrap payload applied)")?
+        {
+            Requested::Queued(job) => {
+                pending();
                 progress.report(
                     "reboot",
                     "succeeded",
-                    &format!(
-                        "machine-config-daemon applied {} and reboots the node",
-                        rendered.as_deref().unwrap_or("the config")
-                    ),
+                    &format!("reboot queued as systemd job {job}"),
                 );
+                reboot::wait_to_be_stopped(Duration::from_secs(600))
             }
-            summary(format_args!(
-                "nodestrap: reprovision handed off node={node} flow={} config={}",
-                flow.name(),
-                rendered.as_deref().unwrap_or("-")
-            ));
-            Ok(())
-        }
-        Err(e) => {
-            progress.report("reboot", "failed", &e.to_string());
-            Err(e)
+            // Not accepted, so not "succeeded": the node still has to be rebooted.
+            Requested::Declined(why) => {
+                pending();
+                progress.report(
+                    "reboot",
+                    "skipped",
+                    &format!("not rebooting ({why}); the node must be rebooted to finish"),
+                );
+                Ok(())
+            }
         }
     }
 }
