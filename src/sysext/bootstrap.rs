@@ -58,6 +58,8 @@ struct Step {
     dir_url: String,
 }
 
+/// `nodestrap bootstrap` with `--sysext-url`: its numbered steps (docs/sysext.md), one function
+/// each.
 pub fn run(a: &Bootstrap) -> Result<()> {
     // 0. Everything that can be checked without the node or the network: exit 2 if wrong.
     let root = Root::open(&a.root)?;
@@ -66,45 +68,101 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     let common = a.common();
     let keyring = common.keyring(&root)?;
     let http = common.http(&root)?;
-    let live = root.is_host();
     // Before anything checks a certificate or a signature.
     crate::node::clock::check(&root, std::time::Duration::from_secs(a.clock_wait))?;
-
-    // 1. The node as systemd-sysext sees it.
-    let host = Host::read(&root)?;
-    log::info!(
-        "node ID={} VERSION_ID={} SYSEXT_LEVEL={} architecture {} (from {})",
-        host.id,
-        host.version_id.as_deref().unwrap_or("(none)"),
-        host.sysext_level.as_deref().unwrap_or("(none)"),
-        host.arch,
-        host.source
-    );
-
-    // What earlier boots proved: images never to stage again, and the set to keep.
-    let known = KnownGood::load(&root)?;
-
-    // Who vouches for the images on the disk; a node that cannot merge signed images is
-    // refused here, before anything is staged.
-    let trust = load_trust(&root, a)?;
-    trust.check_node(&root)?;
-
+    // 1. The node as systemd-sysext sees it, what earlier boots proved, and who vouches.
+    let node = NodeFacts::read(&root, a)?;
     // 2. The cluster's version, from the same sources as the torcx payload.
+    let (version, want) = cluster_version(&root, a)?;
+    // 3-4. Choose: Kubernetes by the cluster's version, the runtime by the mappings.
+    let downgrades = crate::cli::check::downgrades(&a.allow_downgrade)?;
+    let lists = Lists {
+        http: &http,
+        url: &url,
+        keyring: keyring.as_ref(),
+        arch: node.host.arch,
+        known: &node.known,
+        downgrades: &downgrades,
+        read: Default::default(),
+        seen: Default::default(),
+    };
+    let plan = Plan::choose(&root, a, &version.value, want, &lists)?;
+    // 5. The plan, for --dry-run.
+    if a.dry_run {
+        return plan.print(&root, a, &version);
+    }
+    // 6-11 change the node: every change goes through the undo log, so that a failure puts the
+    //    node back as it was (links, images added, old sysupdate files, versions pruned,
+    //    kubelet.env, and the merge), and a success deletes only what it set aside.
+    let mut undo = Undo::new(&root);
+    let run = Apply {
+        root: &root,
+        a,
+        http: &http,
+        host: &node.host,
+        steps: &plan.steps,
+        known: &node.known,
+        trust: &node.trust,
+        live: root.is_host(),
+    };
+    let applied = run.apply(&mut undo).and_then(|applied| {
+        lists
+            .remember(&root, &plan.steps, &mut undo)
+            .map(|()| applied)
+    });
+    let restart =
+        match applied.and_then(|applied| plan.finish(&root, a, &version, applied, &mut undo)) {
+            Ok(restart) => restart,
+            Err(e) => return Err(undo.undo(e)),
+        };
+    undo.commit();
+    merge::restart_changed(&restart)
+}
+
+/// Step 1: what the run knows of the node before it asks anyone.
+struct NodeFacts {
+    host: Host,
+    /// What earlier boots proved: images never to stage again, and the set to keep.
+    known: KnownGood,
+    trust: Trust,
+}
+
+impl NodeFacts {
+    fn read(root: &Root, a: &Bootstrap) -> Result<Self> {
+        let host = Host::read(root)?;
+        log::info!(
+            "node ID={} VERSION_ID={} SYSEXT_LEVEL={} architecture {} (from {})",
+            host.id,
+            host.version_id.as_deref().unwrap_or("(none)"),
+            host.sysext_level.as_deref().unwrap_or("(none)"),
+            host.arch,
+            host.source
+        );
+        let known = KnownGood::load(root)?;
+        // Who vouches for the images on the disk; a node that cannot merge signed images is
+        // refused here, before anything is staged.
+        let trust = load_trust(root, a)?;
+        trust.check_node(root)?;
+        Ok(NodeFacts { host, known, trust })
+    }
+}
+
+/// Step 2: the cluster's version, and how exactly the Kubernetes image must match it.
+fn cluster_version(root: &Root, a: &Bootstrap) -> Result<(cluster::Version, choose::Want)> {
+    let common = a.common();
     let kube = if a.kubeconfig.is_empty() || a.force_kube_version.is_some() {
         None
     } else {
-        Kube::from_kubeconfig(&root, &a.kubeconfig, common.api_retry())?
+        Kube::from_kubeconfig(root, &a.kubeconfig, common.api_retry())?
     };
     let before_join = a.before_join();
     let joining = if kube.is_none() && a.force_kube_version.is_none() {
-        cluster::before_join(&root, &before_join, common.api_retry(), || {
-            common.tls(&root)
-        })?
+        cluster::before_join(root, &before_join, common.api_retry(), || common.tls(root))?
     } else {
         None
     };
     let version = cluster::version(
-        &root,
+        root,
         &cluster::Sources {
             forced: a.force_kube_version.as_deref(),
             kube: kube.as_ref(),
@@ -115,66 +173,78 @@ pub fn run(a: &Bootstrap) -> Result<()> {
             fallback: a.version_fallback,
         },
     )?;
-    let k8s = version.value.clone();
     let want = match version.source {
-        cluster::Source::Forced if crate::node::mappings::is_minor_only(&k8s) => {
+        cluster::Source::Forced if crate::node::mappings::is_minor_only(&version.value) => {
             choose::Want::Minor
         }
         cluster::Source::Forced => choose::Want::Patch,
         _ => choose::Want::Cluster,
     };
-    // The API server is not asked again: its idle connection goes now (see the torcx payload).
-    drop((kube, joining));
+    // The API server is not asked again: its idle connection goes as this returns (see the
+    // torcx payload).
+    Ok((version, want))
+}
 
-    // 3-4. Choose: Kubernetes by the cluster's version, the runtime by the mappings.
-    let downgrades = crate::cli::check::downgrades(&a.allow_downgrade)?;
-    let lists = Lists {
-        http: &http,
-        url: &url,
-        keyring: keyring.as_ref(),
-        arch: host.arch,
-        known: &known,
-        downgrades: &downgrades,
-        read: Default::default(),
-        seen: Default::default(),
-    };
-    let mut steps = Vec::new();
-    let kubernetes = match left_alone(&root, KUBERNETES)? {
-        Some(o) => o,
-        None => {
-            let (list, dir_url) = lists.get(KUBERNETES)?;
-            let (img, why) =
-                choose::kubernetes(&k8s, want, &lists.offered(&list, KUBERNETES)?, &dir_url)?;
-            log::info!(
-                "{KUBERNETES} {} chosen for a {k8s} cluster ({why})",
-                img.label()
-            );
-            status::decide(
-                KUBERNETES,
-                img.label(),
-                format_args!("{dir_url}SHA256SUMS ({why})"),
-            );
-            steps.push(Step {
-                img: img.clone(),
-                dir_url,
-            });
-            Outcome::Stage(img)
-        }
-    };
-    let (runtime_name, runtime) = choose_runtime(&root, a, &k8s, &lists, &mut steps)?;
-    for s in &steps {
-        status::chosen(status::Chosen {
-            name: s.img.name.clone(),
-            version: s.img.label(),
-            image: stage::image_path(&s.img),
-            digest: s.img.digest.to_string(),
-        });
-    }
-    status::phase(status::Phase::Chosen);
+/// Steps 3 and 4: what each extension gets, and the images to stage for it.
+struct Plan {
+    steps: Vec<Step>,
+    kubernetes: Outcome,
+    runtime_name: &'static str,
+    runtime: Outcome,
+}
 
-    // 5. The plan, for --dry-run.
-    if a.dry_run {
+impl Plan {
+    fn choose(
+        root: &Root,
+        a: &Bootstrap,
+        k8s: &str,
+        want: choose::Want,
+        lists: &Lists,
+    ) -> Result<Self> {
+        let mut steps = Vec::new();
+        let kubernetes = match left_alone(root, KUBERNETES)? {
+            Some(o) => o,
+            None => {
+                let (list, dir_url) = lists.get(KUBERNETES)?;
+                let (img, why) =
+                    choose::kubernetes(k8s, want, &lists.offered(&list, KUBERNETES)?, &dir_url)?;
+                log::info!(
+                    "{KUBERNETES} {} chosen for a {k8s} cluster ({why})",
+                    img.label()
+                );
+                status::decide(
+                    KUBERNETES,
+                    img.label(),
+                    format_args!("{dir_url}SHA256SUMS ({why})"),
+                );
+                steps.push(Step {
+                    img: img.clone(),
+                    dir_url,
+                });
+                Outcome::Stage(img)
+            }
+        };
+        let (runtime_name, runtime) = choose_runtime(root, a, k8s, lists, &mut steps)?;
         for s in &steps {
+            status::chosen(status::Chosen {
+                name: s.img.name.clone(),
+                version: s.img.label(),
+                image: stage::image_path(&s.img),
+                digest: s.img.digest.to_string(),
+            });
+        }
+        status::phase(status::Phase::Chosen);
+        Ok(Plan {
+            steps,
+            kubernetes,
+            runtime_name,
+            runtime,
+        })
+    }
+
+    /// Step 5: what a run would do, and the marker a dry run writes where `--root` points.
+    fn print(&self, root: &Root, a: &Bootstrap, version: &cluster::Version) -> Result<()> {
+        for s in &self.steps {
             crate::outln!(
                 "plan: fetch {}{} -> {}, check it as systemd-sysext would, link {}/{}.raw to it",
                 s.dir_url,
@@ -184,69 +254,50 @@ pub fn run(a: &Bootstrap) -> Result<()> {
                 s.img.name
             )?;
         }
-        if !steps.is_empty() {
+        if !self.steps.is_empty() {
             crate::outln!(
                 "plan: {}",
-                if live {
+                if root.is_host() {
                     "systemd-sysext refresh, daemon-reload, then prove the merge"
                 } else {
                     "leave the merge to the real root's systemd-sysext at boot"
                 }
             )?;
         }
-        write_marker(&root, a, &kubernetes, &k8s, &mut Undo::new(&root))?;
-        return summary(
-            &version,
-            &kubernetes,
-            runtime_name,
-            &runtime,
-            "planned",
-            "planned",
-        );
+        write_marker(
+            root,
+            a,
+            &self.kubernetes,
+            &version.value,
+            &mut Undo::new(root),
+        )?;
+        self.summary(version, "planned", "planned")
     }
 
-    // 6-11 change the node: every change goes through the undo log, so that a failure puts the
-    //    node back as it was (links, images added, old sysupdate files, versions pruned,
-    //    kubelet.env, and the merge), and a success deletes only what it set aside.
-    let mut undo = Undo::new(&root);
-    let run = Apply {
-        root: &root,
-        a,
-        http: &http,
-        host: &host,
-        steps: &steps,
-        known: &known,
-        trust: &trust,
-        live,
-    };
-    match run
-        .apply(&mut undo)
-        .and_then(|applied| lists.remember(&root, &steps, &mut undo).map(|()| applied))
-    {
-        Ok(Applied {
+    /// Step 11: the done marker, last; the summary after it (undone too if even that fails).
+    /// The services to restart once the run is committed.
+    fn finish(
+        &self,
+        root: &Root,
+        a: &Bootstrap,
+        version: &cluster::Version,
+        applied: Applied,
+        undo: &mut Undo,
+    ) -> Result<Vec<(&'static str, String)>> {
+        write_marker(root, a, &self.kubernetes, &version.value, undo)?;
+        self.summary(version, "done", applied.activation)?;
+        Ok(applied.restart)
+    }
+
+    fn summary(&self, version: &cluster::Version, state: &str, activation: &str) -> Result<()> {
+        summary(
+            version,
+            &self.kubernetes,
+            self.runtime_name,
+            &self.runtime,
+            state,
             activation,
-            restart,
-        }) => {
-            // 11. The done marker, last; the summary after it (undone too if even that fails).
-            let done = write_marker(&root, a, &kubernetes, &k8s, &mut undo).and_then(|()| {
-                summary(
-                    &version,
-                    &kubernetes,
-                    runtime_name,
-                    &runtime,
-                    "done",
-                    activation,
-                )
-            });
-            match done {
-                Ok(()) => {
-                    undo.commit();
-                    merge::restart_changed(&restart)
-                }
-                Err(e) => Err(undo.undo(e)),
-            }
-        }
-        Err(e) => Err(undo.undo(e)),
+        )
     }
 }
 
