@@ -353,6 +353,24 @@ impl Bootstrap {
             api_server: &self.api_server,
         }
     }
+
+    /// Where the cluster's version comes from, given what this run reached (both payloads).
+    pub fn version_sources<'a>(
+        &'a self,
+        kube: Option<&'a crate::net::kube::Kube>,
+        joining: Option<&'a crate::net::cluster::Joining>,
+        before_join: &'a crate::net::cluster::BeforeJoin<'a>,
+    ) -> crate::net::cluster::Sources<'a> {
+        crate::net::cluster::Sources {
+            forced: self.force_kube_version.as_deref(),
+            kube,
+            joining,
+            kubeconfig: &self.kubeconfig,
+            before_join,
+            installer_env: &self.installer_kubelet_env,
+            fallback: self.version_fallback,
+        }
+    }
 }
 
 impl Hook {

@@ -163,15 +163,7 @@ fn cluster_version(root: &Root, a: &Bootstrap) -> Result<(cluster::Version, choo
     };
     let version = cluster::version(
         root,
-        &cluster::Sources {
-            forced: a.force_kube_version.as_deref(),
-            kube: kube.as_ref(),
-            joining: joining.as_ref(),
-            kubeconfig: &a.kubeconfig,
-            before_join: &before_join,
-            installer_env: &a.installer_kubelet_env,
-            fallback: a.version_fallback,
-        },
+        &a.version_sources(kube.as_ref(), joining.as_ref(), &before_join),
     )?;
     let want = match version.source {
         cluster::Source::Forced if crate::node::mappings::is_minor_only(&version.value) => {
@@ -518,28 +510,20 @@ fn choose_runtime(
 
 /// `Some` when the user's link for `name` must be respected.
 fn left_alone(root: &Root, name: &str) -> Result<Option<Outcome>> {
-    Ok(match Link::of(root, name)? {
+    let (word, why) = match Link::of(root, name)? {
         Link::Masked(why) => {
             log::info!("{name} not staged: the user opted out ({why})");
-            status::decide(
-                name,
-                "not staged",
-                format_args!("the user opted out ({why})"),
-            );
             warn_lower_copies(root, name);
-            Some(Outcome::Left("masked"))
+            ("masked", format!("the user opted out ({why})"))
         }
         Link::Foreign(why) => {
             log::warn!("{name} not staged: {why}, which nodestrap did not make; left alone");
-            status::decide(
-                name,
-                "not staged",
-                format_args!("{why}, not made by nodestrap"),
-            );
-            Some(Outcome::Left("foreign"))
+            ("foreign", format!("{why}, not made by nodestrap"))
         }
-        _ => None,
-    })
+        _ => return Ok(None),
+    };
+    status::decide(name, "not staged", why);
+    Ok(Some(Outcome::Left(word)))
 }
 
 /// A /dev/null link does not hide a copy in a lower search directory (systemd-sysext reads

@@ -99,15 +99,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     };
     let version = cluster::version(
         &root,
-        &cluster::Sources {
-            forced: a.force_kube_version.as_deref(),
-            kube: kube.as_ref(),
-            joining: joining.as_ref(),
-            kubeconfig: &a.kubeconfig,
-            before_join: &before_join,
-            installer_env: &a.installer_kubelet_env,
-            fallback: a.version_fallback,
-        },
+        &a.version_sources(kube.as_ref(), joining.as_ref(), &before_join),
     )?;
     let k8s = version.value.clone();
 
