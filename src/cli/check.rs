@@ -15,7 +15,12 @@ pub const TORCX_ONLY: &[&str] = &[
     "reboot",
 ];
 /// Options only the sysext payload acts on.
-pub const SYSEXT_ONLY: &[&str] = &["sysext-url", "sysext-trust", "sysext-verity-certs"];
+pub const SYSEXT_ONLY: &[&str] = &[
+    "sysext-url",
+    "sysext-trust",
+    "sysext-verity-certs",
+    "registry-auth",
+];
 
 /// Step 0 for the merged options: each value, then the rules between options; returns the
 /// manifest URL template.
@@ -188,7 +193,8 @@ pub fn downgrades(v: &str) -> Result<Vec<(String, String)>> {
 }
 
 /// `--sysext-url`: the http(s) URL of a directory holding `SHA256SUMS`, its detached signature
-/// and the images, with the extension's name as its one placeholder.
+/// and the images, or an OCI repository standing for one (`oci://HOST[:PORT]/REPO`,
+/// docs/oci.md), with the extension's name as its one placeholder.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SysextUrl(String);
 
@@ -213,12 +219,21 @@ impl SysextUrl {
                 self.0
             )));
         }
+        if crate::net::oci::Location::parse_dir(&u)
+            .map_err(|e| e.context(format!("--sysext-url {:?}", self.0)))?
+            .is_some()
+        {
+            if !u.ends_with('/') {
+                u.push('/');
+            }
+            return Ok(u);
+        }
         let rest = u
             .strip_prefix("https://")
             .or_else(|| u.strip_prefix("http://"));
         if !rest.is_some_and(|r| !r.is_empty() && !r.starts_with('/')) {
             return Err(Error::config(format!(
-                "--sysext-url {:?}: not an http(s) URL",
+                "--sysext-url {:?}: not an http(s) URL, nor an oci://HOST[:PORT]/REPOSITORY",
                 self.0
             )));
         }

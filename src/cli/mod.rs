@@ -117,6 +117,10 @@ pub struct Bootstrap {
     /// installed in /etc/verity.d (host path; a node path when set on the node; default: none)
     #[argh(option)]
     pub sysext_verity_certs: Option<Input>,
+    /// credentials for an oci:// --sysext-url: a Docker config.json, as the kubelet reads
+    /// /var/lib/kubelet/config.json (host path; a node path when set on the node; default: none)
+    #[argh(option)]
+    pub registry_auth: Option<Input>,
     /// kubeconfig for the API server (node path, default /etc/kubernetes/kubeconfig)
     #[argh(option, default = "\"/etc/kubernetes/kubeconfig\".into()")]
     pub kubeconfig: String,

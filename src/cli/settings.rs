@@ -33,6 +33,7 @@ pub const KEYS: &[&str] = &[
     "sysext-url",
     "sysext-trust",
     "sysext-verity-certs",
+    "registry-auth",
     "kubeconfig",
     "bootstrap-kubeconfig",
     "join-config",
@@ -79,6 +80,7 @@ const NODE_FILE_KEYS: &[&str] = &[
     "events-token-file",
     "events-ca-file",
     "sysext-verity-certs",
+    "registry-auth",
 ];
 
 /// One `key=value` from a source, the key in its canonical spelling.
@@ -138,6 +140,7 @@ pub fn payload_options(a: &Bootstrap, merged: &Merged) -> Result<()> {
             "sysext-url" => a.sysext_url.is_empty(),
             "sysext-trust" => a.sysext_trust == cli::SysextTrust::Plain,
             "sysext-verity-certs" => a.sysext_verity_certs.is_none(),
+            "registry-auth" => a.registry_auth.is_none(),
             _ => false,
         };
         if off {

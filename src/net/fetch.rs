@@ -501,6 +501,33 @@ impl Http {
         })
     }
 
+    /// A request for its answer's status and one header, body dropped (a registry's `/v2/`
+    /// probe and its `WWW-Authenticate`): every 2xx and 4xx answer is the result; no answer and
+    /// a busy one are tried again as `fetch` tries them.
+    pub fn probe(
+        &self,
+        req: &Request,
+        header: &'static str,
+    ) -> std::result::Result<(u16, Option<String>), FetchError> {
+        let what = format!("{} {}", req.method, req.url);
+        self.retrying(&what, |deadline| {
+            let mut resp = match self.call(req, deadline) {
+                Ok(r) => r,
+                Err(e) => return classify_transport(&what, e, deadline, &self.tls),
+            };
+            let status = resp.status().as_u16();
+            let value = resp
+                .headers()
+                .get(header)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            match status_failure(&what, &mut resp) {
+                Some(r) if matches!(r.status, 408 | 429 | 500..) => verdict(r),
+                _ => Attempt::Done((status, value)),
+            }
+        })
+    }
+
     /// Stream `url` into a temp file in `dir` while hashing; the file becomes `name` only if
     /// the digest matches (recorded in `undo` first). A broken transfer is retried from scratch
     /// in a fresh temp file. The body is bounded as `stream` bounds one bound for `dir`.

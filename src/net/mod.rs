@@ -10,5 +10,6 @@ pub mod kube;
 pub mod kubeconfig;
 pub mod names;
 pub mod nodeinfo;
+pub mod oci;
 pub mod retry;
 pub mod tls;

@@ -9,8 +9,9 @@ use crate::crypto::openpgp::Keyring;
 use crate::crypto::pkcs7::Cert;
 use crate::error::{Error, Result};
 use crate::net::cluster;
-use crate::net::fetch::{Failure, FetchError, Http, Request};
+use crate::net::fetch::{Failure, FetchError};
 use crate::net::kube::Kube;
+use crate::net::oci;
 use crate::node::mappings::Mappings;
 use crate::node::marker;
 use crate::node::root::Root;
@@ -21,6 +22,7 @@ use crate::sysext::choose;
 use crate::sysext::host::Host;
 use crate::sysext::known_good::KnownGood;
 use crate::sysext::merge::{self, Expect};
+use crate::sysext::source::Source;
 use crate::sysext::stage::{self, Link};
 use crate::sysext::sums::{Date, Image, Sums, Version};
 use crate::sysext::trust::{Mode, Trust};
@@ -68,6 +70,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     let common = a.common();
     let keyring = common.keyring(&root)?;
     let http = common.http(&root)?;
+    let source = Source::new(&http, registry_auths(&root, a)?);
     // Before anything checks a certificate or a signature.
     crate::node::clock::check(&root, std::time::Duration::from_secs(a.clock_wait))?;
     // 1. The node as systemd-sysext sees it, what earlier boots proved, and who vouches.
@@ -77,7 +80,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     // 3-4. Choose: Kubernetes by the cluster's version, the runtime by the mappings.
     let downgrades = crate::cli::check::downgrades(&a.allow_downgrade)?;
     let lists = Lists {
-        http: &http,
+        source: &source,
         url: &url,
         keyring: keyring.as_ref(),
         arch: node.host.arch,
@@ -98,7 +101,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     let run = Apply {
         root: &root,
         a,
-        http: &http,
+        source: &source,
         host: &node.host,
         steps: &plan.steps,
         known: &node.known,
@@ -297,7 +300,7 @@ impl Plan {
 struct Apply<'a> {
     root: &'a Root,
     a: &'a Bootstrap,
-    http: &'a Http,
+    source: &'a Source<'a>,
     host: &'a Host,
     steps: &'a [Step],
     known: &'a KnownGood,
@@ -332,7 +335,7 @@ impl<'a> Apply<'a> {
         // 6. Fetch and check every image before any link changes.
         for s in steps {
             stage::fetch_image(
-                self.http,
+                self.source,
                 &s.dir_url,
                 &s.img,
                 self.host,
@@ -577,7 +580,7 @@ fn write_marker(
 
 /// The signed lists of the source.
 struct Lists<'a> {
-    http: &'a Http,
+    source: &'a Source<'a>,
     url: &'a SysextUrl,
     keyring: Option<&'a Keyring>,
     arch: &'a str,
@@ -700,11 +703,7 @@ impl Lists<'_> {
 
     fn fetch(&self, dir: &str, name: &str) -> Result<Sums> {
         let url = format!("{dir}SHA256SUMS");
-        let body = match self.http.fetch_passing(
-            &Request::get(&url),
-            crate::sysext::sums::MAX_BYTES,
-            &[404],
-        ) {
+        let body = match self.source.get(dir, "SHA256SUMS", crate::sysext::sums::MAX_BYTES) {
             Ok(b) => b,
             Err(e) if e.class == Failure::Passed(404) => {
                 return Err(e.error.hint(format!(
@@ -716,11 +715,8 @@ impl Lists<'_> {
         match self.keyring {
             Some(k) => {
                 let get = |ext: &str| {
-                    self.http.fetch_passing(
-                        &Request::get(&format!("{url}.{ext}")),
-                        SIGNATURE_CAP,
-                        &[404],
-                    )
+                    self.source
+                        .get(dir, &format!("SHA256SUMS.{ext}"), SIGNATURE_CAP)
                 };
                 // As systemd-pull does: a detached armored signature when there is no .gpg.
                 let absent = |e: &FetchError| e.class == Failure::Passed(404);
@@ -760,6 +756,18 @@ impl Lists<'_> {
             self.seen.borrow_mut().push((url.clone(), *newest));
         }
         Ok(sums)
+    }
+}
+
+/// `--registry-auth`: the Docker `config.json` the kubelet reads for image pulls; none without
+/// the option (a registry that asks for credentials is then refused, naming the option).
+fn registry_auths(root: &Root, a: &Bootstrap) -> Result<oci::Auths> {
+    match &a.registry_auth {
+        Some(input) => {
+            let data = input.read(root, oci::AUTH_FILE_CAP, "registry-auth")?;
+            oci::Auths::parse(&data, &input.name(root, "registry-auth"))
+        }
+        None => Ok(oci::Auths::default()),
     }
 }
 

@@ -6,13 +6,13 @@ use crate::sysext::trust::Trust;
 use rustix::fs::FileType;
 
 use crate::error::{Error, Result};
-use crate::net::fetch::{Http, Request};
 use crate::node::root::{Dir, Root};
 use crate::node::status;
 use crate::node::undo::Undo;
 use crate::node::verified::{write_verified, Expect};
 use crate::sysext::host::Host;
 use crate::sysext::image;
+use crate::sysext::source::Source;
 use crate::sysext::sums::{Image, Version};
 
 /// systemd-sysext's highest-precedence search directory: symlinks only.
@@ -80,7 +80,7 @@ pub fn image_path(img: &Image) -> String {
 /// fsynced and renamed (recorded in `undo` first). An image already there is hashed and checked
 /// again instead; one that does not match is set aside and fetched again. At most `cap` bytes.
 pub fn fetch_image(
-    http: &Http,
+    source: &Source,
     dir_url: &str,
     img: &Image,
     host: &Host,
@@ -115,8 +115,7 @@ pub fn fetch_image(
         }
         log::warn!("{shown}: its SHA-256 is not the signed one: fetching it again");
     }
-    let url = format!("{dir_url}{}", img.file);
-    let n = http.stream(&Request::get(&url), cap, Some((&dir, &img.file)), |body| {
+    let (n, from) = source.image(dir_url, img, cap, (&dir, &img.file), |body| {
         write_verified(
             &dir,
             &img.file,
@@ -128,7 +127,7 @@ pub fn fetch_image(
         )
         .map(|w| w.bytes)
     })?;
-    log::info!("{shown}: {n} bytes from {url}, SHA-256 matches the signed list, contents checked");
+    log::info!("{shown}: {n} bytes from {from}, SHA-256 matches the signed list, contents checked");
     status::staged(&image_path(img), &img.digest);
     Ok(())
 }

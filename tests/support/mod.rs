@@ -11,9 +11,10 @@ pub mod faults;
 mod http;
 mod pgp;
 mod pki;
+mod registry;
 // Not every test file uses every concern.
 #[allow(unused_imports)]
-pub use {bus::*, http::*, pgp::*, pki::*};
+pub use {bus::*, http::*, pgp::*, pki::*, registry::*};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -2037,6 +2037,9 @@ mod verify;
 #[path = "signed.rs"]
 mod signed;
 
+#[path = "oci.rs"]
+mod oci;
+
 /// The events a receiver got on `path`, parsed, in arrival order.
 fn received(r: &Server, path: &str) -> Vec<serde_json::Value> {
     r.requests("POST", path)

@@ -1,0 +1,687 @@
+//! An OCI registry as a release directory (docs/oci.md): the distribution API's minimum, done
+//! the way the kubelet's containerd does it. A repository holds one artifact per file of the
+//! directory, tagged with the file's name; trust never comes from the registry: the signed list
+//! is checked by its OpenPGP signature, and every image is fetched as a blob by the digest the
+//! signed list names, so a tag the registry moved is never followed.
+//!
+//! Auth: the `/v2/` probe's `WWW-Authenticate` says none, Basic or Bearer; credentials come from
+//! a Docker `config.json` (`auths`), the file the kubelet reads for image pulls; a Bearer token
+//! is asked for per repository with `pull` scope and kept until its `expires_in`. Credentials
+//! and tokens go in headers only, which are never logged. A redirect (a blob served from object
+//! storage) is followed without the `Authorization` header (ureq's default, kept here).
+
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde::Deserialize;
+
+use crate::crypto::digest::{sha256, Algo, Digest};
+use crate::error::{Error, Result};
+use crate::net::fetch::{Failure, FetchError, Http, Request};
+use crate::node::root::Dir;
+use crate::node::verified::Staging;
+
+/// nodestrap's artifact type: one file of a release directory.
+pub const ARTIFACT_TYPE: &str = "application/vnd.nodestrap.file.v1";
+pub const MANIFEST_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
+pub const INDEX_TYPE: &str = "application/vnd.oci.image.index.v1+json";
+pub const TITLE: &str = "org.opencontainers.image.title";
+/// A manifest is small; one larger than this is not one of ours.
+const MANIFEST_CAP: u64 = 1 << 20;
+/// A Docker config.json with many registries is still small.
+pub const AUTH_FILE_CAP: u64 = 1 << 20;
+const TOKEN_CAP: u64 = 64 << 10;
+/// The distribution spec's default when a token answer has no `expires_in`.
+const TOKEN_DEFAULT_SECS: u64 = 60;
+/// A token this close to its end is asked for again rather than sent.
+const TOKEN_MARGIN: Duration = Duration::from_secs(5);
+
+/// `oci://HOST[:PORT]/REPO/`: a repository standing for a release directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    /// `host` or `host:port`, as it is written in credentials and `hosts.toml`.
+    pub host: String,
+    pub repo: String,
+}
+
+impl Location {
+    /// `Some` for an `oci://` directory URL (a trailing slash allowed), `None` for any other
+    /// scheme; an `oci://` URL that is not a valid reference is an error naming the rule.
+    pub fn parse_dir(url: &str) -> Result<Option<Location>> {
+        let Some(rest) = url.strip_prefix("oci://") else {
+            return Ok(None);
+        };
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        let bad = |why: &str| Err(Error::config(format!("{url:?}: {why}")));
+        let Some((host, repo)) = rest.split_once('/') else {
+            return bad("an OCI location is oci://HOST[:PORT]/REPOSITORY");
+        };
+        let (name, port) = match host.rsplit_once(':') {
+            Some((n, p)) => (n, Some(p)),
+            None => (host, None),
+        };
+        let name_ok = !name.is_empty()
+            && name.len() <= 253
+            && name.split('.').all(|l| {
+                !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            });
+        if !name_ok {
+            return bad(
+                "the registry must be a host name or an IPv4 address, with an optional :PORT",
+            );
+        }
+        if port.is_some_and(|p| p.parse::<u16>().map_or(true, |p| p == 0)) {
+            return bad("the registry's port must be 1 to 65535");
+        }
+        if repo.len() > 255 || !repo.split('/').all(repo_component) {
+            return bad(
+                "a repository is lowercase path components of [a-z0-9] joined by '.', '_', '__' or dashes, separated by '/' (the distribution spec's grammar), at most 255 characters",
+            );
+        }
+        Ok(Some(Location {
+            host: host.to_string(),
+            repo: repo.to_string(),
+        }))
+    }
+
+    fn base(&self) -> String {
+        format!("https://{}/v2/", self.host)
+    }
+
+    /// What a file of this repository is called in logs and errors, and in the node's records.
+    pub fn show(&self, file: &str) -> String {
+        format!("oci://{}/{}:{file}", self.host, self.repo)
+    }
+}
+
+/// `[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*`
+fn repo_component(c: &str) -> bool {
+    let b = c.as_bytes();
+    let alnum = |x: u8| x.is_ascii_lowercase() || x.is_ascii_digit();
+    if b.is_empty() || !alnum(b[0]) || !alnum(b[b.len() - 1]) {
+        return false;
+    }
+    let mut i = 0;
+    while i < b.len() {
+        if alnum(b[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < b.len() && !alnum(b[i]) {
+            i += 1;
+        }
+        let sep = &c[start..i];
+        if !(sep == "." || sep == "_" || sep == "__" || sep.bytes().all(|x| x == b'-')) {
+            return false;
+        }
+    }
+    true
+}
+
+/// A file's tag: its name, which must be a valid tag (`[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`);
+/// every name nodestrap reads from a release directory is one.
+fn tag(file: &str) -> Result<&str> {
+    let b = file.as_bytes();
+    let ok = !b.is_empty()
+        && b.len() <= 128
+        && (b[0].is_ascii_alphanumeric() || b[0] == b'_')
+        && b[1..]
+            .iter()
+            .all(|x| x.is_ascii_alphanumeric() || matches!(x, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(file)
+    } else {
+        Err(Error::failed(format!(
+            "{file:?} cannot be an OCI tag ([A-Za-z0-9_][A-Za-z0-9._-], at most 128): it cannot come from a registry"
+        )))
+    }
+}
+
+/// Credentials per registry from a Docker `config.json`: `{"auths": {"HOST[:PORT]": {"auth":
+/// base64("user:password")}}}`, or `username` and `password` in place of `auth`. Keys written as
+/// URLs (`https://host/v1/`) count for their host. Never printed.
+#[derive(Default)]
+pub struct Auths {
+    entries: Vec<(String, String, String)>,
+    /// Where they came from, for messages.
+    pub from: String,
+}
+
+impl std::fmt::Debug for Auths {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Auths({} registries from {})",
+            self.entries.len(),
+            self.from
+        )
+    }
+}
+
+#[derive(Deserialize)]
+struct ConfigJson {
+    #[serde(default)]
+    auths: std::collections::BTreeMap<String, AuthEntry>,
+}
+
+#[derive(Deserialize)]
+struct AuthEntry {
+    auth: Option<String>,
+    username: Option<String>,
+    password: Option<String>,
+}
+
+impl Auths {
+    pub fn parse(data: &[u8], from: &str) -> Result<Auths> {
+        let c: ConfigJson = serde_json::from_slice(data).map_err(|e| {
+            Error::config(format!(
+                "{from}: not a Docker config.json ({{\"auths\": {{\"HOST\": {{\"auth\": ...}}}}}}): {e}"
+            ))
+        })?;
+        let mut entries = Vec::new();
+        for (key, e) in c.auths {
+            let host = key
+                .strip_prefix("https://")
+                .or_else(|| key.strip_prefix("http://"))
+                .unwrap_or(&key);
+            let host = host.split('/').next().unwrap_or_default().to_string();
+            let (user, pass) = match (e.auth, e.username, e.password) {
+                (Some(a), _, _) if !a.is_empty() => {
+                    let raw = base64::engine::general_purpose::STANDARD
+                        .decode(a.trim())
+                        .ok()
+                        .and_then(|b| String::from_utf8(b).ok());
+                    match raw.as_deref().and_then(|r| r.split_once(':')) {
+                        Some((u, p)) => (u.to_string(), p.to_string()),
+                        None => {
+                            return Err(Error::config(format!(
+                                "{from}: auths.{key}.auth is not base64 of USER:PASSWORD"
+                            )))
+                        }
+                    }
+                }
+                (_, Some(u), Some(p)) => (u, p),
+                // An entry with neither (a credential helper's placeholder) gives nothing.
+                _ => continue,
+            };
+            entries.push((host, user, pass));
+        }
+        Ok(Auths {
+            entries,
+            from: from.to_string(),
+        })
+    }
+
+    fn basic(&self, host: &str) -> Option<String> {
+        self.entries
+            .iter()
+            .find(|(h, _, _)| h == host)
+            .map(|(_, u, p)| {
+                let b = base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"));
+                format!("Basic {b}")
+            })
+    }
+}
+
+/// What a registry's `/v2/` answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Challenge {
+    Open,
+    Basic,
+    Bearer {
+        realm: String,
+        service: Option<String>,
+    },
+}
+
+/// `WWW-Authenticate: Bearer realm="…",service="…"` or `Basic realm="…"`.
+fn parse_challenge(v: &str) -> Option<Challenge> {
+    let (scheme, params) = v.trim().split_once(' ').unwrap_or((v.trim(), ""));
+    let mut realm = None;
+    let mut service = None;
+    let mut rest = params.trim();
+    while !rest.is_empty() {
+        let (k, after) = rest.split_once('=')?;
+        let after = after.trim_start();
+        let (val, next) = if let Some(q) = after.strip_prefix('"') {
+            let end = q.find('"')?;
+            (&q[..end], &q[end + 1..])
+        } else {
+            after.split_once(',').map_or((after, ""), |(a, b)| (a, b))
+        };
+        match k.trim().to_ascii_lowercase().as_str() {
+            "realm" => realm = Some(val.to_string()),
+            "service" => service = Some(val.to_string()),
+            _ => {}
+        }
+        rest = next.trim_start().trim_start_matches(',').trim_start();
+    }
+    match scheme.to_ascii_lowercase().as_str() {
+        "basic" => Some(Challenge::Basic),
+        "bearer" => Some(Challenge::Bearer {
+            realm: realm?,
+            service,
+        }),
+        _ => None,
+    }
+}
+
+#[derive(Deserialize)]
+struct TokenAnswer {
+    token: Option<String>,
+    access_token: Option<String>,
+    expires_in: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Manifest {
+    schema_version: u32,
+    media_type: Option<String>,
+    artifact_type: Option<String>,
+    #[serde(default)]
+    layers: Vec<Descriptor>,
+}
+
+#[derive(Deserialize)]
+struct Descriptor {
+    digest: String,
+    size: u64,
+    #[serde(default)]
+    annotations: std::collections::BTreeMap<String, String>,
+}
+
+/// A `sha256:<hex>` digest (the only algorithm registries must support).
+fn oci_digest(s: &str) -> Option<Digest> {
+    let hex = s.strip_prefix("sha256:")?;
+    Digest::parse(&format!("sha256-{hex}"))
+}
+
+fn oci_name(d: &Digest) -> String {
+    format!("{}:{}", d.algo_name(), d.hex)
+}
+
+/// The registry client of one run: each registry probed once, each repository's token kept
+/// until it ends.
+pub struct Client<'a> {
+    http: &'a Http,
+    auths: Auths,
+    challenges: RefCell<Vec<(String, Challenge)>>,
+    tokens: RefCell<Vec<(String, String, Instant)>>,
+}
+
+impl<'a> Client<'a> {
+    pub fn new(http: &'a Http, auths: Auths) -> Self {
+        Client {
+            http,
+            auths,
+            challenges: RefCell::default(),
+            tokens: RefCell::default(),
+        }
+    }
+
+    fn challenge(&self, loc: &Location) -> Result<Challenge> {
+        if let Some((_, c)) = self
+            .challenges
+            .borrow()
+            .iter()
+            .find(|(h, _)| *h == loc.host)
+        {
+            return Ok(c.clone());
+        }
+        let url = loc.base();
+        let (status, header) = self.http.probe(&Request::get(&url), "www-authenticate")?;
+        let c = match status {
+            200..=299 => Challenge::Open,
+            401 => header.as_deref().and_then(parse_challenge).ok_or_else(|| {
+                Error::failed(format!(
+                    "GET {url}: HTTP 401 without a WWW-Authenticate header nodestrap understands (Basic, or Bearer with a realm)"
+                ))
+            })?,
+            s => {
+                return Err(Error::failed(format!(
+                    "GET {url}: HTTP {s}: not an OCI registry (the distribution API answers 200 or 401 there)"
+                )))
+            }
+        };
+        let how = match &c {
+            Challenge::Open => "no credentials".to_string(),
+            Challenge::Basic => "Basic credentials".to_string(),
+            Challenge::Bearer { realm, .. } => format!("Bearer tokens from {realm}"),
+        };
+        log::info!("registry {}: asks for {how} (GET {url})", loc.host);
+        self.challenges
+            .borrow_mut()
+            .push((loc.host.clone(), c.clone()));
+        Ok(c)
+    }
+
+    /// The `Authorization` header for pulling from `loc`, if the registry asks for one.
+    fn authorization(&self, loc: &Location, fresh: bool) -> Result<Option<String>> {
+        let basic = || self.auths.basic(&loc.host);
+        let none_for = || {
+            Error::failed(if self.auths.from.is_empty() {
+                format!(
+                    "registry {} asks for credentials: give --registry-auth, a Docker config.json with an auths entry for {}",
+                    loc.host, loc.host
+                )
+            } else {
+                format!(
+                    "registry {} asks for credentials and {} has no auths entry for it",
+                    loc.host, self.auths.from
+                )
+            })
+        };
+        match self.challenge(loc)? {
+            Challenge::Open => Ok(None),
+            Challenge::Basic => basic().map(Some).ok_or_else(none_for),
+            Challenge::Bearer { realm, service } => {
+                let key = format!("{} {}", loc.host, loc.repo);
+                let now = Instant::now();
+                if !fresh {
+                    let kept = self.tokens.borrow().iter().find_map(|(k, t, until)| {
+                        (*k == key && now + TOKEN_MARGIN < *until).then(|| t.clone())
+                    });
+                    if let Some(t) = kept {
+                        return Ok(Some(format!("Bearer {t}")));
+                    }
+                }
+                if !realm.starts_with("https://") {
+                    return Err(Error::failed(format!(
+                        "registry {}: its token realm {realm:?} is not https: credentials are not sent there",
+                        loc.host
+                    )));
+                }
+                let mut url = format!(
+                    "{realm}{}scope={}",
+                    if realm.contains('?') { '&' } else { '?' },
+                    query(&format!("repository:{}:pull", loc.repo))
+                );
+                if let Some(s) = &service {
+                    url.push_str(&format!("&service={}", query(s)));
+                }
+                let mut req = Request::get(&url);
+                // Anonymous tokens are asked for without credentials.
+                if let Some(b) = basic() {
+                    req.headers.push(("Authorization", b));
+                }
+                let body = self.http.fetch(&req, TOKEN_CAP)?;
+                let t: TokenAnswer = serde_json::from_slice(&body)
+                    .map_err(|e| Error::failed(format!("GET {realm}: not a token answer: {e}")))?;
+                let Some(token) = t.token.or(t.access_token).filter(|t| !t.is_empty()) else {
+                    return Err(Error::failed(format!(
+                        "GET {realm}: the answer has no token (neither token nor access_token)"
+                    )));
+                };
+                let secs = t.expires_in.unwrap_or(TOKEN_DEFAULT_SECS);
+                log::info!(
+                    "registry {}: pull token for {} from {realm}, valid {secs} s",
+                    loc.host,
+                    loc.repo
+                );
+                let mut tokens = self.tokens.borrow_mut();
+                tokens.retain(|(k, _, _)| *k != key);
+                tokens.push((key, token.clone(), now + Duration::from_secs(secs)));
+                Ok(Some(format!("Bearer {token}")))
+            }
+        }
+    }
+
+    /// `op` with the registry's authorization; once more with a new token if the registry
+    /// refused the one kept (it may have ended early).
+    fn authorized<T>(
+        &self,
+        loc: &Location,
+        op: impl Fn(Option<String>) -> std::result::Result<T, FetchError>,
+    ) -> std::result::Result<T, FetchError> {
+        let auth = self
+            .authorization(loc, false)
+            .map_err(|e| FetchError::new(Failure::Final, e))?;
+        let bearer = auth.as_deref().is_some_and(|a| a.starts_with("Bearer "));
+        match op(auth) {
+            Err(e) if bearer && e.class == Failure::Denied => {
+                log::info!("{}: token refused; asking for a new one", loc.host);
+                let auth = self
+                    .authorization(loc, true)
+                    .map_err(|e| FetchError::new(Failure::Final, e))?;
+                op(auth)
+            }
+            r => r,
+        }
+    }
+
+    /// The whole of file `file` of `loc` (at most `cap` bytes): its artifact's manifest by tag,
+    /// then the layer titled `file` by digest, checked against that digest and size. A tag the
+    /// registry does not have is `Failure::Passed(404)`.
+    pub fn get(
+        &self,
+        loc: &Location,
+        file: &str,
+        cap: u64,
+    ) -> std::result::Result<Vec<u8>, FetchError> {
+        let final_ = |e: Error| FetchError::new(Failure::Final, e);
+        let tag = tag(file).map_err(final_)?;
+        let shown = loc.show(file);
+        let url = format!("{}{}/manifests/{tag}", loc.base(), loc.repo);
+        let body = self.authorized(loc, |auth| {
+            let mut req = Request::get(&url);
+            req.headers
+                .push(("Accept", format!("{MANIFEST_TYPE}, {INDEX_TYPE}")));
+            if let Some(a) = auth {
+                req.headers.push(("Authorization", a));
+            }
+            self.http.fetch_passing(&req, MANIFEST_CAP, &[404])
+        })?;
+        let layer = file_layer(&body, file, &shown).map_err(final_)?;
+        if layer.size > cap {
+            return Err(final_(Error::failed(format!(
+                "{shown}: {} bytes is over the {cap}-byte limit",
+                layer.size
+            ))));
+        }
+        let digest = oci_digest(&layer.digest).ok_or_else(|| {
+            final_(Error::failed(format!(
+                "{shown}: layer digest {:?} is not sha256:<64 hex>",
+                layer.digest
+            )))
+        })?;
+        let url = format!("{}{}/blobs/{}", loc.base(), loc.repo, layer.digest);
+        let data = self.authorized(loc, |auth| {
+            let mut req = Request::get(&url);
+            if let Some(a) = auth {
+                req.headers.push(("Authorization", a));
+            }
+            self.http.fetch(&req, layer.size)
+        })?;
+        let got = crate::crypto::digest::hex(&sha256(&data));
+        if data.len() as u64 != layer.size || got != digest.hex {
+            return Err(final_(Error::failed(format!(
+                "{url}: the blob is not the one {shown} names: {} bytes with sha256:{got}, want {} bytes with {}",
+                data.len(),
+                layer.size,
+                layer.digest
+            ))));
+        }
+        Ok(data)
+    }
+
+    /// Blob `digest` of `loc` streamed to `consume`, as `Http::stream` streams a download: the
+    /// digest is the signed list's, so no tag and no manifest is asked for.
+    pub fn stream<T>(
+        &self,
+        loc: &Location,
+        digest: &Digest,
+        cap: u64,
+        target: Option<(&Dir, &str)>,
+        consume: impl FnMut(&mut dyn std::io::Read) -> std::result::Result<T, Staging>,
+    ) -> std::result::Result<T, FetchError> {
+        if digest.algo != Algo::Sha256 {
+            return Err(FetchError::new(
+                Failure::Final,
+                Error::failed(format!(
+                    "{}: registries address blobs by sha256; the list names {}",
+                    loc.show(""),
+                    digest
+                )),
+            ));
+        }
+        let url = format!("{}{}/blobs/{}", loc.base(), loc.repo, oci_name(digest));
+        let consume = RefCell::new(consume);
+        self.authorized(loc, |auth| {
+            let mut req = Request::get(&url);
+            if let Some(a) = auth {
+                req.headers.push(("Authorization", a));
+            }
+            self.http
+                .stream(&req, cap, target, |r| (consume.borrow_mut())(r))
+        })
+    }
+}
+
+/// The one layer of an artifact manifest titled `file`.
+fn file_layer(body: &[u8], file: &str, shown: &str) -> Result<Descriptor> {
+    let m: Manifest = serde_json::from_slice(body)
+        .map_err(|e| Error::failed(format!("{shown}: not an OCI image manifest: {e}")))?;
+    if m.schema_version != 2 || m.media_type.as_deref().is_some_and(|t| t != MANIFEST_TYPE) {
+        return Err(Error::failed(format!(
+            "{shown}: a {} manifest (schema {}), not an OCI image manifest ({MANIFEST_TYPE})",
+            m.media_type.as_deref().unwrap_or("untyped"),
+            m.schema_version
+        )));
+    }
+    if m.artifact_type.as_deref() != Some(ARTIFACT_TYPE) {
+        return Err(Error::failed(format!(
+            "{shown}: artifactType {:?}, not {ARTIFACT_TYPE} (publish it with deploy/publish-sysext-oci)",
+            m.artifact_type.as_deref().unwrap_or("(none)")
+        )));
+    }
+    let mut titled = m
+        .layers
+        .into_iter()
+        .filter(|l| l.annotations.get(TITLE).map(String::as_str) == Some(file));
+    match (titled.next(), titled.next()) {
+        (Some(l), None) => Ok(l),
+        (None, _) => Err(Error::failed(format!(
+            "{shown}: no layer titled {file} ({TITLE})"
+        ))),
+        (Some(_), Some(_)) => Err(Error::failed(format!(
+            "{shown}: more than one layer titled {file}"
+        ))),
+    }
+}
+
+/// RFC 3986 query component: unreserved characters as they are, every other byte %XX.
+fn query(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations() {
+        let l = Location::parse_dir("oci://registry.example:5000/flatcar/kubernetes/")
+            .unwrap()
+            .unwrap();
+        assert_eq!(l.host, "registry.example:5000");
+        assert_eq!(l.repo, "flatcar/kubernetes");
+        assert_eq!(
+            l.show("SHA256SUMS"),
+            "oci://registry.example:5000/flatcar/kubernetes:SHA256SUMS"
+        );
+        assert!(Location::parse_dir("https://x/").unwrap().is_none());
+        for bad in [
+            "oci://",
+            "oci://host",
+            "oci://host/",
+            "oci://host/Upper",
+            "oci://host/a//b",
+            "oci://host/a-",
+            "oci://host/a...b",
+            "oci://host:0/a",
+            "oci://host:99999/a",
+            "oci://ho_st/a",
+            "oci://host/a?x",
+        ] {
+            assert!(Location::parse_dir(bad).is_err(), "{bad}");
+        }
+        assert!(Location::parse_dir("oci://127.0.0.1:5000/a__b/c-d.e---f").is_ok());
+    }
+
+    #[test]
+    fn tags() {
+        assert!(tag("kubernetes-v1.37.2-x86-64.raw").is_ok());
+        assert!(tag("SHA256SUMS.gpg").is_ok());
+        assert!(tag(".hidden").is_err());
+        assert!(tag("a/b").is_err());
+        assert!(tag(&"a".repeat(129)).is_err());
+    }
+
+    #[test]
+    fn challenges() {
+        assert_eq!(
+            parse_challenge(
+                r#"Bearer realm="https://auth.example/token",service="registry.example",scope="repository:a:pull""#
+            ),
+            Some(Challenge::Bearer {
+                realm: "https://auth.example/token".into(),
+                service: Some("registry.example".into())
+            })
+        );
+        assert_eq!(
+            parse_challenge(r#"Basic realm="Registry Realm""#),
+            Some(Challenge::Basic)
+        );
+        assert_eq!(parse_challenge("Bearer service=x"), None);
+        assert_eq!(parse_challenge("Negotiate"), None);
+    }
+
+    #[test]
+    fn auth_file() {
+        let a = Auths::parse(
+            br#"{"auths": {"https://r.example:5000/v1/": {"auth": "dTpw"}, "q.example": {"username": "x", "password": "y"}, "helper.example": {}}}"#,
+            "config.json",
+        )
+        .unwrap();
+        assert_eq!(a.basic("r.example:5000").as_deref(), Some("Basic dTpw"));
+        assert_eq!(a.basic("q.example").as_deref(), Some("Basic eDp5"));
+        assert_eq!(a.basic("helper.example"), None);
+        assert!(format!("{a:?}").contains("2 registries"));
+        assert!(Auths::parse(br#"{"auths": {"h": {"auth": "bm9jb2xvbg=="}}}"#, "f").is_err());
+        assert!(Auths::parse(b"[]", "f").is_err());
+    }
+
+    #[test]
+    fn layers() {
+        let m = |at: &str, title: &str| {
+            format!(
+                r#"{{"schemaVersion":2,"mediaType":"{MANIFEST_TYPE}","artifactType":"{at}","config":{{}},"layers":[{{"mediaType":"application/octet-stream","digest":"sha256:{}","size":3,"annotations":{{"{TITLE}":"{title}"}}}}]}}"#,
+                "a".repeat(64)
+            )
+        };
+        assert_eq!(
+            file_layer(m(ARTIFACT_TYPE, "f").as_bytes(), "f", "s")
+                .unwrap()
+                .size,
+            3
+        );
+        assert!(file_layer(m("other", "f").as_bytes(), "f", "s").is_err());
+        assert!(file_layer(m(ARTIFACT_TYPE, "g").as_bytes(), "f", "s").is_err());
+        assert!(file_layer(b"{}", "f", "s").is_err());
+    }
+
+    #[test]
+    fn queries() {
+        assert_eq!(query("repository:a/b:pull"), "repository%3Aa%2Fb%3Apull");
+    }
+}

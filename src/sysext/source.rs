@@ -1,0 +1,69 @@
+//! Where a release directory is read from: an http(s) directory, or an OCI repository that
+//! stands for one (`--sysext-url oci://…`, docs/oci.md). The same signed SHA256SUMS serves both:
+//! over https its files are URLs, in a registry each is an artifact tagged with its name, and
+//! an image is fetched as the blob the signed list names.
+
+use std::io::Read;
+
+use crate::net::fetch::{FetchError, Http, Request};
+use crate::net::oci::{self, Location};
+use crate::node::root::Dir;
+use crate::node::verified::Staging;
+use crate::sysext::sums::Image;
+
+pub struct Source<'a> {
+    http: &'a Http,
+    oci: oci::Client<'a>,
+}
+
+impl<'a> Source<'a> {
+    pub fn new(http: &'a Http, auths: oci::Auths) -> Self {
+        Source {
+            http,
+            oci: oci::Client::new(http, auths),
+        }
+    }
+
+    /// File `file` of directory `dir` (`SysextUrl::dir`), whole, at most `cap` bytes; an absent
+    /// one is `Failure::Passed(404)`.
+    pub fn get(&self, dir: &str, file: &str, cap: u64) -> std::result::Result<Vec<u8>, FetchError> {
+        match registry(dir)? {
+            Some(loc) => self.oci.get(&loc, file, cap),
+            None => self
+                .http
+                .fetch_passing(&Request::get(&format!("{dir}{file}")), cap, &[404]),
+        }
+    }
+
+    /// Image `img` of `dir` streamed to `consume` (`Http::stream`'s bounds), and where it came
+    /// from, for the log.
+    pub fn image<T>(
+        &self,
+        dir: &str,
+        img: &Image,
+        cap: u64,
+        target: (&Dir, &str),
+        consume: impl FnMut(&mut dyn Read) -> std::result::Result<T, Staging>,
+    ) -> std::result::Result<(T, String), FetchError> {
+        match registry(dir)? {
+            Some(loc) => {
+                let shown = format!("{} (blob {})", loc.show(&img.file), img.digest);
+                let t = self
+                    .oci
+                    .stream(&loc, &img.digest, cap, Some(target), consume)?;
+                Ok((t, shown))
+            }
+            None => {
+                let url = format!("{dir}{}", img.file);
+                let t = self
+                    .http
+                    .stream(&Request::get(&url), cap, Some(target), consume)?;
+                Ok((t, url))
+            }
+        }
+    }
+}
+
+fn registry(dir: &str) -> std::result::Result<Option<Location>, FetchError> {
+    Location::parse_dir(dir).map_err(|e| FetchError::new(crate::net::fetch::Failure::Final, e))
+}

@@ -1,0 +1,257 @@
+//! `--sysext-url oci://…`: the signed source published to Debian's real `docker-registry` by
+//! deploy/publish-sysext-oci, read back by skopeo (a real OCI client) as the artifacts
+//! docs/oci.md describes, and staged by nodestrap by digest. Trust stays with the signed
+//! SHA256SUMS: a tag the registry moved is not followed, a blob swapped in its storage is
+//! refused and nothing is staged. Needs docker-registry, skopeo and htpasswd (apache2-utils).
+
+use super::*;
+
+const USER: &str = "node";
+const PASSWORD: &str = "pull-only-s3cret";
+
+/// A signed source laid out as deploy/sign-sysext-source lays it out (SOURCE/<ext>/: images,
+/// SHA256SUMS, SHA256SUMS.gpg), signed by `w`'s key: kubernetes v1.32.1 and v1.32.3,
+/// containerd 1.7.24. The files, by name.
+fn signed_source(w: &World) -> (PathBuf, Vec<(String, Vec<u8>)>) {
+    let dir = unique_dir("oci-source");
+    let mut all = Vec::new();
+    let sets = [
+        (
+            "kubernetes",
+            vec![
+                (
+                    "kubernetes-v1.32.1-x86-64.raw",
+                    kubernetes(&w.work, "1.32.1", ANY),
+                ),
+                (
+                    "kubernetes-v1.32.3-x86-64.raw",
+                    kubernetes(&w.work, "1.32.3", ANY),
+                ),
+            ],
+        ),
+        (
+            "containerd",
+            vec![(
+                "containerd-1.7.24-x86-64.raw",
+                containerd(&w.work, "1.7.24", 0),
+            )],
+        ),
+    ];
+    for (ext, images) in sets {
+        let d = dir.join(ext);
+        std::fs::create_dir_all(&d).unwrap();
+        let mut sums = String::new();
+        for (f, b) in images {
+            sums.push_str(&format!("{}  {f}\n", sha256(&b)));
+            std::fs::write(d.join(f), &b).unwrap();
+            all.push((f.to_string(), b));
+        }
+        std::fs::write(d.join("SHA256SUMS"), &sums).unwrap();
+        std::fs::write(
+            d.join("SHA256SUMS.gpg"),
+            w.signer.sign_binary(sums.as_bytes()),
+        )
+        .unwrap();
+    }
+    (dir, all)
+}
+
+/// A fresh node (its own root) that trusts the registry's CA beside the world's.
+fn node_for(ca: &Ca) -> World {
+    let w = World::new();
+    let mut pem = std::fs::read_to_string(&w.ca_file).unwrap();
+    pem.push_str(&ca.pem);
+    std::fs::write(&w.ca_file, pem).unwrap();
+    w
+}
+
+/// skopeo, a real OCI client, with the registry's CA and the node's credentials.
+fn skopeo(reg: &Registry, ca: &Ca, args: &[String]) -> String {
+    let certs = unique_dir("skopeo-certs");
+    std::fs::write(certs.join("ca.crt"), &ca.pem).unwrap();
+    let mut c = Command::new("skopeo");
+    c.arg(args[0].as_str());
+    for a in &args[1..] {
+        c.arg(a.replace("{certs}", &certs.display().to_string()));
+    }
+    let out = c
+        .output()
+        .expect("skopeo (Debian package skopeo) must be installed");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "skopeo {args:?}: {said}{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        reg.log()
+    );
+    said
+}
+
+fn raw_manifest(reg: &Registry, ca: &Ca, repo: &str, tag: &str) -> serde_json::Value {
+    let m = skopeo(
+        reg,
+        ca,
+        &[
+            "inspect".into(),
+            "--raw".into(),
+            format!("--creds={USER}:{PASSWORD}"),
+            "--cert-dir={certs}".into(),
+            format!("docker://{}/{repo}:{tag}", reg.host()),
+        ],
+    );
+    serde_json::from_str(&m).unwrap()
+}
+
+#[test]
+fn a_registry_serves_the_signed_source_by_digest() {
+    let ca = Ca::new("registry CA");
+    let reg = Registry::start(
+        &ca,
+        RegistryAuth::Basic {
+            user: USER.into(),
+            password: PASSWORD.into(),
+        },
+        None,
+    );
+    let auth = reg.auth_json(USER, PASSWORD);
+    let mut w = node_for(&ca);
+    let (source, files) = signed_source(&w);
+    let said = reg.publish(&source, "flatcar", Some(&auth), &w.ca_file);
+    // Images first, the list and its signature last.
+    let order: Vec<&str> = said
+        .lines()
+        .map(|l| l.split(" -> ").next().unwrap())
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "flatcar/containerd:containerd-1.7.24-x86-64.raw",
+            "flatcar/containerd:SHA256SUMS",
+            "flatcar/containerd:SHA256SUMS.gpg",
+            "flatcar/kubernetes:kubernetes-v1.32.1-x86-64.raw",
+            "flatcar/kubernetes:kubernetes-v1.32.3-x86-64.raw",
+            "flatcar/kubernetes:SHA256SUMS",
+            "flatcar/kubernetes:SHA256SUMS.gpg",
+        ],
+        "{said}"
+    );
+
+    // The oracle reads the shape docs/oci.md names, and pulls the artifact whole.
+    let (name, body) = &files[1];
+    let m = raw_manifest(&reg, &ca, "flatcar/kubernetes", name);
+    assert_eq!(m["mediaType"], "application/vnd.oci.image.manifest.v1+json");
+    assert_eq!(m["artifactType"], "application/vnd.nodestrap.file.v1");
+    assert_eq!(
+        m["config"]["mediaType"],
+        "application/vnd.oci.empty.v1+json"
+    );
+    assert_eq!(m["layers"][0]["digest"], format!("sha256:{}", sha256(body)));
+    assert_eq!(m["layers"][0]["size"], body.len());
+    assert_eq!(
+        m["layers"][0]["annotations"]["org.opencontainers.image.title"],
+        name.as_str()
+    );
+    let pulled = unique_dir("skopeo-pull");
+    skopeo(
+        &reg,
+        &ca,
+        &[
+            "copy".into(),
+            format!("--src-creds={USER}:{PASSWORD}"),
+            "--src-cert-dir={certs}".into(),
+            format!("docker://{}/flatcar/kubernetes:{name}", reg.host()),
+            format!("dir:{}", pulled.display()),
+        ],
+    );
+    assert_eq!(
+        std::fs::read(pulled.join(sha256(body))).unwrap(),
+        *body,
+        "skopeo's copy of the layer"
+    );
+
+    let url = format!("oci://{}/flatcar/${{NAME}}", reg.host());
+    // Without credentials: refused, naming the option, and nothing staged.
+    let mut a = w.args_for(&w.root.display().to_string());
+    a.retain(|x| !x.starts_with("--sysext-url"));
+    a.push(format!("--sysext-url={url}"));
+    let r = nodestrap(&a, None, &[]);
+    r.assert_fails(1, "--registry-auth");
+    assert!(!r.stderr.contains(PASSWORD));
+    w.assert_nothing_staged();
+
+    // With the kubelet's kind of config.json: staged from the registry, bytes as published.
+    w.extra.push(format!("--registry-auth={}", auth.display()));
+    stages_from(&w, &url, &w.keyring);
+    for (f, ext) in [
+        ("kubernetes-v1.32.3-x86-64.raw", "kubernetes"),
+        ("containerd-1.7.24-x86-64.raw", "containerd"),
+    ] {
+        let want = &files.iter().find(|(n, _)| n == f).unwrap().1;
+        assert_eq!(
+            std::fs::read(w.path(&format!("/opt/extensions/{ext}/{f}"))).unwrap(),
+            *want,
+            "{f}"
+        );
+    }
+
+    // The registry moves kubernetes v1.32.3's tag to v1.32.1's artifact: not followed, since
+    // the signed list names the blob.
+    skopeo(
+        &reg,
+        &ca,
+        &[
+            "copy".into(),
+            format!("--src-creds={USER}:{PASSWORD}"),
+            format!("--dest-creds={USER}:{PASSWORD}"),
+            "--src-cert-dir={certs}".into(),
+            "--dest-cert-dir={certs}".into(),
+            format!(
+                "docker://{}/flatcar/kubernetes:kubernetes-v1.32.1-x86-64.raw",
+                reg.host()
+            ),
+            format!(
+                "docker://{}/flatcar/kubernetes:kubernetes-v1.32.3-x86-64.raw",
+                reg.host()
+            ),
+        ],
+    );
+    let moved = raw_manifest(
+        &reg,
+        &ca,
+        "flatcar/kubernetes",
+        "kubernetes-v1.32.3-x86-64.raw",
+    );
+    assert_eq!(
+        moved["layers"][0]["digest"],
+        format!("sha256:{}", sha256(&files[0].1)),
+        "the tag names v1.32.1's image now"
+    );
+    let mut w2 = node_for(&ca);
+    w2.extra.push(format!("--registry-auth={}", auth.display()));
+    stages_from(&w2, &url, &w.keyring);
+    assert_eq!(
+        std::fs::read(w2.path("/opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw")).unwrap(),
+        files[1].1
+    );
+
+    // A blob swapped in the registry's storage (same length): refused, nothing staged.
+    let (_, ctd) = &files[2];
+    let mut other = ctd.clone();
+    let last = other.len() - 1;
+    other[last] ^= 0xff;
+    std::fs::write(reg.blob(&sha256(ctd)), &other).unwrap();
+    let mut w3 = node_for(&ca);
+    w3.extra.push(format!("--registry-auth={}", auth.display()));
+    let mut a = w3.args_for(&w3.root.display().to_string());
+    a.retain(|x| !x.starts_with("--sysext-url") && !x.starts_with("--keyring"));
+    a.push(format!("--sysext-url={url}"));
+    a.push(format!("--keyring={}", w.keyring.display()));
+    let r = nodestrap(&a, None, &[]);
+    r.assert_fails(1, "hash mismatch");
+    assert!(
+        r.stderr.contains(&format!("sha256:{}", sha256(ctd))),
+        "{}",
+        r.stderr
+    );
+    w3.assert_nothing_staged();
+}
