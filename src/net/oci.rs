@@ -658,7 +658,8 @@ mod tests {
         assert_eq!(a.basic("helper.example"), None);
         assert!(format!("{a:?}").contains("2 registries"));
         assert!(Auths::parse(br#"{"auths": {"h": {"auth": "bm9jb2xvbg=="}}}"#, "f").is_err());
-        assert!(Auths::parse(b"[]", "f").is_err());
+        assert!(Auths::parse(br#"{"auths": "x"}"#, "f").is_err());
+        assert!(Auths::parse(b"not json", "f").is_err());
     }
 
     #[test]
