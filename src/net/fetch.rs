@@ -274,6 +274,9 @@ impl Http {
             .timeout_recv_response(Some(Duration::from_secs(60)))
             .timeout_per_read(Some(Duration::from_secs(60)))
             .max_redirects(5)
+            // A redirect (a registry's blob in object storage) never carries our
+            // `Authorization`: ureq's `SameHost` would send it to another port of the same host.
+            .redirect_auth_headers(ureq::config::RedirectAuthHeaders::Never)
             .build();
         Http {
             agent: std::sync::Mutex::new(new_agent(&config, &alias)),

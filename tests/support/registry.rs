@@ -177,3 +177,65 @@ impl Drop for Registry {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A token endpoint's signing key: ES256 JWTs whose `x5c` header carries a self-signed
+/// certificate the registry trusts through its `rootcertbundle` (`bundle`).
+pub struct TokenIssuer {
+    key: ring::signature::EcdsaKeyPair,
+    cert_der: Vec<u8>,
+    pub bundle: PathBuf,
+}
+
+impl TokenIssuer {
+    pub fn new(dir: &Path) -> TokenIssuer {
+        let kp = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, "nodestrap test token issuer");
+        let cert = p.self_signed(&kp).unwrap();
+        let bundle = dir.join("token-bundle.pem");
+        std::fs::write(&bundle, cert.pem()).unwrap();
+        let key = ring::signature::EcdsaKeyPair::from_pkcs8(
+            &ring::signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+            &kp.serialize_der(),
+            &ring::rand::SystemRandom::new(),
+        )
+        .unwrap();
+        TokenIssuer {
+            key,
+            cert_der: cert.der().to_vec(),
+            bundle,
+        }
+    }
+
+    /// A token of `issuer` for `service`, allowing pull and push on `repos`, valid `secs`.
+    pub fn token(&self, issuer: &str, service: &str, repos: &[&str], secs: u64) -> String {
+        use base64::Engine as _;
+        let b64u = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let header =
+            serde_json::json!({"typ": "JWT", "alg": "ES256", "x5c": [b64(&self.cert_der)]});
+        let access: Vec<serde_json::Value> = repos
+            .iter()
+            .map(|r| serde_json::json!({"type": "repository", "name": r, "actions": ["pull", "push"]}))
+            .collect();
+        let claims = serde_json::json!({
+            "iss": issuer, "sub": "node", "aud": service, "exp": now + secs,
+            "nbf": now - 60, "iat": now - 60, "jti": format!("{now}-{secs}"), "access": access,
+        });
+        let signing_input = format!(
+            "{}.{}",
+            b64u(header.to_string().as_bytes()),
+            b64u(claims.to_string().as_bytes())
+        );
+        let sig = self
+            .key
+            .sign(&ring::rand::SystemRandom::new(), signing_input.as_bytes())
+            .unwrap();
+        format!("{signing_input}.{}", b64u(sig.as_ref()))
+    }
+}

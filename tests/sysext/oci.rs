@@ -255,3 +255,121 @@ fn a_registry_serves_the_signed_source_by_digest() {
     );
     w3.assert_nothing_staged();
 }
+
+#[test]
+fn bearer_tokens_are_kept_per_repository_until_they_end_and_a_redirect_gets_no_credentials() {
+    let ca = Ca::new("registry CA");
+    // The token endpoint (distribution only consumes tokens) and the server the registry's
+    // redirect middleware sends blob downloads to, as a registry in front of object storage.
+    let tokens = Server::start(&ca.server(), None);
+    let blobs = Server::start(&ca.server(), None);
+    let dir = unique_dir("token-issuer");
+    let issuer = TokenIssuer::new(&dir);
+    let (service, iss) = ("nodestrap-test-registry", "nodestrap-test-issuer");
+    let reg = Registry::start(
+        &ca,
+        RegistryAuth::Token {
+            realm: tokens.url("/token"),
+            service: service.into(),
+            issuer: iss.into(),
+            bundle: issuer.bundle.clone(),
+        },
+        Some(&blobs.url("/")),
+    );
+    let auth = reg.auth_json(USER, PASSWORD);
+    let repos = ["flatcar/kubernetes", "flatcar/containerd"];
+    let answer = |secs: u64| {
+        Reply::ok(
+            serde_json::json!({"token": issuer.token(iss, service, &repos, secs.max(300)), "expires_in": secs})
+                .to_string(),
+        )
+    };
+    let scope = |repo: &str, actions: &str| {
+        format!(
+            "/token?scope=repository%3A{}%3A{}&service={service}",
+            repo.replace('/', "%2F"),
+            actions.replace(',', "%2C")
+        )
+    };
+    for repo in repos {
+        tokens.set(&scope(repo, "pull,push"), answer(300));
+        tokens.set(&scope(repo, "pull"), answer(300));
+    }
+    let mut w = node_for(&ca);
+    let (source, files) = signed_source(&w);
+    reg.publish(&source, "flatcar", Some(&auth), &w.ca_file);
+    // The blob store behind the redirect: every blob the registry holds, at its storage path.
+    for e in walk(&reg.storage.join("docker/registry/v2/blobs")) {
+        let rel = e.strip_prefix(&reg.storage).unwrap().display().to_string();
+        blobs.set(&format!("/{rel}"), Reply::ok(std::fs::read(&e).unwrap()));
+    }
+
+    w.extra.push(format!("--registry-auth={}", auth.display()));
+    let url = format!("oci://{}/flatcar/${{NAME}}", reg.host());
+    stages_from(&w, &url, &w.keyring);
+    let basic = format!(
+        "Basic {}",
+        base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            format!("{USER}:{PASSWORD}")
+        )
+    );
+    let pulls = |repo: &str| tokens.requests("GET", &scope(repo, "pull"));
+    for repo in repos {
+        let asked = pulls(repo);
+        // One token per repository, kept for its manifests and blobs.
+        assert_eq!(asked.len(), 1, "{repo}: {:?}", tokens.seen());
+        assert_eq!(asked[0].header("authorization"), Some(basic.as_str()));
+    }
+    // The images came from the blob store, which never saw the registry's credentials.
+    let k = &files[1].1;
+    let k_path = format!(
+        "/docker/registry/v2/blobs/sha256/{}/{}/data",
+        &sha256(k)[..2],
+        sha256(k)
+    );
+    assert!(blobs.hits(&k_path) >= 1, "{:?}", blobs.seen());
+    assert!(
+        blobs
+            .seen()
+            .iter()
+            .all(|s| s.header("authorization").is_none()),
+        "the blob store got an Authorization header for {:?}",
+        blobs
+            .seen()
+            .iter()
+            .filter(|s| s.header("authorization").is_some())
+            .map(|s| &s.path)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        std::fs::read(w.path("/opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw")).unwrap(),
+        *k
+    );
+
+    // Tokens that end at once are not kept: each request asks for a new one (the first run
+    // asked once per repository; this one asks for its two manifests and three blobs).
+    for repo in repos {
+        tokens.set(&scope(repo, "pull"), answer(1));
+    }
+    let mut w2 = node_for(&ca);
+    w2.extra.push(format!("--registry-auth={}", auth.display()));
+    stages_from(&w2, &url, &w.keyring);
+    for repo in repos {
+        assert!(pulls(repo).len() > 4, "{repo}: {:?}", pulls(repo).len());
+    }
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
