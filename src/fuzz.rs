@@ -76,3 +76,52 @@ pub fn torcx_config(data: &[u8]) -> std::result::Result<usize, String> {
 pub fn systemd_dropin(text: &str) -> Vec<(String, String, String)> {
     crate::sysext::trust::settings(text)
 }
+
+/// What an OCI registry and its operator hand nodestrap (`net::oci`), by the first byte: 0 a
+/// Docker config.json, 1 a `WWW-Authenticate` value, 2 an artifact manifest, else an `oci://`
+/// location. Each result is checked against the rule its reader promises.
+pub fn oci_registry(data: &[u8]) {
+    use crate::net::oci::{self, Challenge, Location};
+    let Some((&which, rest)) = data.split_first() else {
+        return;
+    };
+    match which {
+        0 => {
+            if let Ok(a) = oci::Auths::parse(rest, "config.json") {
+                for (host, _, _) in &a.entries {
+                    assert!(!host.contains('/'), "a host without a path: {host:?}");
+                    let b = a.basic(host).expect("an entry gives credentials");
+                    assert!(b.starts_with("Basic "));
+                }
+            }
+        }
+        1 => {
+            if let Some(Challenge::Bearer { realm, service }) =
+                oci::parse_challenge(&String::from_utf8_lossy(rest))
+            {
+                assert!(!realm.contains('"'), "{realm:?}");
+                assert!(!service.unwrap_or_default().contains('"'));
+            }
+        }
+        2 => {
+            if let Ok(l) = oci::file_layer(rest, "f.raw", "fuzz") {
+                assert_eq!(
+                    l.annotations.get(oci::TITLE).map(String::as_str),
+                    Some("f.raw")
+                );
+            }
+        }
+        _ => {
+            let text = String::from_utf8_lossy(rest);
+            if let Ok(Some(l)) = Location::parse_dir(&text) {
+                assert!(!l.host.contains('/') && !l.repo.is_empty());
+                let again = Location::parse_dir(&format!("oci://{}/{}/", l.host, l.repo));
+                assert_eq!(
+                    again.ok().flatten(),
+                    Some(l),
+                    "a location reads back the same"
+                );
+            }
+        }
+    }
+}

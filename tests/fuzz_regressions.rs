@@ -107,3 +107,13 @@ fn a_time_offset_with_a_multibyte_character_is_no_time() {
         Some(1_893_549_845)
     );
 }
+
+/// Found by `oci_registry`: a `WWW-Authenticate` whose unquoted realm or service ran on to a
+/// quote or to control bytes was taken as a challenge; an unquoted value must be a token now.
+#[test]
+fn oci_challenges_with_quotes_in_tokens_are_refused() {
+    nodestrap::fuzz::oci_registry(b"\x01Bearer realm=\xdd\xfe\x8c\x96\x9c\xdf\x8d\x9a\r\r\r\r\"x");
+    nodestrap::fuzz::oci_registry(
+        b"\x01Bearer realm=\"https:\x01\x00\x00ith.example/toke\",service=\x00\x0eegistry.exaa\x00\x00\x00e=\"reposito:yra:pull\"",
+    );
+}

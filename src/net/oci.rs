@@ -144,7 +144,7 @@ fn tag(file: &str) -> Result<&str> {
 /// URLs (`https://host/v1/`) count for their host. Never printed.
 #[derive(Default)]
 pub struct Auths {
-    entries: Vec<(String, String, String)>,
+    pub(crate) entries: Vec<(String, String, String)>,
     /// Where they came from, for messages.
     pub from: String,
 }
@@ -214,7 +214,7 @@ impl Auths {
         })
     }
 
-    fn basic(&self, host: &str) -> Option<String> {
+    pub(crate) fn basic(&self, host: &str) -> Option<String> {
         self.entries
             .iter()
             .find(|(h, _, _)| h == host)
@@ -227,7 +227,7 @@ impl Auths {
 
 /// What a registry's `/v2/` answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Challenge {
+pub(crate) enum Challenge {
     Open,
     Basic,
     Bearer {
@@ -237,7 +237,7 @@ enum Challenge {
 }
 
 /// `WWW-Authenticate: Bearer realm="…",service="…"` or `Basic realm="…"`.
-fn parse_challenge(v: &str) -> Option<Challenge> {
+pub(crate) fn parse_challenge(v: &str) -> Option<Challenge> {
     let (scheme, params) = v.trim().split_once(' ').unwrap_or((v.trim(), ""));
     let mut realm = None;
     let mut service = None;
@@ -245,12 +245,22 @@ fn parse_challenge(v: &str) -> Option<Challenge> {
     while !rest.is_empty() {
         let (k, after) = rest.split_once('=')?;
         let after = after.trim_start();
+        // A quoted string without escapes or control characters, or an RFC 9110 token.
         let (val, next) = if let Some(q) = after.strip_prefix('"') {
             let end = q.find('"')?;
             (&q[..end], &q[end + 1..])
         } else {
-            after.split_once(',').map_or((after, ""), |(a, b)| (a, b))
+            let (v, n) = after.split_once(',').map_or((after, ""), |(a, b)| (a, b));
+            let v = v.trim_end();
+            let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+            if !v.bytes().all(tchar) {
+                return None;
+            }
+            (v, n)
         };
+        if val.bytes().any(|b| b == b'\\' || b.is_ascii_control()) {
+            return None;
+        }
         match k.trim().to_ascii_lowercase().as_str() {
             "realm" => realm = Some(val.to_string()),
             "service" => service = Some(val.to_string()),
@@ -286,11 +296,11 @@ struct Manifest {
 }
 
 #[derive(Deserialize)]
-struct Descriptor {
-    digest: String,
-    size: u64,
+pub(crate) struct Descriptor {
+    pub(crate) digest: String,
+    pub(crate) size: u64,
     #[serde(default)]
-    annotations: std::collections::BTreeMap<String, String>,
+    pub(crate) annotations: std::collections::BTreeMap<String, String>,
 }
 
 /// A `sha256:<hex>` digest (the only algorithm registries must support).
@@ -541,7 +551,7 @@ impl<'a> Client<'a> {
 }
 
 /// The one layer of an artifact manifest titled `file`.
-fn file_layer(body: &[u8], file: &str, shown: &str) -> Result<Descriptor> {
+pub(crate) fn file_layer(body: &[u8], file: &str, shown: &str) -> Result<Descriptor> {
     let m: Manifest = serde_json::from_slice(body)
         .map_err(|e| Error::failed(format!("{shown}: not an OCI image manifest: {e}")))?;
     if m.schema_version != 2 || m.media_type.as_deref().is_some_and(|t| t != MANIFEST_TYPE) {
@@ -643,6 +653,21 @@ mod tests {
             Some(Challenge::Basic)
         );
         assert_eq!(parse_challenge("Bearer service=x"), None);
+        assert_eq!(
+            parse_challenge("Bearer realm=https://a/t,service=x"),
+            None,
+            "a URL is not a token: it must be quoted"
+        );
+        assert_eq!(
+            parse_challenge("Bearer realm=a,service=x\"y"),
+            None,
+            "a quote inside a token"
+        );
+        assert_eq!(
+            parse_challenge("Bearer realm=\"https://a/\x01\""),
+            None,
+            "a control character"
+        );
         assert_eq!(parse_challenge("Negotiate"), None);
     }
 
