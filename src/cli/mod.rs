@@ -99,8 +99,9 @@ pub struct Bootstrap {
     /// payload family: torcx (runtime image under a torcx profile) or sysext (default torcx)
     #[argh(option, default = "Payload::Torcx")]
     pub payload: Payload,
-    /// URL of the directory holding SHA256SUMS, its signature and the images; ${NAME} or
-    /// {{.Name}} is the extension's name (required with --payload sysext)
+    /// URL of the directory holding SHA256SUMS, its signature and the images, or
+    /// oci://HOST[:PORT]/REPOSITORY of a registry holding them; ${NAME} or {{.Name}} is the
+    /// extension's name (required with --payload sysext)
     #[argh(option, default = "String::new()")]
     pub sysext_url: String,
     /// let these exact versions through the version floor, NAME=VERSION, comma-separated

@@ -60,7 +60,7 @@ struct Step {
     dir_url: String,
 }
 
-/// `nodestrap bootstrap` with `--sysext-url`: its numbered steps (docs/sysext.md), one function
+/// `nodestrap bootstrap` with `--sysext-url`: its numbered steps (docs/bootstrap.md), one function
 /// each.
 pub fn run(a: &Bootstrap) -> Result<()> {
     // 0. Everything that can be checked without the node or the network: exit 2 if wrong.
