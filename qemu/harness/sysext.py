@@ -34,7 +34,7 @@ import sys
 import time
 
 from harness.common import (
-    CURRENT, GUEST_HOST, HERE, PATCH, PREVIOUS, TOP, disk_file, disk_ls, joined, run, say, timings,
+    CURRENT, GUEST_HOST, HERE, PATCH, PREVIOUS, TOP, disk_file, disk_ls, free_port, joined, run, say, timings,
 )
 from harness.cluster import Joining, kubelet_config, static_pod
 from harness.vm import boot_until
@@ -177,6 +177,10 @@ SCENARIOS = [
     Sx("sysext-initrd-events-down", "(bench only) sysext-initrd with its events sent to a closed port: "
        "the node joins as fast; the initramfs run's events wait in the spool", initrd=True,
        events="down", bench_only=True),
+    Sx("sysext-oci", "the signed source published to Debian's real docker-registry (TLS, htpasswd) by "
+       "deploy/publish-sysext-oci; the initramfs stages kubernetes + containerd from it by digest with the "
+       "node's registry-auth config.json; the node joins in the first boot, as in sysext-initrd",
+       initrd=True, mirror="oci"),
     Sx("sysext-firstboot", "the first-boot unit stages, refreshes live, reloads systemd, proves the "
        "merge; the node joins in the same boot", initrd=False),
     Sx("sysext-tampered", "SHA256SUMS changed after signing: refused, nothing staged, no kubelet",
@@ -289,6 +293,9 @@ class World:
         self.server.terminate()
         self.server.wait()
         self.closed.close()
+        if hasattr(self, "registry"):
+            self.registry.terminate()
+            self.registry.wait()
 
     def events_url(self, sc):
         port = self.port if sc.events == "up" else self.closed.getsockname()[1]
@@ -331,7 +338,45 @@ class World:
             offer["kubernetes"][-1] = (offer["kubernetes"][-1][0], os.path.join(self.ext, "kubernetes-fedora.raw"))
         for name, files in offer.items():
             self.sign(sc, name, files)
+        if sc.mirror == "oci":
+            return self.publish_oci(sc)
         return "https://%s:%d/%s/${NAME}" % (GUEST_HOST, self.port, sc.name)
+
+    def publish_oci(self, sc):
+        """The scenario's signed folder published to a real registry (docker-registry, with the
+        mirror's certificate and an htpasswd user) by deploy/publish-sysext-oci; the node's
+        registry-auth file names the registry as the guest reaches it."""
+        if not hasattr(self, "registry"):
+            d = self.s.path("registry")
+            os.makedirs(d)
+            self.registry_password = secrets.token_hex(12)
+            with open(os.path.join(d, "htpasswd"), "w") as f:
+                f.write(run(["htpasswd", "-nbB", "node", self.registry_password], stdout=subprocess.PIPE).stdout)
+            self.registry_port = free_port()
+            with open(os.path.join(d, "config.yml"), "w") as f:
+                f.write("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\n"
+                        "http:\n  addr: 127.0.0.1:%d\n  tls:\n    certificate: %s\n    key: %s\n"
+                        "auth:\n  htpasswd:\n    realm: nodestrap-qemu\n    path: %s\n"
+                        % (os.path.join(d, "data"), self.registry_port, self.s.path("srv.pem"),
+                           self.s.path("srv.key"), os.path.join(d, "htpasswd")))
+            self.registry = subprocess.Popen(["docker-registry", "serve", os.path.join(d, "config.yml")],
+                                             stdout=open(os.path.join(d, "log"), "w"), stderr=subprocess.STDOUT)
+            for _ in range(200):
+                with socket.socket() as c:
+                    if c.connect_ex(("127.0.0.1", self.registry_port)) == 0:
+                        break
+                time.sleep(0.05)
+            else:
+                raise SystemExit("qemu/run: docker-registry did not listen (%s)" % os.path.join(d, "log"))
+            token = base64.b64encode(("node:" + self.registry_password).encode()).decode()
+            for host, name in (("127.0.0.1", "push"), (GUEST_HOST, "node")):
+                with open(os.path.join(d, name + ".json"), "w") as f:
+                    json.dump({"auths": {"%s:%d" % (host, self.registry_port): {"auth": token}}}, f)
+            self.registry_auth = os.path.join(d, "node.json")
+        run([os.path.join(TOP, "deploy/publish-sysext-oci"), "--auth", self.s.path("registry/push.json"),
+             "--ca-file", self.s.path("ca.pem"), os.path.join(self.www, sc.name),
+             "oci://127.0.0.1:%d/%s" % (self.registry_port, sc.name)], stdout=subprocess.DEVNULL)
+        return "oci://%s:%d/%s/${NAME}" % (GUEST_HOST, self.registry_port, sc.name)
 
     def publish_patch(self, sc):
         """The patch scenario's new patch: the current release added to the kubernetes folder and
@@ -411,6 +456,10 @@ class World:
             files["/etc/nodestrap/bootstrap.conf"] += (
                 "events-token-file=/etc/nodestrap/events-token\nevents-ca-file=/etc/nodestrap/ca.pem\n")
             files["/etc/nodestrap/events-token"] = open(self.events_token).read()
+        if sc.mirror == "oci":
+            # The registry's credentials as the kubelet keeps them (a Docker config.json).
+            files["/etc/nodestrap/bootstrap.conf"] += "registry-auth=/etc/nodestrap/registry-auth.json\n"
+            files["/etc/nodestrap/registry-auth.json"] = open(self.registry_auth).read()
         units = []
         if sc.trust:
             # Signed mode from the node's config file, its certificate delivered by Ignition
@@ -443,7 +492,8 @@ class World:
             local = os.path.join(d, node_path.strip("/").replace("/", "_"))
             with open(local, "w") as f:
                 f.write(text)
-            mode = ":0755" if node_path.startswith("/opt/") else ":0600" if node_path.endswith("-token") else ""
+            mode = ":0755" if node_path.startswith("/opt/") else \
+                ":0600" if node_path.endswith(("-token", "-auth.json")) else ""
             args += ["--file", "%s=%s%s" % (node_path, local, mode)]
         for node_path, target in sc.links:
             args += ["--link", "%s=%s" % (node_path, target)]

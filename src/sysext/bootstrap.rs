@@ -210,7 +210,7 @@ impl Plan {
                 status::decide(
                     KUBERNETES,
                     img.label(),
-                    format_args!("{dir_url}SHA256SUMS ({why})"),
+                    format_args!("{} ({why})", Source::shown(&dir_url, "SHA256SUMS")),
                 );
                 steps.push(Step {
                     img: img.clone(),
@@ -502,7 +502,10 @@ fn choose_runtime(
     status::decide(
         rt,
         img.label(),
-        format_args!("{dir_url}SHA256SUMS, mapped for {k8s} by {name}"),
+        format_args!(
+            "{}, mapped for {k8s} by {name}",
+            Source::shown(&dir_url, "SHA256SUMS")
+        ),
     );
     steps.push(Step {
         img: img.clone(),
@@ -702,7 +705,7 @@ impl Lists<'_> {
     }
 
     fn fetch(&self, dir: &str, name: &str) -> Result<Sums> {
-        let url = format!("{dir}SHA256SUMS");
+        let url = Source::shown(dir, "SHA256SUMS");
         let body = match self.source.get(dir, "SHA256SUMS", crate::sysext::sums::MAX_BYTES) {
             Ok(b) => b,
             Err(e) if e.class == Failure::Passed(404) => {

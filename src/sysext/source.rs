@@ -35,6 +35,15 @@ impl<'a> Source<'a> {
         }
     }
 
+    /// What file `file` of `dir` is called in logs, errors and the node's records: its URL, or
+    /// `oci://HOST/REPOSITORY:FILE`.
+    pub fn shown(dir: &str, file: &str) -> String {
+        match Location::parse_dir(dir) {
+            Ok(Some(loc)) => loc.show(file),
+            _ => format!("{dir}{file}"),
+        }
+    }
+
     /// Image `img` of `dir` streamed to `consume` (`Http::stream`'s bounds), and where it came
     /// from, for the log.
     pub fn image<T>(
