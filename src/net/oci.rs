@@ -439,24 +439,34 @@ impl<'a> Client<'a> {
         }
     }
 
-    /// `op` with the registry's authorization; once more with a new token if the registry
-    /// refused the one kept (it may have ended early).
+    /// `op` with a GET of `url` that carries the registry's authorization (and `accept`); once
+    /// more with a new token if the registry refused the one kept (it may have ended early).
     fn authorized<T>(
         &self,
         loc: &Location,
-        op: impl Fn(Option<String>) -> std::result::Result<T, FetchError>,
+        url: &str,
+        accept: Option<&str>,
+        mut op: impl FnMut(&Request) -> std::result::Result<T, FetchError>,
     ) -> std::result::Result<T, FetchError> {
-        let auth = self
-            .authorization(loc, false)
-            .map_err(|e| FetchError::new(Failure::Final, e))?;
-        let bearer = auth.as_deref().is_some_and(|a| a.starts_with("Bearer "));
-        match op(auth) {
+        let request = |fresh: bool| {
+            let auth = self
+                .authorization(loc, fresh)
+                .map_err(|e| FetchError::new(Failure::Final, e))?;
+            let mut req = Request::get(url);
+            if let Some(a) = accept {
+                req.headers.push(("Accept", a.to_string()));
+            }
+            let bearer = auth.as_deref().is_some_and(|a| a.starts_with("Bearer "));
+            if let Some(a) = auth {
+                req.headers.push(("Authorization", a));
+            }
+            Ok((req, bearer))
+        };
+        let (req, bearer) = request(false)?;
+        match op(&req) {
             Err(e) if bearer && e.class == Failure::Denied => {
                 log::info!("{}: token refused; asking for a new one", loc.host);
-                let auth = self
-                    .authorization(loc, true)
-                    .map_err(|e| FetchError::new(Failure::Final, e))?;
-                op(auth)
+                op(&request(true)?.0)
             }
             r => r,
         }
@@ -475,14 +485,9 @@ impl<'a> Client<'a> {
         let tag = tag(file).map_err(final_)?;
         let shown = loc.show(file);
         let url = format!("{}{}/manifests/{tag}", loc.base(), loc.repo);
-        let body = self.authorized(loc, |auth| {
-            let mut req = Request::get(&url);
-            req.headers
-                .push(("Accept", format!("{MANIFEST_TYPE}, {INDEX_TYPE}")));
-            if let Some(a) = auth {
-                req.headers.push(("Authorization", a));
-            }
-            self.http.fetch_passing(&req, MANIFEST_CAP, &[404])
+        let accept = format!("{MANIFEST_TYPE}, {INDEX_TYPE}");
+        let body = self.authorized(loc, &url, Some(&accept), |req| {
+            self.http.fetch_passing(req, MANIFEST_CAP, &[404])
         })?;
         let layer = file_layer(&body, file, &shown).map_err(final_)?;
         if layer.size > cap {
@@ -498,13 +503,7 @@ impl<'a> Client<'a> {
             )))
         })?;
         let url = format!("{}{}/blobs/{}", loc.base(), loc.repo, layer.digest);
-        let data = self.authorized(loc, |auth| {
-            let mut req = Request::get(&url);
-            if let Some(a) = auth {
-                req.headers.push(("Authorization", a));
-            }
-            self.http.fetch(&req, layer.size)
-        })?;
+        let data = self.authorized(loc, &url, None, |req| self.http.fetch(req, layer.size))?;
         let got = crate::crypto::digest::hex(&sha256(&data));
         if data.len() as u64 != layer.size || got != digest.hex {
             return Err(final_(Error::failed(format!(
@@ -538,14 +537,9 @@ impl<'a> Client<'a> {
             ));
         }
         let url = format!("{}{}/blobs/{}", loc.base(), loc.repo, oci_name(digest));
-        let consume = RefCell::new(consume);
-        self.authorized(loc, |auth| {
-            let mut req = Request::get(&url);
-            if let Some(a) = auth {
-                req.headers.push(("Authorization", a));
-            }
-            self.http
-                .stream(&req, cap, target, |r| (consume.borrow_mut())(r))
+        let mut consume = consume;
+        self.authorized(loc, &url, None, |req| {
+            self.http.stream(req, cap, target, &mut consume)
         })
     }
 }
