@@ -77,6 +77,37 @@ pub fn systemd_dropin(text: &str) -> Vec<(String, String, String)> {
     crate::sysext::trust::settings(text)
 }
 
+/// containerd's `hosts.toml` (`net::toml`, `net::mirrors`): a document read or refused, never
+/// a panic or a hang; hosts read keep containerd's shape (mirrors first, the server at most
+/// once and last, an API root every URL starts with, header values without line breaks).
+pub fn hosts_toml(text: &str) {
+    let Ok(doc) = crate::net::toml::parse(text, "hosts.toml") else {
+        return;
+    };
+    let Ok(hosts) =
+        crate::net::mirrors::parse_hosts(&doc, "/etc/containerd/certs.d/r", "r:5000", "fuzz")
+    else {
+        return;
+    };
+    let servers = hosts.iter().filter(|h| !h.mirror).count();
+    assert!(servers <= 1, "one server at most");
+    if servers == 1 {
+        assert!(!hosts[hosts.len() - 1].mirror, "the server comes last");
+    }
+    for h in &hosts {
+        let url = h.url("r:5000", "a/b", "blobs/sha256:00");
+        assert!(url.starts_with(&h.root()), "{url} below {}", h.root());
+        assert!(h.path.is_empty() || h.path.starts_with('/'), "{:?}", h.path);
+        assert!(!h.host.is_empty() && !h.host.contains('/'), "{:?}", h.host);
+        for (_, v) in &h.headers {
+            assert!(!v.contains(['\r', '\n']), "{v:?}");
+        }
+        for f in h.ca.iter().chain(h.client.iter().map(|(c, _)| c)) {
+            assert!(f.starts_with('/'), "{f:?} is absolute");
+        }
+    }
+}
+
 /// What an OCI registry and its operator hand nodestrap (`net::oci`), by the first byte: 0 a
 /// Docker config.json, 1 a `WWW-Authenticate` value, 2 an artifact manifest, else an `oci://`
 /// location. Each result is checked against the rule its reader promises.

@@ -20,6 +20,7 @@ pub const SYSEXT_ONLY: &[&str] = &[
     "sysext-trust",
     "sysext-verity-certs",
     "registry-auth",
+    "registry-config-path",
 ];
 
 /// Step 0 for the merged options: each value, then the rules between options; returns the

@@ -122,6 +122,11 @@ pub struct Bootstrap {
     /// /var/lib/kubelet/config.json (host path; a node path when set on the node; default: none)
     #[argh(option)]
     pub registry_auth: Option<Input>,
+    /// containerd's config_path: an oci:// --sysext-url's registry mirrors come from
+    /// <config_path>/<host>/hosts.toml as containerd reads them (node path; empty: none;
+    /// default /etc/containerd/certs.d)
+    #[argh(option, default = "crate::net::mirrors::DEFAULT_CONFIG_PATH.into()")]
+    pub registry_config_path: String,
     /// kubeconfig for the API server (node path, default /etc/kubernetes/kubeconfig)
     #[argh(option, default = "\"/etc/kubernetes/kubeconfig\".into()")]
     pub kubeconfig: String,

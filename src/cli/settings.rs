@@ -34,6 +34,7 @@ pub const KEYS: &[&str] = &[
     "sysext-trust",
     "sysext-verity-certs",
     "registry-auth",
+    "registry-config-path",
     "kubeconfig",
     "bootstrap-kubeconfig",
     "join-config",
@@ -141,6 +142,9 @@ pub fn payload_options(a: &Bootstrap, merged: &Merged) -> Result<()> {
             "sysext-trust" => a.sysext_trust == cli::SysextTrust::Plain,
             "sysext-verity-certs" => a.sysext_verity_certs.is_none(),
             "registry-auth" => a.registry_auth.is_none(),
+            "registry-config-path" => {
+                a.registry_config_path == crate::net::mirrors::DEFAULT_CONFIG_PATH
+            }
             _ => false,
         };
         if off {

@@ -83,7 +83,8 @@ impl Reporter {
         req.method = "POST";
         req.body = Some(("application/json", body.to_string().into_bytes()));
         if let Some(t) = token {
-            req.headers.push(("Authorization", format!("Bearer {t}")));
+            req.headers
+                .push(("Authorization".into(), format!("Bearer {t}")));
         }
         if let Err(e) = http.fetch(&req, 1 << 20) {
             log::warn!("progress report not delivered (the node carries on): {e}");

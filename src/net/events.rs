@@ -206,7 +206,8 @@ fn send_loop(s: &Shared, t: &Target) {
         req.method = "POST";
         req.body = Some(("application/json", event));
         if let Some(tok) = &t.token {
-            req.headers.push(("Authorization", format!("Bearer {tok}")));
+            req.headers
+                .push(("Authorization".into(), format!("Bearer {tok}")));
         }
         let outcome = http.fetch(&req, 64 << 10);
         let Ok(mut q) = s.q.lock() else { return };

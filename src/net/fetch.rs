@@ -3,6 +3,7 @@
 //! exponential backoff with full jitter, size caps, and progress lines on long downloads
 //! (TLS itself: `net/tls.rs`; the verified write a download ends in: `node/verified.rs`).
 
+use std::borrow::Cow;
 use std::io::{self, Read};
 use std::time::{Duration, Instant};
 
@@ -200,7 +201,7 @@ pub struct Request<'a> {
     pub method: &'static str,
     pub url: &'a str,
     /// Header values may be secrets: they are never logged.
-    pub headers: Vec<(&'static str, String)>,
+    pub headers: Vec<(Cow<'static, str>, String)>,
     /// Content type and body.
     pub body: Option<(&'static str, Vec<u8>)>,
 }
@@ -245,6 +246,22 @@ impl Http {
         let mut h = Http::build(&self.tls, self.retry, Some(proxy));
         h.limits = self.limits;
         Ok(h)
+    }
+
+    /// The same client (proxy, server alias, bounds per attempt) with other TLS settings and
+    /// retries: a registry mirror's (net::mirrors).
+    pub fn derived(&self, tls: &Tls, retry: Retry) -> Http {
+        let mut h = Http::build_with(tls, retry, self.config.proxy().cloned(), self.alias.clone());
+        h.limits = self.limits;
+        h
+    }
+
+    pub fn tls(&self) -> &Tls {
+        &self.tls
+    }
+
+    pub fn retry(&self) -> Retry {
+        self.retry
     }
 
     fn build(tls: &Tls, retry: Retry, proxy: Option<ureq::Proxy>) -> Http {
@@ -432,7 +449,7 @@ impl Http {
             .method(req.method)
             .uri(req.url);
         for (k, v) in &req.headers {
-            b = b.header(*k, v.as_str());
+            b = b.header(k.as_ref(), v.as_str());
         }
         let per_read = Some(self.limits.window.min(Duration::from_secs(60)));
         let agent = self.agent();

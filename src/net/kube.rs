@@ -306,12 +306,12 @@ impl Kube {
         url: &'a str,
         body: Option<(&'static str, Vec<u8>)>,
     ) -> Request<'a> {
-        let mut headers = vec![("Accept", "application/json".to_string())];
+        let mut headers = vec![("Accept".into(), "application/json".to_string())];
         if let Some(t) = &self.token {
-            headers.push(("Authorization", format!("Bearer {}", t.value())));
+            headers.push(("Authorization".into(), format!("Bearer {}", t.value())));
         }
         if let Some(h) = &self.host_header {
-            headers.push(("Host", h.clone()));
+            headers.push(("Host".into(), h.clone()));
         }
         Request {
             method,

@@ -11,6 +11,7 @@
 //! storage) is followed without the `Authorization` header (ureq's default, kept here).
 
 use std::cell::RefCell;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -19,7 +20,10 @@ use serde::Deserialize;
 use crate::crypto::digest::{sha256, Algo, Digest};
 use crate::error::{Error, Result};
 use crate::net::fetch::{Failure, FetchError, Http, Request};
-use crate::node::root::Dir;
+use crate::net::kubeconfig::client_cert;
+use crate::net::mirrors::{self, Endpoint, Scheme};
+use crate::net::retry::Retry;
+use crate::node::root::{Dir, Root};
 use crate::node::verified::Staging;
 
 /// nodestrap's artifact type: one file of a release directory.
@@ -83,10 +87,6 @@ impl Location {
             host: host.to_string(),
             repo: repo.to_string(),
         }))
-    }
-
-    fn base(&self) -> String {
-        format!("https://{}/v2/", self.host)
     }
 
     /// What a file of this repository is called in logs and errors, and in the node's records.
@@ -313,36 +313,181 @@ fn oci_name(d: &Digest) -> String {
     format!("{}:{}", d.algo_name(), d.hex)
 }
 
-/// The registry client of one run: each registry probed once, each repository's token kept
-/// until it ends.
+/// Where a run's registries' mirrors are configured: containerd's `config_path` on the node.
+pub struct Mirrors<'a> {
+    pub root: &'a Root,
+    /// A node path; empty for none.
+    pub config_path: String,
+}
+
+/// One host of a registry (`net::mirrors`) and the client that reaches it.
+struct Reach {
+    ep: Endpoint,
+    /// Its own: a mirror's (one attempt, then the next host) or a host with its own TLS
+    /// settings; `None`: the run's client.
+    http: Option<Http>,
+}
+
+/// The registry client of one run: each registry's hosts read once, each host probed once,
+/// each repository's token kept until it ends.
 pub struct Client<'a> {
     http: &'a Http,
     auths: Auths,
+    mirrors: Mirrors<'a>,
+    hosts: RefCell<Vec<(String, Rc<Vec<Reach>>)>>,
     challenges: RefCell<Vec<(String, Challenge)>>,
     tokens: RefCell<Vec<(String, String, Instant)>>,
 }
 
+/// What a host is asked to do: `Resolve` a tag (trusted: only hosts with that capability), or
+/// `Pull` a blob by digest.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Resolve,
+    Pull,
+}
+
 impl<'a> Client<'a> {
-    pub fn new(http: &'a Http, auths: Auths) -> Self {
+    pub fn new(http: &'a Http, auths: Auths, mirrors: Mirrors<'a>) -> Self {
         Client {
             http,
             auths,
+            mirrors,
+            hosts: RefCell::default(),
             challenges: RefCell::default(),
             tokens: RefCell::default(),
         }
     }
 
-    fn challenge(&self, loc: &Location) -> Result<Challenge> {
-        if let Some((_, c)) = self
-            .challenges
-            .borrow()
-            .iter()
-            .find(|(h, _)| *h == loc.host)
-        {
+    /// The hosts of `loc`'s registry, mirrors first (hosts.toml), each with its client.
+    fn hosts(&self, loc: &Location) -> Result<Rc<Vec<Reach>>> {
+        if let Some((_, h)) = self.hosts.borrow().iter().find(|(r, _)| *r == loc.host) {
+            return Ok(h.clone());
+        }
+        let root = self.mirrors.root;
+        let (eps, file) = mirrors::endpoints(root, &self.mirrors.config_path, &loc.host)?;
+        let mut reaches = Vec::new();
+        for ep in eps {
+            let tls = if ep.own_tls() {
+                let mut tls = self.http.tls().clone();
+                for ca in &ep.ca {
+                    let pem = root
+                        .read(ca, 16 << 20)?
+                        .ok_or_else(|| Error::config(format!("{}: no such file", root.show(ca))))?;
+                    tls.add_pem(&pem, &root.show(ca))?;
+                }
+                if let Some((cert, key)) = &ep.client {
+                    let read = |p: &str| {
+                        root.read(p, 1 << 20)?
+                            .ok_or_else(|| Error::config(format!("{}: no such file", root.show(p))))
+                    };
+                    let c = read(cert)?;
+                    let k = match key {
+                        Some(k) => read(k)?,
+                        None => c.clone(),
+                    };
+                    tls.client = Some(client_cert(&c, &k, &root.show(cert))?);
+                }
+                Some(tls)
+            } else {
+                None
+            };
+            let http = match (ep.mirror, tls) {
+                // A mirror that is down costs one attempt, not the retry budget: the next
+                // host is there for it.
+                (true, tls) => Some(self.http.derived(
+                    tls.as_ref().unwrap_or(self.http.tls()),
+                    Retry {
+                        attempts: 1,
+                        busy_attempts: 1,
+                        ..self.http.retry()
+                    },
+                )),
+                (false, Some(tls)) => Some(self.http.derived(&tls, self.http.retry())),
+                (false, None) => None,
+            };
+            reaches.push(Reach { ep, http });
+        }
+        if let Some(file) = file {
+            let list: Vec<String> = reaches
+                .iter()
+                .map(|r| {
+                    let c = r.ep.caps;
+                    let caps = match (c.pull, c.resolve) {
+                        (true, true) => "pull, resolve",
+                        (true, false) => "pull",
+                        (false, true) => "resolve",
+                        (false, false) => "neither pull nor resolve",
+                    };
+                    format!("{} ({caps})", r.ep.shown())
+                })
+                .collect();
+            log::info!(
+                "registry {}: hosts from {file}: {}",
+                loc.host,
+                list.join(", then ")
+            );
+        }
+        let reaches = Rc::new(reaches);
+        self.hosts
+            .borrow_mut()
+            .push((loc.host.clone(), reaches.clone()));
+        Ok(reaches)
+    }
+
+    /// `try_host` on each host of `loc` that may do `op`, in order, until one answers: a
+    /// mirror's failure (a 404 too) passes to the next host, the last host's is the answer.
+    fn first_host<T>(
+        &self,
+        loc: &Location,
+        op: Op,
+        mut try_host: impl FnMut(&Reach) -> std::result::Result<T, FetchError>,
+    ) -> std::result::Result<T, FetchError> {
+        let hosts = self
+            .hosts(loc)
+            .map_err(|e| FetchError::new(Failure::Final, e))?;
+        let mut last = None;
+        for r in hosts.iter().filter(|r| match op {
+            Op::Resolve => r.ep.caps.resolve,
+            Op::Pull => r.ep.caps.pull,
+        }) {
+            match try_host(r) {
+                Err(e) if r.ep.mirror => {
+                    match e.class {
+                        Failure::Passed(_) => {
+                            log::info!("{}: {e}; trying the next host", r.ep.shown())
+                        }
+                        _ => log::warn!("{}: {e}; trying the next host", r.ep.shown()),
+                    }
+                    last = Some(e);
+                }
+                done => return done,
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            FetchError::new(
+                Failure::Final,
+                Error::config(format!(
+                    "registry {}: no host may {} (capabilities in its hosts.toml)",
+                    loc.host,
+                    match op {
+                        Op::Resolve => "resolve a tag",
+                        Op::Pull => "pull a blob",
+                    }
+                )),
+            )
+        }))
+    }
+
+    fn challenge(&self, r: &Reach) -> Result<Challenge> {
+        let key = r.ep.root();
+        if let Some((_, c)) = self.challenges.borrow().iter().find(|(h, _)| *h == key) {
             return Ok(c.clone());
         }
-        let url = loc.base();
-        let (status, header) = self.http.probe(&Request::get(&url), "www-authenticate")?;
+        let url = format!("{key}/");
+        let mut req = Request::get(&url);
+        push_headers(&mut req, &r.ep);
+        let (status, header) = r.client(self.http).probe(&req, "www-authenticate")?;
         let c = match status {
             200..=299 => Challenge::Open,
             401 => header.as_deref().and_then(parse_challenge).ok_or_else(|| {
@@ -361,34 +506,42 @@ impl<'a> Client<'a> {
             Challenge::Basic => "Basic credentials".to_string(),
             Challenge::Bearer { realm, .. } => format!("Bearer tokens from {realm}"),
         };
-        log::info!("registry {}: asks for {how} (GET {url})", loc.host);
-        self.challenges
-            .borrow_mut()
-            .push((loc.host.clone(), c.clone()));
+        log::info!("{}: asks for {how} (GET {url})", r.ep.shown());
+        self.challenges.borrow_mut().push((key, c.clone()));
         Ok(c)
     }
 
-    /// The `Authorization` header for pulling from `loc`, if the registry asks for one.
-    fn authorization(&self, loc: &Location, fresh: bool) -> Result<Option<String>> {
-        let basic = || self.auths.basic(&loc.host);
+    /// The `Authorization` header for pulling `loc`'s repository from host `r`, if it asks
+    /// for one; credentials are looked up by the host's name.
+    fn authorization(&self, r: &Reach, loc: &Location, fresh: bool) -> Result<Option<String>> {
+        let host = &r.ep.host;
+        let challenge = self.challenge(r)?;
+        if challenge != Challenge::Open && r.ep.scheme == Scheme::Http {
+            return Err(Error::failed(format!(
+                "{}: asks for credentials over plain http: none are sent there",
+                r.ep.shown()
+            )));
+        }
+        let basic = || self.auths.basic(host);
         let none_for = || {
             Error::failed(if self.auths.from.is_empty() {
                 format!(
-                    "registry {} asks for credentials: give --registry-auth, a Docker config.json with an auths entry for {}",
-                    loc.host, loc.host
+                    "{} asks for credentials: give --registry-auth, a Docker config.json with an auths entry for {host}",
+                    r.ep.shown()
                 )
             } else {
                 format!(
-                    "registry {} asks for credentials and {} has no auths entry for it",
-                    loc.host, self.auths.from
+                    "{} asks for credentials and {} has no auths entry for {host}",
+                    r.ep.shown(),
+                    self.auths.from
                 )
             })
         };
-        match self.challenge(loc)? {
+        match challenge {
             Challenge::Open => Ok(None),
             Challenge::Basic => basic().map(Some).ok_or_else(none_for),
             Challenge::Bearer { realm, service } => {
-                let key = format!("{} {}", loc.host, loc.repo);
+                let key = format!("{} {}", r.ep.root(), loc.repo);
                 let now = Instant::now();
                 if !fresh {
                     let kept = self.tokens.borrow().iter().find_map(|(k, t, until)| {
@@ -400,8 +553,8 @@ impl<'a> Client<'a> {
                 }
                 if !realm.starts_with("https://") {
                     return Err(Error::failed(format!(
-                        "registry {}: its token realm {realm:?} is not https: credentials are not sent there",
-                        loc.host
+                        "{}: its token realm {realm:?} is not https: credentials are not sent there",
+                        r.ep.shown()
                     )));
                 }
                 let mut url = format!(
@@ -415,9 +568,9 @@ impl<'a> Client<'a> {
                 let mut req = Request::get(&url);
                 // Anonymous tokens are asked for without credentials.
                 if let Some(b) = basic() {
-                    req.headers.push(("Authorization", b));
+                    req.headers.push(("Authorization".into(), b));
                 }
-                let body = self.http.fetch(&req, TOKEN_CAP)?;
+                let body = r.client(self.http).fetch(&req, TOKEN_CAP)?;
                 let t: TokenAnswer = serde_json::from_slice(&body)
                     .map_err(|e| Error::failed(format!("GET {realm}: not a token answer: {e}")))?;
                 let Some(token) = t.token.or(t.access_token).filter(|t| !t.is_empty()) else {
@@ -427,8 +580,8 @@ impl<'a> Client<'a> {
                 };
                 let secs = t.expires_in.unwrap_or(TOKEN_DEFAULT_SECS);
                 log::info!(
-                    "registry {}: pull token for {} from {realm}, valid {secs} s",
-                    loc.host,
+                    "{}: pull token for {} from {realm}, valid {secs} s",
+                    r.ep.shown(),
                     loc.repo
                 );
                 let mut tokens = self.tokens.borrow_mut();
@@ -439,42 +592,48 @@ impl<'a> Client<'a> {
         }
     }
 
-    /// `op` with a GET of `url` that carries the registry's authorization (and `accept`); once
-    /// more with a new token if the registry refused the one kept (it may have ended early).
+    /// `op` with a GET of `rest` of `loc` on host `r`, carrying the host's headers, its
+    /// authorization and `accept`; once more with a new token if the host refused the one
+    /// kept (it may have ended early).
     fn authorized<T>(
         &self,
+        r: &Reach,
         loc: &Location,
-        url: &str,
+        rest: &str,
         accept: Option<&str>,
-        mut op: impl FnMut(&Request) -> std::result::Result<T, FetchError>,
+        mut op: impl FnMut(&Http, &Request) -> std::result::Result<T, FetchError>,
     ) -> std::result::Result<T, FetchError> {
+        let url = r.ep.url(&loc.host, &loc.repo, rest);
         let request = |fresh: bool| {
             let auth = self
-                .authorization(loc, fresh)
+                .authorization(r, loc, fresh)
                 .map_err(|e| FetchError::new(Failure::Final, e))?;
-            let mut req = Request::get(url);
+            let mut req = Request::get(&url);
+            push_headers(&mut req, &r.ep);
             if let Some(a) = accept {
-                req.headers.push(("Accept", a.to_string()));
+                req.headers.push(("Accept".into(), a.to_string()));
             }
             let bearer = auth.as_deref().is_some_and(|a| a.starts_with("Bearer "));
             if let Some(a) = auth {
-                req.headers.push(("Authorization", a));
+                req.headers.push(("Authorization".into(), a));
             }
             Ok((req, bearer))
         };
+        let http = r.client(self.http);
         let (req, bearer) = request(false)?;
-        match op(&req) {
+        match op(http, &req) {
             Err(e) if bearer && e.class == Failure::Denied => {
-                log::info!("{}: token refused; asking for a new one", loc.host);
-                op(&request(true)?.0)
+                log::info!("{}: token refused; asking for a new one", r.ep.shown());
+                op(http, &request(true)?.0)
             }
             r => r,
         }
     }
 
-    /// The whole of file `file` of `loc` (at most `cap` bytes): its artifact's manifest by tag,
-    /// then the layer titled `file` by digest, checked against that digest and size. A tag the
-    /// registry does not have is `Failure::Passed(404)`.
+    /// The whole of file `file` of `loc` (at most `cap` bytes): its artifact's manifest by tag
+    /// from a host that may resolve, then the layer titled `file` by digest from a host that
+    /// may pull, checked against that digest and size. A tag no host has is
+    /// `Failure::Passed(404)`.
     pub fn get(
         &self,
         loc: &Location,
@@ -484,12 +643,17 @@ impl<'a> Client<'a> {
         let final_ = |e: Error| FetchError::new(Failure::Final, e);
         let tag = tag(file).map_err(final_)?;
         let shown = loc.show(file);
-        let url = format!("{}{}/manifests/{tag}", loc.base(), loc.repo);
         let accept = format!("{MANIFEST_TYPE}, {INDEX_TYPE}");
-        let body = self.authorized(loc, &url, Some(&accept), |req| {
-            self.http.fetch_passing(req, MANIFEST_CAP, &[404])
+        let layer = self.first_host(loc, Op::Resolve, |r| {
+            let body = self.authorized(
+                r,
+                loc,
+                &format!("manifests/{tag}"),
+                Some(&accept),
+                |h, req| h.fetch_passing(req, MANIFEST_CAP, &[404]),
+            )?;
+            file_layer(&body, file, &shown).map_err(final_)
         })?;
-        let layer = file_layer(&body, file, &shown).map_err(final_)?;
         if layer.size > cap {
             return Err(final_(Error::failed(format!(
                 "{shown}: {} bytes is over the {cap}-byte limit",
@@ -502,22 +666,26 @@ impl<'a> Client<'a> {
                 layer.digest
             )))
         })?;
-        let url = format!("{}{}/blobs/{}", loc.base(), loc.repo, layer.digest);
-        let data = self.authorized(loc, &url, None, |req| self.http.fetch(req, layer.size))?;
-        let got = crate::crypto::digest::hex(&sha256(&data));
-        if data.len() as u64 != layer.size || got != digest.hex {
-            return Err(final_(Error::failed(format!(
-                "{url}: the blob is not the one {shown} names: {} bytes with sha256:{got}, want {} bytes with {}",
-                data.len(),
-                layer.size,
-                layer.digest
-            ))));
-        }
-        Ok(data)
+        self.first_host(loc, Op::Pull, |r| {
+            let rest = format!("blobs/{}", layer.digest);
+            let data = self.authorized(r, loc, &rest, None, |h, req| h.fetch(req, layer.size))?;
+            let got = crate::crypto::digest::hex(&sha256(&data));
+            if data.len() as u64 != layer.size || got != digest.hex {
+                return Err(final_(Error::failed(format!(
+                    "{}: the blob is not the one {shown} names: {} bytes with sha256:{got}, want {} bytes with {}",
+                    r.ep.url(&loc.host, &loc.repo, &rest),
+                    data.len(),
+                    layer.size,
+                    layer.digest
+                ))));
+            }
+            Ok(data)
+        })
     }
 
-    /// Blob `digest` of `loc` streamed to `consume`, as `Http::stream` streams a download: the
-    /// digest is the signed list's, so no tag and no manifest is asked for.
+    /// Blob `digest` of `loc` streamed to `consume`, as `Http::stream` streams a download, from
+    /// the first host that may pull and serves it: the digest is the signed list's, so no tag
+    /// and no manifest is asked for.
     pub fn stream<T>(
         &self,
         loc: &Location,
@@ -536,11 +704,26 @@ impl<'a> Client<'a> {
                 )),
             ));
         }
-        let url = format!("{}{}/blobs/{}", loc.base(), loc.repo, oci_name(digest));
+        let rest = format!("blobs/{}", oci_name(digest));
         let mut consume = consume;
-        self.authorized(loc, &url, None, |req| {
-            self.http.stream(req, cap, target, &mut consume)
+        self.first_host(loc, Op::Pull, |r| {
+            self.authorized(r, loc, &rest, None, |h, req| {
+                h.stream(req, cap, target, &mut consume)
+            })
         })
+    }
+}
+
+impl Reach {
+    fn client<'h>(&'h self, run: &'h Http) -> &'h Http {
+        self.http.as_ref().unwrap_or(run)
+    }
+}
+
+/// A host's `[host.….header]` values, on every request to it.
+fn push_headers(req: &mut Request, ep: &Endpoint) {
+    for (k, v) in &ep.headers {
+        req.headers.push((k.clone().into(), v.clone()));
     }
 }
 

@@ -70,7 +70,11 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     let common = a.common();
     let keyring = common.keyring(&root)?;
     let http = common.http(&root)?;
-    let source = Source::new(&http, registry_auths(&root, a)?);
+    let mirrors = oci::Mirrors {
+        root: &root,
+        config_path: a.registry_config_path.clone(),
+    };
+    let source = Source::new(&http, registry_auths(&root, a)?, mirrors);
     // Before anything checks a certificate or a signature.
     crate::node::clock::check(&root, std::time::Duration::from_secs(a.clock_wait))?;
     // 1. The node as systemd-sysext sees it, what earlier boots proved, and who vouches.

@@ -17,10 +17,10 @@ pub struct Source<'a> {
 }
 
 impl<'a> Source<'a> {
-    pub fn new(http: &'a Http, auths: oci::Auths) -> Self {
+    pub fn new(http: &'a Http, auths: oci::Auths, mirrors: oci::Mirrors<'a>) -> Self {
         Source {
             http,
-            oci: oci::Client::new(http, auths),
+            oci: oci::Client::new(http, auths, mirrors),
         }
     }
 

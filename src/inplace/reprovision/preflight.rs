@@ -40,7 +40,7 @@ pub(super) fn fetch_ignition(s: &Setup) -> Result<Value> {
     let mut req = Request::get(&s.secrets.url);
     bearer(&mut req, &s.secrets.token);
     req.headers.push((
-        "Accept",
+        "Accept".into(),
         "application/vnd.coreos.ignition+json;version=3.2.0, */*;q=0.1".into(),
     ));
     let body = s.pinned.fetch(&req, IGNITION_CAP)?;

@@ -411,7 +411,7 @@ pub(super) fn finished_on_disk(root: &Root, flow: Flow) -> bool {
 
 pub(super) fn bearer(req: &mut Request, token: &str) {
     req.headers
-        .push(("Authorization", format!("Bearer {token}")));
+        .push(("Authorization".into(), format!("Bearer {token}")));
 }
 
 pub(super) fn base_env() -> Vec<(String, String)> {
