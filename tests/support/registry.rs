@@ -12,6 +12,8 @@ use super::cluster::free_port;
 use super::pki::Ca;
 
 pub enum RegistryAuth {
+    /// Anyone may pull (a fleet's pull-through mirror on its own network).
+    Open,
     Basic {
         user: String,
         password: String,
@@ -35,6 +37,24 @@ pub struct Registry {
 
 impl Registry {
     pub fn start(ca: &Ca, auth: RegistryAuth, redirect_to: Option<&str>) -> Registry {
+        Registry::start_with(ca, auth, redirect_to, None)
+    }
+
+    /// A pull-through cache of `origin` (distribution's `proxy.remoteurl`), as fleets run one in
+    /// front of their registry: open itself, it trusts `ca` for the origin and keeps what it
+    /// pulled in its own storage. (distribution 2.8 sends its `proxy` credentials to a token
+    /// realm only, so the origin is open too.)
+    pub fn pull_through(ca: &Ca, origin: &Registry) -> Registry {
+        let proxy = format!("proxy:\n  remoteurl: https://{}\n", origin.host());
+        Registry::start_with(ca, RegistryAuth::Open, None, Some(proxy))
+    }
+
+    fn start_with(
+        ca: &Ca,
+        auth: RegistryAuth,
+        redirect_to: Option<&str>,
+        proxy: Option<String>,
+    ) -> Registry {
         let dir = super::unique_dir("registry");
         let leaf = ca.server();
         std::fs::write(dir.join("cert.pem"), &leaf.cert_pem).unwrap();
@@ -42,6 +62,7 @@ impl Registry {
         let storage = dir.join("data");
         let port = free_port();
         let auth_yaml = match &auth {
+            RegistryAuth::Open => String::new(),
             RegistryAuth::Basic { user, password } => {
                 let out = Command::new("htpasswd")
                     .args(["-nbB", user, password])
@@ -50,7 +71,7 @@ impl Registry {
                 assert!(out.status.success());
                 std::fs::write(dir.join("htpasswd"), &out.stdout).unwrap();
                 format!(
-                    "  htpasswd:\n    realm: nodestrap-test\n    path: {}\n",
+                    "auth:\n  htpasswd:\n    realm: nodestrap-test\n    path: {}\n",
                     dir.join("htpasswd").display()
                 )
             }
@@ -60,7 +81,7 @@ impl Registry {
                 issuer,
                 bundle,
             } => format!(
-                "  token:\n    realm: {realm}\n    service: {service}\n    issuer: {issuer}\n    rootcertbundle: {}\n",
+                "auth:\n  token:\n    realm: {realm}\n    service: {service}\n    issuer: {issuer}\n    rootcertbundle: {}\n",
                 bundle.display()
             ),
         };
@@ -71,14 +92,18 @@ impl Registry {
             None => String::new(),
         };
         let config = format!(
-            "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n  tls:\n    certificate: {}\n    key: {}\nauth:\n{auth_yaml}{middleware}",
+            "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n  tls:\n    certificate: {}\n    key: {}\n{auth_yaml}{middleware}{}",
             storage.display(),
             dir.join("cert.pem").display(),
             dir.join("key.pem").display(),
+            proxy.unwrap_or_default(),
         );
+        std::fs::write(dir.join("ca.pem"), &ca.pem).unwrap();
         std::fs::write(dir.join("config.yml"), config).unwrap();
         let log = std::fs::File::create(dir.join("registry.log")).unwrap();
         let child = Command::new("docker-registry")
+            // A pull-through cache reaches its origin with Go's TLS: the test CA.
+            .env("SSL_CERT_FILE", dir.join("ca.pem"))
             .arg("serve")
             .arg(dir.join("config.yml"))
             .stdout(log.try_clone().unwrap())

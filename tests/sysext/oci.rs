@@ -182,17 +182,7 @@ fn a_registry_serves_the_signed_source_by_digest() {
     // With the kubelet's kind of config.json: staged from the registry, bytes as published.
     w.extra.push(format!("--registry-auth={}", auth.display()));
     stages_from(&w, &url, &w.keyring);
-    for (f, ext) in [
-        ("kubernetes-v1.32.3-x86-64.raw", "kubernetes"),
-        ("containerd-1.7.24-x86-64.raw", "containerd"),
-    ] {
-        let want = &files.iter().find(|(n, _)| n == f).unwrap().1;
-        assert_eq!(
-            std::fs::read(w.path(&format!("/opt/extensions/{ext}/{f}"))).unwrap(),
-            *want,
-            "{f}"
-        );
-    }
+    staged_as_published(&w, &files);
 
     // The registry moves kubernetes v1.32.3's tag to v1.32.1's artifact: not followed, since
     // the signed list names the blob.
@@ -372,4 +362,210 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// The node staged the chosen images byte for byte as published.
+fn staged_as_published(w: &World, files: &[(String, Vec<u8>)]) {
+    for (f, ext) in [
+        ("kubernetes-v1.32.3-x86-64.raw", "kubernetes"),
+        ("containerd-1.7.24-x86-64.raw", "containerd"),
+    ] {
+        let want = &files.iter().find(|(n, _)| n == f).unwrap().1;
+        assert_eq!(
+            std::fs::read(w.path(&format!("/opt/extensions/{ext}/{f}"))).unwrap(),
+            *want,
+            "{f}"
+        );
+    }
+}
+
+/// The registry's blobs as (hex, bytes), from its storage.
+fn stored_blobs(reg: &Registry) -> Vec<(String, Vec<u8>)> {
+    walk(&reg.storage.join("docker/registry/v2/blobs"))
+        .into_iter()
+        .map(|p| {
+            let hex = p.parent().unwrap().file_name().unwrap();
+            (
+                hex.to_string_lossy().into_owned(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// `hosts.toml` for registry `reg` in the node's containerd config path (containerd's
+/// `<config_path>/<host:port>/`), with `files` beside it.
+fn hosts_toml(w: &World, reg: &Registry, toml: &str, files: &[(&str, &str)]) -> PathBuf {
+    let dir = w.path(&format!("/etc/containerd/certs.d/{}", reg.host()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("hosts.toml"), toml).unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    dir
+}
+
+fn run_from(w: &World, url: &str, keyring: &Path) -> Run {
+    let mut a = w.args_for(&w.root.display().to_string());
+    a.retain(|x| !x.starts_with("--sysext-url") && !x.starts_with("--keyring"));
+    a.push(format!("--sysext-url={url}"));
+    a.push(format!("--keyring={}", keyring.display()));
+    nodestrap(&a, None, &[])
+}
+
+#[test]
+fn mirrors_from_hosts_toml_are_tried_in_order_and_a_pull_only_mirror_never_resolves() {
+    let ca = Ca::new("registry CA");
+    let origin = Registry::start(
+        &ca,
+        RegistryAuth::Basic {
+            user: USER.into(),
+            password: PASSWORD.into(),
+        },
+        None,
+    );
+    let auth = origin.auth_json(USER, PASSWORD);
+    let w = node_for(&ca);
+    let (source, files) = signed_source(&w);
+    origin.publish(&source, "flatcar", Some(&auth), &w.ca_file);
+
+    // A mirror that is down, then a pull-only mirror under its own CA (named only in
+    // hosts.toml) that wants a client certificate, then the registry.
+    let down = dead_port();
+    let mirror_ca = Ca::new("mirror CA");
+    let client_ca = Ca::new("mirror clients CA");
+    let client = client_ca.client("node-1");
+    let mirror = Server::start(&mirror_ca.server(), Some(&client_ca));
+    let ns = format!("?ns={}", origin.host());
+    mirror.set("/v2/", Reply::ok("{}"));
+    for repo in ["flatcar/kubernetes", "flatcar/containerd"] {
+        for (hex, body) in stored_blobs(&origin) {
+            mirror.set(
+                &format!("/v2/{repo}/blobs/sha256:{hex}{ns}"),
+                Reply::ok(body),
+            );
+        }
+    }
+    let mut w = w;
+    w.extra.push(format!("--registry-auth={}", auth.display()));
+    hosts_toml(
+        &w,
+        &origin,
+        &format!(
+            r#"# as containerd reads it
+[host."https://127.0.0.1:{down}"]
+  capabilities = ["pull", "resolve"]
+
+[host."https://127.0.0.1:{}"]
+  capabilities = ["pull"]
+  ca = "mirror-ca.pem"
+  client = [["client.pem", "/etc/containerd/certs.d/{}/client.key"]]
+  [host."https://127.0.0.1:{}".header]
+    X-Fleet = ["blue", "green"]
+"#,
+            mirror.port,
+            origin.host(),
+            mirror.port
+        ),
+        &[
+            ("mirror-ca.pem", &mirror_ca.pem),
+            ("client.pem", &client.cert_pem),
+            ("client.key", &client.key_pem),
+        ],
+    );
+    let url = format!("oci://{}/flatcar/${{NAME}}", origin.host());
+    let r = run_from(&w, &url, &w.keyring);
+    r.assert_ok();
+    assert!(
+        r.stderr
+            .contains(&format!("mirror https://127.0.0.1:{down}/v2")),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("trying the next host"), "{}", r.stderr);
+    assert!(!r.stderr.contains(PASSWORD));
+    staged_as_published(&w, &files);
+    let seen = mirror.seen();
+    // Never asked to resolve a tag; every blob (the lists' and the images') came from it,
+    // with ?ns=, its headers and the client certificate, and without the registry's
+    // credentials (it asked for none).
+    assert!(
+        seen.iter().all(|s| !s.path.contains("/manifests/")),
+        "{seen:?}"
+    );
+    let blob_gets: Vec<_> = seen.iter().filter(|s| s.path.contains("/blobs/")).collect();
+    assert_eq!(blob_gets.len(), 2 + 2 + 2, "{seen:?}");
+    for s in &seen {
+        assert!(s.client_cert, "{}", s.path);
+        assert!(s.header("authorization").is_none(), "{}", s.path);
+        let fleet: Vec<_> = s
+            .headers
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case("x-fleet"))
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(fleet, ["blue", "green"], "{}", s.path);
+    }
+    // The origin was asked for the lists' manifests only: not one blob.
+    let log = origin.log();
+    assert!(
+        !log.contains("\"GET /v2/flatcar/kubernetes/blobs/"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("\"GET /v2/flatcar/containerd/blobs/"),
+        "{log}"
+    );
+    assert!(
+        log.contains("\"GET /v2/flatcar/kubernetes/manifests/SHA256SUMS HTTP/1.1\" 200"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_pull_through_cache_serves_the_second_node_without_asking_the_origin() {
+    let ca = Ca::new("registry CA");
+    // Open, as distribution 2.8's cache sends its credentials only to a token realm: the
+    // fleet's nodes reach the origin through the cache alone.
+    let origin = Registry::start(&ca, RegistryAuth::Open, None);
+    let w = node_for(&ca);
+    let (source, files) = signed_source(&w);
+    origin.publish(&source, "flatcar", None, &w.ca_file);
+    let cache = Registry::pull_through(&ca, &origin);
+    let toml = format!("[host.\"https://{}\"]\n", cache.host());
+    let k = sha256(&files[1].1);
+    let origin_gets = |hex: &str| {
+        origin
+            .log()
+            .lines()
+            .filter(|l| {
+                l.contains(&format!(
+                    "\"GET /v2/flatcar/kubernetes/blobs/sha256:{hex} HTTP/"
+                ))
+            })
+            .count()
+    };
+    let mut served = Vec::new();
+    // Two nodes with the same hosts.toml and no credentials for the cache (it asks for none).
+    for _ in 0..2 {
+        let node = node_for(&ca);
+        hosts_toml(&node, &origin, &toml, &[]);
+        let url = format!("oci://{}/flatcar/${{NAME}}", origin.host());
+        let r = run_from(&node, &url, &w.keyring);
+        assert!(r.code == 0, "{}\n{}", r.stderr, cache.log());
+        assert_eq!(
+            std::fs::read(node.path("/opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw"))
+                .unwrap(),
+            files[1].1
+        );
+        served.push(origin_gets(&k));
+    }
+    assert!(
+        cache.blob(&k).exists(),
+        "the cache keeps what it pulled: {}",
+        cache.log()
+    );
+    // The first node's pull reached the origin through the cache; the second one's did not.
+    assert!(served[0] >= 1, "{}", origin.log());
+    assert_eq!(served[1], served[0], "{}", origin.log());
 }
