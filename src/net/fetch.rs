@@ -168,6 +168,31 @@ fn new_agent(config: &ureq::config::Config, alias: &Option<Alias>) -> Agent {
     }
 }
 
+/// A download's consumer: the body into file `name` of `dir` (mode 0644) through a temp file,
+/// renamed into place (recorded in `undo`) only if it matches `digest`, the signed manifest's.
+pub fn into_store<'a, 'u>(
+    dir: &'a Dir,
+    name: &'a str,
+    digest: &'a Digest,
+    undo: &'a mut Undo<'u>,
+) -> impl FnMut(&mut dyn Read) -> std::result::Result<u64, Staging> + use<'a, 'u>
+where
+    'u: 'a,
+{
+    move |body| {
+        write_verified(
+            dir,
+            name,
+            0o644,
+            &Expect::Digest(digest, "the signed manifest"),
+            &|_| Ok(()),
+            body,
+            Some(&mut *undo),
+        )
+        .map(|w| w.bytes)
+    }
+}
+
 /// What one attempt says about trying again.
 enum Attempt<T> {
     Done(T),
@@ -326,7 +351,16 @@ impl Http {
     fn retrying<T>(
         &self,
         what: &str,
-        op: impl FnMut(Duration) -> Attempt<T>,
+        mut op: impl FnMut(Duration) -> Attempt<T>,
+    ) -> std::result::Result<T, FetchError> {
+        // One copy of the retry loop per result type, not per caller (the size budget).
+        self.retrying_dyn(what, &mut op)
+    }
+
+    fn retrying_dyn<T>(
+        &self,
+        what: &str,
+        op: &mut dyn FnMut(Duration) -> Attempt<T>,
     ) -> std::result::Result<T, FetchError> {
         let learned = self.load.lock().map(|l| *l).unwrap_or_default();
         let mut tries = Attempts::new(self.retry, Instant::now(), learned);
@@ -351,7 +385,7 @@ impl Http {
         &self,
         what: &str,
         tries: &mut Attempts,
-        mut op: impl FnMut(Duration) -> Attempt<T>,
+        op: &mut dyn FnMut(Duration) -> Attempt<T>,
     ) -> std::result::Result<T, FetchError> {
         // The last busy answer, for the error: "busy: 503, Retry-After 30".
         let mut busy_word = String::new();
@@ -560,18 +594,12 @@ impl Http {
         cap: u64,
         undo: &mut Undo,
     ) -> std::result::Result<u64, FetchError> {
-        self.stream(&Request::get(url), cap, Some((dir, name)), |body| {
-            write_verified(
-                dir,
-                name,
-                0o644,
-                &Expect::Digest(digest, "the signed manifest"),
-                &|_| Ok(()),
-                body,
-                Some(&mut *undo),
-            )
-            .map(|w| w.bytes)
-        })
+        self.stream(
+            &Request::get(url),
+            cap,
+            Some((dir, name)),
+            into_store(dir, name, digest, undo),
+        )
     }
 
     /// A request whose body is handed to `consume` as it arrives (with progress lines):
@@ -586,6 +614,16 @@ impl Http {
         cap: u64,
         target: Option<(&Dir, &str)>,
         mut consume: impl FnMut(&mut dyn Read) -> std::result::Result<T, Staging>,
+    ) -> std::result::Result<T, FetchError> {
+        self.stream_dyn(req, cap, target, &mut consume)
+    }
+
+    fn stream_dyn<T>(
+        &self,
+        req: &Request,
+        cap: u64,
+        target: Option<(&Dir, &str)>,
+        consume: &mut dyn FnMut(&mut dyn Read) -> std::result::Result<T, Staging>,
     ) -> std::result::Result<T, FetchError> {
         let what = format!("{} {}", req.method, req.url);
         self.retrying(&what, |deadline| {
