@@ -110,9 +110,9 @@ pub fn hosts_toml(text: &str) {
 
 /// What an OCI registry and its operator hand nodestrap (`net::oci`), by the first byte: 0 a
 /// Docker config.json, 1 a `WWW-Authenticate` value, 2 an artifact manifest, else an `oci://`
-/// location. Each result is checked against the rule its reader promises.
+/// location or a digest-pinned reference (a torcx manifest's). Each result is checked against the rule its reader promises.
 pub fn oci_registry(data: &[u8]) {
-    use crate::net::oci::{self, Challenge, Location};
+    use crate::net::oci::{self, Challenge, Location, Reference};
     let Some((&which, rest)) = data.split_first() else {
         return;
     };
@@ -151,6 +151,17 @@ pub fn oci_registry(data: &[u8]) {
                     again.ok().flatten(),
                     Some(l),
                     "a location reads back the same"
+                );
+            }
+            if let Ok(Some(r)) = Reference::parse(&text) {
+                let again = format!(
+                    "oci://{}/{}@sha256:{}",
+                    r.loc.host, r.loc.repo, r.manifest.hex
+                );
+                assert_eq!(
+                    Reference::parse(&again).ok().flatten(),
+                    Some(r),
+                    "a pinned reference reads back the same"
                 );
             }
         }

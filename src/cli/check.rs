@@ -15,13 +15,7 @@ pub const TORCX_ONLY: &[&str] = &[
     "reboot",
 ];
 /// Options only the sysext payload acts on.
-pub const SYSEXT_ONLY: &[&str] = &[
-    "sysext-url",
-    "sysext-trust",
-    "sysext-verity-certs",
-    "registry-auth",
-    "registry-config-path",
-];
+pub const SYSEXT_ONLY: &[&str] = &["sysext-url", "sysext-trust", "sysext-verity-certs"];
 
 /// Step 0 for the merged options: each value, then the rules between options; returns the
 /// manifest URL template.

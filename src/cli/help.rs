@@ -10,6 +10,8 @@ use crate::cli::check::{SYSEXT_ONLY, TORCX_ONLY};
 /// Options about the network: the API server's and the downloads' retries and limits.
 pub const NETWORK: &[&str] = &[
     "ca-file",
+    "registry-auth",
+    "registry-config-path",
     "api-tries",
     "api-retry-delay",
     "deadline",

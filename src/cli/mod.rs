@@ -11,6 +11,7 @@ use crate::crypto::openpgp::Keyring;
 use crate::error::{Error, Kind, Result};
 use crate::net::cluster::Fallback;
 use crate::net::fetch::{AttemptLimits, Http};
+use crate::net::oci;
 use crate::net::retry::Retry;
 use crate::net::tls::Tls;
 use crate::node::root::Root;
@@ -118,11 +119,12 @@ pub struct Bootstrap {
     /// installed in /etc/verity.d (host path; a node path when set on the node; default: none)
     #[argh(option)]
     pub sysext_verity_certs: Option<Input>,
-    /// credentials for an oci:// --sysext-url: a Docker config.json, as the kubelet reads
-    /// /var/lib/kubelet/config.json (host path; a node path when set on the node; default: none)
+    /// credentials for OCI registries (an oci:// --sysext-url, a torcx manifest's oci://
+    /// locations): a Docker config.json, as the kubelet reads /var/lib/kubelet/config.json
+    /// (host path; a node path when set on the node; default: none)
     #[argh(option)]
     pub registry_auth: Option<Input>,
-    /// containerd's config_path: an oci:// --sysext-url's registry mirrors come from
+    /// containerd's config_path: OCI registries' mirrors come from
     /// <config_path>/<host>/hosts.toml as containerd reads them (node path; empty: none;
     /// default /etc/containerd/certs.d)
     #[argh(option, default = "crate::net::mirrors::DEFAULT_CONFIG_PATH.into()")]
@@ -287,6 +289,15 @@ pub struct Hook {
     /// extra PEM trust anchors for the system roots (pod path)
     #[argh(option)]
     pub ca_file: Option<Input>,
+    /// credentials for a torcx manifest's oci:// locations: a Docker config.json (pod path;
+    /// default: none)
+    #[argh(option)]
+    pub registry_auth: Option<Input>,
+    /// containerd's config_path: OCI registries' mirrors come from
+    /// <config_path>/<host>/hosts.toml (node path; empty: none; default
+    /// /etc/containerd/certs.d)
+    #[argh(option, default = "crate::net::mirrors::DEFAULT_CONFIG_PATH.into()")]
+    pub registry_config_path: String,
     /// skip the manifest signature check (and do not fetch .asc): dangerous
     #[argh(option, default = "false")]
     pub no_verify_signatures: bool,
@@ -800,6 +811,8 @@ pub struct Common<'a> {
     pub torcx_manifest_url: &'a str,
     pub keyring: &'a Input,
     pub ca_file: Option<&'a Input>,
+    pub registry_auth: Option<&'a Input>,
+    pub registry_config_path: &'a str,
     pub no_verify_signatures: bool,
     pub torcx_profile: &'a str,
     pub api_tries: u32,
@@ -833,6 +846,8 @@ macro_rules! common {
                     torcx_manifest_url: &self.torcx_manifest_url,
                     keyring: &self.keyring,
                     ca_file: self.ca_file.as_ref(),
+                    registry_auth: self.registry_auth.as_ref(),
+                    registry_config_path: &self.registry_config_path,
                     no_verify_signatures: self.no_verify_signatures,
                     torcx_profile: &self.torcx_profile,
                     api_tries: self.api_tries,
@@ -882,6 +897,24 @@ impl Common<'_> {
         let tls = self.tls(root)?;
         let limits = self.limits()?;
         Ok(Http::new(&tls, self.fetch_retry()).with_limits(limits))
+    }
+
+    /// The OCI registry client over `http`: `--registry-auth`'s credentials (none without it:
+    /// a registry that asks for some is refused, naming the option) and the mirrors of
+    /// `--registry-config-path` on the node.
+    pub fn registry<'h>(&self, root: &'h Root, http: &'h Http) -> Result<oci::Client<'h>> {
+        let auths = match self.registry_auth {
+            Some(input) => {
+                let data = input.read(root, oci::AUTH_FILE_CAP, "registry-auth")?;
+                oci::Auths::parse(&data, &input.name(root, "registry-auth"))?
+            }
+            None => oci::Auths::default(),
+        };
+        let mirrors = oci::Mirrors {
+            root,
+            config_path: self.registry_config_path.to_string(),
+        };
+        Ok(oci::Client::new(http, auths, mirrors))
     }
 
     /// The system roots plus `--ca-file`: the downloads' trust, and `--api-server`'s.

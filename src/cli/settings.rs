@@ -141,10 +141,6 @@ pub fn payload_options(a: &Bootstrap, merged: &Merged) -> Result<()> {
             "sysext-url" => a.sysext_url.is_empty(),
             "sysext-trust" => a.sysext_trust == cli::SysextTrust::Plain,
             "sysext-verity-certs" => a.sysext_verity_certs.is_none(),
-            "registry-auth" => a.registry_auth.is_none(),
-            "registry-config-path" => {
-                a.registry_config_path == crate::net::mirrors::DEFAULT_CONFIG_PATH
-            }
             _ => false,
         };
         if off {

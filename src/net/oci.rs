@@ -19,11 +19,12 @@ use serde::Deserialize;
 
 use crate::crypto::digest::{sha256, Algo, Digest};
 use crate::error::{Error, Result};
-use crate::net::fetch::{Failure, FetchError, Http, Request};
+use crate::net::fetch::{into_store, Failure, FetchError, Http, Request};
 use crate::net::kubeconfig::client_cert;
 use crate::net::mirrors::{self, Endpoint, Scheme};
 use crate::net::retry::Retry;
 use crate::node::root::{Dir, Root};
+use crate::node::undo::Undo;
 use crate::node::verified::Staging;
 
 /// nodestrap's artifact type: one file of a release directory.
@@ -92,6 +93,40 @@ impl Location {
     /// What a file of this repository is called in logs and errors, and in the node's records.
     pub fn show(&self, file: &str) -> String {
         format!("oci://{}/{}:{file}", self.host, self.repo)
+    }
+}
+
+/// `oci://HOST[:PORT]/REPOSITORY@sha256:<hex>`: one artifact pinned by its manifest's digest (a
+/// torcx manifest's location). Signed in the list that names it, so no tag is ever resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reference {
+    pub loc: Location,
+    pub manifest: Digest,
+}
+
+impl Reference {
+    /// `Some` for an `oci://` URL, `None` for any other scheme; an `oci://` URL that is not a
+    /// digest-pinned reference is an error naming the rule.
+    pub fn parse(url: &str) -> Result<Option<Reference>> {
+        if !url.starts_with("oci://") {
+            return Ok(None);
+        }
+        let Some((at, digest)) = url.rsplit_once('@') else {
+            return Err(Error::config(format!(
+                "{url:?}: an OCI location here is pinned by digest: oci://HOST[:PORT]/REPOSITORY@sha256:<64 hex> (a tag would be resolved by the registry)"
+            )));
+        };
+        let manifest = oci_digest(digest)
+            .ok_or_else(|| Error::config(format!("{url:?}: {digest:?} is not sha256:<64 hex>")))?;
+        let loc = Location::parse_dir(at)?.ok_or_else(|| {
+            Error::config(format!(
+                "{url:?}: not oci://HOST[:PORT]/REPOSITORY@sha256:<hex>"
+            ))
+        })?;
+        if at.ends_with('/') {
+            return Err(Error::config(format!("{url:?}: a slash before the digest")));
+        }
+        Ok(Some(Reference { loc, manifest }))
     }
 }
 
@@ -303,6 +338,26 @@ pub(crate) struct Descriptor {
     pub(crate) annotations: std::collections::BTreeMap<String, String>,
 }
 
+impl Descriptor {
+    /// Its digest, if it is at most `cap` bytes and a `sha256:<hex>` digest; `shown` names the
+    /// file in the error.
+    fn checked(&self, cap: u64, shown: &str) -> std::result::Result<Digest, FetchError> {
+        let final_ = |why: String| FetchError::new(Failure::Final, Error::failed(why));
+        if self.size > cap {
+            return Err(final_(format!(
+                "{shown}: {} bytes is over the {cap}-byte limit",
+                self.size
+            )));
+        }
+        oci_digest(&self.digest).ok_or_else(|| {
+            final_(format!(
+                "{shown}: layer digest {:?} is not sha256:<64 hex>",
+                self.digest
+            ))
+        })
+    }
+}
+
 /// A `sha256:<hex>` digest (the only algorithm registries must support).
 fn oci_digest(s: &str) -> Option<Digest> {
     let hex = s.strip_prefix("sha256:")?;
@@ -357,6 +412,11 @@ impl<'a> Client<'a> {
             challenges: RefCell::default(),
             tokens: RefCell::default(),
         }
+    }
+
+    /// The run's https client.
+    pub fn http(&self) -> &'a Http {
+        self.http
     }
 
     /// The hosts of `loc`'s registry, mirrors first (hosts.toml), each with its client.
@@ -441,7 +501,7 @@ impl<'a> Client<'a> {
         &self,
         loc: &Location,
         op: Op,
-        mut try_host: impl FnMut(&Reach) -> std::result::Result<T, FetchError>,
+        try_host: &mut dyn FnMut(&Reach) -> std::result::Result<T, FetchError>,
     ) -> std::result::Result<T, FetchError> {
         let hosts = self
             .hosts(loc)
@@ -601,7 +661,7 @@ impl<'a> Client<'a> {
         loc: &Location,
         rest: &str,
         accept: Option<&str>,
-        mut op: impl FnMut(&Http, &Request) -> std::result::Result<T, FetchError>,
+        op: &mut dyn FnMut(&Http, &Request) -> std::result::Result<T, FetchError>,
     ) -> std::result::Result<T, FetchError> {
         let url = r.ep.url(&loc.host, &loc.repo, rest);
         let request = |fresh: bool| {
@@ -644,31 +704,20 @@ impl<'a> Client<'a> {
         let tag = tag(file).map_err(final_)?;
         let shown = loc.show(file);
         let accept = format!("{MANIFEST_TYPE}, {INDEX_TYPE}");
-        let layer = self.first_host(loc, Op::Resolve, |r| {
+        let layer = self.first_host(loc, Op::Resolve, &mut |r| {
             let body = self.authorized(
                 r,
                 loc,
                 &format!("manifests/{tag}"),
                 Some(&accept),
-                |h, req| h.fetch_passing(req, MANIFEST_CAP, &[404]),
+                &mut |h: &Http, req: &Request| h.fetch_passing(req, MANIFEST_CAP, &[404]),
             )?;
             file_layer(&body, file, &shown).map_err(final_)
         })?;
-        if layer.size > cap {
-            return Err(final_(Error::failed(format!(
-                "{shown}: {} bytes is over the {cap}-byte limit",
-                layer.size
-            ))));
-        }
-        let digest = oci_digest(&layer.digest).ok_or_else(|| {
-            final_(Error::failed(format!(
-                "{shown}: layer digest {:?} is not sha256:<64 hex>",
-                layer.digest
-            )))
-        })?;
-        self.first_host(loc, Op::Pull, |r| {
+        let digest = layer.checked(cap, &shown)?;
+        self.first_host(loc, Op::Pull, &mut |r| {
             let rest = format!("blobs/{}", layer.digest);
-            let data = self.authorized(r, loc, &rest, None, |h, req| h.fetch(req, layer.size))?;
+            let data = self.authorized(r, loc, &rest, None, &mut |h: &Http, req: &Request| h.fetch(req, layer.size))?;
             let got = crate::crypto::digest::hex(&sha256(&data));
             if data.len() as u64 != layer.size || got != digest.hex {
                 return Err(final_(Error::failed(format!(
@@ -681,6 +730,53 @@ impl<'a> Client<'a> {
             }
             Ok(data)
         })
+    }
+
+    /// `url` into file `name` of `dir`, verified against `digest` (the signed manifest's) before
+    /// it is renamed into place, as `Http::download` does; an `oci://` reference (`Reference`)
+    /// is read from its registry or a mirror that may pull: the manifest by its digest (checked),
+    /// then its one layer, titled `name`, as a blob.
+    pub fn download(
+        &self,
+        url: &str,
+        dir: &Dir,
+        name: &str,
+        digest: &Digest,
+        cap: u64,
+        undo: &mut Undo,
+    ) -> std::result::Result<u64, FetchError> {
+        let final_ = |e: Error| FetchError::new(Failure::Final, e);
+        let Some(r) = Reference::parse(url).map_err(final_)? else {
+            return self.http.download(url, dir, name, digest, cap, undo);
+        };
+        let want = oci_name(&r.manifest);
+        let accept = format!("{MANIFEST_TYPE}, {INDEX_TYPE}");
+        let layer = self.first_host(&r.loc, Op::Pull, &mut |h| {
+            let body = self.authorized(
+                h,
+                &r.loc,
+                &format!("manifests/{want}"),
+                Some(&accept),
+                &mut |http: &Http, req: &Request| http.fetch(req, MANIFEST_CAP),
+            )?;
+            let got = crate::crypto::digest::hex(&sha256(&body));
+            if got != r.manifest.hex {
+                return Err(final_(Error::failed(format!(
+                    "{}: the manifest {} served has sha256:{got}, not the pinned {want}",
+                    url,
+                    h.ep.shown()
+                ))));
+            }
+            file_layer(&body, name, url).map_err(final_)
+        })?;
+        let blob = layer.checked(cap, url)?;
+        self.stream(
+            &r.loc,
+            &blob,
+            cap,
+            Some((dir, name)),
+            into_store(dir, name, digest, undo),
+        )
     }
 
     /// Blob `digest` of `loc` streamed to `consume`, as `Http::stream` streams a download, from
@@ -706,8 +802,8 @@ impl<'a> Client<'a> {
         }
         let rest = format!("blobs/{}", oci_name(digest));
         let mut consume = consume;
-        self.first_host(loc, Op::Pull, |r| {
-            self.authorized(r, loc, &rest, None, |h, req| {
+        self.first_host(loc, Op::Pull, &mut |r| {
+            self.authorized(r, loc, &rest, None, &mut |h: &Http, req: &Request| {
                 h.stream(req, cap, target, &mut consume)
             })
         })
@@ -740,7 +836,7 @@ pub(crate) fn file_layer(body: &[u8], file: &str, shown: &str) -> Result<Descrip
     }
     if m.artifact_type.as_deref() != Some(ARTIFACT_TYPE) {
         return Err(Error::failed(format!(
-            "{shown}: artifactType {:?}, not {ARTIFACT_TYPE} (publish it with deploy/publish-sysext-oci)",
+            "{shown}: artifactType {:?}, not {ARTIFACT_TYPE} (publish it with deploy/publish-oci)",
             m.artifact_type.as_deref().unwrap_or("(none)")
         )));
     }

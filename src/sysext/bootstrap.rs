@@ -11,7 +11,6 @@ use crate::error::{Error, Result};
 use crate::net::cluster;
 use crate::net::fetch::{Failure, FetchError};
 use crate::net::kube::Kube;
-use crate::net::oci;
 use crate::node::mappings::Mappings;
 use crate::node::marker;
 use crate::node::root::Root;
@@ -70,11 +69,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     let common = a.common();
     let keyring = common.keyring(&root)?;
     let http = common.http(&root)?;
-    let mirrors = oci::Mirrors {
-        root: &root,
-        config_path: a.registry_config_path.clone(),
-    };
-    let source = Source::new(&http, registry_auths(&root, a)?, mirrors);
+    let source = Source::new(&http, common.registry(&root, &http)?);
     // Before anything checks a certificate or a signature.
     crate::node::clock::check(&root, std::time::Duration::from_secs(a.clock_wait))?;
     // 1. The node as systemd-sysext sees it, what earlier boots proved, and who vouches.
@@ -763,18 +758,6 @@ impl Lists<'_> {
             self.seen.borrow_mut().push((url.clone(), *newest));
         }
         Ok(sums)
-    }
-}
-
-/// `--registry-auth`: the Docker `config.json` the kubelet reads for image pulls; none without
-/// the option (a registry that asks for credentials is then refused, naming the option).
-fn registry_auths(root: &Root, a: &Bootstrap) -> Result<oci::Auths> {
-    match &a.registry_auth {
-        Some(input) => {
-            let data = input.read(root, oci::AUTH_FILE_CAP, "registry-auth")?;
-            oci::Auths::parse(&data, &input.name(root, "registry-auth"))
-        }
-        None => Ok(oci::Auths::default()),
     }
 }
 

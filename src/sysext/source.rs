@@ -17,11 +17,8 @@ pub struct Source<'a> {
 }
 
 impl<'a> Source<'a> {
-    pub fn new(http: &'a Http, auths: oci::Auths, mirrors: oci::Mirrors<'a>) -> Self {
-        Source {
-            http,
-            oci: oci::Client::new(http, auths, mirrors),
-        }
+    pub fn new(http: &'a Http, oci: oci::Client<'a>) -> Self {
+        Source { http, oci }
     }
 
     /// File `file` of directory `dir` (`SysextUrl::dir`), whole, at most `cap` bytes; an absent

@@ -42,6 +42,10 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     } else {
         None
     };
+    let registry = match &http {
+        Some(h) => Some(a.common().registry(&root, h)?),
+        None => None,
+    };
     let api_retry = a.common().api_retry();
     let rebooter = crate::node::reboot::for_run(&root, a.reboot == RebootMode::Auto, a.dry_run);
     // Before anything checks a certificate or a signature.
@@ -137,7 +141,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         a,
         os: &os,
         layout: &layout,
-        http: http.as_ref(),
+        registry: registry.as_ref(),
         wanted: wanted.as_ref(),
         template: &template,
         keyring: keyring.as_ref(),
@@ -161,7 +165,7 @@ struct Staging<'a> {
     a: &'a Bootstrap,
     os: &'a OsInfo,
     layout: &'a Layout,
-    http: Option<&'a crate::net::fetch::Http>,
+    registry: Option<&'a crate::net::oci::Client<'a>>,
     wanted: Option<&'a Wanted>,
     template: &'a crate::cli::check::ManifestUrl,
     keyring: Option<&'a crate::crypto::openpgp::Keyring>,
@@ -174,11 +178,11 @@ impl<'a> Staging<'a> {
     fn run(&self, undo: &mut Undo<'a>, rebooter: &dyn crate::node::reboot::Rebooter) -> Result<()> {
         let (root, a, k8s) = (self.root, self.a, self.k8s);
         // 5-8. torcx: choose, fetch and verify, stage, profile.
-        let chosen = match (self.http, self.wanted) {
-            (Some(http), Some(wanted)) => {
+        let chosen = match (self.registry, self.wanted) {
+            (Some(registry), Some(wanted)) => {
                 let downgrades = crate::cli::check::downgrades(&a.allow_downgrade)?;
                 let m = Manifests {
-                    http,
+                    registry,
                     template: self.template,
                     board: &self.os.board,
                     keyring: self.keyring,

@@ -120,8 +120,9 @@ pub fn run(a: &Hook) -> Result<()> {
         layout.profiles_dir(),
         layout.source
     );
+    let registry = a.common().registry(&root, &http)?;
     let m = Manifests {
-        http: &http,
+        registry: &registry,
         template: &template,
         board: &os.board,
         keyring: keyring.as_ref(),

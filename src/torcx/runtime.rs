@@ -4,7 +4,8 @@
 use crate::cli::check::ManifestUrl;
 use crate::crypto::openpgp::Keyring;
 use crate::error::{Error, Result};
-use crate::net::fetch::{Failure, Http, Request};
+use crate::net::fetch::{Failure, Request};
+use crate::net::oci;
 use crate::node::envfile::EnvFile;
 use crate::node::floor::Version;
 use crate::node::mappings::Mappings;
@@ -142,7 +143,8 @@ pub fn pick_versions(mappings: &Mappings, k8s: &str) -> Result<Wanted> {
 
 /// Fetches and authenticates package lists.
 pub struct Manifests<'a> {
-    pub http: &'a Http,
+    /// Manifests over https; images over https or from an OCI registry (`oci://` locations).
+    pub registry: &'a oci::Client<'a>,
     pub template: &'a ManifestUrl,
     pub board: &'a str,
     pub keyring: Option<&'a Keyring>,
@@ -156,7 +158,8 @@ impl Manifests<'_> {
     fn get(&self, os_version: &str) -> Result<PackageList> {
         let url = self.url(os_version)?;
         let body = match self
-            .http
+            .registry
+            .http()
             .fetch_passing(&Request::get(&url), MANIFEST_CAP, &[404])
         {
             Ok(b) => b,
@@ -172,7 +175,10 @@ impl Manifests<'_> {
         match self.keyring {
             Some(k) => {
                 let sig_url = format!("{url}.asc");
-                let sig = self.http.fetch(&Request::get(&sig_url), SIGNATURE_CAP)?;
+                let sig = self
+                    .registry
+                    .http()
+                    .fetch(&Request::get(&sig_url), SIGNATURE_CAP)?;
                 let by = k.verify_detached(&body, &sig, &url)?;
                 log::info!("manifest {url}: good signature by {by}");
             }
@@ -273,7 +279,7 @@ pub fn stage_runtime(
                     digest,
                     cap: st.cap,
                 };
-                let staged = store::stage_image(root, m.http, st.layout, &w, undo)?;
+                let staged = store::stage_image(root, m.registry, st.layout, &w, undo)?;
                 status::staged(&at, digest);
                 match staged {
                     Staged::Kept => {

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::crypto::digest::Digest;
 use crate::error::{Context, Error, Result};
-use crate::net::fetch::Http;
+use crate::net::oci::{self, Reference};
 use crate::node::root::{plain_name, Root};
 use crate::node::undo::Undo;
 use crate::node::verified::{write_verified, Expect, Staging};
@@ -95,9 +95,12 @@ impl PackageList {
                 }
                 for l in &v.locations {
                     if let Some(u) = &l.url {
-                        if !(u.starts_with("https://") || u.starts_with("http://")) {
+                        if u.starts_with("oci://") {
+                            Reference::parse(u)
+                                .map_err(|e| Error::failed(format!("{field}: location: {e}")))?;
+                        } else if !(u.starts_with("https://") || u.starts_with("http://")) {
                             return Err(Error::failed(format!(
-                                "{field}: location {u:?} is not an http(s) URL"
+                                "{field}: location {u:?} is not an http(s) URL or an oci:// reference"
                             )));
                         }
                     }
@@ -181,7 +184,7 @@ pub struct Wanted<'a> {
 /// hook never see an empty store of a version as present).
 pub fn stage_image(
     root: &Root,
-    http: &Http,
+    registry: &oci::Client,
     layout: &Layout,
     w: &Wanted,
     undo: &mut Undo,
@@ -240,7 +243,7 @@ pub fn stage_image(
         }
     }
     Ok(Staged::Downloaded(
-        http.download(w.url, &dir, &file, w.digest, w.cap, undo)?,
+        registry.download(w.url, &dir, &file, w.digest, w.cap, undo)?,
     ))
 }
 
