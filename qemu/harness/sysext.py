@@ -178,7 +178,7 @@ SCENARIOS = [
        "the node joins as fast; the initramfs run's events wait in the spool", initrd=True,
        events="down", bench_only=True),
     Sx("sysext-oci", "the signed source published to Debian's real docker-registry (TLS, htpasswd) by "
-       "deploy/publish-sysext-oci; the initramfs stages kubernetes + containerd from it by digest with the "
+       "deploy/publish-oci; the initramfs stages kubernetes + containerd from it by digest with the "
        "node's registry-auth config.json; the node joins in the first boot, as in sysext-initrd",
        initrd=True, mirror="oci"),
     Sx("sysext-firstboot", "the first-boot unit stages, refreshes live, reloads systemd, proves the "
@@ -344,7 +344,7 @@ class World:
 
     def publish_oci(self, sc):
         """The scenario's signed folder published to a real registry (docker-registry, with the
-        mirror's certificate and an htpasswd user) by deploy/publish-sysext-oci; the node's
+        mirror's certificate and an htpasswd user) by deploy/publish-oci; the node's
         registry-auth file names the registry as the guest reaches it."""
         if not hasattr(self, "registry"):
             d = self.s.path("registry")
@@ -373,7 +373,7 @@ class World:
                 with open(os.path.join(d, name + ".json"), "w") as f:
                     json.dump({"auths": {"%s:%d" % (host, self.registry_port): {"auth": token}}}, f)
             self.registry_auth = os.path.join(d, "node.json")
-        run([os.path.join(TOP, "deploy/publish-sysext-oci"), "--auth", self.s.path("registry/push.json"),
+        run([os.path.join(TOP, "deploy/publish-oci"), "sysext", "--auth", self.s.path("registry/push.json"),
              "--ca-file", self.s.path("ca.pem"), os.path.join(self.www, sc.name),
              "oci://127.0.0.1:%d/%s" % (self.registry_port, sc.name)], stdout=subprocess.DEVNULL)
         return "oci://%s:%d/%s/${NAME}" % (GUEST_HOST, self.registry_port, sc.name)
