@@ -3,7 +3,7 @@
 //! test's own token endpoint issues (distribution only consumes tokens: it checks their
 //! signature against a certificate bundle). Its redirect middleware can send blob downloads to
 //! another server, as a registry in front of object storage does. Files reach it through
-//! deploy/publish-sysext-oci, the script operators use.
+//! deploy/publish-oci, the script operators use.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -159,7 +159,7 @@ impl Registry {
         p
     }
 
-    /// deploy/publish-sysext-oci SOURCE oci://HOST/PREFIX: its output.
+    /// deploy/publish-oci sysext SOURCE oci://HOST/PREFIX: its output.
     pub fn publish(
         &self,
         source: &Path,
@@ -167,17 +167,27 @@ impl Registry {
         auth: Option<&Path>,
         ca_file: &Path,
     ) -> String {
-        let mut c = Command::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/deploy/publish-sysext-oci"
-        ));
+        self.publish_as("sysext", &[source], prefix, auth, ca_file)
+    }
+
+    /// deploy/publish-oci KIND SOURCES... oci://HOST/PREFIX: its output.
+    pub fn publish_as(
+        &self,
+        kind: &str,
+        sources: &[&Path],
+        prefix: &str,
+        auth: Option<&Path>,
+        ca_file: &Path,
+    ) -> String {
+        let mut c = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/publish-oci"));
+        c.arg(kind);
         if let Some(a) = auth {
             c.arg("--auth").arg(a);
         }
         let out = c
             .arg("--ca-file")
             .arg(ca_file)
-            .arg(source)
+            .args(sources)
             .arg(format!("oci://{}/{prefix}", self.host()))
             .output()
             .unwrap();
@@ -186,11 +196,7 @@ impl Registry {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(
-            out.status.success(),
-            "publish-sysext-oci: {said}\n{}",
-            self.log()
-        );
+        assert!(out.status.success(), "publish-oci: {said}\n{}", self.log());
         said
     }
 }

@@ -1,5 +1,5 @@
 //! `--sysext-url oci://…`: the signed source published to Debian's real `docker-registry` by
-//! deploy/publish-sysext-oci, read back by skopeo (a real OCI client) as the artifacts
+//! deploy/publish-oci, read back by skopeo (a real OCI client) as the artifacts
 //! docs/oci.md describes, and staged by nodestrap by digest. Trust stays with the signed
 //! SHA256SUMS: a tag the registry moved is not followed, a blob swapped in its storage is
 //! refused and nothing is staged. Needs docker-registry, skopeo and htpasswd (apache2-utils).

@@ -3292,3 +3292,99 @@ fn a_torcx_image_never_goes_below_its_floor_unless_named() {
     assert_eq!(floor["floor"][0]["version"], "17.03", "{floor}");
     assert_eq!(floor["floor"][0]["how"], "lowered", "{floor}");
 }
+
+/// The torcx manifest's locations as `oci://HOST/REPO@sha256:…`: the images published to
+/// Debian's real docker-registry by deploy/publish-oci, each location pinned by its artifact's
+/// manifest digest inside the signed manifest. Trust stays with the manifest's sha512.
+#[test]
+fn torcx_images_from_a_registry_pinned_by_digest_in_the_signed_manifest() {
+    const USER: &str = "node";
+    const PASSWORD: &str = "torcx-pull-s3cret";
+    let mut w = World::new();
+    let reg = Registry::start(
+        &w.ca,
+        RegistryAuth::Basic {
+            user: USER.into(),
+            password: PASSWORD.into(),
+        },
+        None,
+    );
+    let auth = reg.auth_json(USER, PASSWORD);
+    let dir = unique_dir("torcx-images");
+    let mut paths = Vec::new();
+    for v in ["17.03", "17.06"] {
+        let p = dir.join(format!("docker:{v}.torcx.tgz"));
+        std::fs::write(&p, image(v)).unwrap();
+        paths.push(p);
+    }
+    let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+    let said = reg.publish_as("torcx", &refs, "torcx/docker", Some(&auth), &w.ca_file);
+    let location = |v: &str| {
+        said.lines()
+            .find_map(|l| l.strip_prefix(&format!("location docker:{v}.torcx.tgz: ")))
+            .unwrap_or_else(|| panic!("no location for {v} in {said}"))
+            .to_string()
+    };
+    assert!(
+        location("17.03").starts_with(&format!("oci://{}/torcx/docker@sha256:", reg.host())),
+        "{said}"
+    );
+    let manifest = |loc_03: &str| {
+        format!(
+            r#"{{"kind":"torcx-package-list-v0","value":{{"packages":[{{"name":"docker","versions":[{{"version":"17.03","hash":"{}","locations":[{{"url":"{loc_03}"}}]}},{{"version":"17.06","hash":"{}","locations":[{{"url":"{}"}}]}}]}}]}}}}"#,
+            sha512(&image("17.03")),
+            sha512(&image("17.06")),
+            location("17.06")
+        )
+    };
+    w.publish(CUR, &manifest(&location("17.03")));
+    // The https copies are gone: only the registry has the images.
+    w.files.set("/pkgs/docker-17.03.tgz", Reply::status(404));
+
+    // Without credentials: refused, naming the option; nothing staged, no kubelet.env.
+    let r = w.run();
+    r.assert_fails(1, "--registry-auth");
+    assert!(w.store_listing().is_empty(), "{:?}", w.store_listing());
+    assert!(w.read("/etc/kubernetes/kubelet.env").is_none());
+
+    w.extra.push(format!("--registry-auth={}", auth.display()));
+    let r = w.run();
+    r.assert_ok();
+    assert_eq!(
+        std::fs::read(w.store_file(CUR, "17.03")).unwrap(),
+        image("17.03")
+    );
+    assert!(r.stderr.contains("hash verified"), "{}", r.stderr);
+    assert!(!r.stderr.contains(PASSWORD));
+    let log = reg.log();
+    assert!(
+        log.contains(&format!(
+            "\"GET /v2/torcx/docker/manifests/{} HTTP/1.1\" 200",
+            location("17.03").rsplit_once('@').unwrap().1
+        )),
+        "the manifest by its pinned digest: {log}"
+    );
+    assert!(
+        !log.contains("\"GET /v2/torcx/docker/manifests/docker-"),
+        "no tag asked for: {log}"
+    );
+
+    // A location pinned to another artifact (17.06's) for 17.03: its layer is not titled
+    // docker:17.03.torcx.tgz; refused, the store left as it was.
+    let before = w.store_listing();
+    std::fs::remove_file(w.store_file(CUR, "17.03")).unwrap();
+    w.publish(CUR, &manifest(&location("17.06")));
+    let r = w.run();
+    r.assert_fails(1, "no layer titled docker:17.03.torcx.tgz");
+    assert_eq!(w.store_listing().len(), before.len() - 1);
+
+    // A blob swapped in the registry's storage: refused by the signed sha512.
+    w.publish(CUR, &manifest(&location("17.03")));
+    let hex = format!("{:x}", sha2::Sha256::digest(image("17.03")));
+    let mut other = image("17.03");
+    other[0] ^= 0xff;
+    std::fs::write(reg.blob(&hex), &other).unwrap();
+    let r = w.run();
+    r.assert_fails(1, "hash mismatch");
+    assert!(!w.store_file(CUR, "17.03").exists());
+}
