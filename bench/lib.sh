@@ -67,7 +67,7 @@ NGINX
 ns_cleanup() {
   if [ -n "${ns_server:-}" ]; then
     kill "$ns_server" 2>/dev/null
-    wait "$ns_server" 2>/dev/null
+    wait "$ns_server" 2>/dev/null || true
   fi
   gpgconf --kill gpg-agent 2>/dev/null
   return 0
