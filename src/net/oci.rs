@@ -872,6 +872,46 @@ mod tests {
     use super::*;
 
     #[test]
+    fn pinned_references() {
+        let hex = "0123456789abcdef".repeat(4);
+        let r = Reference::parse(&format!("oci://r.example:5000/torcx/docker@sha256:{hex}"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.loc.host, "r.example:5000");
+        assert_eq!(r.loc.repo, "torcx/docker");
+        assert_eq!(r.manifest.hex, hex);
+        assert_eq!(
+            Reference::parse("https://r.example/docker.tgz").unwrap(),
+            None
+        );
+        for (url, why) in [
+            (
+                "oci://r.example/torcx/docker:17.06".to_string(),
+                "pinned by digest",
+            ),
+            (
+                "oci://r.example/torcx/docker@sha256:abc".to_string(),
+                "is not sha256:<64 hex>",
+            ),
+            (
+                format!("oci://r.example/torcx/docker:17.06@sha256:{hex}"),
+                "a repository is",
+            ),
+            (
+                format!("oci://r.example/torcx/docker/@sha256:{hex}"),
+                "a slash before the digest",
+            ),
+            (
+                format!("oci://r.example@sha256:{hex}"),
+                "oci://HOST[:PORT]/REPOSITORY",
+            ),
+        ] {
+            let e = Reference::parse(&url).unwrap_err().to_string();
+            assert!(e.contains(why), "{url}: {e}");
+        }
+    }
+
+    #[test]
     fn locations() {
         let l = Location::parse_dir("oci://registry.example:5000/flatcar/kubernetes/")
             .unwrap()
