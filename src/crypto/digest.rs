@@ -46,11 +46,7 @@ impl Digest {
     }
 
     pub fn hasher(&self) -> Hasher {
-        match self.algo {
-            Algo::Sha256 => Hasher(digest::Context::new(&digest::SHA256)),
-            Algo::Sha384 => Hasher(digest::Context::new(&digest::SHA384)),
-            Algo::Sha512 => Hasher(digest::Context::new(&digest::SHA512)),
-        }
+        self.algo.hasher()
     }
 
     /// Hash a whole reader.
@@ -76,6 +72,16 @@ impl Digest {
 impl std::fmt::Display for Digest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}-{}", self.algo_name(), self.hex)
+    }
+}
+
+impl Algo {
+    pub fn hasher(self) -> Hasher {
+        Hasher(digest::Context::new(match self {
+            Algo::Sha256 => &digest::SHA256,
+            Algo::Sha384 => &digest::SHA384,
+            Algo::Sha512 => &digest::SHA512,
+        }))
     }
 }
 
@@ -140,13 +146,22 @@ pub fn copy_hashing(
                 // while `to_hash` lives.
                 None => returned.recv().unwrap_or_default(),
             };
-            let filled = fill(r, &mut chunk).map_err(CopyError::Read)?;
-            if filled == 0 {
-                break;
+            // What came before a read error is written and hashed too: a resumed download
+            // goes on from exactly the bytes the file and the hash have.
+            let (filled, failed) = fill(r, &mut chunk);
+            if filled > 0 {
+                w.write_all(&chunk).map_err(CopyError::Write)?;
+                total += filled as u64;
+                if to_hash.send(chunk).is_err() {
+                    break;
+                }
             }
-            w.write_all(&chunk).map_err(CopyError::Write)?;
-            total += filled as u64;
-            if to_hash.send(chunk).is_err() {
+            if let Some(e) = failed {
+                drop(to_hash);
+                let _ = hashing.join();
+                return Err(CopyError::Read(e));
+            }
+            if filled == 0 {
                 break;
             }
         }
@@ -156,21 +171,25 @@ pub fn copy_hashing(
     })
 }
 
-/// Read into `chunk` until it holds `CHUNK` bytes or `r` ends; `chunk` is cut to what was
-/// read, and that length returned.
-fn fill(r: &mut impl Read, chunk: &mut Vec<u8>) -> io::Result<usize> {
+/// Read into `chunk` until it holds `CHUNK` bytes, `r` ends or a read fails; `chunk` is cut
+/// to what was read, and that length returned with the failure, if any.
+fn fill(r: &mut impl Read, chunk: &mut Vec<u8>) -> (usize, Option<io::Error>) {
     chunk.resize(CHUNK, 0);
     let mut filled = 0;
+    let mut failed = None;
     while filled < CHUNK {
         match r.read(&mut chunk[filled..]) {
             Ok(0) => break,
             Ok(k) => filled += k,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
         }
     }
     chunk.truncate(filled);
-    Ok(filled)
+    (filled, failed)
 }
 
 /// Lowercase hex.
@@ -249,6 +268,28 @@ mod tests {
             copy_hashing(&mut Broken, &mut h, &mut io::sink()),
             Err(CopyError::Read(_))
         ));
+        // What a reader gave before failing is written and hashed: a resumed copy goes on
+        // from there and ends with the whole payload's digest.
+        let data = &data[..CHUNK + 777];
+        let cut = CHUNK + 100;
+        let mut h = Digest::parse(&format!("sha512-{}", "0".repeat(128)))
+            .unwrap()
+            .hasher();
+        let mut out = Vec::new();
+        let failing = &mut Read::chain(&data[..cut], Broken);
+        assert!(matches!(
+            copy_hashing(failing, &mut h, &mut out),
+            Err(CopyError::Read(_))
+        ));
+        assert_eq!(out.len(), cut);
+        assert!(matches!(
+            copy_hashing(&mut &data[cut..], &mut h, &mut out),
+            Ok(677)
+        ));
+        assert_eq!(out, data);
+        let whole = hex(ring::digest::digest(&digest::SHA512, data).as_ref());
+        assert_eq!(h.finish_hex(), whole);
+        let mut h = Algo::Sha256.hasher();
         let mut full = [0u8; 10];
         assert!(matches!(
             copy_hashing(&mut &data[..100], &mut h, &mut &mut full[..]),

@@ -707,6 +707,12 @@ impl TempFile<'_> {
         self.file.as_mut().expect("open until persisted")
     }
 
+    /// Bytes written so far.
+    pub fn written(&self) -> Result<u64> {
+        let f = self.file.as_ref().expect("open until persisted");
+        Ok(f.metadata().with_ctx(|| self.dir.show(&self.tmp))?.len())
+    }
+
     /// The temp file opened again for reading (to check what was written before it is named).
     pub fn reopen(&self) -> Result<File> {
         let fd = rustix::fs::openat(

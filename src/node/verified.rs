@@ -6,12 +6,13 @@
 
 use std::io::{self, Read, Write};
 
-use crate::crypto::digest::{copy_hashing, Algo, CopyError, Digest};
+use crate::crypto::digest::{copy_hashing, Algo, CopyError, Digest, Hasher};
 use crate::error::{Error, Result};
-use crate::node::root::Dir;
+use crate::node::root::{Dir, TempFile};
 use crate::node::undo::Undo;
 
 /// What the bytes must hash to.
+#[derive(Clone, Copy)]
 pub enum Expect<'a> {
     /// This digest, which `from` says (`the signed manifest`): a mismatch names both.
     Digest(&'a Digest, &'a str),
@@ -24,6 +25,17 @@ impl Expect<'_> {
         match self {
             Expect::Digest(d, _) => d.algo,
             Expect::Record(a) => *a,
+        }
+    }
+
+    /// `Ok` unless the digest `hex` is not the one expected.
+    fn judge(&self, hex: &str) -> std::result::Result<(), Staging> {
+        match self {
+            Expect::Digest(d, from) if d.hex != hex => Err(Staging::Mismatch {
+                got: format!("{}-{hex}", d.algo_name()),
+                want: format!("{from} says {d}"),
+            }),
+            _ => Ok(()),
         }
     }
 }
@@ -46,6 +58,26 @@ pub struct Written {
     pub hex: String,
 }
 
+/// Where a downloaded body goes, attempt after attempt. A sink that keeps what a broken
+/// attempt delivered (`kept`) has the next attempt ask for only the rest (HTTP `Range`).
+pub trait BodySink<T> {
+    /// Bytes kept from earlier attempts.
+    fn kept(&self) -> u64 {
+        0
+    }
+    /// The next attempt's body starts from byte 0 again: drop what was kept.
+    fn restart(&mut self) {}
+    /// One attempt's body: all of it, or the rest after `kept` bytes.
+    fn take(&mut self, body: &mut dyn Read) -> std::result::Result<T, Staging>;
+}
+
+/// A consumer that keeps nothing between attempts: each gets the whole body.
+impl<T, F: FnMut(&mut dyn Read) -> std::result::Result<T, Staging>> BodySink<T> for F {
+    fn take(&mut self, body: &mut dyn Read) -> std::result::Result<T, Staging> {
+        self(body)
+    }
+}
+
 /// Copy `r` into `w` while hashing (on a second thread), then judge the digest against
 /// `expect`. `w` has all the bytes either way: a caller writing a final name must not let
 /// them become visible before this returns `Ok` (`write_verified` does that).
@@ -54,25 +86,15 @@ pub fn copy_verified(
     w: &mut dyn Write,
     expect: &Expect,
 ) -> std::result::Result<Written, Staging> {
-    let algo = expect.algo();
-    let mut hasher = Digest {
-        algo,
-        hex: String::new(),
-    }
-    .hasher();
+    let mut hasher = expect.algo().hasher();
     let bytes = match copy_hashing(&mut &mut *r, &mut hasher, &mut &mut *w) {
         Ok(n) => n,
         Err(CopyError::Read(e)) => return Err(Staging::Read(e)),
         Err(CopyError::Write(e)) => return Err(Staging::Write(e.into())),
     };
     let hex = hasher.finish_hex();
-    match expect {
-        Expect::Digest(d, from) if d.hex != hex => Err(Staging::Mismatch {
-            got: format!("{}-{hex}", d.algo_name()),
-            want: format!("{from} says {d}"),
-        }),
-        _ => Ok(Written { bytes, hex }),
-    }
+    expect.judge(&hex)?;
+    Ok(Written { bytes, hex })
 }
 
 /// Stream `r` into a temp file in `dir` (mode `mode`) while hashing; only content that hashes
@@ -89,17 +111,109 @@ pub fn write_verified(
     r: &mut dyn Read,
     undo: Option<&mut Undo>,
 ) -> std::result::Result<Written, Staging> {
-    let mut tmp = dir.create_temp(name, mode).map_err(Staging::Write)?;
-    let written = match copy_verified(r, tmp.file(), expect) {
-        Err(Staging::Write(e)) => return Err(Staging::Write(e.context(dir.show(name)))),
-        other => other?,
-    };
-    check(&tmp.reopen().map_err(Staging::Write)?).map_err(Staging::Write)?;
-    if let Some(undo) = undo {
-        undo.creating(dir, name).map_err(Staging::Write)?;
+    VerifiedWrite::new(dir, name, mode, *expect, check, undo).take(r)
+}
+
+/// The check of a file whose digest says all.
+pub fn unchecked(_: &std::fs::File) -> Result<()> {
+    Ok(())
+}
+
+/// `write_verified` as a download's sink: the temp file and the hash state outlive a broken
+/// attempt, so the next one appends the rest. The temp file goes with the sink unless it
+/// became `name`.
+pub struct VerifiedWrite<'a, 'u> {
+    dir: &'a Dir,
+    name: &'a str,
+    mode: u32,
+    expect: Expect<'a>,
+    check: &'a dyn Fn(&std::fs::File) -> Result<()>,
+    undo: Option<&'a mut Undo<'u>>,
+    /// The temp file, its hash so far, and how many attempts wrote to it.
+    part: Option<(TempFile<'a>, Hasher, u32)>,
+}
+
+impl<'a, 'u> VerifiedWrite<'a, 'u> {
+    pub fn new(
+        dir: &'a Dir,
+        name: &'a str,
+        mode: u32,
+        expect: Expect<'a>,
+        check: &'a dyn Fn(&std::fs::File) -> Result<()>,
+        undo: Option<&'a mut Undo<'u>>,
+    ) -> Self {
+        VerifiedWrite {
+            dir,
+            name,
+            mode,
+            expect,
+            check,
+            undo,
+            part: None,
+        }
     }
-    tmp.persist().map_err(Staging::Write)?;
-    Ok(written)
+}
+
+impl BodySink<Written> for VerifiedWrite<'_, '_> {
+    fn kept(&self) -> u64 {
+        // The file holds exactly the bytes hashed so far (`copy_hashing` keeps both even when
+        // a read fails).
+        self.part
+            .as_ref()
+            .and_then(|(t, _, _)| t.written().ok())
+            .unwrap_or(0)
+    }
+
+    fn restart(&mut self) {
+        self.part = None;
+    }
+
+    fn take(&mut self, body: &mut dyn Read) -> std::result::Result<Written, Staging> {
+        let (tmp, hasher, pieces) = match &mut self.part {
+            Some(p) => p,
+            None => {
+                let t = self
+                    .dir
+                    .create_temp(self.name, self.mode)
+                    .map_err(Staging::Write)?;
+                self.part.insert((t, self.expect.algo().hasher(), 0))
+            }
+        };
+        *pieces += 1;
+        match copy_hashing(&mut &mut *body, hasher, &mut tmp.file()) {
+            Ok(_) => {}
+            Err(CopyError::Read(e)) => return Err(Staging::Read(e)),
+            Err(CopyError::Write(e)) => {
+                return Err(Staging::Write(
+                    Error::from(e).context(self.dir.show(self.name)),
+                ))
+            }
+        }
+        let Some((tmp, hasher, pieces)) = self.part.take() else {
+            unreachable!("set above");
+        };
+        let written = Written {
+            bytes: tmp.written().map_err(Staging::Write)?,
+            hex: hasher.finish_hex(),
+        };
+        match self.expect.judge(&written.hex) {
+            // Pieces of two different files (the server's changed between attempts) hash to
+            // neither: the whole body is fetched once more before the mismatch is believed.
+            Err(Staging::Mismatch { got, .. }) if pieces > 1 => {
+                return Err(Staging::Read(io::Error::other(format!(
+                    "the {} bytes put together from {pieces} attempts hash to {got}, not the expected digest; fetching the whole body again",
+                    written.bytes
+                ))))
+            }
+            r => r?,
+        }
+        (self.check)(&tmp.reopen().map_err(Staging::Write)?).map_err(Staging::Write)?;
+        if let Some(undo) = self.undo.as_deref_mut() {
+            undo.creating(self.dir, self.name).map_err(Staging::Write)?;
+        }
+        tmp.persist().map_err(Staging::Write)?;
+        Ok(written)
+    }
 }
 
 #[cfg(test)]
