@@ -14,7 +14,7 @@ use crate::crypto::digest::Digest;
 use crate::error::{Error, Result};
 use crate::node::root::{Dir, SPACE_MARGIN};
 use crate::node::undo::Undo;
-use crate::node::verified::{write_verified, Expect, Staging};
+use crate::node::verified::{unchecked, BodySink, Expect, Staging, VerifiedWrite};
 
 use crate::net::retry::{Answer, Attempts, Load, Next, Retry};
 use crate::net::tls::{tls_provider, Check, Tls};
@@ -168,29 +168,16 @@ fn new_agent(config: &ureq::config::Config, alias: &Option<Alias>) -> Agent {
     }
 }
 
-/// A download's consumer: the body into file `name` of `dir` (mode 0644) through a temp file,
+/// A download's sink: the body into file `name` of `dir` (mode 0644) through a temp file,
 /// renamed into place (recorded in `undo`) only if it matches `digest`, the signed manifest's.
 pub fn into_store<'a, 'u>(
     dir: &'a Dir,
     name: &'a str,
     digest: &'a Digest,
     undo: &'a mut Undo<'u>,
-) -> impl FnMut(&mut dyn Read) -> std::result::Result<u64, Staging> + use<'a, 'u>
-where
-    'u: 'a,
-{
-    move |body| {
-        write_verified(
-            dir,
-            name,
-            0o644,
-            &Expect::Digest(digest, "the signed manifest"),
-            &|_| Ok(()),
-            body,
-            Some(&mut *undo),
-        )
-        .map(|w| w.bytes)
-    }
+) -> VerifiedWrite<'a, 'u> {
+    let expect = Expect::Digest(digest, "the signed manifest");
+    VerifiedWrite::new(dir, name, 0o644, expect, &unchecked, Some(undo))
 }
 
 /// What one attempt says about trying again.
@@ -478,12 +465,16 @@ impl Http {
         &self,
         req: &Request,
         deadline: Duration,
+        from: u64,
     ) -> std::result::Result<ureq::http::Response<ureq::Body>, ureq::Error> {
         let mut b = ureq::http::Request::builder()
             .method(req.method)
             .uri(req.url);
         for (k, v) in &req.headers {
             b = b.header(k.as_ref(), v.as_str());
+        }
+        if from > 0 {
+            b = b.header("Range", format!("bytes={from}-"));
         }
         let per_read = Some(self.limits.window.min(Duration::from_secs(60)));
         let agent = self.agent();
@@ -526,7 +517,7 @@ impl Http {
     ) -> std::result::Result<Vec<u8>, FetchError> {
         let what = format!("{} {}", req.method, req.url);
         self.retrying(&what, |deadline| {
-            let mut resp = match self.call(req, deadline) {
+            let mut resp = match self.call(req, deadline, 0) {
                 Ok(r) => r,
                 Err(e) => return classify_transport(&what, e, deadline, &self.tls),
             };
@@ -565,7 +556,7 @@ impl Http {
     ) -> std::result::Result<(u16, Option<String>), FetchError> {
         let what = format!("{} {}", req.method, req.url);
         self.retrying(&what, |deadline| {
-            let mut resp = match self.call(req, deadline) {
+            let mut resp = match self.call(req, deadline, 0) {
                 Ok(r) => r,
                 Err(e) => return classify_transport(&what, e, deadline, &self.tls),
             };
@@ -594,55 +585,80 @@ impl Http {
         cap: u64,
         undo: &mut Undo,
     ) -> std::result::Result<u64, FetchError> {
-        self.stream(
-            &Request::get(url),
-            cap,
-            Some((dir, name)),
-            into_store(dir, name, digest, undo),
-        )
+        let mut sink = into_store(dir, name, digest, undo);
+        let w = self.stream(&Request::get(url), cap, Some((dir, name)), &mut sink)?;
+        Ok(w.bytes)
     }
 
-    /// A request whose body is handed to `consume` as it arrives (with progress lines):
-    /// transport errors and reading failures are tried again from scratch, a digest mismatch
-    /// or a write failure is final. A body is at most `cap` bytes; one bound for a file in a
-    /// directory (`target`) must also leave `SPACE_MARGIN` free there: a declared length that
-    /// would not is refused before a byte is read, and a body without one is stopped once it
-    /// passes what is free less the margin, with an error naming both numbers.
+    /// A request whose body is handed to `sink` as it arrives (with progress lines):
+    /// transport errors and reading failures are tried again, a digest mismatch or a write
+    /// failure is final. A sink that kept the bytes of a broken attempt is sent only the rest:
+    /// the next attempt asks for them with `Range`, and a server that answers with the whole
+    /// body (200) or another range has the sink start over. A body is at most `cap` bytes;
+    /// one bound for a file in a directory (`target`) must also leave `SPACE_MARGIN` free
+    /// there: a declared length that would not is refused before a byte is read, and a body
+    /// without one is stopped once it passes what is free less the margin, with an error
+    /// naming both numbers.
     pub fn stream<T>(
         &self,
         req: &Request,
         cap: u64,
         target: Option<(&Dir, &str)>,
-        mut consume: impl FnMut(&mut dyn Read) -> std::result::Result<T, Staging>,
-    ) -> std::result::Result<T, FetchError> {
-        self.stream_dyn(req, cap, target, &mut consume)
-    }
-
-    fn stream_dyn<T>(
-        &self,
-        req: &Request,
-        cap: u64,
-        target: Option<(&Dir, &str)>,
-        consume: &mut dyn FnMut(&mut dyn Read) -> std::result::Result<T, Staging>,
+        sink: &mut dyn BodySink<T>,
     ) -> std::result::Result<T, FetchError> {
         let what = format!("{} {}", req.method, req.url);
         self.retrying(&what, |deadline| {
-            let mut resp = match self.call(req, deadline) {
+            let asked = sink.kept();
+            let mut resp = match self.call(req, deadline, asked) {
                 Ok(r) => r,
                 Err(e) => return classify_transport(&what, e, deadline, &self.tls),
             };
+            let status = resp.status().as_u16();
+            if asked > 0 && status == 416 {
+                sink.restart();
+                return Attempt::Retry(Error::failed(format!(
+                    "{what}: HTTP 416 for the bytes from {asked} on; starting over"
+                )));
+            }
             if let Some(r) = status_failure(&what, &mut resp) {
                 return verdict(r);
             }
-            let total = resp.body().content_length();
+            let length = resp.body().content_length();
+            let from = match (asked, status) {
+                (0, _) => 0,
+                (_, 206) => {
+                    let range = resp
+                        .headers()
+                        .get("content-range")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("");
+                    if content_range(range) != Some(asked) {
+                        sink.restart();
+                        return Attempt::Retry(Error::failed(format!(
+                            "{what}: asked for the bytes from {asked} on, got Content-Range {range:?}; starting over"
+                        )));
+                    }
+                    log::info!("{what}: resuming at byte {asked}");
+                    asked
+                }
+                _ => {
+                    log::info!(
+                        "{what}: HTTP {status} with the whole body, not the bytes from {asked} on; starting over"
+                    );
+                    sink.restart();
+                    0
+                }
+            };
+            let total = length.map(|l| l.saturating_add(from));
             if let Some(t) = total.filter(|t| *t > cap) {
                 return Attempt::Final(Error::failed(format!(
                     "{what}: {t} bytes is over the {cap}-byte limit"
                 )));
             }
-            let (limit, over) = match (target, total) {
+            let rest = cap - from;
+            let (limit, over) = match (target, length) {
                 (Some((dir, name)), Some(t)) => match dir.check_room(name, t) {
-                    Ok(()) => (cap, None),
+                    Ok(()) => (rest, None),
                     Err(e) => return Attempt::Final(e),
                 },
                 (Some((dir, name)), None) => match dir.free_bytes() {
@@ -651,8 +667,9 @@ impl Http {
                     Ok(free) => {
                         let room = free.saturating_sub(SPACE_MARGIN);
                         let why = format!(
-                            "{} may take at most {cap} bytes, and {} has {free} bytes free, {SPACE_MARGIN} of which are kept free",
+                            "{} may take at most {rest}{} bytes, and {} has {free} bytes free, {SPACE_MARGIN} of which are kept free",
                             dir.show(name),
+                            if from > 0 { " more" } else { "" },
                             dir.show("")
                         );
                         if room == 0 {
@@ -660,7 +677,7 @@ impl Http {
                                 "{what}: not enough space, and no declared length: {why}"
                             )));
                         }
-                        let limit = cap.min(room);
+                        let limit = rest.min(room);
                         let over = format!(
                             "{what}: no declared length, and the body passed {limit} bytes: {why}"
                         );
@@ -668,11 +685,12 @@ impl Http {
                     }
                     Err(e) => return Attempt::Final(e),
                 },
-                (None, _) => (cap, None),
+                (None, _) => (rest, None),
             };
             let body = capped(&mut resp, limit);
-            let mut progress = Progress::new(RateFloor::new(body, self.limits), req.url, total);
-            match consume(&mut progress) {
+            let mut progress =
+                Progress::new(RateFloor::new(body, self.limits), req.url, total, from);
+            match sink.take(&mut progress) {
                 Ok(n) => Attempt::Done(n),
                 Err(Staging::Read(e)) if over_limit(&e) => Attempt::Final(Error::failed(
                     over.unwrap_or_else(|| format!("{what}: body over the {cap}-byte limit")),
@@ -689,6 +707,16 @@ impl Http {
             }
         })
     }
+}
+
+/// The first byte of `Content-Range: bytes FIRST-LAST/TOTAL` (TOTAL may be `*`), if the
+/// header is one.
+pub fn content_range(v: &str) -> Option<u64> {
+    let (span, total) = v.strip_prefix("bytes ")?.split_once('/')?;
+    let (first, last) = span.split_once('-')?;
+    let (first, last) = (first.parse::<u64>().ok()?, last.parse::<u64>().ok()?);
+    let whole = total == "*" || total.parse::<u64>().is_ok_and(|t| t > last);
+    (first <= last && whole).then_some(first)
 }
 
 /// ureq's own words for a timeout ("timeout: global") say too little to an operator.
@@ -880,6 +908,8 @@ pub struct Progress<R> {
     label: String,
     total: Option<u64>,
     done: u64,
+    /// Bytes an earlier attempt brought (a resumed download): counted, not timed.
+    before: u64,
     start: Instant,
     last: Instant,
     /// Progress lines shown so far; `None` once the summary is out.
@@ -889,13 +919,14 @@ pub struct Progress<R> {
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 impl<R> Progress<R> {
-    pub fn new(inner: R, label: &str, total: Option<u64>) -> Self {
+    pub fn new(inner: R, label: &str, total: Option<u64>, before: u64) -> Self {
         let now = Instant::now();
         Progress {
             inner,
             label: label.to_string(),
             total,
-            done: 0,
+            done: before,
+            before,
             start: now,
             last: now,
             shown: Some(0),
@@ -913,7 +944,7 @@ impl<R> Progress<R> {
             "{verb} {}: {:.1} MiB{pct} at {:.1} MiB/s",
             self.label,
             mib(self.done),
-            mib(self.done) / secs
+            mib(self.done - self.before) / secs
         );
     }
 }
@@ -1121,6 +1152,25 @@ mod tests {
         let took = start.elapsed();
         assert!(took < Duration::from_secs(5), "{took:?}: {e}");
         assert!(e.to_string().contains("giving up"), "{e}");
+    }
+
+    #[test]
+    fn content_range_gives_the_first_byte_of_a_whole_range_only() {
+        assert_eq!(content_range("bytes 280000-307199/307200"), Some(280_000));
+        assert_eq!(content_range("bytes 0-0/*"), Some(0));
+        for bad in [
+            "",
+            "bytes 5-4/10",
+            "bytes 0-9/9",
+            "bytes */10",
+            "bytes=0-9/10",
+            "bytes 0-9",
+            "bytes -1-9/10",
+            "items 0-9/10",
+            "bytes 0-9/x",
+        ] {
+            assert_eq!(content_range(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -25,7 +25,7 @@ use crate::net::mirrors::{self, Endpoint, Scheme};
 use crate::net::retry::Retry;
 use crate::node::root::{Dir, Root};
 use crate::node::undo::Undo;
-use crate::node::verified::Staging;
+use crate::node::verified::BodySink;
 
 /// nodestrap's artifact type: one file of a release directory.
 pub const ARTIFACT_TYPE: &str = "application/vnd.nodestrap.file.v1";
@@ -770,13 +770,9 @@ impl<'a> Client<'a> {
             file_layer(&body, name, url).map_err(final_)
         })?;
         let blob = layer.checked(cap, url)?;
-        self.stream(
-            &r.loc,
-            &blob,
-            cap,
-            Some((dir, name)),
-            into_store(dir, name, digest, undo),
-        )
+        let mut sink = into_store(dir, name, digest, undo);
+        let w = self.stream(&r.loc, &blob, cap, Some((dir, name)), &mut sink)?;
+        Ok(w.bytes)
     }
 
     /// Blob `digest` of `loc` streamed to `consume`, as `Http::stream` streams a download, from
@@ -788,7 +784,7 @@ impl<'a> Client<'a> {
         digest: &Digest,
         cap: u64,
         target: Option<(&Dir, &str)>,
-        consume: impl FnMut(&mut dyn std::io::Read) -> std::result::Result<T, Staging>,
+        sink: &mut dyn BodySink<T>,
     ) -> std::result::Result<T, FetchError> {
         if digest.algo != Algo::Sha256 {
             return Err(FetchError::new(
@@ -801,10 +797,9 @@ impl<'a> Client<'a> {
             ));
         }
         let rest = format!("blobs/{}", oci_name(digest));
-        let mut consume = consume;
         self.first_host(loc, Op::Pull, &mut |r| {
             self.authorized(r, loc, &rest, None, &mut |h: &Http, req: &Request| {
-                h.stream(req, cap, target, &mut consume)
+                h.stream(req, cap, target, &mut *sink)
             })
         })
     }

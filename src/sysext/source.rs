@@ -3,12 +3,10 @@
 //! over https its files are URLs, in a registry each is an artifact tagged with its name, and
 //! an image is fetched as the blob the signed list names.
 
-use std::io::Read;
-
 use crate::net::fetch::{FetchError, Http, Request};
 use crate::net::oci::{self, Location};
 use crate::node::root::Dir;
-use crate::node::verified::Staging;
+use crate::node::verified::BodySink;
 use crate::sysext::sums::Image;
 
 pub struct Source<'a> {
@@ -49,21 +47,21 @@ impl<'a> Source<'a> {
         img: &Image,
         cap: u64,
         target: (&Dir, &str),
-        consume: impl FnMut(&mut dyn Read) -> std::result::Result<T, Staging>,
+        sink: &mut dyn BodySink<T>,
     ) -> std::result::Result<(T, String), FetchError> {
         match registry(dir)? {
             Some(loc) => {
                 let shown = format!("{} (blob {})", loc.show(&img.file), img.digest);
                 let t = self
                     .oci
-                    .stream(&loc, &img.digest, cap, Some(target), consume)?;
+                    .stream(&loc, &img.digest, cap, Some(target), sink)?;
                 Ok((t, shown))
             }
             None => {
                 let url = format!("{dir}{}", img.file);
                 let t = self
                     .http
-                    .stream(&Request::get(&url), cap, Some(target), consume)?;
+                    .stream(&Request::get(&url), cap, Some(target), sink)?;
                 Ok((t, url))
             }
         }

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::node::root::{Dir, Root};
 use crate::node::status;
 use crate::node::undo::Undo;
-use crate::node::verified::{write_verified, Expect};
+use crate::node::verified::{Expect, VerifiedWrite, Written};
 use crate::sysext::host::Host;
 use crate::sysext::image;
 use crate::sysext::source::Source;
@@ -115,18 +115,12 @@ pub fn fetch_image(
         }
         log::warn!("{shown}: its SHA-256 is not the signed one: fetching it again");
     }
-    let (n, from) = source.image(dir_url, img, cap, (&dir, &img.file), |body| {
-        write_verified(
-            &dir,
-            &img.file,
-            0o644,
-            &Expect::Digest(&img.digest, "the signed SHA256SUMS"),
-            &|f| image::check(f, &img.name, host, trust, &shown).map(|c| vouched(&c)),
-            body,
-            Some(&mut *undo),
-        )
-        .map(|w| w.bytes)
-    })?;
+    let check =
+        |f: &std::fs::File| image::check(f, &img.name, host, trust, &shown).map(|c| vouched(&c));
+    let expect = Expect::Digest(&img.digest, "the signed SHA256SUMS");
+    let mut sink = VerifiedWrite::new(&dir, &img.file, 0o644, expect, &check, Some(&mut *undo));
+    let (Written { bytes: n, .. }, from) =
+        source.image(dir_url, img, cap, (&dir, &img.file), &mut sink)?;
     log::info!("{shown}: {n} bytes from {from}, SHA-256 matches the signed list, contents checked");
     status::staged(&image_path(img), &img.digest);
     Ok(())

@@ -113,9 +113,9 @@ pub(super) fn probe_payload(s: &Setup, seen: &mut Option<String>) -> Result<Stri
         Some(d) => Expect::Digest(d, "payload-sha256"),
         None => Expect::Record(Algo::Sha256),
     };
-    let Written { bytes: n, hex: got } = s.pinned.stream(&req, PAYLOAD_CAP, None, |body| {
-        copy_verified(body, &mut std::io::sink(), &expect)
-    })?;
+    let mut hash =
+        |body: &mut dyn std::io::Read| copy_verified(body, &mut std::io::sink(), &expect);
+    let Written { bytes: n, hex: got } = s.pinned.stream(&req, PAYLOAD_CAP, None, &mut hash)?;
     *seen = Some(got.clone());
     Ok(match &s.secrets.payload_sha256 {
         Some(_) => format!("{n} bytes, sha256 matches"),

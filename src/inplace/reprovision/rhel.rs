@@ -10,7 +10,7 @@ use crate::inplace::progress::Reporter;
 use crate::net::fetch::Request;
 use crate::node::exec::{self, Command, Env};
 use crate::node::root::Dir;
-use crate::node::verified::{write_verified, Expect};
+use crate::node::verified::{unchecked, Expect, VerifiedWrite};
 
 /// Steps 3 and 4 for RHEL: download and verify the payload, unpack it into a private folder,
 /// run its entry script.
@@ -51,19 +51,17 @@ pub(super) fn rhel_configure(
     let url = s.secrets.payload_url();
     let mut req = Request::get(&url);
     bearer(&mut req, &s.secrets.token);
+    let expect = match &want {
+        Some((d, from)) => Expect::Digest(d, from),
+        None => Expect::Record(Algo::Sha256),
+    };
+    // The payload's private work folder: nothing of the node to put back.
+    let mut sink = VerifiedWrite::new(&work, PAYLOAD_FILE, 0o600, expect, &unchecked, None);
     let got = s
         .pinned
-        .stream(&req, PAYLOAD_CAP, Some((&work, PAYLOAD_FILE)), |body| {
-            let expect = match &want {
-                Some((d, from)) => Expect::Digest(d, from),
-                None => Expect::Record(Algo::Sha256),
-            };
-            // The payload's private work folder: nothing of the node to put back.
-            write_verified(&work, PAYLOAD_FILE, 0o600, &expect, &|_| Ok(()), body, None)
-                .map(|w| (w.bytes, w.hex))
-        });
+        .stream(&req, PAYLOAD_CAP, Some((&work, PAYLOAD_FILE)), &mut sink);
     let (n, sha) = match got {
-        Ok(v) => v,
+        Ok(w) => (w.bytes, w.hex),
         Err(e) => {
             progress.report("fetch", "failed", &e.to_string());
             return Err(e.into());
