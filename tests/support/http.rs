@@ -24,6 +24,9 @@ pub struct Reply {
     pub headers: Vec<(&'static str, String)>,
     /// Send the body chunked, its length not declared.
     pub chunked: bool,
+    /// Answer `Range: bytes=N-` with 206 and the rest, as Go's and nginx's file servers do
+    /// (`truncate` then counts within the rest).
+    pub ranges: bool,
 }
 
 impl Reply {
@@ -36,6 +39,7 @@ impl Reply {
             trickle: None,
             headers: Vec::new(),
             chunked: false,
+            ranges: false,
         }
     }
     /// `Transfer-Encoding: chunked`: the client learns the length only at the end.
@@ -69,6 +73,7 @@ impl Reply {
             trickle: None,
             headers: Vec::new(),
             chunked: false,
+            ranges: false,
         }
     }
     /// A busy server's answer: `status` (429, 503) with `Retry-After: retry_after`.
@@ -76,6 +81,13 @@ impl Reply {
         Reply {
             headers: vec![("Retry-After", retry_after.to_string())],
             ..Reply::status(status)
+        }
+    }
+    /// The same reply, and a `Range: bytes=N-` request gets the rest (206).
+    pub fn ranged(self) -> Reply {
+        Reply {
+            ranges: true,
+            ..self
         }
     }
     pub fn truncated(body: impl Into<Vec<u8>>, at: usize) -> Reply {
@@ -87,6 +99,7 @@ impl Reply {
             trickle: None,
             headers: Vec::new(),
             chunked: false,
+            ranges: false,
         }
     }
 }
@@ -299,6 +312,23 @@ fn handle(
                 .or_else(|| r.standing.get(&path).cloned())
                 .unwrap_or_else(|| Reply::status(404))
         };
+        let mut reply = reply;
+        let from = s.header("range").and_then(|r| {
+            r.strip_prefix("bytes=")?
+                .strip_suffix('-')?
+                .parse::<usize>()
+                .ok()
+        });
+        if let Some(n) =
+            from.filter(|n| reply.ranges && reply.status == 200 && *n < reply.body.len())
+        {
+            let len = reply.body.len();
+            reply.status = 206;
+            reply
+                .headers
+                .push(("Content-Range", format!("bytes {n}-{}/{len}", len - 1)));
+            reply.body.drain(..n);
+        }
         let extra: String = reply
             .headers
             .iter()
@@ -403,6 +433,68 @@ impl Proxy {
             }
         });
         Proxy { port, targets }
+    }
+}
+
+/// A TCP forwarder on 127.0.0.1 to `target`'s port that cuts the first connection whose answers
+/// pass `cut_at` bytes there (both directions shut, no TLS close_notify: a transfer broken
+/// mid-body); every other connection passes whole.
+pub struct Cutter {
+    pub port: u16,
+    /// Connections cut so far (at most one).
+    pub cuts: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Cutter {
+    pub fn start(target: u16, cut_at: u64) -> Cutter {
+        use std::sync::atomic::Ordering::SeqCst;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cuts: Arc<std::sync::atomic::AtomicUsize> = Default::default();
+        let c2 = cuts.clone();
+        std::thread::spawn(move || {
+            for c in listener.incoming() {
+                let Ok(down) = c else { continue };
+                let Ok(up) = TcpStream::connect(("127.0.0.1", target)) else {
+                    continue;
+                };
+                let cuts = c2.clone();
+                let (mut up_r, mut down_w) = (up.try_clone().unwrap(), down.try_clone().unwrap());
+                let (up_c, down_c) = (up.try_clone().unwrap(), down.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let mut passed = 0u64;
+                    let mut buf = vec![0u8; 16 << 10];
+                    loop {
+                        let n = match up_r.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        let mut n = n;
+                        let cut = passed + n as u64 > cut_at && cuts.load(SeqCst) == 0;
+                        if cut {
+                            n = (cut_at - passed) as usize;
+                        }
+                        if down_w.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                        passed += n as u64;
+                        if cut {
+                            cuts.fetch_add(1, SeqCst);
+                            let _ = down_c.shutdown(std::net::Shutdown::Both);
+                            let _ = up_c.shutdown(std::net::Shutdown::Both);
+                            return;
+                        }
+                    }
+                    let _ = down_w.shutdown(std::net::Shutdown::Write);
+                });
+                let (mut down_r, mut up_w) = (down, up);
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut down_r, &mut up_w);
+                    let _ = up_w.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        });
+        Cutter { port, cuts }
     }
 }
 

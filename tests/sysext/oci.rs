@@ -13,6 +13,11 @@ const PASSWORD: &str = "pull-only-s3cret";
 /// SHA256SUMS, SHA256SUMS.gpg), signed by `w`'s key: kubernetes v1.32.1 and v1.32.3,
 /// containerd 1.7.24. The files, by name.
 fn signed_source(w: &World) -> (PathBuf, Vec<(String, Vec<u8>)>) {
+    signed_source_padded(w, 0)
+}
+
+/// `signed_source` with `pad` bytes of incompressible data in the containerd image.
+fn signed_source_padded(w: &World, pad: usize) -> (PathBuf, Vec<(String, Vec<u8>)>) {
     let dir = unique_dir("oci-source");
     let mut all = Vec::new();
     let sets = [
@@ -33,7 +38,7 @@ fn signed_source(w: &World) -> (PathBuf, Vec<(String, Vec<u8>)>) {
             "containerd",
             vec![(
                 "containerd-1.7.24-x86-64.raw",
-                containerd(&w.work, "1.7.24", 0),
+                containerd(&w.work, "1.7.24", pad),
             )],
         ),
     ];
@@ -568,4 +573,51 @@ fn a_pull_through_cache_serves_the_second_node_without_asking_the_origin() {
     // The first node's pull reached the origin through the cache; the second one's did not.
     assert!(served[0] >= 1, "{}", origin.log());
     assert_eq!(served[1], served[0], "{}", origin.log());
+}
+
+#[test]
+fn a_blob_cut_mid_body_is_resumed_with_range_from_the_registry() {
+    let ca = Ca::new("registry CA");
+    let reg = Registry::start(&ca, RegistryAuth::Open, None);
+    let w = node_for(&ca);
+    let (source, files) = signed_source_padded(&w, 3 << 20);
+    reg.publish(&source, "flatcar", None, &w.ca_file);
+    let (_, image) = files
+        .iter()
+        .find(|(n, _)| n == "containerd-1.7.24-x86-64.raw")
+        .unwrap();
+    let hex = sha256(image);
+    // The node reaches the registry through a forwarder that breaks the first connection to
+    // carry 1.5 MiB of answers: only the containerd blob is that large.
+    let cutter = Cutter::start(reg.port, 3 << 19);
+    let r = run_from(
+        &w,
+        &format!("oci://127.0.0.1:{}/flatcar/${{NAME}}", cutter.port),
+        &w.keyring,
+    );
+    r.assert_ok();
+    staged_as_published(&w, &files);
+    assert_eq!(cutter.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // The second GET of the blob asked for the rest, and the registry (Go's ServeContent)
+    // answered 206 with only that.
+    let kept: u64 = r
+        .stderr
+        .split(&format!("/blobs/sha256:{hex}: resuming at byte "))
+        .nth(1)
+        .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no resume in the log:\n{}", r.stderr));
+    assert!(kept > 1 << 20 && kept < 3 << 19, "kept {kept}");
+    let log = reg.log();
+    let gets: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(&format!("\"GET /v2/flatcar/containerd/blobs/sha256:{hex} ")))
+        .collect();
+    assert_eq!(gets.len(), 2, "{log}");
+    let rest = image.len() as u64 - kept;
+    assert!(
+        gets[1].contains(&format!("\" 206 {rest} ")),
+        "the second GET is not a 206 of {rest} bytes: {}",
+        gets[1]
+    );
 }

@@ -1280,6 +1280,96 @@ fn truncated_body_is_retried_then_fails_cleanly() {
     );
 }
 
+/// The `Range` requests of `path` the server saw, in order (`-` for none).
+fn ranges(w: &World, path: &str) -> Vec<String> {
+    w.files
+        .requests("GET", path)
+        .iter()
+        .map(|s| s.header("range").unwrap_or("-").to_string())
+        .collect()
+}
+
+#[test]
+fn a_broken_download_resumes_where_it_broke_and_a_server_without_range_starts_over() {
+    let p = "/pkgs/docker-17.03.tgz";
+    let want = image("17.03");
+    // Cut 280,000 bytes in: one whole 256 KiB chunk and part of the next are in the temp file.
+    let w = World::new();
+    w.files
+        .queue(p, Reply::truncated(want.clone(), 280_000).ranged());
+    w.files.set(p, Reply::ok(want.clone()).ranged());
+    let r = w.run();
+    r.assert_ok();
+    assert_eq!(ranges(&w, p), ["-", "bytes=280000-"]);
+    assert!(
+        r.stderr
+            .contains(&format!("GET {}: resuming at byte 280000", w.files.url(p))),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(std::fs::read(w.store_file(CUR, "17.03")).unwrap(), want);
+
+    // A server that ignores Range sends the whole body again: the kept bytes are dropped.
+    let w = World::new();
+    w.files.queue(p, Reply::truncated(want.clone(), 280_000));
+    let r = w.run();
+    r.assert_ok();
+    assert_eq!(ranges(&w, p), ["-", "bytes=280000-"]);
+    assert!(
+        r.stderr
+            .contains("HTTP 200 with the whole body, not the bytes from 280000 on; starting over"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(std::fs::read(w.store_file(CUR, "17.03")).unwrap(), want);
+
+    // The file changed between attempts: the pieces hash to neither, so the whole body is
+    // fetched once more, and only then judged.
+    let w = World::new();
+    w.files
+        .queue(p, Reply::truncated(image("17.03-old"), 280_000).ranged());
+    w.files.set(p, Reply::ok(want.clone()).ranged());
+    let r = w.run();
+    r.assert_ok();
+    assert_eq!(ranges(&w, p), ["-", "bytes=280000-", "-"]);
+    assert!(
+        r.stderr
+            .contains("put together from 2 attempts hash to sha512-"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(std::fs::read(w.store_file(CUR, "17.03")).unwrap(), want);
+
+    // A range that starts elsewhere is not appended: the next attempt starts over.
+    let w = World::new();
+    w.files.queue(p, Reply::truncated(want.clone(), 280_000));
+    let mut wrong = Reply::ok(want[1000..].to_vec());
+    wrong.status = 206;
+    wrong.headers.push((
+        "Content-Range",
+        format!("bytes 1000-{}/{}", want.len() - 1, want.len()),
+    ));
+    w.files.queue(p, wrong);
+    let r = w.run();
+    r.assert_ok();
+    assert_eq!(ranges(&w, p), ["-", "bytes=280000-", "-"]);
+    assert!(
+        r.stderr
+            .contains("asked for the bytes from 280000 on, got Content-Range \"bytes 1000-"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(std::fs::read(w.store_file(CUR, "17.03")).unwrap(), want);
+
+    // Broken on every attempt: the run fails, and the temp file with its kept bytes goes too.
+    let w = World::new();
+    w.files
+        .set(p, Reply::truncated(want.clone(), 100_000).ranged());
+    w.run().assert_fails(1, p);
+    assert_eq!(ranges(&w, p), ["-", "bytes=100000-", "bytes=200000-"]);
+    w.assert_nothing_written();
+}
+
 #[test]
 fn server_errors_are_retried_until_success() {
     let w = World::new();
