@@ -655,7 +655,7 @@ impl Http {
                     "{what}: {t} bytes is over the {cap}-byte limit"
                 )));
             }
-            let rest = cap - from;
+            let rest = cap.saturating_sub(from);
             let (limit, over) = match (target, length) {
                 (Some((dir, name)), Some(t)) => match dir.check_room(name, t) {
                     Ok(()) => (rest, None),
