@@ -114,78 +114,6 @@ pub fn write_verified(
     VerifiedWrite::new(dir, name, mode, *expect, check, undo).take(r)
 }
 
-/// Bytes between two early flushes of a large payload.
-const FLUSH_EVERY: u64 = 8 << 20;
-
-/// Writes to a temp file that hand every `FLUSH_EVERY` bytes to a second thread's `fdatasync`,
-/// so the disk writes a large payload while the rest arrives and the fsync before the rename has
-/// only the tail left (bench/oci). That thread syncs through its own open file description: an
-/// error it meets is still reported to the final fsync of the writer's, which decides. Smaller
-/// payloads never start it.
-struct WriteBehind<'f, 'a> {
-    tmp: &'f mut TempFile<'a>,
-    since: u64,
-    /// Tried once: without the thread the payload is only synced at the end.
-    tried: bool,
-    syncer: Option<(std::sync::mpsc::SyncSender<()>, std::thread::JoinHandle<()>)>,
-}
-
-impl<'f, 'a> WriteBehind<'f, 'a> {
-    fn new(tmp: &'f mut TempFile<'a>) -> Self {
-        WriteBehind {
-            tmp,
-            since: 0,
-            tried: false,
-            syncer: None,
-        }
-    }
-
-    fn kick(&mut self) {
-        if !self.tried {
-            self.tried = true;
-            let Ok(f) = self.tmp.reopen() else { return };
-            let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
-            let spawned = std::thread::Builder::new()
-                .name("sync".into())
-                .spawn(move || {
-                    for () in rx {
-                        let _ = f.sync_data();
-                    }
-                });
-            let Ok(h) = spawned else { return };
-            self.syncer = Some((tx, h));
-        }
-        if let Some((tx, _)) = &self.syncer {
-            // A flush already waiting covers this one too.
-            let _ = tx.try_send(());
-        }
-    }
-}
-
-impl Write for WriteBehind<'_, '_> {
-    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-        let n = self.tmp.file().write(b)?;
-        self.since += n as u64;
-        if self.since >= FLUSH_EVERY {
-            self.since = 0;
-            self.kick();
-        }
-        Ok(n)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.tmp.file().flush()
-    }
-}
-
-impl Drop for WriteBehind<'_, '_> {
-    fn drop(&mut self) {
-        if let Some((tx, h)) = self.syncer.take() {
-            drop(tx);
-            let _ = h.join();
-        }
-    }
-}
-
 /// The check of a file whose digest says all.
 pub fn unchecked(_: &std::fs::File) -> Result<()> {
     Ok(())
@@ -252,7 +180,7 @@ impl BodySink<Written> for VerifiedWrite<'_, '_> {
             }
         };
         *pieces += 1;
-        match copy_hashing(&mut &mut *body, hasher, &mut WriteBehind::new(tmp)) {
+        match copy_hashing(&mut &mut *body, hasher, &mut tmp.file()) {
             Ok(_) => {}
             Err(CopyError::Read(e)) => return Err(Staging::Read(e)),
             Err(CopyError::Write(e)) => {
@@ -387,31 +315,6 @@ mod tests {
             std::fs::read(p.join("store/img")).unwrap(),
             b"the old image"
         );
-        std::fs::remove_dir_all(&p).unwrap();
-    }
-
-    #[test]
-    fn a_payload_flushed_while_it_arrives_lands_whole() {
-        let (p, r) = tmp_root();
-        let dir = r.dir("/store").unwrap().unwrap();
-        // Past two early flushes, and not a multiple of a chunk.
-        let body: Vec<u8> = (0..2 * FLUSH_EVERY as usize + 12_345)
-            .map(|i| (i % 251) as u8)
-            .collect();
-        let d = sha256_of(&body);
-        let w = write_verified(
-            &dir,
-            "img",
-            0o644,
-            &Expect::Digest(&d, "the signed list"),
-            &unchecked,
-            &mut &body[..],
-            None,
-        )
-        .unwrap_or_else(|_| panic!("a matching write failed"));
-        assert_eq!(w.bytes, body.len() as u64);
-        assert!(std::fs::read(p.join("store/img")).unwrap() == body);
-        assert_eq!(names(&p), vec!["img".to_string()]);
         std::fs::remove_dir_all(&p).unwrap();
     }
 
