@@ -904,3 +904,69 @@ fn the_hooks_decisions_reach_an_events_receiver() {
             .unwrap();
     assert_eq!(rec["events"]["sent"], got.len() as u64, "{rec}");
 }
+
+#[test]
+fn the_next_versions_image_comes_from_a_registry_pinned_by_digest() {
+    const USER: &str = "hook";
+    const PASSWORD: &str = "hook-pull-s3cret";
+    let mut w = World::new();
+    let reg = Registry::start(
+        &w.ca,
+        RegistryAuth::Basic {
+            user: USER.into(),
+            password: PASSWORD.into(),
+        },
+        None,
+    );
+    let auth = reg.auth_json(USER, PASSWORD);
+    let dir = unique_dir("hook-images");
+    let file = dir.join("docker:17.06.torcx.tgz");
+    std::fs::write(&file, image("17.06")).unwrap();
+    let said = reg.publish_as(
+        "torcx",
+        &[file.as_path()],
+        "torcx/docker",
+        Some(&auth),
+        &w.pod.join("ca.pem"),
+    );
+    let location = said
+        .lines()
+        .find_map(|l| l.strip_prefix("location docker:17.06.torcx.tgz: "))
+        .unwrap_or_else(|| panic!("no location in {said}"))
+        .to_string();
+    // The next OS's signed manifest names the registry only; the https copy is gone.
+    let m = format!(
+        r#"{{"kind":"torcx-package-list-v0","value":{{"packages":[{{"name":"docker","versions":[{{"version":"17.06","hash":"{}","locations":[{{"url":"{location}"}}]}}]}}]}}}}"#,
+        sha512(&image("17.06"))
+    );
+    for os in [CUR, NEXT] {
+        let p = format!("/manifests/amd64-usr/{os}/torcx_manifest.json");
+        w.files.set(&p, Reply::ok(m.as_bytes().to_vec()));
+        w.files
+            .set(&format!("{p}.asc"), Reply::ok(w.signer.sign(m.as_bytes())));
+    }
+    w.files.set("/pkgs/docker-17.06.tgz", Reply::status(404));
+    w.extra.push(format!("--registry-auth={}", auth.display()));
+    let bus = pending_bus(None);
+    let r = w.run_on(Some(&bus));
+    r.assert_ok();
+    for os in [NEXT, CUR] {
+        assert_eq!(
+            std::fs::read(w.store().join(os).join("docker:17.06.torcx.tgz")).unwrap(),
+            image("17.06"),
+            "{os}"
+        );
+    }
+    assert_eq!(w.files.hits("/pkgs/docker-17.06.tgz"), 0);
+    assert!(!r.stderr.contains(PASSWORD), "{}", r.stderr);
+    let log = reg.log();
+    assert!(
+        log.contains(&format!(
+            "\"GET /v2/torcx/docker/manifests/{} HTTP/1.1\" 200",
+            location.rsplit_once('@').unwrap().1
+        )),
+        "the manifest by its pinned digest: {log}"
+    );
+    assert_eq!(w.patches().len(), 1);
+    w.assert_no_bootstrap_side_effects();
+}
