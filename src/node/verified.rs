@@ -169,29 +169,29 @@ impl BodySink<Written> for VerifiedWrite<'_, '_> {
     }
 
     fn take(&mut self, body: &mut dyn Read) -> std::result::Result<Written, Staging> {
-        let (tmp, hasher, pieces) = match &mut self.part {
-            Some(p) => p,
+        let (mut tmp, mut hasher, pieces) = match self.part.take() {
+            Some((t, h, n)) => (t, h, n + 1),
             None => {
                 let t = self
                     .dir
                     .create_temp(self.name, self.mode)
                     .map_err(Staging::Write)?;
-                self.part.insert((t, self.expect.algo().hasher(), 0))
+                (t, self.expect.algo().hasher(), 1)
             }
         };
-        *pieces += 1;
-        match copy_hashing(&mut &mut *body, hasher, &mut tmp.file()) {
+        match copy_hashing(&mut &mut *body, &mut hasher, &mut tmp.file()) {
             Ok(_) => {}
-            Err(CopyError::Read(e)) => return Err(Staging::Read(e)),
+            // Kept for the next attempt, which asks for the rest.
+            Err(CopyError::Read(e)) => {
+                self.part = Some((tmp, hasher, pieces));
+                return Err(Staging::Read(e));
+            }
             Err(CopyError::Write(e)) => {
                 return Err(Staging::Write(
                     Error::from(e).context(self.dir.show(self.name)),
                 ))
             }
         }
-        let Some((tmp, hasher, pieces)) = self.part.take() else {
-            unreachable!("set above");
-        };
         let written = Written {
             bytes: tmp.written().map_err(Staging::Write)?,
             hex: hasher.finish_hex(),
