@@ -125,8 +125,8 @@ pub struct Bootstrap {
     #[argh(option)]
     pub registry_auth: Option<Input>,
     /// containerd's config_path: OCI registries' mirrors come from
-    /// <config_path>/<host>/hosts.toml as containerd reads them (node path; empty: none;
-    /// default /etc/containerd/certs.d)
+    /// <config_path>/<host>/hosts.toml as containerd reads them (node folders separated by
+    /// ':', searched in turn; empty: none; default /etc/containerd/certs.d)
     #[argh(option, default = "crate::net::mirrors::DEFAULT_CONFIG_PATH.into()")]
     pub registry_config_path: String,
     /// kubeconfig for the API server (node path, default /etc/kubernetes/kubeconfig)
@@ -294,8 +294,8 @@ pub struct Hook {
     #[argh(option)]
     pub registry_auth: Option<Input>,
     /// containerd's config_path: OCI registries' mirrors come from
-    /// <config_path>/<host>/hosts.toml (node path; empty: none; default
-    /// /etc/containerd/certs.d)
+    /// <config_path>/<host>/hosts.toml (node folders separated by ':', searched in turn;
+    /// empty: none; default /etc/containerd/certs.d)
     #[argh(option, default = "crate::net::mirrors::DEFAULT_CONFIG_PATH.into()")]
     pub registry_config_path: String,
     /// skip the manifest signature check (and do not fetch .asc): dangerous

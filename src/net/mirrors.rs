@@ -1,7 +1,9 @@
 //! Registry mirrors as containerd reads them (`hosts.toml`, containerd's "registry host
 //! namespace"), so one mirror setup serves nodestrap and the kubelet's containerd alike: for
 //! registry `HOST[:PORT]`, the first of `<config_path>/HOST_PORT_`, `<config_path>/HOST:PORT`
-//! and `<config_path>/_default` that exists is the host's directory, and its `hosts.toml` lists
+//! and `<config_path>/_default` that exists is the host's directory (a `config_path` of several
+//! folders, `a:b`, is searched folder by folder: a's `_default` wins over b's `HOST:PORT`, as
+//! containerd's CRI plugin splits it), and its `hosts.toml` lists
 //! the `[host."URL"]` mirrors, tried in the file's order, then the `server` (the registry itself
 //! unless `server` names another). Each gets its capabilities (`pull`, `resolve`), `ca`,
 //! `client`, `header` and `override_path`; every request to a host that is not the registry
@@ -108,7 +110,8 @@ impl Endpoint {
 }
 
 /// The hosts of registry `registry` (`host[:port]`), mirrors first, and the file they came from:
-/// from `config_path` on the node (empty: none), else the registry alone.
+/// from `config_path` on the node (folders separated by `:`; empty: none), else the registry
+/// alone.
 pub fn endpoints(
     root: &Root,
     config_path: &str,
@@ -117,15 +120,23 @@ pub fn endpoints(
     if config_path.is_empty() {
         return Ok((vec![Endpoint::registry(registry)], None));
     }
-    let base = config_path.trim_end_matches('/');
-    let mut dirs = Vec::new();
-    if let Some((h, p)) = registry.rsplit_once(':') {
-        dirs.push(format!("{h}_{p}_"));
+    // containerd would look an empty folder up relative to its working directory.
+    if config_path.split(':').any(str::is_empty) {
+        return Err(Error::config(format!(
+            "registry config path {config_path:?}: an empty folder in its ':'-separated list"
+        )));
     }
-    dirs.push(registry.to_string());
-    dirs.push("_default".into());
-    for d in dirs {
-        let dir = format!("{base}/{d}");
+    let mut names = Vec::new();
+    if let Some((h, p)) = registry.rsplit_once(':') {
+        names.push(format!("{h}_{p}_"));
+    }
+    names.push(registry.to_string());
+    names.push("_default".into());
+    let dirs = config_path.split(':').flat_map(|base| {
+        let base = base.trim_end_matches('/');
+        names.iter().map(move |d| format!("{base}/{d}"))
+    });
+    for dir in dirs {
         if !root.exists(&dir) {
             continue;
         }
@@ -521,6 +532,47 @@ server = "https://r.example"
             h[0].url("r.example", "x", "blobs/d"),
             "https://other.example/v2/x/blobs/d?ns=r.example"
         );
+    }
+
+    /// Folder by folder, as containerd's CRI plugin (tests/sysext/oci.rs holds it to the real
+    /// one): the first folder's `_default` comes before the second's `HOST:PORT`.
+    #[test]
+    fn several_folders_are_searched_in_turn() {
+        let mut rnd = [0u8; 8];
+        rustix::rand::getrandom(&mut rnd, rustix::rand::GetRandomFlags::empty()).unwrap();
+        let p =
+            std::env::temp_dir().join(format!("nodestrap-mirrors-{:x}", u64::from_ne_bytes(rnd)));
+        let put = |dir: &str, mirror: &str| {
+            std::fs::create_dir_all(p.join(dir)).unwrap();
+            std::fs::write(
+                p.join(dir).join("hosts.toml"),
+                format!("[host.\"https://{mirror}\"]\n"),
+            )
+            .unwrap();
+        };
+        put("a/x", "unused");
+        put("b/r.example_5000_", "b-specific");
+        let root = Root::open(&p).unwrap();
+        let first = |path: &str| {
+            let (eps, file) = endpoints(&root, path, "r.example:5000").unwrap();
+            let file = file.map(|f| f.rsplit('/').nth(1).unwrap_or_default().to_string());
+            (eps[0].host.clone(), file)
+        };
+        let named = |host: &str, dir: &str| (host.to_string(), Some(dir.to_string()));
+        assert_eq!(first("/a:/b/"), named("b-specific", "r.example_5000_"));
+        put("a/_default", "a-default");
+        assert_eq!(first("/a/:/b"), named("a-default", "_default"));
+        assert_eq!(first("/b:/a"), named("b-specific", "r.example_5000_"));
+        // A folder without hosts.toml ends the search: the registry alone.
+        std::fs::create_dir_all(p.join("c/r.example:5000")).unwrap();
+        assert_eq!(first("/c:/a"), ("r.example:5000".into(), None));
+        for bad in ["/a::/b", "/a:", ":/a"] {
+            let e = endpoints(&root, bad, "r.example:5000")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("an empty folder"), "{bad}: {e}");
+        }
+        std::fs::remove_dir_all(&p).unwrap();
     }
 
     #[test]
