@@ -9,14 +9,13 @@ cd "$(dirname "$0")/.."
 # runner's log says where it went.
 phase() { printf 'tests/run.sh: +%dm%02ds %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 # The test programs built from the Go module proxy (cached by version; test programs only), and
-# Debian 13's systemd-repart and Debian 14's systemd (debootstrap'ed roots, cached by their
-# package lists): the
-# real torcx, the oracle of what torcx finds at boot (tests/torcx, the QEMU guests), real
-# Kubernetes, the cluster the commands that talk to one are tested against
+# Debian 13's systemd-repart and containerd and Debian 14's systemd (debootstrap'ed roots, cached
+# by their package lists): the real torcx, the oracle of what torcx finds at boot (tests/torcx,
+# the QEMU guests), real Kubernetes, the cluster the commands that talk to one are tested against
 # (tests/support/cluster.rs) and the QEMU nodes join, real Butane (ignition/check), the signed
-# DDIs and the oracle of sysext.conf (tests/sysext/signed.rs). Cold, they take minutes: they build in
-# the background while the release binaries link (mostly one core: LTO), and are waited for
-# before the tests that need them.
+# DDIs, the oracle of sysext.conf (tests/sysext/signed.rs) and of hosts.toml folders
+# (tests/sysext/oci.rs). Cold, they take minutes: they build in the background while the release
+# binaries link (mostly one core: LTO), and are waited for before the tests that need them.
 go_out=$(mktemp -d)
 # The integration tests' worlds (node roots, served files, clusters, namespaces' scratch) go to
 # one folder per run: removed once the tests pass, kept and named when they fail.
@@ -57,7 +56,8 @@ cat "$go_out/debian-log" >&2
 NODESTRAP_TORCX=$(cat "$go_out/torcx")
 eval "$(cat "$go_out/kubernetes")"
 NODESTRAP_KUBE_BIN=$KUBE_BIN
-# Debian 13's systemd-repart, which makes the signed DDIs of tests/sysext/signed.rs.
+# Debian 13's systemd-repart, which makes the signed DDIs of tests/sysext/signed.rs, and its containerd,
+# the oracle of a config_path's hosts.toml folders (tests/sysext/oci.rs).
 NODESTRAP_DDI_TOOLS=$(cat "$go_out/ddi")
 # Debian 14's systemd (259 or later), whose systemd-sysext reads the policy from sysext.conf.
 NODESTRAP_SYSTEMD_FORKY=$(cat "$go_out/forky")

@@ -621,3 +621,187 @@ fn a_blob_cut_mid_body_is_resumed_with_range_from_the_registry() {
         gets[1]
     );
 }
+
+/// Debian 13's containerd (the QEMU nodes' runtime; qemu/build-ddi-tools' root, which
+/// tests/run.sh names in NODESTRAP_DDI_TOOLS) on sockets of its own, run by that root's loader:
+/// the oracle of which hosts.toml a `config_path` of several folders names.
+struct Containerd {
+    child: std::process::Child,
+    dir: PathBuf,
+}
+
+impl Containerd {
+    fn start(config_path: &str) -> Containerd {
+        let tree = PathBuf::from(std::env::var("NODESTRAP_DDI_TOOLS").expect(
+            "NODESTRAP_DDI_TOOLS: the Debian 13 root qemu/build-ddi-tools prints (tests/run.sh sets it)",
+        ));
+        let dir = unique_dir("containerd");
+        let d = dir.display();
+        std::fs::write(
+            dir.join("config.toml"),
+            format!(
+                "version = 2\nroot = \"{d}/root\"\nstate = \"{d}/state\"\n\
+                 [grpc]\n  address = \"{d}/c.sock\"\n[ttrpc]\n  address = \"{d}/c.sock.ttrpc\"\n\
+                 [debug]\n  address = \"{d}/debug.sock\"\n\
+                 [plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"{config_path}\"\n"
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.join("log")).unwrap();
+        let child = Command::new(tree.join("lib64/ld-linux-x86-64.so.2"))
+            .arg("--library-path")
+            .arg(tree.join("lib/x86_64-linux-gnu"))
+            .arg(tree.join("usr/bin/containerd"))
+            .arg("--config")
+            .arg(dir.join("config.toml"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let c = Containerd { child, dir };
+        for _ in 0..300 {
+            if c.log().contains("containerd successfully booted") {
+                return c;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!("containerd did not start:\n{}", c.log());
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
+    }
+
+    /// Asks its CRI plugin to pull `REPO/kube-apiserver` through a real CRI client (kubeadm
+    /// from NODESTRAP_KUBE_BIN). The pull fails (nothing is published): who was asked is what
+    /// counts.
+    fn pull(&self, repo: &str) {
+        let kube = PathBuf::from(std::env::var_os("NODESTRAP_KUBE_BIN").expect(
+            "NODESTRAP_KUBE_BIN: the folder qemu/build-kubernetes prints as KUBE_BIN (tests/run.sh sets it)",
+        ));
+        let o = Command::new(kube.join("kubeadm"))
+            .args(["config", "images", "pull", "--kubernetes-version=v1.37.2"])
+            .arg(format!("--image-repository={repo}"))
+            .arg(format!("--cri-socket=unix://{}/c.sock", self.dir.display()))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("failed to resolve reference"),
+            "kubeadm's pull did not reach the resolver:\n{err}\n{}",
+            self.log()
+        );
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn a_config_path_of_several_folders_is_searched_as_the_real_containerd_searches_it() {
+    let ca = Ca::new("mirrors CA");
+    let mut w = node_for(&ca);
+    let mirrors = [
+        Server::start(&ca.server(), None),
+        Server::start(&ca.server(), None),
+    ];
+    let registry = format!("127.0.0.1:{}", dead_port());
+    let underscored = format!("{}_", registry.replace(':', "_"));
+    let folders = ["/etc/containerd/certs.d", "/etc/containerd/fleet.d"];
+    let containerd = Containerd::start(&format!(
+        "{}:{}",
+        w.path(folders[0]).display(),
+        w.path(folders[1]).display()
+    ));
+    w.extra.push(format!(
+        "--registry-config-path={}:{}/",
+        folders[0], folders[1]
+    ));
+    w.extra.push("--fetch-attempts=1".into());
+    // (folder, host folder in it, the mirror its hosts.toml names; none: no hosts.toml).
+    type Layout<'a> = &'a [(usize, &'a str, Option<usize>)];
+    let cases: [(&str, Layout, [bool; 2]); 4] = [
+        (
+            "the second folder's HOST:PORT",
+            &[(1, &registry, Some(1))],
+            [false, true],
+        ),
+        (
+            "the first folder's _default before the second's HOST:PORT",
+            &[(0, "_default", Some(0)), (1, &registry, Some(1))],
+            [true, false],
+        ),
+        (
+            "the second folder's HOST_PORT_ before its own _default",
+            &[(1, "_default", Some(0)), (1, &underscored, Some(1))],
+            [false, true],
+        ),
+        (
+            "the first folder's HOST:PORT without hosts.toml: the registry alone",
+            &[(0, &registry, None), (1, &registry, Some(1))],
+            [false, false],
+        ),
+    ];
+    for (case, layout, expected) in cases {
+        for f in folders {
+            let _ = std::fs::remove_dir_all(w.path(f));
+        }
+        for (f, host, mirror) in layout {
+            let dir = w.path(&format!("{}/{host}", folders[*f]));
+            std::fs::create_dir_all(&dir).unwrap();
+            if let Some(m) = mirror {
+                std::fs::write(dir.join("ca.pem"), &ca.pem).unwrap();
+                std::fs::write(
+                    dir.join("hosts.toml"),
+                    format!(
+                        "[host.\"https://127.0.0.1:{}\"]\n  ca = \"ca.pem\"\n",
+                        mirrors[*m].port
+                    ),
+                )
+                .unwrap();
+            }
+        }
+        let asked = |before: [usize; 2]| [0, 1].map(|i| mirrors[i].seen().len() > before[i]);
+        let before = [0, 1].map(|i| mirrors[i].seen().len());
+        containerd.pull(&format!("{registry}/flatcar"));
+        let by_containerd = asked(before);
+        let before = [0, 1].map(|i| mirrors[i].seen().len());
+        let r = run_from(
+            &w,
+            &format!("oci://{registry}/flatcar/${{NAME}}"),
+            &w.keyring,
+        );
+        let by_nodestrap = asked(before);
+        assert_ne!(r.code, 0, "{case}: nothing is published\n{}", r.stderr);
+        assert_eq!(
+            by_containerd,
+            expected,
+            "{case}: containerd asked\n{}",
+            containerd.log()
+        );
+        assert_eq!(
+            by_nodestrap, by_containerd,
+            "{case}: nodestrap asked\n{}",
+            r.stderr
+        );
+    }
+    // An empty folder in the list is refused by name (containerd would search its own
+    // working directory).
+    w.extra
+        .retain(|a| !a.starts_with("--registry-config-path="));
+    w.extra.push(format!(
+        "--registry-config-path={}::{}",
+        folders[0], folders[1]
+    ));
+    let r = run_from(
+        &w,
+        &format!("oci://{registry}/flatcar/${{NAME}}"),
+        &w.keyring,
+    );
+    r.assert_fails(2, "an empty folder in its ':'-separated list");
+}
