@@ -81,10 +81,11 @@ dracut/check-arch "$x86" "$arm"
 # CI boots under TCG (a fresh runner has no usable KVM; nested KVM here fails or hangs). Every
 # scenario under TCG takes about 80 min, more than CI has, so CI boots one scenario per home and
 # payload: the torcx bootstrap on the real root (one reboot) and from the initramfs, the in-place
-# reprovision, activation, and the sysext bootstrap from the initramfs, plain (with events and the
-# boot check) and signed (two boots: the trust chain). `qemu/run` without names boots them all.
+# reprovision, activation, and the sysext bootstrap from the initramfs: plain (with events and the
+# boot check), signed (two boots: the trust chain) and from an OCI registry (Debian's
+# docker-registry, TLS and htpasswd). `qemu/run` without names boots them all.
 phase "QEMU scenarios"
 NODESTRAP_BIN=$x86 NODESTRAP_QEMU_ACCEL=${NODESTRAP_QEMU_ACCEL:-tcg} \
   NODESTRAP_QEMU_DEADLINE=${NODESTRAP_QEMU_DEADLINE:-2700} \
-  qemu/run firstboot initrd reprovision-rhcos activate sysext-initrd sysext-signed
+  qemu/run firstboot initrd reprovision-rhcos activate sysext-initrd sysext-signed sysext-oci
 phase "done"
