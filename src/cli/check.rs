@@ -107,6 +107,7 @@ pub fn check_common(a: &Common) -> Result<ManifestUrl> {
         a.torcx_manifest_url
     };
     let template = ManifestUrl::parse(template)?;
+    crate::net::mirrors::check_config_path(a.registry_config_path)?;
     a.check_fetch()?;
     Ok(template)
 }

@@ -109,9 +109,26 @@ impl Endpoint {
     }
 }
 
+/// `--registry-config-path`: empty (none), or absolute node folders separated by `:`. An empty
+/// or relative one is refused: containerd would look it up relative to its working directory.
+pub fn check_config_path(config_path: &str) -> Result<()> {
+    if config_path.is_empty() {
+        return Ok(());
+    }
+    for (i, f) in config_path.split(':').enumerate() {
+        if !f.starts_with('/') {
+            return Err(Error::config(format!(
+                "--registry-config-path {config_path:?}: folder {} of its ':'-separated list, {f:?}, is not an absolute folder on the node",
+                i + 1
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The hosts of registry `registry` (`host[:port]`), mirrors first, and the file they came from:
-/// from `config_path` on the node (folders separated by `:`; empty: none), else the registry
-/// alone.
+/// from `config_path` on the node (folders separated by `:`, checked by `check_config_path`;
+/// empty: none), else the registry alone.
 pub fn endpoints(
     root: &Root,
     config_path: &str,
@@ -119,12 +136,6 @@ pub fn endpoints(
 ) -> Result<(Vec<Endpoint>, Option<String>)> {
     if config_path.is_empty() {
         return Ok((vec![Endpoint::registry(registry)], None));
-    }
-    // containerd would look an empty folder up relative to its working directory.
-    if config_path.split(':').any(str::is_empty) {
-        return Err(Error::config(format!(
-            "registry config path {config_path:?}: an empty folder in its ':'-separated list"
-        )));
     }
     let mut names = Vec::new();
     if let Some((h, p)) = registry.rsplit_once(':') {
@@ -566,11 +577,19 @@ server = "https://r.example"
         // A folder without hosts.toml ends the search: the registry alone.
         std::fs::create_dir_all(p.join("c/r.example:5000")).unwrap();
         assert_eq!(first("/c:/a"), ("r.example:5000".into(), None));
-        for bad in ["/a::/b", "/a:", ":/a"] {
-            let e = endpoints(&root, bad, "r.example:5000")
-                .unwrap_err()
-                .to_string();
-            assert!(e.contains("an empty folder"), "{bad}: {e}");
+        for (bad, which) in [
+            ("/a::/b", "folder 2"),
+            ("/a:", "folder 2"),
+            ("/a:b", "folder 2"),
+        ] {
+            let e = check_config_path(bad).unwrap_err().to_string();
+            assert!(
+                e.contains(which) && e.contains("not an absolute folder"),
+                "{bad}: {e}"
+            );
+        }
+        for good in ["", "/a", "/a/:/b"] {
+            assert!(check_config_path(good).is_ok(), "{good}");
         }
         std::fs::remove_dir_all(&p).unwrap();
     }

@@ -791,7 +791,7 @@ fn a_config_path_of_several_folders_is_searched_as_the_real_containerd_searches_
         );
     }
     // An empty folder in the list is refused by name (containerd would search its own
-    // working directory).
+    // working directory), as an option is: before anything is read.
     w.extra
         .retain(|a| !a.starts_with("--registry-config-path="));
     w.extra.push(format!(
@@ -803,5 +803,10 @@ fn a_config_path_of_several_folders_is_searched_as_the_real_containerd_searches_
         &format!("oci://{registry}/flatcar/${{NAME}}"),
         &w.keyring,
     );
-    r.assert_fails(2, "an empty folder in its ':'-separated list");
+    r.assert_fails(
+        2,
+        "folder 2 of its ':'-separated list, \"\", is not an absolute folder",
+    );
+    // Refused before anything is read from the node.
+    assert!(!r.stderr.contains("os-release"), "{}", r.stderr);
 }
