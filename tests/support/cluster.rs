@@ -24,7 +24,7 @@ pub struct Cluster {
     admin: PathBuf,
 }
 
-fn kube_bin() -> PathBuf {
+pub fn kube_bin() -> PathBuf {
     PathBuf::from(std::env::var_os("NODESTRAP_KUBE_BIN").expect(
         "NODESTRAP_KUBE_BIN: the folder qemu/build-kubernetes prints as KUBE_BIN (tests/run.sh sets it)",
     ))

@@ -632,9 +632,7 @@ struct Containerd {
 
 impl Containerd {
     fn start(config_path: &str) -> Containerd {
-        let tree = PathBuf::from(std::env::var("NODESTRAP_DDI_TOOLS").expect(
-            "NODESTRAP_DDI_TOOLS: the Debian 13 root qemu/build-ddi-tools prints (tests/run.sh sets it)",
-        ));
+        let tree = super::signed::tools();
         let dir = unique_dir("containerd");
         let d = dir.display();
         std::fs::write(
@@ -676,9 +674,7 @@ impl Containerd {
     /// from NODESTRAP_KUBE_BIN). The pull fails (nothing is published): who was asked is what
     /// counts.
     fn pull(&self, repo: &str) {
-        let kube = PathBuf::from(std::env::var_os("NODESTRAP_KUBE_BIN").expect(
-            "NODESTRAP_KUBE_BIN: the folder qemu/build-kubernetes prints as KUBE_BIN (tests/run.sh sets it)",
-        ));
+        let kube = support::cluster::kube_bin();
         let o = Command::new(kube.join("kubeadm"))
             .args(["config", "images", "pull", "--kubernetes-version=v1.37.2"])
             .arg(format!("--image-repository={repo}"))

@@ -6,8 +6,9 @@
 
 use super::*;
 
-/// The Debian 13 root holding systemd-repart (tests/run.sh sets it from qemu/build-ddi-tools).
-fn tools() -> PathBuf {
+/// The Debian 13 root holding systemd-repart and containerd (tests/run.sh sets it from
+/// qemu/build-ddi-tools).
+pub(super) fn tools() -> PathBuf {
     PathBuf::from(std::env::var("NODESTRAP_DDI_TOOLS").expect(
         "NODESTRAP_DDI_TOOLS: the Debian 13 root qemu/build-ddi-tools prints (tests/run.sh sets it)",
     ))
