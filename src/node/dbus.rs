@@ -1,42 +1,187 @@
-//! The system D-Bus: update_engine (`com.coreos.update1`) and systemd's manager. zbus 6 has no
-//! blocking API, so each operation is one `zbus::block_on` on the calling thread (no threads).
+//! The system D-Bus: update_engine (`com.coreos.update1`) and systemd's manager, through
+//! rustbus's synchronous connection: each operation is a few blocking calls on the calling
+//! thread, every wait bounded.
 
 use std::time::{Duration, Instant};
 
-use zbus::Connection;
+use rustbus::connection::{Error as BusError, Timeout};
+use rustbus::message_builder::{MarshalledMessage, MessageType};
+use rustbus::{MessageBuilder, RpcConn};
 
 use crate::error::{Error, Result};
 
-// Plain method calls and one match rule rather than zbus' generated proxies: the same wire
-// messages for less code in a size-capped binary.
 const UE_SERVICE: &str = "com.coreos.update1";
 const UE_PATH: &str = "/com/coreos/update1";
 const UE_IFACE: &str = "com.coreos.update1.Manager";
 const SD_SERVICE: &str = "org.freedesktop.systemd1";
 const SD_PATH: &str = "/org/freedesktop/systemd1";
 const SD_IFACE: &str = "org.freedesktop.systemd1.Manager";
+/// The bus's own default for a method call's answer (dbus-daemon's reply timeout is 25 s).
+const CALL_TIMEOUT: Duration = Duration::from_secs(25);
+/// Where the system bus listens when `DBUS_SYSTEM_BUS_ADDRESS` does not say (the D-Bus
+/// specification's well-known address).
+const SYSTEM_BUS: &str = "unix:path=/run/dbus/system_bus_socket";
+
+/// Why a bus operation failed: the bus or the peer is not there (update_engine may be absent), or
+/// anything else.
+enum BusFailure {
+    /// No bus to connect to, or nobody owns the name: the reason.
+    Absent(String),
+    Other(String),
+}
+
+impl BusFailure {
+    fn io(what: &str, e: BusError) -> BusFailure {
+        match e {
+            BusError::IoError(_)
+            | BusError::NixError(_)
+            | BusError::PathDoesNotExist(_)
+            | BusError::AddressTypeNotSupported(_)
+            | BusError::NoAddressFound
+            | BusError::AuthFailed
+            | BusError::ConnectionClosed => BusFailure::Absent(format!("{what}: {e}")),
+            e => BusFailure::Other(format!("{what}: {e}")),
+        }
+    }
+
+    fn text(self) -> String {
+        match self {
+            BusFailure::Absent(s) | BusFailure::Other(s) => s,
+        }
+    }
+}
+
+type BusResult<T> = std::result::Result<T, BusFailure>;
+
+/// The system bus's address: `DBUS_SYSTEM_BUS_ADDRESS` (its first `unix:path=` or
+/// `unix:abstract=` entry), else the well-known socket.
+fn system_address() -> BusResult<nix::sys::socket::UnixAddr> {
+    let env = std::env::var("DBUS_SYSTEM_BUS_ADDRESS").ok();
+    let addr = env.as_deref().unwrap_or(SYSTEM_BUS);
+    for entry in addr.split(';') {
+        let Some(pairs) = entry.strip_prefix("unix:") else {
+            continue;
+        };
+        for (k, v) in pairs.split(',').filter_map(|p| p.split_once('=')) {
+            let a = match k {
+                "path" => nix::sys::socket::UnixAddr::new(v),
+                "abstract" => nix::sys::socket::UnixAddr::new_abstract(v.as_bytes()),
+                _ => continue,
+            };
+            return a.map_err(|e| BusFailure::Absent(format!("system bus address {addr:?}: {e}")));
+        }
+    }
+    Err(BusFailure::Absent(format!(
+        "system bus address {addr:?}: no unix:path= or unix:abstract= entry"
+    )))
+}
+
+fn connect() -> BusResult<RpcConn> {
+    let addr = system_address()?;
+    RpcConn::connect_to_path(addr, Timeout::Duration(CALL_TIMEOUT))
+        .map_err(|e| BusFailure::io("connecting to the system bus", e))
+}
+
+/// Sends `msg` and waits for its answer; an error answer names the D-Bus error.
+fn call(
+    conn: &mut RpcConn,
+    mut msg: MarshalledMessage,
+    what: &str,
+) -> BusResult<MarshalledMessage> {
+    let serial = conn
+        .send_message(&mut msg)
+        .map_err(|e| BusFailure::io(what, e))?
+        .write(Timeout::Duration(CALL_TIMEOUT))
+        .map_err(|(ctx, e)| {
+            ctx.force_finish();
+            BusFailure::io(what, e)
+        })?;
+    let answer = conn
+        .wait_response(serial, Timeout::Duration(CALL_TIMEOUT))
+        .map_err(|e| BusFailure::io(what, e))?;
+    if answer.typ != MessageType::Error {
+        return Ok(answer);
+    }
+    let name = answer.dynheader.error_name.clone().unwrap_or_default();
+    let text: String = answer.body.parser().get().unwrap_or_default();
+    let msg = format!("{what}: {name}: {}", crate::error::excerpt(&text, 200));
+    Err(match name.as_str() {
+        "org.freedesktop.DBus.Error.ServiceUnknown"
+        | "org.freedesktop.DBus.Error.NameHasNoOwner"
+        | "org.freedesktop.DBus.Error.UnknownObject" => BusFailure::Absent(msg),
+        _ => BusFailure::Other(msg),
+    })
+}
+
+fn method(service: &str, path: &str, iface: &str, member: &str) -> MarshalledMessage {
+    MessageBuilder::new()
+        .call(member)
+        .with_interface(iface)
+        .on(path)
+        .at(service)
+        .build()
+}
 
 /// `GetStatus` and the `StatusUpdate` signal: (last checked time, progress, current
 /// operation, new version, new size).
-type RawStatus = (i64, f64, String, String, i64);
-
-async fn get_status(conn: &Connection) -> zbus::Result<RawStatus> {
-    conn.call_method(Some(UE_SERVICE), UE_PATH, Some(UE_IFACE), "GetStatus", &())
-        .await?
-        .body()
-        .deserialize()
+fn raw_status(m: &MarshalledMessage, what: &str) -> BusResult<Status> {
+    use rustbus::params::{Base, Param};
+    let bad =
+        |e: String| BusFailure::Other(format!("{what}: an answer not of signature xdssx: {e}"));
+    let mut p = m.body.parser();
+    if p.get_next_sig() != Some("x") {
+        return Err(bad(format!("{:?}", m.get_sig())));
+    }
+    let _checked: i64 = p.get().map_err(|e| bad(format!("{e:?}")))?;
+    // rustbus reads a double only as its bits, through the dynamic parameter type.
+    let progress = match p.get_param().map_err(|e| bad(format!("{e:?}")))? {
+        Param::Base(Base::Double(bits)) => f64::from_bits(bits),
+        _ => return Err(bad(format!("{:?}", m.get_sig()))),
+    };
+    let (operation, new_version, _size) = p
+        .get3::<String, String, i64>()
+        .map_err(|e| bad(format!("{e:?}")))?;
+    Ok(Status {
+        operation,
+        new_version,
+        progress,
+    })
 }
 
-async fn call_systemd<B, R>(method: &str, body: &B) -> zbus::Result<R>
-where
-    B: serde::Serialize + zbus::zvariant::DynamicType,
-    R: for<'d> zbus::zvariant::DynamicDeserialize<'d>,
-{
-    let conn = Connection::system().await?;
-    conn.call_method(Some(SD_SERVICE), SD_PATH, Some(SD_IFACE), method, body)
-        .await?
-        .body()
-        .deserialize()
+fn get_status(conn: &mut RpcConn) -> BusResult<Status> {
+    let what = "update_engine GetStatus";
+    let answer = call(
+        conn,
+        method(UE_SERVICE, UE_PATH, UE_IFACE, "GetStatus"),
+        what,
+    )?;
+    raw_status(&answer, what)
+}
+
+/// One call to systemd's manager with string arguments; the job's object path when it
+/// answers with one.
+fn call_systemd(member: &str, args: &[&str]) -> Result<String> {
+    let what = match args.first() {
+        Some(unit) => format!("systemd {member}({unit}) over D-Bus"),
+        None => format!("systemd {member} over D-Bus"),
+    };
+    let run = || -> BusResult<String> {
+        let mut conn = connect()?;
+        let mut msg = method(SD_SERVICE, SD_PATH, SD_IFACE, member);
+        for a in args {
+            msg.body
+                .push_param(*a)
+                .map_err(|e| BusFailure::Other(format!("{what}: {e:?}")))?;
+        }
+        let answer = call(&mut conn, msg, &what)?;
+        Ok(answer
+            .body
+            .parser()
+            .get::<rustbus::wire::ObjectPath<String>>()
+            .map(|p| p.as_ref().to_string())
+            .unwrap_or_default())
+    };
+    run().map_err(|e| Error::failed(e.text()))
 }
 
 pub const NEED_REBOOT: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
@@ -47,16 +192,6 @@ pub struct Status {
     pub operation: String,
     pub new_version: String,
     pub progress: f64,
-}
-
-impl From<RawStatus> for Status {
-    fn from(t: RawStatus) -> Self {
-        Status {
-            progress: t.1,
-            operation: t.2,
-            new_version: t.3,
-        }
-    }
 }
 
 /// What update_engine says about the next OS version.
@@ -73,32 +208,12 @@ pub enum Update {
     None(String),
 }
 
-fn unavailable(e: &zbus::Error) -> bool {
+fn classify(e: BusFailure) -> Result<Update> {
     match e {
-        zbus::Error::InputOutput(_) | zbus::Error::Address(_) | zbus::Error::Connection(..) => true,
-        zbus::Error::MethodError(name, _, _) => matches!(
-            name.as_str(),
-            "org.freedesktop.DBus.Error.ServiceUnknown"
-                | "org.freedesktop.DBus.Error.NameHasNoOwner"
-                | "org.freedesktop.DBus.Error.UnknownObject"
-        ),
-        zbus::Error::FDO(f) => matches!(
-            **f,
-            zbus::fdo::Error::ServiceUnknown(_)
-                | zbus::fdo::Error::NameHasNoOwner(_)
-                | zbus::fdo::Error::UnknownObject(_)
-        ),
-        _ => false,
-    }
-}
-
-fn classify(e: zbus::Error) -> Result<Update> {
-    if unavailable(&e) {
-        Ok(Update::Unavailable(e.to_string()))
-    } else {
-        Err(Error::failed(format!(
-            "update_engine (com.coreos.update1 on the system bus): {e}"
-        )))
+        BusFailure::Absent(why) => Ok(Update::Unavailable(why)),
+        BusFailure::Other(why) => Err(Error::failed(format!(
+            "update_engine (com.coreos.update1 on the system bus): {why}"
+        ))),
     }
 }
 
@@ -119,11 +234,7 @@ fn verdict(s: &Status) -> Result<Option<Update>> {
 
 /// One `GetStatus`: the next version if an update waits for a reboot.
 pub fn update_status() -> Result<Update> {
-    let s = zbus::block_on(async {
-        let conn = Connection::system().await?;
-        Ok(Status::from(get_status(&conn).await?))
-    });
-    match s {
+    match connect().and_then(|mut conn| get_status(&mut conn)) {
         Ok(s) => Ok(verdict(&s)?.unwrap_or(Update::None(s.operation))),
         Err(e) => classify(e),
     }
@@ -133,53 +244,7 @@ pub fn update_status() -> Result<Update> {
 /// `deadline`. Signals are subscribed to before the call so no transition is missed, and
 /// `GetStatus` is polled every `poll` in case a signal is lost.
 pub fn attempt_update(deadline: Duration, poll: Duration) -> Result<Update> {
-    let r = zbus::block_on(async {
-        let rt =
-            zruntime::SharedRuntime::current().map_err(|e| zbus::Error::InputOutput(e.into()))?;
-        let conn = Connection::system().await?;
-        let rule = zbus::MatchRule::builder()
-            .msg_type(zbus::message::Type::Signal)
-            .sender(UE_SERVICE)
-            .path(UE_PATH)
-            .interface(UE_IFACE)
-            .member("StatusUpdate")
-            .build()?;
-        let mut signals = zbus::MessageStream::for_match_rule(rule, &conn, None).await?;
-        conn.call_method(
-            Some(UE_SERVICE),
-            UE_PATH,
-            Some(UE_IFACE),
-            "AttemptUpdate",
-            &(),
-        )
-        .await?;
-        // Signals emitted before our call was answered describe the old state: drop them and
-        // take a fresh GetStatus as the starting point.
-        while let Ok(Some(_)) = rt.timeout(Duration::ZERO, next(&mut signals)).await {}
-        let end = Instant::now() + deadline;
-        let mut status = Status::from(get_status(&conn).await?);
-        let mut last_logged = String::new();
-        loop {
-            if status.operation != last_logged {
-                let pct = status.progress * 100.0;
-                log::info!(
-                    "update_engine: {} {} ({pct:.0}%)",
-                    status.operation,
-                    status.new_version
-                );
-                last_logged = status.operation.clone();
-            }
-            let now = Instant::now();
-            if status.operation == NEED_REBOOT || status.operation == IDLE || now >= end {
-                return Ok(status);
-            }
-            match rt.timeout(poll.min(end - now), next(&mut signals)).await {
-                Ok(Some(sig)) => status = Status::from(sig?.body().deserialize::<RawStatus>()?),
-                Ok(None) | Err(_) => status = Status::from(get_status(&conn).await?),
-            }
-        }
-    });
-    let last = match r {
+    let last = match watch_update(deadline, poll) {
         Ok(s) => s,
         Err(e) => return classify(e),
     };
@@ -192,44 +257,74 @@ pub fn attempt_update(deadline: Duration, poll: Duration) -> Result<Update> {
     })
 }
 
-/// The next item of a stream (futures-util's `StreamExt::next`, which is not in our tree).
-fn next<S: futures_core::Stream + Unpin>(
-    s: &mut S,
-) -> impl std::future::Future<Output = Option<S::Item>> + '_ {
-    std::future::poll_fn(move |cx| std::pin::Pin::new(&mut *s).poll_next(cx))
+fn watch_update(deadline: Duration, poll: Duration) -> BusResult<Status> {
+    let mut conn = connect()?;
+    let rule = format!(
+        "type='signal',sender='{UE_SERVICE}',path='{UE_PATH}',interface='{UE_IFACE}',member='StatusUpdate'"
+    );
+    call(
+        &mut conn,
+        rustbus::standard_messages::add_match(&rule),
+        "subscribing to update_engine's StatusUpdate",
+    )?;
+    // Only update_engine's status signals are kept; nothing else is asked of this connection.
+    conn.set_filter(Box::new(|m| {
+        m.typ != MessageType::Signal || m.dynheader.member.as_deref() == Some("StatusUpdate")
+    }));
+    call(
+        &mut conn,
+        method(UE_SERVICE, UE_PATH, UE_IFACE, "AttemptUpdate"),
+        "update_engine AttemptUpdate",
+    )?;
+    // Signals emitted before our call was answered describe the old state: drop them and
+    // take a fresh GetStatus as the starting point.
+    while conn.try_get_signal().is_some() {}
+    let end = Instant::now() + deadline;
+    let mut status = get_status(&mut conn)?;
+    let mut last_logged = String::new();
+    loop {
+        if status.operation != last_logged {
+            let pct = status.progress * 100.0;
+            log::info!(
+                "update_engine: {} {} ({pct:.0}%)",
+                status.operation,
+                status.new_version
+            );
+            last_logged = status.operation.clone();
+        }
+        let now = Instant::now();
+        if status.operation == NEED_REBOOT || status.operation == IDLE || now >= end {
+            return Ok(status);
+        }
+        status = match conn.wait_signal(Timeout::Duration(poll.min(end - now))) {
+            Ok(sig) => raw_status(&sig, "update_engine StatusUpdate")?,
+            Err(BusError::TimedOut) => get_status(&mut conn)?,
+            Err(e) => {
+                return Err(BusFailure::io(
+                    "waiting for update_engine's StatusUpdate",
+                    e,
+                ))
+            }
+        };
+    }
 }
 
 /// `daemon-reload` through systemd on the system bus.
 pub fn systemd_reload() -> Result<()> {
-    zbus::block_on(call_systemd::<_, ()>("Reload", &()))
-        .map_err(|e| Error::failed(format!("systemd Reload over D-Bus: {e}")))
+    call_systemd("Reload", &[]).map(drop)
 }
 
 /// Queue `reboot.target`; the job cannot be cancelled by later jobs.
 pub fn systemd_reboot() -> Result<String> {
-    start_unit("reboot.target", "replace-irreversibly")
+    call_systemd("StartUnit", &["reboot.target", "replace-irreversibly"])
 }
 
 /// Restart `unit` if it runs (systemctl try-restart); a unit that does not run stays stopped.
 pub fn systemd_try_restart(unit: &str) -> Result<String> {
-    zbus::block_on(call_systemd::<_, zbus::OwnedObjectPath>(
-        "TryRestartUnit",
-        &(unit, "replace"),
-    ))
-    .map(|job| job.to_string())
-    .map_err(|e| Error::failed(format!("systemd TryRestartUnit({unit}) over D-Bus: {e}")))
+    call_systemd("TryRestartUnit", &[unit, "replace"])
 }
 
 /// Start (or keep running) `unit` through systemd on the system bus.
 pub fn systemd_start(unit: &str) -> Result<String> {
-    start_unit(unit, "replace")
-}
-
-fn start_unit(unit: &str, mode: &str) -> Result<String> {
-    zbus::block_on(call_systemd::<_, zbus::OwnedObjectPath>(
-        "StartUnit",
-        &(unit, mode),
-    ))
-    .map(|job| job.to_string())
-    .map_err(|e| Error::failed(format!("systemd StartUnit({unit}) over D-Bus: {e}")))
+    call_systemd("StartUnit", &[unit, "replace"])
 }
