@@ -1,13 +1,16 @@
 //! OpenPGP detached signatures over manifests, checked against a keyring given on the command
-//! line (sequoia-openpgp).
+//! line (sequoia-openpgp). The signature's packets are read and checked one by one, as
+//! sequoia's own detached verifier does, without its message machinery (decryption,
+//! decompression), which nodestrap never needs and which cost about 100 KB of the binary.
+
+use std::borrow::Cow;
 
 use openpgp::cert::prelude::*;
-use openpgp::parse::stream::{
-    DetachedVerifierBuilder, MessageLayer, MessageStructure, VerificationHelper,
-};
-use openpgp::parse::Parse;
-use openpgp::policy::StandardPolicy;
-use openpgp::{Cert, KeyHandle};
+use openpgp::packet::Signature;
+use openpgp::parse::{PacketParser, PacketParserResult, Parse};
+use openpgp::policy::{Policy, StandardPolicy};
+use openpgp::types::{RevocationStatus, SignatureType};
+use openpgp::{Cert, Packet};
 use sequoia_openpgp as openpgp;
 
 use crate::error::{Error, Result};
@@ -45,25 +48,83 @@ impl Keyring {
             .collect()
     }
 
-    /// Check a detached signature (`sig`, armored or binary) over `data`. Returns the
-    /// fingerprint of the signing key. `what` names the signed input in errors.
+    /// Check a detached signature (`sig`, armored or binary, one or more signature packets and
+    /// nothing else) over `data`: at least one good signature by a key of the keyring; a bad
+    /// one beside a good one is tolerated (key rotation). Returns the fingerprint of the
+    /// signing key. `what` names the signed input in errors.
     pub fn verify_detached(&self, data: &[u8], sig: &[u8], what: &str) -> Result<String> {
         let policy = StandardPolicy::new();
-        let helper = Helper {
-            certs: &self.certs,
-            good: None,
-        };
-        let mut v = DetachedVerifierBuilder::from_bytes(sig)
-            .and_then(|b| b.with_policy(&policy, None, helper))
-            .map_err(|e| self.fail(what, e))?;
-        v.verify_bytes(data).map_err(|e| self.fail(what, e))?;
-        Ok(v.helper_ref()
-            .good
-            .clone()
-            .expect("check() accepted a good signature"))
+        let sigs = signatures(sig).map_err(|e| self.fail(what, e))?;
+        let mut errors = Vec::new();
+        for s in &sigs {
+            match self.check_one(&policy, s, data) {
+                Ok(good) => return Ok(good),
+                Err(e) => errors.push(e),
+            }
+        }
+        Err(self.fail(what, errors.join("; ")))
     }
 
-    fn fail(&self, what: &str, e: openpgp::anyhow::Error) -> Error {
+    /// One signature against every key of the keyring it names as its issuer, with the checks
+    /// of sequoia's detached verifier, in its order: the key bound under the policy at the
+    /// signature's time, certificate and key alive and not revoked, signing-capable, the
+    /// signature alive now, then the digest and the policy on the signature.
+    fn check_one(
+        &self,
+        policy: &dyn Policy,
+        sig: &Signature,
+        data: &[u8],
+    ) -> Result<String, String> {
+        let Some(at) = sig.signature_creation_time() else {
+            return Err("malformed signature: missing a Signature Creation Time subpacket".into());
+        };
+        let issuers = sig.get_issuers();
+        if issuers.is_empty() {
+            return Err("signature names no issuer".into());
+        }
+        let text = text_form(sig, data);
+        let mut err = format!(
+            "Missing key {}: no key of the keyring made this signature",
+            issuers[0]
+        );
+        for ka in self
+            .certs
+            .iter()
+            .flat_map(|c| c.keys().key_handles(issuers.iter().cloned()))
+        {
+            let fpr = ka.key().fingerprint();
+            let ka = match ka.with_policy(policy, at) {
+                Ok(ka) => ka,
+                Err(e) => {
+                    err = format!("key {fpr} rejected by policy: {e}");
+                    continue;
+                }
+            };
+            let bad = if let Err(e) = ka.valid_cert().alive() {
+                format!("certificate of key {fpr} not alive: {e}")
+            } else if let Err(e) = ka.alive() {
+                format!("key {fpr} not alive: {e}")
+            } else if let RevocationStatus::Revoked(_) = ka.valid_cert().revocation_status() {
+                format!("certificate of key {fpr} is revoked")
+            } else if let RevocationStatus::Revoked(_) = ka.revocation_status() {
+                format!("signing key {fpr} is revoked")
+            } else if !ka.for_signing() {
+                format!("key {fpr} is not signing capable")
+            } else if let Err(e) = sig.signature_alive(None, None) {
+                format!("signature by {fpr} not alive: {e}")
+            } else if let Err(e) = sig.verify_message(ka.key(), &text) {
+                format!("bad signature by {fpr}: {e}")
+            } else if let Err(e) = policy.signature(sig, Default::default()) {
+                format!("signature by {fpr} rejected by policy: {e}")
+            } else {
+                return Ok(fpr.to_hex());
+            };
+            err = bad;
+        }
+        Err(err)
+    }
+
+    fn fail(&self, what: &str, e: impl std::fmt::Display) -> Error {
         Error::failed(format!(
             "{what}: signature check against keyring {} failed: {e}",
             self.name
@@ -71,43 +132,44 @@ impl Keyring {
     }
 }
 
-struct Helper<'a> {
-    certs: &'a [Cert],
-    good: Option<String>,
-}
-
-impl VerificationHelper for Helper<'_> {
-    fn get_certs(&mut self, _ids: &[KeyHandle]) -> openpgp::Result<Vec<Cert>> {
-        Ok(self.certs.to_vec())
-    }
-
-    /// Exactly one layer, a signature group, with at least one good signature by a key of the
-    /// keyring. Any bad signature alongside a good one is tolerated (key rotation), a layer of
-    /// any other kind is not.
-    fn check(&mut self, structure: MessageStructure) -> openpgp::Result<()> {
-        let mut errors = Vec::new();
-        for layer in structure.into_iter() {
-            match layer {
-                MessageLayer::SignatureGroup { results } => {
-                    for r in results {
-                        match r {
-                            Ok(good) => {
-                                self.good = Some(good.ka.key().fingerprint().to_hex());
-                                return Ok(());
-                            }
-                            Err(e) => errors.push(e.to_string()),
-                        }
-                    }
-                }
-                _ => return Err(openpgp::anyhow::anyhow!("unexpected message layer")),
+/// The signature packets of a detached signature; any other packet refuses it.
+fn signatures(sig: &[u8]) -> openpgp::Result<Vec<Signature>> {
+    let mut out = Vec::new();
+    let mut ppr = PacketParser::from_bytes(sig)?;
+    while let PacketParserResult::Some(pp) = ppr {
+        let (packet, next) = pp.next()?;
+        match packet {
+            Packet::Signature(s) => out.push(s),
+            p => {
+                return Err(openpgp::anyhow::anyhow!(
+                    "a detached signature holds a {} packet",
+                    p.tag()
+                ))
             }
         }
-        if errors.is_empty() {
-            Err(openpgp::anyhow::anyhow!("no signature found"))
-        } else {
-            Err(openpgp::anyhow::anyhow!("{}", errors.join("; ")))
-        }
+        ppr = next;
     }
+    if out.is_empty() {
+        return Err(openpgp::anyhow::anyhow!("no signature found"));
+    }
+    Ok(out)
+}
+
+/// A text signature is made over the document with CR LF line ends (RFC 9580, 5.2.1.2).
+fn text_form<'a>(sig: &Signature, data: &'a [u8]) -> Cow<'a, [u8]> {
+    if sig.typ() != SignatureType::Text || !data.contains(&b'\n') {
+        return Cow::Borrowed(data);
+    }
+    let mut out = Vec::with_capacity(data.len() + data.len() / 32);
+    let mut prev = 0u8;
+    for &b in data {
+        if b == b'\n' && prev != b'\r' {
+            out.push(b'\r');
+        }
+        out.push(b);
+        prev = b;
+    }
+    Cow::Owned(out)
 }
 
 #[cfg(test)]
