@@ -52,6 +52,7 @@ pub fn check_values(a: &Bootstrap) -> Result<ManifestUrl> {
     ];
     for (flag, p) in [
         ("--kubeconfig", &a.kubeconfig),
+        ("--kubelet-kubeconfig", &a.kubelet_kubeconfig),
         ("--bootstrap-kubeconfig", &a.bootstrap_kubeconfig),
         ("--join-config", &a.join_config),
         ("--kubelet-env-path", &a.kubelet_env_path),
@@ -137,26 +138,75 @@ impl ManifestUrl {
 }
 
 fn render_url(template: &str, board: &str, os_version: &str) -> Result<String> {
-    let mut u = template.to_string();
-    for (k, v) in [
-        ("{{.Board}}", board),
-        ("{{ .Board }}", board),
-        ("${COREOS_BOARD}", board),
-        ("{{.OSVersion}}", os_version),
-        ("{{ .OSVersion }}", os_version),
-        ("${VERSION_ID}", os_version),
-    ] {
-        u = u.replace(k, v);
-    }
-    if u.contains("{{") || u.contains("${") {
-        return Err(Error::config(format!("--torcx-manifest-url {template:?}: unknown placeholder (known: {{{{.Board}}}} {{{{.OSVersion}}}} ${{COREOS_BOARD}} ${{VERSION_ID}})")));
-    }
+    let u = render_template(
+        "--torcx-manifest-url",
+        template,
+        &[
+            ("{{.Board}}", board),
+            ("{{ .Board }}", board),
+            ("${COREOS_BOARD}", board),
+            ("{{.OSVersion}}", os_version),
+            ("{{ .OSVersion }}", os_version),
+            ("${VERSION_ID}", os_version),
+        ],
+    )?;
     if !(u.starts_with("https://") || u.starts_with("http://")) {
         return Err(Error::config(format!(
             "--torcx-manifest-url {template:?}: not an http(s) URL"
         )));
     }
     Ok(u)
+}
+
+/// A URL template with its `known` placeholders filled in. What is left must be a URL and
+/// nothing else: a placeholder of another spelling (`{NAME}`, `$NAME`, `%n`, `{{ .X }}`) and an
+/// empty path segment (`…/ext//`, what a shell leaves of `${NAME}` inside double quotes) are
+/// refused, naming the accepted forms, before anything is fetched.
+fn render_template(option: &str, template: &str, known: &[(&str, &str)]) -> Result<String> {
+    let mut u = template.to_string();
+    for (k, v) in known {
+        u = u.replace(k, v);
+    }
+    let forms = known.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(" ");
+    let refuse = |why: String| {
+        Error::config(format!(
+            "{option} {template:?}: {why}; the accepted placeholders are {forms} (in single quotes on a shell's command line)"
+        ))
+    };
+    let b = u.as_bytes();
+    for (i, &c) in b.iter().enumerate() {
+        let escape = c == b'%'
+            && b.get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit));
+        if matches!(c, b'{' | b'}' | b'$' | b'%') && !escape {
+            let rest: String = u[i..].chars().take(12).collect();
+            return Err(refuse(format!("an unknown placeholder at {rest:?}")));
+        }
+    }
+    let after_scheme = u.split_once("://").map_or("", |(_, rest)| rest);
+    let host = after_scheme.split('/').next().unwrap_or("");
+    let host = host.rsplit('@').next().unwrap_or(host);
+    let host = host.split(':').next().unwrap_or(host).to_ascii_lowercase();
+    if is_example_host(&host) {
+        return Err(Error::config(format!(
+            "{option} {template:?}: {host} is the placeholder the examples ship (RFC 2606 keeps example domains for examples): set the address of your own source"
+        )));
+    }
+    let path = after_scheme.split_once('/').map_or("", |(_, p)| p);
+    if path.contains("//") || path.starts_with('/') {
+        return Err(refuse(
+            "an empty path segment (\"//\"), as a shell leaves of a placeholder it expanded to nothing".into(),
+        ));
+    }
+    Ok(u)
+}
+
+/// A host RFC 2606 keeps for documentation (`example.com`, `.net`, `.org`, and `.example`): a
+/// URL with one was left as an example shipped it, and can never answer.
+fn is_example_host(host: &str) -> bool {
+    ["example.com", "example.net", "example.org", "example"]
+        .iter()
+        .any(|d| host == *d || host.ends_with(&format!(".{d}")))
 }
 
 /// `--allow-downgrade`: `NAME=VERSION` pairs, comma-separated; a name at most once.
@@ -208,13 +258,11 @@ impl SysextUrl {
 
     /// The directory's URL for extension `name`, with a trailing slash.
     pub fn dir(&self, name: &str) -> Result<String> {
-        let mut u = self.0.replace("${NAME}", name).replace("{{.Name}}", name);
-        if u.contains("{{") || u.contains("${") {
-            return Err(Error::config(format!(
-                "--sysext-url {:?}: unknown placeholder (known: ${{NAME}} {{{{.Name}}}})",
-                self.0
-            )));
-        }
+        let mut u = render_template(
+            "--sysext-url",
+            &self.0,
+            &[("${NAME}", name), ("{{.Name}}", name)],
+        )?;
         if crate::net::oci::Location::parse_dir(&u)
             .map_err(|e| e.context(format!("--sysext-url {:?}", self.0)))?
             .is_some()
@@ -243,5 +291,58 @@ impl SysextUrl {
             u.push('/');
         }
         Ok(u)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_templates_take_only_their_placeholders() {
+        let ok = SysextUrl::parse("https://h/ext/${NAME}").unwrap();
+        assert_eq!(ok.dir("kubernetes").unwrap(), "https://h/ext/kubernetes/");
+        assert_eq!(
+            SysextUrl::parse("https://h/{{.Name}}/%2Fx")
+                .unwrap()
+                .dir("a")
+                .unwrap(),
+            "https://h/a/%2Fx/"
+        );
+        assert!(SysextUrl::parse("https://h/ext/").is_ok());
+        for (bad, needle) in [
+            ("https://h/{NAME}/", "an unknown placeholder at \"{NAME}/\""),
+            ("https://h/$NAME/", "an unknown placeholder at \"$NAME/\""),
+            ("https://h/%n/", "an unknown placeholder at \"%n/\""),
+            ("https://h/{{ .Name }}/", "an unknown placeholder"),
+            ("https://h/ext//", "an empty path segment"),
+            ("https://h//ext/", "an empty path segment"),
+            ("oci://h/ext//", "an empty path segment"),
+            (
+                "https://extensions.example.com/${NAME}/",
+                "extensions.example.com is the placeholder the examples ship",
+            ),
+            ("oci://r.example:5000/ext", "r.example is the placeholder"),
+        ] {
+            let e = SysextUrl::parse(bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad}");
+            let m = e.to_string();
+            assert!(m.contains(needle), "{bad}: {m}");
+            assert!(
+                m.contains("the accepted placeholders are ${NAME} {{.Name}}")
+                    || m.contains("RFC 2606"),
+                "{m}"
+            );
+        }
+        assert!(ManifestUrl::parse("https://h/${COREOS_BOARD}/${VERSION_ID}/m.json").is_ok());
+        let m = ManifestUrl::parse("https://h/$VERSION_ID/m.json")
+            .unwrap_err()
+            .to_string();
+        assert!(m.starts_with("--torcx-manifest-url"), "{m}");
+        assert!(m.contains("${COREOS_BOARD}"), "{m}");
+        let m = ManifestUrl::parse("https://h//m.json")
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("an empty path segment"), "{m}");
     }
 }

@@ -132,11 +132,16 @@ pub struct Bootstrap {
     /// kubeconfig for the API server (node path, default /etc/kubernetes/kubeconfig)
     #[argh(option, default = "\"/etc/kubernetes/kubeconfig\".into()")]
     pub kubeconfig: String,
-    /// when --kubeconfig does not exist: the kubelet's bootstrap kubeconfig, asked for the
+    /// when --kubeconfig does not exist: the kubelet's own kubeconfig once it has joined, with
+    /// its rotating client certificate (node path; empty: none; default
+    /// /etc/kubernetes/kubelet.conf)
+    #[argh(option, default = "\"/etc/kubernetes/kubelet.conf\".into()")]
+    pub kubelet_kubeconfig: String,
+    /// when neither kubeconfig exists: the kubelet's bootstrap kubeconfig, asked for the
     /// version only (node path; empty: none; default /etc/kubernetes/bootstrap-kubelet.conf)
     #[argh(option, default = "\"/etc/kubernetes/bootstrap-kubelet.conf\".into()")]
     pub bootstrap_kubeconfig: String,
-    /// when neither kubeconfig exists: kubeadm's JoinConfiguration (the file `kubeadm join
+    /// when no kubeconfig exists: kubeadm's JoinConfiguration (the file `kubeadm join
     /// --config` takes), its discovery asked for the version only (node path; default: none)
     #[argh(option, default = "String::new()")]
     pub join_config: String,
@@ -366,6 +371,13 @@ impl Bootstrap {
         mib << 20
     }
 
+    /// A joined node's kubeconfigs, in the order they are tried: `--kubeconfig`, then the
+    /// kubelet's own (`--kubelet-kubeconfig`), whose client certificate the kubelet renews for
+    /// the node's life (a bootstrap token expires after a day).
+    pub fn joined_kubeconfigs(&self) -> [&str; 2] {
+        [&self.kubeconfig, &self.kubelet_kubeconfig]
+    }
+
     /// Where this node finds its cluster before it has joined.
     pub fn before_join(&self) -> crate::net::cluster::BeforeJoin<'_> {
         crate::net::cluster::BeforeJoin {
@@ -386,7 +398,7 @@ impl Bootstrap {
             forced: self.force_kube_version.as_deref(),
             kube,
             joining,
-            kubeconfig: &self.kubeconfig,
+            kubeconfigs: self.joined_kubeconfigs(),
             before_join,
             installer_env: &self.installer_kubelet_env,
             fallback: self.version_fallback,
@@ -871,12 +883,14 @@ impl Common<'_> {
     pub fn keyring(&self, root: &Root) -> Result<Option<Keyring>> {
         if self.no_verify_signatures {
             log::warn!("--no-verify-signatures: manifests will NOT be authenticated; anyone on the path can choose what runs on this node");
+            crate::node::status::signatures(false, "--no-verify-signatures");
             return Ok(None);
         }
         let data = self.keyring.read(root, 16 << 20, "keyring")?;
         let name = self.keyring.label(root);
         let k = Keyring::parse(&data, &name).map_err(|e| e.with_kind(Kind::Config))?;
         crate::debug!("keyring {name}: {}", k.fingerprints().join(", "));
+        crate::node::status::signatures(true, format_args!("keyring {name}"));
         Ok(Some(k))
     }
 

@@ -36,6 +36,7 @@ pub const KEYS: &[&str] = &[
     "registry-auth",
     "registry-config-path",
     "kubeconfig",
+    "kubelet-kubeconfig",
     "bootstrap-kubeconfig",
     "join-config",
     "api-server",

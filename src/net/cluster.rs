@@ -70,8 +70,9 @@ pub struct Sources<'a> {
     pub kube: Option<&'a Kube>,
     /// Else what `before_join` reached.
     pub joining: Option<&'a Joining>,
-    /// `--kubeconfig`, and the sources of a node that has not joined, named when none is there.
-    pub kubeconfig: &'a str,
+    /// A joined node's kubeconfigs (`--kubeconfig`, `--kubelet-kubeconfig`), and the sources of
+    /// a node that has not joined, named when none is there.
+    pub kubeconfigs: [&'a str; 2],
     pub before_join: &'a BeforeJoin<'a>,
     /// `--installer-kubelet-env`.
     pub installer_env: &'a str,
@@ -90,12 +91,29 @@ impl Sources<'_> {
             }
         };
         format!(
-            "no kubeconfig ({}), no kubelet bootstrap kubeconfig ({}), no join configuration ({}) and no --api-server",
-            at(self.kubeconfig),
+            "no kubeconfig ({}), no kubelet kubeconfig ({}), no kubelet bootstrap kubeconfig ({}), no join configuration ({}) and no --api-server",
+            at(self.kubeconfigs[0]),
+            at(self.kubeconfigs[1]),
             at(self.before_join.bootstrap_kubeconfig),
             at(self.before_join.join_config)
         )
     }
+}
+
+/// A joined node's client: the first of `kubeconfigs` that exists (empty paths are skipped):
+/// `--kubeconfig`, then the kubelet's own kubeconfig, so that a node keeps asking with its own
+/// credentials long after its bootstrap token has expired.
+pub fn joined(
+    root: &Root,
+    kubeconfigs: [&str; 2],
+    retry: crate::net::retry::Retry,
+) -> Result<Option<Kube>> {
+    for p in kubeconfigs.into_iter().filter(|p| !p.is_empty()) {
+        if let Some(k) = Kube::from_kubeconfig(root, p, retry)? {
+            return Ok(Some(k));
+        }
+    }
+    Ok(None)
 }
 
 /// Where a node that has not joined finds its cluster, in this order: `--bootstrap-kubeconfig`,

@@ -86,10 +86,8 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     };
 
     // 2. Kubernetes version: forced, API server, or the installer's kubelet.env.
-    let kube = if a.kubeconfig.is_empty() {
-        None
-    } else if a.force_kube_version.is_none() || torcx_on {
-        Kube::from_kubeconfig(&root, &a.kubeconfig, api_retry)?
+    let kube = if a.force_kube_version.is_none() || torcx_on {
+        cluster::joined(&root, a.joined_kubeconfigs(), api_retry)?
     } else {
         None
     };
