@@ -176,7 +176,10 @@ pub fn into_store<'a, 'u>(
     digest: &'a Digest,
     undo: &'a mut Undo<'u>,
 ) -> VerifiedWrite<'a, 'u> {
-    let expect = Expect::Digest(digest, "the signed manifest");
+    let expect = Expect::Digest(
+        digest,
+        crate::node::status::signed(crate::node::status::List::Manifest),
+    );
     VerifiedWrite::new(dir, name, 0o644, expect, &unchecked, Some(undo))
 }
 

@@ -97,6 +97,15 @@ impl Mappings {
             .find(|(m, _)| *m == minor)
             .map(|(_, w)| w.as_slice())
     }
+
+    /// The Kubernetes minors the file maps, in file order (for messages).
+    pub fn minors(&self) -> Vec<&str> {
+        self.versions
+            .iter()
+            .filter(|(h, _)| h == "k8s")
+            .flat_map(|(_, m)| m.iter().map(|(v, _)| v.as_str()))
+            .collect()
+    }
 }
 
 /// `v1.10.2+coreos.0` → `1.10`. The version must be semver-shaped: MAJOR.MINOR.PATCH with

@@ -463,6 +463,43 @@ pub fn chosen(c: Chosen) {
     });
 }
 
+/// Whether this run authenticates the lists and manifests it fetches: `false` under
+/// `--no-verify-signatures`.
+static UNVERIFIED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Records whether signatures are checked (the `signatures` decision: `verified` and the
+/// keyring, or `not verified`), so that an audit finds every node that took unauthenticated
+/// payloads; from then on `signed` words this run's log lines.
+pub fn signatures(verified: bool, source: impl std::fmt::Display) {
+    UNVERIFIED.store(!verified, std::sync::atomic::Ordering::Relaxed);
+    decide(
+        "signatures",
+        if verified { "verified" } else { "not verified" },
+        source,
+    );
+}
+
+/// What names the digests a payload must match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum List {
+    /// A sysext source's SHA256SUMS.
+    Sums,
+    /// A torcx package manifest.
+    Manifest,
+}
+
+/// `the signed SHA256SUMS`, or `the unverified SHA256SUMS` when this run checks no signature:
+/// no line calls signed what nobody checked.
+pub fn signed(what: List) -> &'static str {
+    let unverified = UNVERIFIED.load(std::sync::atomic::Ordering::Relaxed);
+    match (what, unverified) {
+        (List::Sums, false) => "the signed SHA256SUMS",
+        (List::Sums, true) => "the unverified SHA256SUMS",
+        (List::Manifest, false) => "the signed manifest",
+        (List::Manifest, true) => "the unverified manifest",
+    }
+}
+
 pub fn phase(p: Phase) {
     let mut moved = false;
     with(|o| {

@@ -10,7 +10,6 @@ use crate::crypto::pkcs7::Cert;
 use crate::error::{Error, Result};
 use crate::net::cluster;
 use crate::net::fetch::{Failure, FetchError};
-use crate::net::kube::Kube;
 use crate::node::mappings::Mappings;
 use crate::node::marker;
 use crate::node::root::Root;
@@ -37,10 +36,9 @@ const SYSEXT_UNIT: &str = "systemd-sysext.service";
 #[derive(Debug, Clone, PartialEq)]
 enum Outcome {
     Stage(Image),
-    /// The user's opt-out, a foreign link, or Flatcar's own runtime: never overridden.
+    /// The user's opt-out, a foreign link, or the node's own runtime (Flatcar's, or its OS's):
+    /// never overridden.
     Left(&'static str),
-    /// The mappings name no runtime.
-    Nothing,
 }
 
 impl Outcome {
@@ -48,7 +46,6 @@ impl Outcome {
         match self {
             Outcome::Stage(i) => i.label(),
             Outcome::Left(w) => w.to_string(),
-            Outcome::Nothing => "none".into(),
         }
     }
 }
@@ -66,6 +63,14 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     let root = Root::open(&a.root)?;
     check_options(a)?;
     let url = SysextUrl::parse(&a.sysext_url)?;
+    // Before anything is read: a run that cannot mount says so first (a dry run mounts nothing).
+    if !a.dry_run {
+        crate::node::privilege::require(
+            crate::node::privilege::Cap::SysAdmin,
+            "bootstrap --payload sysext",
+            "to mount each image read-only and check it as systemd-sysext will",
+        )?;
+    }
     let common = a.common();
     let keyring = common.keyring(&root)?;
     let http = common.http(&root)?;
@@ -152,10 +157,10 @@ impl NodeFacts {
 /// Step 2: the cluster's version, and how exactly the Kubernetes image must match it.
 fn cluster_version(root: &Root, a: &Bootstrap) -> Result<(cluster::Version, choose::Want)> {
     let common = a.common();
-    let kube = if a.kubeconfig.is_empty() || a.force_kube_version.is_some() {
+    let kube = if a.force_kube_version.is_some() {
         None
     } else {
-        Kube::from_kubeconfig(root, &a.kubeconfig, common.api_retry())?
+        cluster::joined(root, a.joined_kubeconfigs(), common.api_retry())?
     };
     let before_join = a.before_join();
     let joining = if kube.is_none() && a.force_kube_version.is_none() {
@@ -461,13 +466,16 @@ fn choose_runtime(
     steps: &mut Vec<Step>,
 ) -> Result<(&'static str, Outcome)> {
     let name = root.show(&a.version_manifest);
-    let Some(text) = root.read_text(&a.version_manifest)? else {
-        log::info!("no runtime extension: no runtime mappings at {name}");
-        return Ok(("runtime", Outcome::Nothing));
+    let m = match root.read_text(&a.version_manifest)? {
+        Some(text) => Some(Mappings::parse(&text, &name)?),
+        None => None,
     };
-    let m = Mappings::parse(&text, &name)?;
-    let Some((runtime, wanted)) = choose::runtime(&m, k8s)? else {
-        return Ok(("runtime", Outcome::Nothing));
+    let chosen = match &m {
+        Some(m) => choose::runtime(m, k8s)?,
+        None => None,
+    };
+    let Some((runtime, wanted)) = chosen else {
+        return node_runtime(root, k8s, &name, m.as_ref());
     };
     let rt: &'static str = if runtime == "docker" {
         "docker"
@@ -511,6 +519,71 @@ fn choose_runtime(
         dir_url,
     });
     Ok((rt, Outcome::Stage(img)))
+}
+
+/// The mappings name no runtime for this minor: the node must have one of its own (Flatcar's
+/// containerd or docker extension, or a runtime its OS ships in /usr), or nothing is done: a
+/// kubelet started on a node without a runtime never becomes Ready.
+fn node_runtime(
+    root: &Root,
+    k8s: &str,
+    name: &str,
+    m: Option<&Mappings>,
+) -> Result<(&'static str, Outcome)> {
+    for f in FLATCAR_RUNTIMES {
+        if Link::of(root, f)?.active() {
+            log::info!(
+                "no runtime extension staged: the node runs Flatcar's own {f} (active in {})",
+                root.show(stage::LINKS)
+            );
+            status::decide("runtime", "the node's own", format_args!("Flatcar's {f}"));
+            return Ok(("runtime", Outcome::Left("flatcar")));
+        }
+    }
+    let staged = ["containerd", "docker"]
+        .into_iter()
+        .find(|r| matches!(Link::of(root, r), Ok(Link::Ours)));
+    let shipped = ["/usr/bin/containerd", "/usr/bin/dockerd"]
+        .into_iter()
+        .find(|p| root.exists(p));
+    if let (None, Some(p)) = (staged, shipped) {
+        log::info!(
+            "no runtime extension staged: the node's OS ships {}",
+            root.show(p)
+        );
+        status::decide(
+            "runtime",
+            "the node's own",
+            format_args!("{}", root.show(p)),
+        );
+        return Ok(("runtime", Outcome::Left("os")));
+    }
+    let minor = crate::node::mappings::minor_of(k8s).unwrap_or_else(|| k8s.to_string());
+    let mapped = match m {
+        None => format!("{name} does not exist"),
+        Some(m) => format!(
+            "{name} maps no containerd or docker for {minor} (it maps {})",
+            match m.minors() {
+                v if v.is_empty() => "no minor".to_string(),
+                v => v.join(", "),
+            }
+        ),
+    };
+    let own = match staged {
+        Some(r) => format!(
+            "the {r} nodestrap staged was mapped for another minor"
+        ),
+        None => format!(
+            "the node has none of its own (Flatcar's containerd-flatcar and docker-flatcar are not active in {}, and its /usr holds neither containerd nor dockerd)",
+            root.show(stage::LINKS)
+        ),
+    };
+    Err(Error::config(format!(
+        "no container runtime for Kubernetes {k8s}: {mapped}, and {own}"
+    ))
+    .hint(format_args!(
+        "add a \"{minor}\" entry naming containerd's streams to {name}, or unmask Flatcar's containerd"
+    )))
 }
 
 /// `Some` when the user's link for `name` must be respected.

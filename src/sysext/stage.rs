@@ -94,7 +94,10 @@ pub fn fetch_image(
             &format!("{}-trust", img.name),
             match c.signer {
                 Some(i) => trust.root_of(i),
-                None => "none once on the disk: a plain image (its SHA-256 in the signed SHA256SUMS, checked as fetched)".into(),
+                None => format!(
+                    "none once on the disk: a plain image (its SHA-256 in {}, checked as fetched)",
+                    status::signed(status::List::Sums)
+                ),
             },
             img.file.as_str(),
         )
@@ -113,15 +116,19 @@ pub fn fetch_image(
             status::staged(&image_path(img), &img.digest);
             return Ok(());
         }
-        log::warn!("{shown}: its SHA-256 is not the signed one: fetching it again");
+        log::warn!(
+            "{shown}: its SHA-256 is not the one {} gives: fetching it again",
+            status::signed(status::List::Sums)
+        );
     }
     let check =
         |f: &std::fs::File| image::check(f, &img.name, host, trust, &shown).map(|c| vouched(&c));
-    let expect = Expect::Digest(&img.digest, "the signed SHA256SUMS");
+    let sums = status::signed(status::List::Sums);
+    let expect = Expect::Digest(&img.digest, sums);
     let mut sink = VerifiedWrite::new(&dir, &img.file, 0o644, expect, &check, Some(&mut *undo));
     let (Written { bytes: n, .. }, from) =
         source.image(dir_url, img, cap, (&dir, &img.file), &mut sink)?;
-    log::info!("{shown}: {n} bytes from {from}, SHA-256 matches the signed list, contents checked");
+    log::info!("{shown}: {n} bytes from {from}, SHA-256 matches {sums}, contents checked");
     status::staged(&image_path(img), &img.digest);
     Ok(())
 }

@@ -418,16 +418,18 @@ fn torcx_takes_another(
     };
     if matches {
         log::info!(
-            "{RUNTIME}:{version} for OS {os}: torcx takes {shown}, which matches the signed {digest}: nothing to stage"
+            "{RUNTIME}:{version} for OS {os}: torcx takes {shown}, which matches {} ({digest}): nothing to stage",
+            crate::node::status::signed(crate::node::status::List::Manifest)
         );
         return Ok(true);
     }
     Err(Error::failed(format!(
         "torcx would take {RUNTIME}:{version} for OS {os} from {shown}, not from {} where nodestrap stages it \
          (torcx searches {} in this order, a squashfs before any tgz; paths from {}), and {shown} does not match \
-         the signed {digest}; remove it, or change torcx's store_paths",
+         {} ({digest}); remove it, or change torcx's store_paths",
         root.show(at),
         stores.join(", "),
-        st.layout.source
+        st.layout.source,
+        crate::node::status::signed(crate::node::status::List::Manifest)
     )))
 }

@@ -228,7 +228,10 @@ pub fn stage_image(
             &dir,
             &file,
             0o644,
-            &Expect::Digest(w.digest, "the signed manifest"),
+            &Expect::Digest(
+                w.digest,
+                crate::node::status::signed(crate::node::status::List::Manifest),
+            ),
             &|_| Ok(()),
             &mut f,
             Some(&mut *undo),
