@@ -767,6 +767,8 @@ fn version_skew_decides_and_none_names_the_offer() {
         "/etc/kubernetes/installer/runtime-mappings.yaml",
         "kind: VersionManifestV1\nversions:\n  k8s: {}\n",
     );
+    // The node's OS ships its runtime: the mappings need not name one.
+    w.write("/usr/bin/containerd", "#!/bin/sh\n");
     let r = w.run();
     r.assert_ok();
     assert!(
@@ -776,7 +778,7 @@ fn version_skew_decides_and_none_names_the_offer() {
         r.stderr
     );
     assert!(
-        r.stdout.contains("kubernetes=v1.32.3 runtime=none"),
+        r.stdout.contains("kubernetes=v1.32.3 runtime=os"),
         "{}",
         r.stdout
     );
@@ -918,13 +920,17 @@ fn a_merge_that_does_not_prove_itself_is_rolled_back() {
     w.publish("kubernetes", &k, "");
     let opt = unique_dir("opt");
     let env_dir = unique_dir("env");
+    // The runtime goes with it (a node is never done without one): containerd 1.7.24, the
+    // same for both minors, so only kubernetes changes between the runs.
+    let mappings = env_dir.join("mappings.yaml");
+    std::fs::write(&mappings, MAPPINGS).unwrap();
     let run = |tag: &str| {
         let installer = env_dir.join(format!("installer-{tag}.env"));
         std::fs::write(&installer, format!("KUBELET_IMAGE_TAG={tag}\n")).unwrap();
         let mut args = w.args_for("/");
         args.extend([
             format!("--installer-kubelet-env={}", installer.display()),
-            "--version-manifest=/nonexistent/mappings.yaml".to_string(),
+            format!("--version-manifest={}", mappings.display()),
             format!(
                 "--kubelet-env-path={}",
                 env_dir.join("kubelet.env").display()
@@ -1515,7 +1521,7 @@ fn the_try_it_page_runs_as_written() {
     );
     assert!(out.status.success(), "{text}");
     for want in [
-        "nodestrap: sysext done k8s=v1.32 kubernetes=v1.32.3 runtime=none activation=staged",
+        "nodestrap: sysext done k8s=v1.32 kubernetes=v1.32.3 runtime=os activation=staged",
         "nodestrap bootstrap 0.1.0: done",
         "KUBELET_VERSION=v1.32.3",
         "signature check against keyring",
@@ -1533,6 +1539,221 @@ fn the_try_it_page_runs_as_written() {
     assert!(links
         .iter()
         .all(|l| l.starts_with("/opt/extensions/kubernetes/kubernetes-v1.32.3-")));
+
+    // As another user (nobody, no capabilities): step 4 stops at once with the documented
+    // message and exit 2. Its folder and binary are its own, outside the tests' private folder.
+    let dir = PathBuf::from(format!(
+        "/tmp/nodestrap-try-it-nobody-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("bin")).unwrap();
+    std::fs::copy(bin(), dir.join("bin/nodestrap")).unwrap();
+    Command::new("chmod")
+        .args(["-R", "a+rwX"])
+        .arg(&dir)
+        .status()
+        .unwrap();
+    let port = support::cluster::free_port().to_string();
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            "bash",
+            "-c",
+        ])
+        .arg(script)
+        .current_dir(&dir)
+        .env_clear()
+        .env(
+            "PATH",
+            format!("{}:/usr/bin:/bin", dir.join("bin").display()),
+        )
+        .env("HOME", &dir)
+        .env("PORT", &port)
+        .env("NODESTRAP_RUN_DIR", dir.join("run"))
+        .output()
+        .expect("setpriv (util-linux)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    let want = "error: nodestrap bootstrap --payload sysext needs CAP_SYS_ADMIN (to mount each image read-only and check it as systemd-sysext will), which this process (uid 65534) does not hold: run it as root, as its units and the initramfs do";
+    assert!(text.contains(want), "{text}");
+    let page = page.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        page.contains(&want.replace("uid 65534", "uid 1000")),
+        "docs/try-it.md must give the message as it is"
+    );
+}
+
+/// `--no-verify-signatures` is visible to an audit: the record and `status` carry a
+/// `signatures: not verified` decision, and no line calls the list signed. Its twin, the same
+/// run with the keyring, records `signatures: verified` and the keyring.
+#[test]
+fn unverified_signatures_are_recorded_and_never_called_signed() {
+    let w = World::new();
+    let (_dir, run) = own_run_dir();
+    let env = [("NODESTRAP_RUN_DIR", run.as_str())];
+    let mut a = w.args_for(&w.root.display().to_string());
+    a.retain(|x| !x.starts_with("--keyring="));
+    a.push("--no-verify-signatures".into());
+    let r = nodestrap(&a, None, &env);
+    r.assert_ok();
+    assert!(
+        r.stderr
+            .contains("SHA-256 matches the unverified SHA256SUMS"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("signed SHA256SUMS"), "{}", r.stderr);
+    let st = |json: bool| {
+        let mut a = vec!["status".to_string(), format!("--root={}", w.root.display())];
+        if json {
+            a.push("--json".into());
+        }
+        nodestrap(&a, None, &env)
+    };
+    let rec: serde_json::Value = serde_json::from_str(&st(true).stdout).unwrap();
+    let sig = rec["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["what"] == "signatures")
+        .unwrap_or_else(|| panic!("no signatures decision in {rec:#}"));
+    assert_eq!(
+        (&sig["value"], &sig["source"]),
+        (&"not verified".into(), &"--no-verify-signatures".into())
+    );
+    let shown = st(false).stdout;
+    assert!(
+        shown
+            .lines()
+            .any(|l| l.contains("signatures") && l.contains("not verified")),
+        "{shown}"
+    );
+    // The twin: checked against the keyring.
+    w.run().assert_ok();
+    let rec: serde_json::Value =
+        serde_json::from_str(&w.read("/var/lib/nodestrap/status.json").unwrap()).unwrap();
+    let sig = rec["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["what"] == "signatures")
+        .unwrap();
+    assert_eq!(sig["value"], "verified");
+    assert!(
+        sig["source"].as_str().unwrap().starts_with("keyring "),
+        "{sig}"
+    );
+}
+
+/// A node whose runtime is masked (Flatcar's) or absent, and whose mappings name none for the
+/// cluster's minor, is refused before anything changes, naming the minor and the mapping that is
+/// missing (exit 2: only the operator can fix it). Its twins: the same mappings on a node whose
+/// OS ships containerd, or with Flatcar's containerd active, are done.
+#[test]
+fn a_node_without_a_runtime_is_refused_before_anything_changes() {
+    let w = World::new();
+    w.write(
+        "/etc/kubernetes/installer/runtime-mappings.yaml",
+        "kind: VersionManifestV1\nversions:\n  k8s:\n    \"1.35\":\n      containerd: [\"2.0\"]\n    \"1.36\":\n      containerd: [\"2.0\"]\n",
+    );
+    std::fs::create_dir_all(w.path("/etc/extensions")).unwrap();
+    std::os::unix::fs::symlink(
+        "/dev/null",
+        w.path("/etc/extensions/containerd-flatcar.raw"),
+    )
+    .unwrap();
+    let r = w.run();
+    r.assert_fails(2, "no container runtime for Kubernetes v1.32.4: ");
+    for needle in [
+        "runtime-mappings.yaml maps no containerd or docker for 1.32 (it maps 1.35, 1.36)",
+        "the node has none of its own (Flatcar's containerd-flatcar and docker-flatcar are not active in",
+        "add a \"1.32\" entry naming containerd's streams to",
+    ] {
+        assert!(r.stderr.contains(needle), "{needle}: {}", r.stderr);
+    }
+    assert!(!r.stdout.contains("sysext done"), "{}", r.stdout);
+    w.assert_nothing_staged();
+    // No mappings at all: the same refusal, naming the missing file.
+    std::fs::remove_file(w.path("/etc/kubernetes/installer/runtime-mappings.yaml")).unwrap();
+    w.run().assert_fails(
+        2,
+        "runtime-mappings.yaml does not exist, and the node has none of its own",
+    );
+    w.assert_nothing_staged();
+
+    // The twin: the node's OS ships containerd.
+    w.write("/usr/bin/containerd", "#!/bin/sh\n");
+    let r = w.run();
+    r.assert_ok();
+    assert!(r.stdout.contains("runtime=os"), "{}", r.stdout);
+    assert!(
+        r.stderr
+            .contains("no runtime extension staged: the node's OS ships"),
+        "{}",
+        r.stderr
+    );
+
+    // The other twin: Flatcar's own containerd active.
+    let w = World::new();
+    std::fs::remove_file(w.path("/etc/kubernetes/installer/runtime-mappings.yaml")).unwrap();
+    std::fs::create_dir_all(w.path("/etc/extensions")).unwrap();
+    std::os::unix::fs::symlink(
+        "/usr/share/flatcar/sysext/containerd-flatcar.raw",
+        w.path("/etc/extensions/containerd-flatcar.raw"),
+    )
+    .unwrap();
+    let r = w.run();
+    r.assert_ok();
+    assert!(r.stdout.contains("runtime=flatcar"), "{}", r.stdout);
+}
+
+/// URL templates take their own placeholders only: another spelling, or the empty segment a
+/// shell leaves of `${NAME}` in double quotes, is refused at the option check (exit 2) with the
+/// accepted forms, before anything is fetched. The twin with `${NAME}` is done.
+#[test]
+fn a_url_template_of_another_spelling_is_refused_at_the_option_check() {
+    let w = World::new();
+    let base = w.files.url("/ext/");
+    for (template, needle) in [
+        (
+            format!("{base}{{NAME}}/"),
+            "an unknown placeholder at \"{NAME}/\"",
+        ),
+        (
+            format!("{base}$NAME/"),
+            "an unknown placeholder at \"$NAME/\"",
+        ),
+        (format!("{base}%n/"), "an unknown placeholder at \"%n/\""),
+        (format!("{base}/"), "an empty path segment"),
+    ] {
+        let mut a = w.args_for(&w.root.display().to_string());
+        a.retain(|x| !x.starts_with("--sysext-url="));
+        a.push(format!("--sysext-url={template}"));
+        let r = nodestrap(&a, None, &[]);
+        r.assert_fails(2, needle);
+        assert!(
+            r.stderr
+                .contains("the accepted placeholders are ${NAME} {{.Name}}"),
+            "{}",
+            r.stderr
+        );
+        assert!(
+            w.files.seen().is_empty(),
+            "{template}: fetched {:?}",
+            w.files.seen().len()
+        );
+        w.assert_nothing_staged();
+    }
+    w.run().assert_ok();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1663,6 +1884,72 @@ fn a_node_that_has_not_joined_asks_the_real_api_server() {
     let r = nodestrap(&a, None, &[]);
     r.assert_fails(1, "the API server rejected the credentials of ");
     assert!(r.stderr.contains("HTTP 401"), "{}", r.stderr);
+}
+
+/// A joined node keeps asking the API server with the kubelet's own credentials, laid out as
+/// kubeadm and the kubelet lay them out (kubelet.conf naming kubelet-client-current.pem, a link to
+/// the certificate the kubelet rotated to), long after its bootstrap token has expired: the
+/// expired token alone is refused (the twin), the kubelet's certificate is taken before it.
+#[test]
+fn a_joined_node_asks_with_the_kubelets_own_credentials() {
+    let c = support::cluster::cluster();
+    let w = joining_world();
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    // A bootstrap token the cluster no longer knows (expired and collected, or deleted).
+    w.write(
+        "/etc/kubernetes/bootstrap-kubelet.conf",
+        &format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: tls-bootstrap-token-user\n  user:\n    token: expird.0123456789abcdef\ncontexts:\n- name: b\n  context:\n    cluster: c\n    user: tls-bootstrap-token-user\ncurrent-context: b\n",
+            c.url,
+            b64(&c.ca.pem)
+        ),
+    );
+    let a = args_without_kubeconfig(&w);
+    nodestrap(&a, None, &[]).assert_fails(1, "the API server rejected the credentials of ");
+
+    // The kubelet joined: its client certificate (system:node:NAME in system:nodes), where the
+    // kubelet keeps it, and the kubeconfig kubeadm wrote for it.
+    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.distinguished_name
+        .push(rcgen::DnType::CommonName, "system:node:worker-1");
+    p.distinguished_name
+        .push(rcgen::DnType::OrganizationName, "system:nodes");
+    p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let leaf = c.ca.issue(p);
+    let pki = "/var/lib/kubelet/pki";
+    w.write(
+        &format!("{pki}/kubelet-client-2026-11-28-10-00-00.pem"),
+        &format!("{}{}", leaf.cert_pem, leaf.key_pem),
+    );
+    std::os::unix::fs::symlink(
+        format!("{pki}/kubelet-client-2026-11-28-10-00-00.pem"),
+        w.path(&format!("{pki}/kubelet-client-current.pem")),
+    )
+    .unwrap();
+    w.write(
+        "/etc/kubernetes/kubelet.conf",
+        &format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: kubernetes\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: default-auth\n  user:\n    client-certificate: {pki}/kubelet-client-current.pem\n    client-key: {pki}/kubelet-client-current.pem\ncontexts:\n- name: default-context\n  context:\n    cluster: kubernetes\n    namespace: default\n    user: default-auth\ncurrent-context: default-context\n",
+            c.url,
+            b64(&c.ca.pem)
+        ),
+    );
+    let r = nodestrap(&a, None, &[]);
+    r.assert_ok();
+    assert!(
+        r.stdout.contains(&format!(
+            "from=api-server (the API server, GET /version, credentials from {})",
+            w.path("/etc/kubernetes/kubelet.conf").display()
+        )),
+        "{}",
+        r.stdout
+    );
+    assert!(!r.stderr.contains("bootstrap-kubelet.conf"), "{}", r.stderr);
+    // --kubelet-kubeconfig= turns it off: the expired token is all that is left.
+    let mut off = a.clone();
+    off.push("--kubelet-kubeconfig=".into());
+    nodestrap(&off, None, &[]).assert_fails(1, "the API server rejected the credentials of ");
 }
 
 /// kubeadm's JoinConfiguration as the version source of a node that has not joined, against
