@@ -15,7 +15,12 @@ pub const TORCX_ONLY: &[&str] = &[
     "reboot",
 ];
 /// Options only the sysext payload acts on.
-pub const SYSEXT_ONLY: &[&str] = &["sysext-url", "sysext-trust", "sysext-verity-certs"];
+pub const SYSEXT_ONLY: &[&str] = &[
+    "sysext-url",
+    "sysext-trust",
+    "sysext-verity-certs",
+    "kube-minor",
+];
 
 /// Step 0 for the merged options: each value, then the rules between options; returns the
 /// manifest URL template.
@@ -44,6 +49,13 @@ pub fn check_values(a: &Bootstrap) -> Result<ManifestUrl> {
         crate::net::events::check_url(u, "--events-url")?;
     }
     downgrades(&a.allow_downgrade)?;
+    if let Some(m) = &a.kube_minor {
+        if !crate::node::mappings::is_minor_only(m) || !m.starts_with('v') {
+            return Err(Error::config(format!(
+                "--kube-minor {m:?}: expected a Kubernetes minor like v1.33"
+            )));
+        }
+    }
     // Empty --kubeconfig means none (the API server is not asked); empty --kubelet-env-path
     // means kubelet.env is not written.
     let mut node_paths = vec![

@@ -105,6 +105,11 @@ pub struct Bootstrap {
     /// extension's name (required with --payload sysext)
     #[argh(option, default = "String::new()")]
     pub sysext_url: String,
+    /// the Kubernetes minor this node runs once bootstrapped, v1.33: a run takes patches of it
+    /// only; set the next minor (after draining the node) to move it there (default: the minor
+    /// of kubelet.env's KUBELET_VERSION, else the cluster's)
+    #[argh(option)]
+    pub kube_minor: Option<String>,
     /// let these exact versions through the version floor, NAME=VERSION, comma-separated
     /// (kubernetes=v1.37.1 for an extension, docker=17.03 for a torcx image): an explicit
     /// downgrade, recorded, which lowers the floor (default: none)
@@ -704,8 +709,9 @@ pub struct JoinService {
 
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "status", help_triggers("-h", "--help", "help"))]
-/// Show what the last bootstrap decided and did (its status record); exit 0 done, 1 failed,
-/// 3 still running, 4 no record, 5 done but the boot check found a mismatch.
+/// Show what the last bootstrap decided and did (its status record); exit 0 done, 1 failed
+/// with nothing in place, 3 still running, 4 no record, 5 done but the boot check found a
+/// mismatch, 6 failed while an earlier run's set still runs.
 pub struct Status {
     /// the node's root, for the record kept under /var/lib when /run has none (default /)
     #[argh(option, default = "PathBuf::from(\"/\")")]

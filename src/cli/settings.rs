@@ -33,6 +33,7 @@ pub const KEYS: &[&str] = &[
     "sysext-url",
     "sysext-trust",
     "sysext-verity-certs",
+    "kube-minor",
     "registry-auth",
     "registry-config-path",
     "kubeconfig",
@@ -142,6 +143,7 @@ pub fn payload_options(a: &Bootstrap, merged: &Merged) -> Result<()> {
             "sysext-url" => a.sysext_url.is_empty(),
             "sysext-trust" => a.sysext_trust == cli::SysextTrust::Plain,
             "sysext-verity-certs" => a.sysext_verity_certs.is_none(),
+            "kube-minor" => a.kube_minor.is_none(),
             _ => false,
         };
         if off {

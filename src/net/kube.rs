@@ -352,6 +352,24 @@ impl Kube {
         Ok(self.get_json(&format!("/api/v1/nodes/{name}"))?)
     }
 
+    /// A ConfigMap's `data`, `None` when the API server says it does not exist (404).
+    pub fn configmap(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> std::result::Result<Option<serde_json::Map<String, serde_json::Value>>, FetchError> {
+        match self.get_json(&format!("/api/v1/namespaces/{ns}/configmaps/{name}")) {
+            Ok(cm) => Ok(Some(
+                cm.get("data")
+                    .and_then(|d| d.as_object())
+                    .cloned()
+                    .unwrap_or_default(),
+            )),
+            Err(e) if e.class == Failure::Passed(404) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// One key of a ConfigMap; a missing or empty key is an error (`Failure::Final`), and so
     /// is a missing ConfigMap (its 404 names it).
     pub fn configmap_key(

@@ -151,6 +151,50 @@ pub struct Record {
     /// What became of the run's events (`--events-url`); `null` when it sent none.
     #[serde(default)]
     pub events: Option<crate::node::events::Delivery>,
+    /// What the node runs from this command's last run that succeeded (this one, when it did):
+    /// carried into every later record, so that a failed attempt never hides the set still in
+    /// place; `null` when no run of this command has succeeded on this root.
+    #[serde(default)]
+    pub running: Option<Running>,
+}
+
+/// The set in place: what the last successful run staged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Running {
+    /// When that run ended (RFC 3339, UTC).
+    pub since: String,
+    /// The cluster version it went by (its `k8s` decision), if it had one.
+    pub k8s: Option<String>,
+    /// The extensions it settled on (sysext).
+    pub chosen: Vec<Chosen>,
+    /// The files it staged, with their verified digests (torcx images, sysext images).
+    pub files: Vec<Staged>,
+}
+
+impl Running {
+    fn of(r: &Record) -> Running {
+        Running {
+            since: r.ended.clone().unwrap_or_else(|| r.started.clone()),
+            k8s: r
+                .decisions
+                .iter()
+                .find(|d| d.what == "k8s")
+                .map(|d| d.value.clone()),
+            chosen: r.chosen.clone(),
+            files: r.files.clone(),
+        }
+    }
+
+    /// The set carried from the record this command kept under `root` before this run.
+    fn before(root: &Path, command: &str) -> Option<Running> {
+        let root = Root::open(root).ok()?;
+        let f = root.open_file(&kept(command)).ok()??;
+        let (prev, _) = parse(f, "").ok()?;
+        match prev.state {
+            State::Done => Some(Running::of(&prev)),
+            _ => prev.running,
+        }
+    }
 }
 
 /// One extension of the chosen set.
@@ -402,6 +446,7 @@ pub fn begin(command: &str, root: &Path) {
         chosen: Vec::new(),
         verification: None,
         events: None,
+        running: Running::before(root, command),
     };
     emit(
         "started",
@@ -459,6 +504,16 @@ pub fn chosen(c: Chosen) {
             *x = c;
         } else if set.len() < MAX_ENTRIES {
             set.push(c);
+        }
+    });
+}
+
+/// A run that changes nothing on purpose (a rollout hold) settles on the set that runs: the
+/// carried `running` set becomes its `chosen`, which the boot check compares with what runs.
+pub fn keep_running_set() {
+    with(|o| {
+        if let Some(run) = &o.record.running {
+            o.record.chosen = run.chosen.clone();
         }
     });
 }
@@ -550,6 +605,7 @@ pub fn finish(code: i32, error: Option<&Error>) {
     r.error = error.map(|e| e.to_string());
     if code == 0 {
         r.phase = Phase::Done;
+        r.running = Some(Running::of(r));
     }
     emit(
         "finished",
@@ -802,6 +858,8 @@ fn exit_code(r: &Record) -> i32 {
             5
         }
         State::Done => 0,
+        // The last attempt failed, and the node still runs what an earlier one staged.
+        State::Failed | State::Interrupted if r.running.is_some() => 6,
         State::Failed | State::Interrupted => 1,
         State::Running => 3,
     }
@@ -836,6 +894,25 @@ pub fn human_lines(r: &Record, from: &str) -> Vec<String> {
     row("root", r.root.clone());
     if let Some(e) = &r.error {
         row("error", e.clone());
+    }
+    if r.state != State::Done {
+        if let Some(run) = &r.running {
+            row("running", running_line(run));
+        } else if r.state != State::Running {
+            row(
+                "running",
+                "nothing: no run of this command has succeeded on this root".into(),
+            );
+        }
+    }
+    if r.state == State::Failed {
+        row(
+            "next",
+            match r.exit_code {
+                Some(2) => "a configuration error: fix what the error names and run again; no unit retries it".into(),
+                _ => "the unit (or the patch timer) tries again; what runs stays until a run succeeds".to_string(),
+            },
+        );
     }
     for d in &r.decisions {
         row(&d.what, format!("{}  from {}", d.value, d.source));
@@ -897,6 +974,41 @@ pub fn human_lines(r: &Record, from: &str) -> Vec<String> {
     }
     row("record", from.to_string());
     out
+}
+
+/// `kubernetes v1.32.3 sha256-1a2b…, containerd 1.7.24 sha256-…, since 2026-…` (sysext), or
+/// the staged files (torcx).
+fn running_line(run: &Running) -> String {
+    let short = |d: &str| {
+        let s: String = d.chars().take(19).collect();
+        if s.len() < d.len() {
+            s + "…"
+        } else {
+            s
+        }
+    };
+    let set: Vec<String> = if run.chosen.is_empty() {
+        run.files
+            .iter()
+            .map(|f| format!("{} {}", f.path, short(&f.digest)))
+            .collect()
+    } else {
+        run.chosen
+            .iter()
+            .map(|c| format!("{} {} {}", c.name, c.version, short(&c.digest)))
+            .collect()
+    };
+    let k8s = run
+        .k8s
+        .as_ref()
+        .map(|k| format!(" for a {k} cluster"))
+        .unwrap_or_default();
+    let set = if set.is_empty() {
+        "what it staged".to_string()
+    } else {
+        set.join(", ")
+    };
+    format!("{set}{k8s}, since {}", run.since)
 }
 
 /// The phase's name as the record spells it.

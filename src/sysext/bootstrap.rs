@@ -20,6 +20,7 @@ use crate::sysext::choose;
 use crate::sysext::host::Host;
 use crate::sysext::known_good::KnownGood;
 use crate::sysext::merge::{self, Expect};
+use crate::sysext::rollout::Rollout;
 use crate::sysext::source::Source;
 use crate::sysext::stage::{self, Link};
 use crate::sysext::sums::{Date, Image, Sums, Version};
@@ -80,8 +81,10 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     // 1. The node as systemd-sysext sees it, what earlier boots proved, and who vouches.
     let node = NodeFacts::read(&root, a)?;
     // 2. The cluster's version, from the same sources as the torcx payload.
-    let (version, want) = cluster_version(&root, a)?;
-    // 3-4. Choose: Kubernetes by the cluster's version, the runtime by the mappings.
+    let (version, want, rollout) = cluster_version(&root, a)?;
+    //    The minor this node may take: the one it runs, unless --kube-minor moves it.
+    let (k8s, want) = node_minor(&root, a, &version, want)?;
+    // 3-4. Choose: Kubernetes by that version, the runtime by the mappings.
     let downgrades = crate::cli::check::downgrades(&a.allow_downgrade)?;
     let lists = Lists {
         source: &source,
@@ -93,7 +96,12 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         read: Default::default(),
         seen: Default::default(),
     };
-    let plan = Plan::choose(&root, a, &version.value, want, &lists)?;
+    let plan = Plan::choose(&root, a, &k8s, want, &lists)?;
+    //    The fleet's rollout setting, before anything changes.
+    if let Some(why) = plan.held(&root, &rollout)? {
+        return plan.hold(&version, &why);
+    }
+    plan.record();
     // 5. The plan, for --dry-run.
     if a.dry_run {
         return plan.print(&root, a, &version);
@@ -155,7 +163,10 @@ impl NodeFacts {
 }
 
 /// Step 2: the cluster's version, and how exactly the Kubernetes image must match it.
-fn cluster_version(root: &Root, a: &Bootstrap) -> Result<(cluster::Version, choose::Want)> {
+fn cluster_version(
+    root: &Root,
+    a: &Bootstrap,
+) -> Result<(cluster::Version, choose::Want, Rollout)> {
     let common = a.common();
     let kube = if a.force_kube_version.is_some() {
         None
@@ -179,9 +190,116 @@ fn cluster_version(root: &Root, a: &Bootstrap) -> Result<(cluster::Version, choo
         cluster::Source::Forced => choose::Want::Patch,
         _ => choose::Want::Cluster,
     };
-    // The API server is not asked again: its idle connection goes as this returns (see the
-    // torcx payload).
-    Ok((version, want))
+    // A node already bootstrapped reads the fleet's rollout setting with the same client; the
+    // API server is not asked again: its idle connection goes as this returns (see the torcx
+    // payload).
+    let bootstrapped = !a.kubelet_env_path.is_empty() && root.exists(&a.kubelet_env_path);
+    let rollout = match &kube {
+        Some(k) if bootstrapped => Rollout::read(k)?,
+        Some(_) => Rollout::Open("a first bootstrap".into()),
+        None => Rollout::Open(format!(
+            "not asked: the version came from {}",
+            version.source.word()
+        )),
+    };
+    if let Rollout::Unread(why) = &rollout {
+        log::warn!(
+            "rollout setting unread, going on without it: {why} (apply deploy/rollout.yaml so that nodes may read it)"
+        );
+    }
+    Ok((version, want, rollout))
+}
+
+/// Step 2, its end: a node that has been bootstrapped (kubelet.env names its kubelet) stays at
+/// its minor, taking patches only, when the cluster has moved on: a new minor is the operator's
+/// act, after draining the node, as kubeadm's own upgrade order has it (`--kube-minor`).
+/// Returns the version to choose by and how exactly.
+fn node_minor(
+    root: &Root,
+    a: &Bootstrap,
+    version: &cluster::Version,
+    want: choose::Want,
+) -> Result<(String, choose::Want)> {
+    use crate::node::mappings::minor_of;
+    let cluster_minor = minor_of(&version.value).and_then(|m| Minor::parse(&m));
+    if version.source == cluster::Source::Forced {
+        return Ok((version.value.clone(), want));
+    }
+    let Some(cluster_minor) = cluster_minor else {
+        return Ok((version.value.clone(), want));
+    };
+    let env = root.show(&a.kubelet_env_path);
+    let running = match root.read_text(&a.kubelet_env_path)? {
+        Some(text) if !a.kubelet_env_path.is_empty() => {
+            crate::node::envfile::EnvFile::parse(&text, &env)?
+                .get("KUBELET_VERSION")
+                .and_then(minor_of)
+                .and_then(|m| Minor::parse(&m))
+        }
+        _ => None,
+    };
+    let (target, from) = match (a.kube_minor.as_deref(), running) {
+        (Some(m), _) => (
+            minor_of(m).and_then(|m| Minor::parse(&m)).ok_or_else(|| {
+                Error::config(format!(
+                    "--kube-minor {m:?}: expected a Kubernetes minor like v1.33"
+                ))
+            })?,
+            "--kube-minor".to_string(),
+        ),
+        (None, Some(r)) => (r, format!("the minor it runs, KUBELET_VERSION in {env}")),
+        // A first bootstrap joins at the cluster's minor.
+        (None, None) => return Ok((version.value.clone(), want)),
+    };
+    if target > cluster_minor {
+        if a.kube_minor.is_some() {
+            return Err(Error::config(format!(
+                "--kube-minor v{target} is newer than the cluster's {}: a kubelet is never newer than its API server",
+                version.value
+            )));
+        }
+        return Ok((version.value.clone(), want));
+    }
+    if running.is_some_and(|r| r != target) {
+        log::info!(
+            "moving this node from v{} to v{target} ({from})",
+            running.unwrap_or(target)
+        );
+    }
+    status::decide("kube-minor", format_args!("v{target}"), &from);
+    if target == cluster_minor {
+        return Ok((version.value.clone(), want));
+    }
+    let behind = cluster_minor.1.saturating_sub(target.1);
+    let line = format!(
+        "staying at v{target} ({from}) while the cluster is at {}: patches of v{target} only; to move this node, drain it, then run with --kube-minor v{cluster_minor} (kubeadm's order: control plane first, then each node drained)",
+        version.value
+    );
+    if behind > 3 {
+        log::warn!(
+            "{line}; v{target} is {behind} minors behind, outside the version-skew policy (3)"
+        );
+    } else {
+        log::info!("{line}");
+    }
+    Ok((format!("v{target}"), choose::Want::Minor))
+}
+
+/// A Kubernetes minor, `1.33`, ordered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Minor(u64, u64);
+
+impl Minor {
+    fn parse(m: &str) -> Option<Minor> {
+        let (a, b) = m.split_once('.')?;
+        Some(Minor(a.parse().ok()?, b.parse().ok()?))
+    }
+}
+
+impl std::fmt::Display for Minor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.0, self.1)
+    }
 }
 
 /// Steps 3 and 4: what each extension gets, and the images to stage for it.
@@ -224,7 +342,17 @@ impl Plan {
             }
         };
         let (runtime_name, runtime) = choose_runtime(root, a, k8s, lists, &mut steps)?;
-        for s in &steps {
+        Ok(Plan {
+            steps,
+            kubernetes,
+            runtime_name,
+            runtime,
+        })
+    }
+
+    /// The chosen set, into the status record: what the boot check compares with what runs.
+    fn record(&self) {
+        for s in &self.steps {
             status::chosen(status::Chosen {
                 name: s.img.name.clone(),
                 version: s.img.label(),
@@ -233,12 +361,38 @@ impl Plan {
             });
         }
         status::phase(status::Phase::Chosen);
-        Ok(Plan {
-            steps,
-            kubernetes,
-            runtime_name,
-            runtime,
-        })
+    }
+
+    /// Why the fleet's rollout setting keeps this node as it is, when the plan would change
+    /// what it runs (a link to another image); `None` when it may go on.
+    fn held(&self, root: &Root, rollout: &Rollout) -> Result<Option<String>> {
+        let links = root.dir(stage::LINKS)?;
+        let changes = self.steps.iter().any(|s| {
+            let target = links
+                .as_ref()
+                .and_then(|d| d.link_target(&format!("{}.raw", s.img.name)));
+            target.as_deref() != Some(stage::image_path(&s.img).as_str())
+        });
+        if !changes {
+            return Ok(None);
+        }
+        Ok(rollout.stops(crate::sysext::rollout::share_point(root)))
+    }
+
+    /// A held run: nothing changes, the record keeps the set that runs, exit 0.
+    fn hold(&self, version: &cluster::Version, why: &str) -> Result<()> {
+        let next: Vec<String> = self
+            .steps
+            .iter()
+            .map(|s| format!("{} {}", s.img.name, s.img.label()))
+            .collect();
+        log::warn!(
+            "not changing this node: {why} (it would take {})",
+            next.join(", ")
+        );
+        status::decide("rollout", "held", why);
+        status::keep_running_set();
+        crate::outln!("nodestrap: sysext held k8s={} ({why})", version.value)
     }
 
     /// Step 5: what a run would do, and the marker a dry run writes where `--root` points.

@@ -11,6 +11,7 @@ pub mod host;
 pub mod image;
 pub mod known_good;
 pub mod merge;
+pub mod rollout;
 pub mod source;
 pub mod stage;
 pub mod sums;
