@@ -47,6 +47,12 @@ pub fn cluster() -> &'static Cluster {
     })
 }
 
+/// A cluster of the calling test's own, for a test that changes what every node of a cluster
+/// reads (a cluster-wide setting): its servers are children of the test's thread and end with it.
+pub fn own_cluster() -> Cluster {
+    Cluster::start()
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

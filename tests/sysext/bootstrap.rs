@@ -995,6 +995,9 @@ fn upgrade_world() -> World {
         "/etc/kubernetes/installer/kubelet.env",
         "KUBELET_IMAGE_TAG=v1.32.4\n",
     );
+    // The operator moves this node to the cluster's new minor (a patch run alone stays).
+    let mut w = w;
+    w.extra.push("--kube-minor=v1.32".into());
     w
 }
 
@@ -1527,7 +1530,8 @@ fn the_try_it_page_runs_as_written() {
         "signature check against keyring",
         "bootstrap exited 1",
         "FAILED (exit 1) in phase version",
-        "status exited 1",
+        "status exited 6",
+        "running          kubernetes v1.32.3 sha256-",
     ] {
         assert!(text.contains(want), "{want:?} not in\n{text}");
     }
@@ -1651,6 +1655,97 @@ fn unverified_signatures_are_recorded_and_never_called_signed() {
     assert!(
         sig["source"].as_str().unwrap().starts_with("keyring "),
         "{sig}"
+    );
+}
+
+/// A bootstrapped node takes patches of the minor it runs only, whatever minor the cluster has
+/// moved to: a new minor is the operator's act (`--kube-minor`, after draining the node), and
+/// the runtime mapped for that minor comes with it. `--kube-minor` above the cluster's minor is
+/// refused, as is a malformed one.
+#[test]
+fn the_patch_stream_stays_at_the_nodes_minor_until_the_operator_moves_it() {
+    let mut w = World::new();
+    w.write(
+        "/etc/kubernetes/installer/runtime-mappings.yaml",
+        "kind: VersionManifestV1\nversions:\n  k8s:\n    \"1.32\":\n      containerd: [\"1.7.24\"]\n    \"1.31\":\n      containerd: [\"1.7.20\"]\n",
+    );
+    let cluster = |v: &str| {
+        w.write(
+            "/etc/kubernetes/installer/kubelet.env",
+            &format!("KUBELET_IMAGE_TAG={v}\n"),
+        )
+    };
+    cluster("v1.31.2");
+    w.run().assert_ok();
+    let running = |w: &World| w.read("/etc/kubernetes/kubelet.env").unwrap();
+    assert!(
+        running(&w).contains("KUBELET_VERSION=v1.31.9"),
+        "{}",
+        running(&w)
+    );
+
+    // The cluster moves to 1.32: the node stays at 1.31, and says how to move it.
+    cluster("v1.32.4");
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stderr.contains("staying at v1.31 (the minor it runs, KUBELET_VERSION in ")
+            && r.stderr.contains("while the cluster is at v1.32.4: patches of v1.31 only; to move this node, drain it, then run with --kube-minor v1.32"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stdout.contains("kubernetes=v1.31.9 containerd=v1.7.20"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(
+        w.link("kubernetes").as_deref(),
+        Some("/opt/extensions/kubernetes/kubernetes-v1.31.9-x86-64.raw")
+    );
+    // A new patch of its minor is taken.
+    w.publish_versions("kubernetes", &["1.31.9", "1.31.10", "1.32.1", "1.32.3"]);
+    let r = w.run();
+    r.assert_ok();
+    assert!(r.stdout.contains("kubernetes=v1.31.10"), "{}", r.stdout);
+
+    // The operator's act: malformed, or above the cluster, refused before anything changes.
+    w.extra.push("--kube-minor=1.32".into());
+    w.run().assert_fails(
+        2,
+        "--kube-minor \"1.32\": expected a Kubernetes minor like v1.33",
+    );
+    w.extra.pop();
+    w.extra.push("--kube-minor=v1.33".into());
+    w.run().assert_fails(
+        2,
+        "--kube-minor v1.33 is newer than the cluster's v1.32.4: a kubelet is never newer than its API server",
+    );
+    assert!(
+        running(&w).contains("KUBELET_VERSION=v1.31.10"),
+        "{}",
+        running(&w)
+    );
+    // Moved to 1.32: its newest patch, and the runtime the mappings give 1.32.
+    w.extra.pop();
+    w.extra.push("--kube-minor=v1.32".into());
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stderr
+            .contains("moving this node from v1.31 to v1.32 (--kube-minor)"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stdout.contains("kubernetes=v1.32.3 containerd=v1.7.24"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        running(&w).contains("KUBELET_VERSION=v1.32.3"),
+        "{}",
+        running(&w)
     );
 }
 
@@ -1908,33 +2003,9 @@ fn a_joined_node_asks_with_the_kubelets_own_credentials() {
     let a = args_without_kubeconfig(&w);
     nodestrap(&a, None, &[]).assert_fails(1, "the API server rejected the credentials of ");
 
-    // The kubelet joined: its client certificate (system:node:NAME in system:nodes), where the
-    // kubelet keeps it, and the kubeconfig kubeadm wrote for it.
-    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.distinguished_name
-        .push(rcgen::DnType::CommonName, "system:node:worker-1");
-    p.distinguished_name
-        .push(rcgen::DnType::OrganizationName, "system:nodes");
-    p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-    let leaf = c.ca.issue(p);
-    let pki = "/var/lib/kubelet/pki";
-    w.write(
-        &format!("{pki}/kubelet-client-2026-11-28-10-00-00.pem"),
-        &format!("{}{}", leaf.cert_pem, leaf.key_pem),
-    );
-    std::os::unix::fs::symlink(
-        format!("{pki}/kubelet-client-2026-11-28-10-00-00.pem"),
-        w.path(&format!("{pki}/kubelet-client-current.pem")),
-    )
-    .unwrap();
-    w.write(
-        "/etc/kubernetes/kubelet.conf",
-        &format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: kubernetes\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: default-auth\n  user:\n    client-certificate: {pki}/kubelet-client-current.pem\n    client-key: {pki}/kubelet-client-current.pem\ncontexts:\n- name: default-context\n  context:\n    cluster: kubernetes\n    namespace: default\n    user: default-auth\ncurrent-context: default-context\n",
-            c.url,
-            b64(&c.ca.pem)
-        ),
-    );
+    // The kubelet joined: its client certificate, where the kubelet keeps it, and the
+    // kubeconfig kubeadm wrote for it.
+    join_as_kubelet(&w, c, "worker-1");
     let r = nodestrap(&a, None, &[]);
     r.assert_ok();
     assert!(
@@ -1950,6 +2021,139 @@ fn a_joined_node_asks_with_the_kubelets_own_credentials() {
     let mut off = a.clone();
     off.push("--kubelet-kubeconfig=".into());
     nodestrap(&off, None, &[]).assert_fails(1, "the API server rejected the credentials of ");
+}
+
+/// The kubelet's credentials as kubeadm and the kubelet lay them out: a client certificate of
+/// the cluster's CA for `system:node:NAME` in `system:nodes`, behind kubelet-client-current.pem,
+/// and /etc/kubernetes/kubelet.conf naming it.
+fn join_as_kubelet(w: &World, c: &support::cluster::Cluster, node: &str) {
+    use base64::Engine as _;
+    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.distinguished_name
+        .push(rcgen::DnType::CommonName, format!("system:node:{node}"));
+    p.distinguished_name
+        .push(rcgen::DnType::OrganizationName, "system:nodes");
+    p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let leaf = c.ca.issue(p);
+    let pki = "/var/lib/kubelet/pki";
+    w.write(
+        &format!("{pki}/kubelet-client-2026-11-28-10-00-00.pem"),
+        &format!("{}{}", leaf.cert_pem, leaf.key_pem),
+    );
+    let _ = std::fs::remove_file(w.path(&format!("{pki}/kubelet-client-current.pem")));
+    std::os::unix::fs::symlink(
+        format!("{pki}/kubelet-client-2026-11-28-10-00-00.pem"),
+        w.path(&format!("{pki}/kubelet-client-current.pem")),
+    )
+    .unwrap();
+    w.write(
+        "/etc/kubernetes/kubelet.conf",
+        &format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: kubernetes\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: default-auth\n  user:\n    client-certificate: {pki}/kubelet-client-current.pem\n    client-key: {pki}/kubelet-client-current.pem\ncontexts:\n- name: default-context\n  context:\n    cluster: kubernetes\n    namespace: default\n    user: default-auth\ncurrent-context: default-context\n",
+            c.url,
+            base64::engine::general_purpose::STANDARD.encode(&c.ca.pem)
+        ),
+    );
+}
+
+/// The fleet's rollout setting, read by a patch run with the node's own credentials (the Node
+/// authorizer on; deploy/rollout.yaml's RBAC applied as an operator applies it): a hold keeps
+/// every node as it is (exit 0, the record keeping the set that runs), a canary share lets only
+/// the nodes below it change, and each twin takes the new patch. Without the RBAC the setting
+/// is unread, said, and the run goes on. A cluster of the test's own: the setting is cluster-wide.
+#[test]
+fn the_fleets_hold_and_canary_share_are_read_by_every_patch_run() {
+    let c = support::cluster::own_cluster();
+    let w = joining_world();
+    w.write("/etc/machine-id", "5f1c3a0b9e2d4c7a8b6e0f1d2c3b4a59\n");
+    join_as_kubelet(&w, &c, "worker-1");
+    let a = args_without_kubeconfig(&w);
+    // The first bootstrap: v1.37.2, never held.
+    nodestrap(&a, None, &[]).assert_ok();
+    assert!(w
+        .read("/etc/kubernetes/kubelet.env")
+        .unwrap()
+        .contains("v1.37.2"));
+    w.publish_versions("kubernetes", &["1.36.4", "1.37.0", "1.37.2", "1.37.3"]);
+
+    // A hold set before the RBAC: unread, said, and the run goes on (it would have patched).
+    let rollout = |data: &str| {
+        c.kubectl(&[
+            "-n",
+            "kube-system",
+            "delete",
+            "configmap",
+            "nodestrap-rollout",
+            "--ignore-not-found",
+        ]);
+        c.kubectl(&[
+            "-n",
+            "kube-system",
+            "create",
+            "configmap",
+            "nodestrap-rollout",
+            data,
+        ]);
+    };
+    rollout("--from-literal=hold=true");
+    let mut dry = a.clone();
+    dry.push("--dry-run".into());
+    let r = nodestrap(&dry, None, &[]);
+    r.assert_ok();
+    assert!(
+        r.stderr.contains(
+            "rollout setting unread, going on without it: ConfigMap kube-system/nodestrap-rollout:"
+        ) && r.stderr.contains("403"),
+        "{}",
+        r.stderr
+    );
+    // The operator applies the shipped RBAC, as written.
+    c.kubectl(&[
+        "apply",
+        "-f",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rollout.yaml"),
+    ]);
+    rollout("--from-literal=hold=true");
+    let r = nodestrap(&a, None, &[]);
+    r.assert_ok();
+    assert!(
+        r.stdout.contains("nodestrap: sysext held k8s=v1.37.2 (held by ConfigMap kube-system/nodestrap-rollout hold=true)"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stderr.contains("it would take kubernetes v1.37.3"),
+        "{}",
+        r.stderr
+    );
+    assert!(w
+        .read("/etc/kubernetes/kubelet.env")
+        .unwrap()
+        .contains("KUBELET_VERSION=v1.37.2"));
+    let rec: serde_json::Value =
+        serde_json::from_str(&w.read("/var/lib/nodestrap/status.json").unwrap()).unwrap();
+    assert_eq!(rec["chosen"][0]["version"], "v1.37.2", "{rec:#}");
+    assert!(rec["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|d| d["what"] == "rollout" && d["value"] == "held"));
+    // A canary share this node is outside of (its share point is fixed by its machine ID).
+    rollout("--from-literal=canary-percent=0");
+    let r = nodestrap(&a, None, &[]);
+    r.assert_ok();
+    assert!(r.stdout.contains("(outside the canary share: kube-system/nodestrap-rollout canary-percent=0, this node's share point is"), "{}", r.stdout);
+    // A value that is no share is refused, never guessed.
+    rollout("--from-literal=canary-percent=ten");
+    nodestrap(&a, None, &[]).assert_fails(
+        1,
+        "canary-percent \"ten\" is not a whole number from 0 to 100",
+    );
+    // The twin: the whole fleet; the patch is taken.
+    rollout("--from-literal=canary-percent=100");
+    let r = nodestrap(&a, None, &[]);
+    r.assert_ok();
+    assert!(r.stdout.contains("kubernetes=v1.37.3"), "{}", r.stdout);
 }
 
 /// kubeadm's JoinConfiguration as the version source of a node that has not joined, against

@@ -2837,8 +2837,9 @@ fn what_torcx_would_not_find_is_refused_by_name() {
     let r = w.run();
     r.assert_ok();
     assert!(
-        r.stderr
-            .contains("/opt/torcx/docker:17.03.torcx.tgz, which matches the signed sha512-"),
+        r.stderr.contains(
+            "/opt/torcx/docker:17.03.torcx.tgz, which matches the signed manifest (sha512-"
+        ),
         "{}",
         r.stderr
     );
