@@ -3,89 +3,130 @@
 # amd64 and arm64 (static, size-capped), unit tests, integration tests against both release
 # binaries, a short run of every fuzz target, the Ignition configs, the in-cluster manifests,
 # and the QEMU scenarios.
+#
+#   tests/run.sh [PHASE...]    PHASE: lint unit integration arm64 fuzz qemu (default: all of them)
+#
+# `tests/run.sh lint unit integration` is the short loop of a change: amd64 only, no size
+# check, no QEMU (docs/build.md, "Tests and fuzzing").
 set -euo pipefail
 cd "$(dirname "$0")/.."
+all=(lint unit integration arm64 fuzz qemu)
+phases=("$@")
+[ ${#phases[@]} -gt 0 ] || phases=("${all[@]}")
+for p in "${phases[@]}"; do
+  [[ " ${all[*]} " == *" $p "* ]] || { echo "tests/run.sh: unknown phase $p (known: ${all[*]})" >&2; exit 2; }
+done
+want() { [[ " ${phases[*]} " == *" $1 "* ]]; }
 # Each phase's start, minutes and seconds into the run: CI's 90 minutes are a budget, and a slow
 # runner's log says where it went.
 phase() { printf 'tests/run.sh: +%dm%02ds %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
-# The test programs built from the Go module proxy (cached by version; test programs only), and
-# Debian 13's systemd-repart and containerd and Debian 14's systemd (debootstrap'ed roots, cached
-# by their package lists): the real torcx, the oracle of what torcx finds at boot (tests/torcx,
-# the QEMU guests), real Kubernetes, the cluster the commands that talk to one are tested against
+# What the phases share: the release binaries (integration, arm64, qemu), and the test programs
+# built from the Go module proxy (cached by version; test programs only) with Debian 13's
+# systemd-repart and containerd and Debian 14's systemd (debootstrap'ed roots, cached by their
+# package lists): the real torcx, the oracle of what torcx finds at boot (tests/torcx, the QEMU
+# guests), real Kubernetes, the cluster the commands that talk to one are tested against
 # (tests/support/cluster.rs) and the QEMU nodes join, real Butane (ignition/check), the signed
 # DDIs, the oracle of sysext.conf (tests/sysext/signed.rs) and of hosts.toml folders
 # (tests/sysext/oci.rs). Cold, they take minutes: they build in the background while the release
 # binaries link (mostly one core: LTO), and are waited for before the tests that need them.
+need_bins=; need_go=
+if want integration || want arm64 || want qemu; then need_bins=1 need_go=1; fi
 go_out=$(mktemp -d)
 # The integration tests' worlds (node roots, served files, clusters, namespaces' scratch) go to
 # one folder per run: removed once the tests pass, kept and named when they fail.
 worlds=$(mktemp -d /tmp/nodestrap-worlds.XXXXXX)
 trap 'rm -rf "$go_out"; [ ! -d "$worlds" ] || echo "tests/run.sh: the tests'"'"' worlds are kept in $worlds" >&2' EXIT
-(qemu/build-torcx >"$go_out/torcx" && qemu/build-kubernetes >"$go_out/kubernetes" &&
-  qemu/build-butane >/dev/null) 2>"$go_out/log" &
-go_build=$!
-# The two Debian roots beside them: debootstrap waits on the network and dpkg more than on the
-# cores the Go builds and the release link want.
-(qemu/build-ddi-tools >"$go_out/ddi" && qemu/build-systemd-forky >"$go_out/forky") 2>"$go_out/debian-log" &
-debian_build=$!
-phase "format, lints, licences, layout"
-cargo fmt --check
-# clippy -D warnings, shellcheck, pyflakes, the minimum Rust (.ci/lint says what each covers).
-.ci/lint
-.ci/licenses --check
-# The import rule of README.md's Layout: families over floors, no cycles.
-.ci/check-layout
-# Both release binaries, static-pie, stripped and under 4 MiB (.ci/build-release checks them and
-# prints their sizes and each crate's cost).
-phase "release binaries"
-builds=$(.ci/build-release)
-x86=$(sed -n 's/^x86_64-unknown-linux-musl=//p' <<<"$builds")
-arm=$(sed -n 's/^aarch64-unknown-linux-musl=//p' <<<"$builds")
-# docs/: each command's options are its --help; links and citations resolve.
-.ci/check-docs "$x86"
-# Unit tests, then the integration tests against each release binary: the arm64 one under
-# qemu-user (NODESTRAP_RUNNER), so its board fallback and syscalls are exercised, not only built.
+if [ -n "$need_go" ]; then
+  (qemu/build-torcx >"$go_out/torcx" && qemu/build-kubernetes >"$go_out/kubernetes" &&
+    qemu/build-butane >/dev/null) 2>"$go_out/log" &
+  go_build=$!
+  # The two Debian roots beside them: debootstrap waits on the network and dpkg more than on
+  # the cores the Go builds and the release link want.
+  (qemu/build-ddi-tools >"$go_out/ddi" && qemu/build-systemd-forky >"$go_out/forky") 2>"$go_out/debian-log" &
+  debian_build=$!
+fi
+if want lint; then
+  phase "format, lints, licences, layout"
+  cargo fmt --check
+  # clippy -D warnings, shellcheck, pyflakes, the minimum Rust (.ci/lint says what each covers).
+  .ci/lint
+  .ci/licenses --check
+  # The import rule of README.md's Layout: families over floors, no cycles.
+  .ci/check-layout
+  # No function over 80 lines, no file over 700 outside tests (the listed exceptions only shrink).
+  .ci/check-size
+fi
+if want unit; then
+  phase "unit tests"
+  cargo test --locked --lib
+fi
+if [ -n "$need_bins" ]; then
+  # Both release binaries, static-pie, stripped and under 4 MiB (.ci/build-release checks them
+  # and prints their sizes and each crate's cost).
+  phase "release binaries"
+  if want arm64 || want qemu; then
+    builds=$(.ci/build-release)
+    x86=$(sed -n 's/^x86_64-unknown-linux-musl=//p' <<<"$builds")
+    arm=$(sed -n 's/^aarch64-unknown-linux-musl=//p' <<<"$builds")
+  else
+    # The short loop: the amd64 binary alone (.ci/build-release's checks are the full run's).
+    cargo build --release --locked --target x86_64-unknown-linux-musl >&2
+    x86=$PWD/target/x86_64-unknown-linux-musl/release/nodestrap
+  fi
+  # docs/: each command's options are its --help; links and citations resolve.
+  .ci/check-docs "$x86"
+  # (The Go builds, started above; their progress and durations.)
+  phase "waiting for the Go builds and the Debian roots"
+  wait "$go_build" || { cat "$go_out/log" >&2; echo "tests/run.sh: building torcx, Kubernetes or Butane failed" >&2; exit 1; }
+  cat "$go_out/log" >&2
+  wait "$debian_build" || { cat "$go_out/debian-log" >&2; echo "tests/run.sh: debootstrapping the DDI tools or Debian 14's systemd failed" >&2; exit 1; }
+  cat "$go_out/debian-log" >&2
+  NODESTRAP_TORCX=$(cat "$go_out/torcx")
+  eval "$(cat "$go_out/kubernetes")"
+  NODESTRAP_KUBE_BIN=$KUBE_BIN
+  # Debian 13's systemd-repart, which makes the signed DDIs of tests/sysext/signed.rs, and its
+  # containerd, the oracle of a config_path's hosts.toml folders (tests/sysext/oci.rs).
+  NODESTRAP_DDI_TOOLS=$(cat "$go_out/ddi")
+  # Debian 14's systemd (259 or later), whose systemd-sysext reads the policy from sysext.conf.
+  NODESTRAP_SYSTEMD_FORKY=$(cat "$go_out/forky")
+  export NODESTRAP_TORCX NODESTRAP_KUBE_BIN NODESTRAP_DDI_TOOLS NODESTRAP_SYSTEMD_FORKY
+fi
+# The integration tests against each release binary: the arm64 one under qemu-user
+# (NODESTRAP_RUNNER), so its board fallback and syscalls are exercised, not only built.
 # (sysext's tests are x86-64 only: their images are built for x86-64 and merged by this
 # machine's systemd-sysext.)
-# (The Go builds, started above; their progress and durations.)
-phase "waiting for the Go builds and the Debian roots"
-wait "$go_build" || { cat "$go_out/log" >&2; echo "tests/run.sh: building torcx, Kubernetes or Butane failed" >&2; exit 1; }
-cat "$go_out/log" >&2
-wait "$debian_build" || { cat "$go_out/debian-log" >&2; echo "tests/run.sh: debootstrapping the DDI tools or Debian 14's systemd failed" >&2; exit 1; }
-cat "$go_out/debian-log" >&2
-NODESTRAP_TORCX=$(cat "$go_out/torcx")
-eval "$(cat "$go_out/kubernetes")"
-NODESTRAP_KUBE_BIN=$KUBE_BIN
-# Debian 13's systemd-repart, which makes the signed DDIs of tests/sysext/signed.rs, and its containerd,
-# the oracle of a config_path's hosts.toml folders (tests/sysext/oci.rs).
-NODESTRAP_DDI_TOOLS=$(cat "$go_out/ddi")
-# Debian 14's systemd (259 or later), whose systemd-sysext reads the policy from sysext.conf.
-NODESTRAP_SYSTEMD_FORKY=$(cat "$go_out/forky")
-export NODESTRAP_TORCX NODESTRAP_KUBE_BIN NODESTRAP_DDI_TOOLS NODESTRAP_SYSTEMD_FORKY
-phase "unit and integration tests (amd64)"
-TMPDIR=$worlds NODESTRAP_BIN=$x86 cargo test --locked
-phase "integration tests (arm64 under qemu-user)"
-TMPDIR=$worlds NODESTRAP_BIN=$arm NODESTRAP_RUNNER=${NODESTRAP_RUNNER_ARM64:-/usr/local/lib/nodestrap-ci/qemu-aarch64} \
-  cargo test --locked --test bootstrap --test hook --test activate --test reprovision --test kubeconfig
+if want integration; then
+  phase "integration tests (amd64)"
+  TMPDIR=$worlds NODESTRAP_BIN=$x86 cargo test --locked --test '*'
+fi
+if want arm64; then
+  phase "integration tests (arm64 under qemu-user)"
+  TMPDIR=$worlds NODESTRAP_BIN=$arm NODESTRAP_RUNNER=${NODESTRAP_RUNNER_ARM64:-/usr/local/lib/nodestrap-ci/qemu-aarch64} \
+    cargo test --locked --test bootstrap --test hook --test activate --test reprovision --test kubeconfig
+fi
 rm -rf "$worlds"
-# A few seconds of every fuzz target from the committed corpus, one summary line each.
-phase "fuzz targets"
-fuzz/run -t "${NODESTRAP_FUZZ_SECONDS:-5}"
-# The Ignition configs through real ignition-validate, the in-cluster manifests' consistency,
-# the dracut module on both architectures, then QEMU scenarios against this binary (qemu/build
-# runs systemd-analyze verify on every unit).
-phase "Ignition configs, manifests, dracut module"
-ignition/check
-deploy/check
-dracut/check-arch "$x86" "$arm"
-# CI boots under TCG (a fresh runner has no usable KVM; nested KVM here fails or hangs). Every
-# scenario under TCG takes about 80 min, more than CI has, so CI boots one scenario per home and
-# payload: the torcx bootstrap on the real root (one reboot) and from the initramfs, the in-place
-# reprovision, activation, and the sysext bootstrap from the initramfs: plain (with events and the
-# boot check), signed (two boots: the trust chain) and from an OCI registry (Debian's
-# docker-registry, TLS and htpasswd). `qemu/run` without names boots them all.
-phase "QEMU scenarios"
-NODESTRAP_BIN=$x86 NODESTRAP_QEMU_ACCEL=${NODESTRAP_QEMU_ACCEL:-tcg} \
-  NODESTRAP_QEMU_DEADLINE=${NODESTRAP_QEMU_DEADLINE:-2700} \
-  qemu/run firstboot initrd reprovision-rhcos activate sysext-initrd sysext-signed sysext-oci
+if want fuzz; then
+  # A few seconds of every fuzz target from the committed corpus, one summary line each.
+  phase "fuzz targets"
+  fuzz/run -t "${NODESTRAP_FUZZ_SECONDS:-5}"
+fi
+if want qemu; then
+  # The Ignition configs through real ignition-validate, the in-cluster manifests' consistency,
+  # the dracut module on both architectures, then QEMU scenarios against this binary (qemu/build
+  # runs systemd-analyze verify on every unit).
+  phase "Ignition configs, manifests, dracut module"
+  ignition/check
+  deploy/check
+  dracut/check-arch "$x86" "$arm"
+  # CI boots under TCG (a fresh runner has no usable KVM; nested KVM here fails or hangs). Every
+  # scenario under TCG takes about 80 min, more than CI has, so CI boots one scenario per home
+  # and payload: the torcx bootstrap on the real root (one reboot) and from the initramfs, the
+  # in-place reprovision, activation, and the sysext bootstrap from the initramfs: plain (with
+  # events and the boot check), signed (two boots: the trust chain) and from an OCI registry
+  # (Debian's docker-registry, TLS and htpasswd). `qemu/run` without names boots them all.
+  phase "QEMU scenarios"
+  NODESTRAP_BIN=$x86 NODESTRAP_QEMU_ACCEL=${NODESTRAP_QEMU_ACCEL:-tcg} \
+    NODESTRAP_QEMU_DEADLINE=${NODESTRAP_QEMU_DEADLINE:-2700} \
+    qemu/run firstboot initrd reprovision-rhcos activate sysext-initrd sysext-signed sysext-oci
+fi
 phase "done"
