@@ -17,11 +17,11 @@ NEXT_OS = "2401.0.0"
 # minor (the patch stream's starting point).
 CURRENT, PREVIOUS, PATCH = "current", "previous", "patch"
 DOCKER = "20.10"  # qemu/build-docker's image: Debian 12's docker.io 20.10.24
-GUEST_HOST = "10.0.2.2"
+GUEST_HOST = "10.0.2.2"  # the host's 127.0.0.1 as QEMU's user network shows it to the guest
 RHCOS_NODE = "node-rhcos"  # qemu/rhcos/ipb-reprovision.service's NODE
 IPB_LABEL = "ibm-cloud.kubernetes.io/ipb-schedule"
 RENDERED = "rendered-worker-6f0c1d2e3a"
-MCO_IMAGE = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "cd" * 32  # the host's 127.0.0.1 as QEMU's user network shows it to the guest
+MCO_IMAGE = "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:" + "cd" * 32
 KUBELET_RE = re.compile(r"nodestrap-qemu: kubelet started (.*)")
 DOCKER_RE = re.compile(r"nodestrap-qemu: docker (.*)")  # qemu/guest/files/docker-check
 QUIET = os.environ.get("NODESTRAP_QEMU_QUIET") == "1"

@@ -1,7 +1,7 @@
 //! `nodestrap bootstrap`: tectonic-torcx's node bootstrap, step by step (docs/bootstrap.md), with
 //! the fixes its reference lists: atomic writes, stable kubelet.env, a deadline on the update
 //! wait, retries on 5xx, and a reboot only when one is really needed.
-//! The steps the pre-reboot hook shares are in `options` and `runtime`.
+//! The steps the pre-reboot hook shares are in `runtime`, `store` and `layout`.
 
 use std::time::Duration;
 
