@@ -37,10 +37,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 /// Activate nodes per herd: 500, or NODESTRAP_LEDGER_NODES.
 fn herd_size() -> usize {
-    std::env::var("NODESTRAP_LEDGER_NODES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(500)
+    support::vars::ledger_nodes()
 }
 
 fn write(path: &Path, text: &str) {
@@ -58,7 +55,7 @@ fn s(v: &[&str]) -> Vec<String> {
 }
 
 fn kube_bin() -> PathBuf {
-    PathBuf::from(std::env::var_os("NODESTRAP_KUBE_BIN").expect("NODESTRAP_KUBE_BIN"))
+    support::vars::kube_bin()
 }
 
 /// A certificate for both ends of TLS, as node identities are.

@@ -12,11 +12,10 @@ use std::path::{Path, PathBuf};
 use base64::Engine as _;
 use support::*;
 
-const ORACLE: &str = "/usr/local/lib/nodestrap-ci/kubectl";
 const VERSION: &str = "v1.10.2+coreos.0";
 
 fn kubectl() -> String {
-    let k = std::env::var("NODESTRAP_KUBECTL").unwrap_or_else(|_| ORACLE.into());
+    let k = support::vars::kubectl();
     assert!(
         Path::new(&k).exists(),
         "kubectl oracle {k} is missing: .ci/setup installs it"

@@ -25,9 +25,7 @@ pub struct Cluster {
 }
 
 pub fn kube_bin() -> PathBuf {
-    PathBuf::from(std::env::var_os("NODESTRAP_KUBE_BIN").expect(
-        "NODESTRAP_KUBE_BIN: the folder qemu/build-kubernetes prints as KUBE_BIN (tests/run.sh sets it)",
-    ))
+    super::vars::kube_bin()
 }
 
 /// The binary's one cluster, started on first use.
@@ -118,8 +116,7 @@ impl Cluster {
         let serving = ca.issue(sp);
         let sa = rcgen::KeyPair::generate().unwrap();
         let (etcd_port, peer_port, api_port) = (free_port(), free_port(), free_port());
-        let etcd = std::env::var_os("NODESTRAP_ETCD")
-            .unwrap_or_else(|| "/usr/local/lib/nodestrap-ci/etcd".into());
+        let etcd = super::vars::etcd();
         let client = format!("http://127.0.0.1:{etcd_port}");
         let peer = format!("http://127.0.0.1:{peer_port}");
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();

@@ -284,11 +284,15 @@ pub fn temp_name(rel: &str) -> bool {
 /// build) strace would count the emulator's system calls, not the binary's. The logic under test
 /// is the same on both architectures; the amd64 run covers it.
 pub fn native() -> bool {
-    let runner = std::env::var("NODESTRAP_RUNNER").unwrap_or_default();
-    if !runner.is_empty() {
-        eprintln!("fault matrix skipped under {runner}: strace would count the emulator's calls");
+    match super::vars::runner() {
+        Some(runner) => {
+            eprintln!(
+                "fault matrix skipped under {runner}: strace would count the emulator's calls"
+            );
+            false
+        }
+        None => true,
     }
-    runner.is_empty()
 }
 
 /// The whole matrix over `calls` (from `trace`), each case from `pristine` copied onto `root`;

@@ -12,6 +12,7 @@ mod http;
 mod pgp;
 mod pki;
 mod registry;
+pub mod vars;
 // Not every test file uses every concern.
 #[allow(unused_imports)]
 pub use {bus::*, http::*, pgp::*, pki::*, registry::*};
@@ -19,10 +20,9 @@ pub use {bus::*, http::*, pgp::*, pki::*, registry::*};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The binary under test: `NODESTRAP_BIN` (CI points it at the static release build, or at
-/// another architecture's build run through qemu-user) or cargo's own build.
+/// The binary under test (`vars::bin`).
 pub fn bin() -> String {
-    std::env::var("NODESTRAP_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_nodestrap").to_string())
+    vars::bin()
 }
 
 /// The Container Linux board of the binary under test, from its ELF header's e_machine: what
@@ -134,10 +134,7 @@ pub fn command(args: &[String], bus: Option<&str>) -> Command {
 /// `command` with argv[0] set (the multicall names). With `NODESTRAP_RUNNER` (CI's qemu-user
 /// for another architecture's build) the binary runs under it, argv[0] passed with `-0`.
 pub fn command_as(argv0: Option<&str>, args: &[String], bus: Option<&str>) -> Command {
-    let mut c = match std::env::var("NODESTRAP_RUNNER")
-        .ok()
-        .filter(|r| !r.is_empty())
-    {
+    let mut c = match vars::runner() {
         Some(runner) => {
             let mut c = Command::new(runner);
             if let Some(a) = argv0 {

@@ -9,9 +9,7 @@ use super::*;
 /// The Debian 13 root holding systemd-repart and containerd (tests/run.sh sets it from
 /// qemu/build-ddi-tools).
 pub(super) fn tools() -> PathBuf {
-    PathBuf::from(std::env::var("NODESTRAP_DDI_TOOLS").expect(
-        "NODESTRAP_DDI_TOOLS: the Debian 13 root qemu/build-ddi-tools prints (tests/run.sh sets it)",
-    ))
+    super::support::vars::ddi_tools()
 }
 
 /// A key and its self-signed certificate, made by openssl now.
@@ -599,9 +597,7 @@ fn fault_matrix_of_a_signed_upgrade() {
 /// The Debian 14 root whose systemd (259 or later) reads its image policy from sysext.conf
 /// (tests/run.sh sets it from qemu/build-systemd-forky).
 fn forky() -> PathBuf {
-    PathBuf::from(std::env::var("NODESTRAP_SYSTEMD_FORKY").expect(
-        "NODESTRAP_SYSTEMD_FORKY: the Debian 14 root qemu/build-systemd-forky prints (tests/run.sh sets it)",
-    ))
+    super::support::vars::systemd_forky()
 }
 
 /// The systemd version of a root, from its shared library's name.

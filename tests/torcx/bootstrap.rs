@@ -2636,10 +2636,7 @@ fn fault_matrix_of_a_torcx_staging() {
 /// The real torcx (`qemu/build-torcx`: github.com/coreos/torcx v0.2.0 from the Go module proxy),
 /// named by NODESTRAP_TORCX (tests/run.sh sets it).
 fn real_torcx() -> PathBuf {
-    let p = std::env::var_os("NODESTRAP_TORCX").expect(
-        "NODESTRAP_TORCX: the real torcx, as qemu/build-torcx prints it (tests/run.sh sets it)",
-    );
-    PathBuf::from(p)
+    support::vars::torcx()
 }
 
 /// A real torcx image: `bin/docker` printing `version`, with its manifest.
@@ -3070,7 +3067,7 @@ fn copy_with_libraries(w: &World, program: &str) {
 /// profile, and the check passes again.
 #[test]
 fn a_torcx_profile_that_did_not_apply_is_found_and_the_known_good_one_selected() {
-    if std::env::var_os("NODESTRAP_RUNNER").is_some_and(|r| !r.is_empty()) {
+    if support::vars::runner().is_some() {
         // verify runs chrooted in the node's root, where no qemu-user is.
         return;
     }
@@ -3174,7 +3171,7 @@ fn a_torcx_profile_that_did_not_apply_is_found_and_the_known_good_one_selected()
 /// for is then no longer pending.
 #[test]
 fn a_vendor_known_good_profile_is_returned_to_and_verified() {
-    if std::env::var_os("NODESTRAP_RUNNER").is_some_and(|r| !r.is_empty()) {
+    if support::vars::runner().is_some() {
         return;
     }
     let w = World::new();
@@ -3238,7 +3235,7 @@ fn a_vendor_known_good_profile_is_returned_to_and_verified() {
 /// kubelet comes from kubelet.env.
 #[test]
 fn the_real_api_server_confirms_or_contradicts_a_torcx_node() {
-    if std::env::var_os("NODESTRAP_RUNNER").is_some_and(|r| !r.is_empty()) {
+    if support::vars::runner().is_some() {
         return;
     }
     let c = support::cluster::cluster();
