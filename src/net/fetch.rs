@@ -10,11 +10,9 @@ use std::time::{Duration, Instant};
 use ureq::tls::{RootCerts, TlsConfig};
 use ureq::Agent;
 
-use crate::crypto::digest::Digest;
 use crate::error::{Error, Result};
 use crate::node::root::{Dir, SPACE_MARGIN};
-use crate::node::undo::Undo;
-use crate::node::verified::{unchecked, BodySink, Expect, Staging, VerifiedWrite};
+use crate::node::verified::{BodySink, Staging, Written};
 
 use crate::net::retry::{Answer, Attempts, Load, Next, Retry};
 use crate::net::tls::{tls_provider, Check, Tls};
@@ -166,21 +164,6 @@ fn new_agent(config: &ureq::config::Config, alias: &Option<Alias>) -> Agent {
         ),
         None => config.new_agent(),
     }
-}
-
-/// A download's sink: the body into file `name` of `dir` (mode 0644) through a temp file,
-/// renamed into place (recorded in `undo`) only if it matches `digest`, the signed manifest's.
-pub fn into_store<'a, 'u>(
-    dir: &'a Dir,
-    name: &'a str,
-    digest: &'a Digest,
-    undo: &'a mut Undo<'u>,
-) -> VerifiedWrite<'a, 'u> {
-    let expect = Expect::Digest(
-        digest,
-        crate::node::status::signed(crate::node::status::List::Manifest),
-    );
-    VerifiedWrite::new(dir, name, 0o644, expect, &unchecked, Some(undo))
 }
 
 /// What one attempt says about trying again.
@@ -576,20 +559,18 @@ impl Http {
         })
     }
 
-    /// Stream `url` into a temp file in `dir` while hashing; the file becomes `name` only if
-    /// the digest matches (recorded in `undo` first). A broken transfer is retried from scratch
-    /// in a fresh temp file. The body is bounded as `stream` bounds one bound for `dir`.
+    /// Stream `url` into `sink`, the verified write of file `name` of `dir` that the store
+    /// owning it made: the file becomes `name` only if its digest matches. A broken transfer is
+    /// tried again (resumed where the sink kept its bytes). The body is bounded as `stream`
+    /// bounds one for `dir`.
     pub fn download(
         &self,
         url: &str,
-        dir: &Dir,
-        name: &str,
-        digest: &Digest,
         cap: u64,
-        undo: &mut Undo,
+        target: (&Dir, &str),
+        sink: &mut dyn BodySink<Written>,
     ) -> std::result::Result<u64, FetchError> {
-        let mut sink = into_store(dir, name, digest, undo);
-        let w = self.stream(&Request::get(url), cap, Some((dir, name)), &mut sink)?;
+        let w = self.stream(&Request::get(url), cap, Some(target), sink)?;
         Ok(w.bytes)
     }
 

@@ -19,13 +19,12 @@ use serde::Deserialize;
 
 use crate::crypto::digest::{sha256, Algo, Digest};
 use crate::error::{Error, Result};
-use crate::net::fetch::{into_store, Failure, FetchError, Http, Request};
+use crate::net::fetch::{Failure, FetchError, Http, Request};
 use crate::net::kubeconfig::client_cert;
 use crate::net::mirrors::{self, Endpoint, Scheme};
 use crate::net::retry::Retry;
 use crate::node::root::{Dir, Root};
-use crate::node::undo::Undo;
-use crate::node::verified::BodySink;
+use crate::node::verified::{BodySink, Written};
 
 /// nodestrap's artifact type: one file of a release directory.
 pub const ARTIFACT_TYPE: &str = "application/vnd.nodestrap.file.v1";
@@ -732,23 +731,22 @@ impl<'a> Client<'a> {
         })
     }
 
-    /// `url` into file `name` of `dir`, verified against `digest` (the signed manifest's) before
-    /// it is renamed into place, as `Http::download` does; an `oci://` reference (`Reference`)
+    /// `url` into `sink`, the store's verified write of file `name` of `dir`, as `Http::download`
+    /// does; an `oci://` reference (`Reference`)
     /// is read from its registry or a mirror that may pull: the manifest by its digest (checked),
     /// then its one layer, titled `name`, as a blob.
     pub fn download(
         &self,
         url: &str,
-        dir: &Dir,
-        name: &str,
-        digest: &Digest,
         cap: u64,
-        undo: &mut Undo,
+        target: (&Dir, &str),
+        sink: &mut dyn BodySink<Written>,
     ) -> std::result::Result<u64, FetchError> {
         let final_ = |e: Error| FetchError::new(Failure::Final, e);
         let Some(r) = Reference::parse(url).map_err(final_)? else {
-            return self.http.download(url, dir, name, digest, cap, undo);
+            return self.http.download(url, cap, target, sink);
         };
+        let name = target.1;
         let want = oci_name(&r.manifest);
         let accept = format!("{MANIFEST_TYPE}, {INDEX_TYPE}");
         let layer = self.first_host(&r.loc, Op::Pull, &mut |h| {
@@ -770,8 +768,7 @@ impl<'a> Client<'a> {
             file_layer(&body, name, url).map_err(final_)
         })?;
         let blob = layer.checked(cap, url)?;
-        let mut sink = into_store(dir, name, digest, undo);
-        let w = self.stream(&r.loc, &blob, cap, Some((dir, name)), &mut sink)?;
+        let w = self.stream(&r.loc, &blob, cap, Some(target), sink)?;
         Ok(w.bytes)
     }
 

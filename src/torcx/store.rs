@@ -7,9 +7,9 @@ use serde::{Deserialize, Serialize};
 use crate::crypto::digest::Digest;
 use crate::error::{Context, Error, Result};
 use crate::net::oci::{self, Reference};
-use crate::node::root::{plain_name, Root};
+use crate::node::root::{plain_name, Dir, Root};
 use crate::node::undo::Undo;
-use crate::node::verified::{write_verified, Expect, Staging};
+use crate::node::verified::{unchecked, write_verified, Expect, Staging, VerifiedWrite};
 use crate::torcx::layout::{Layout, VENDOR_STORE};
 
 pub const PACKAGE_LIST_KIND: &str = "torcx-package-list-v0";
@@ -245,9 +245,28 @@ pub fn stage_image(
             Err(Staging::Write(e)) => return Err(e),
         }
     }
-    Ok(Staged::Downloaded(
-        registry.download(w.url, &dir, &file, w.digest, w.cap, undo)?,
-    ))
+    let mut sink = into_store(&dir, &file, w.digest, undo);
+    Ok(Staged::Downloaded(registry.download(
+        w.url,
+        w.cap,
+        (&dir, &file),
+        &mut sink,
+    )?))
+}
+
+/// A download's sink: the body into file `name` of `dir` (mode 0644) through a temp file,
+/// renamed into place (recorded in `undo`) only if it matches `digest`, the signed manifest's.
+fn into_store<'a, 'u>(
+    dir: &'a Dir,
+    name: &'a str,
+    digest: &'a Digest,
+    undo: &'a mut Undo<'u>,
+) -> VerifiedWrite<'a, 'u> {
+    let expect = Expect::Digest(
+        digest,
+        crate::node::status::signed(crate::node::status::List::Manifest),
+    );
+    VerifiedWrite::new(dir, name, 0o644, expect, &unchecked, Some(undo))
 }
 
 fn local_copies(root: &Root, layout: &Layout, file: &str, except: &str) -> Result<Vec<String>> {
