@@ -37,7 +37,12 @@ const JOIN_CONFIG: &str = "/run/nodestrap/kubeadm-join.yaml";
 
 /// What one racer ended with. Errors are only the fatal ones, after the node lock.
 enum Side {
-    Won(Role, &'static str, String),
+    /// This side holds the node: its role, the way it got it (`init`, `join`), the cluster.
+    Won {
+        role: Role,
+        via: &'static str,
+        cluster: String,
+    },
     Lost,
     Stopped,
 }
@@ -182,7 +187,7 @@ pub fn run(a: &Activate) -> Result<()> {
     let mut errors = Vec::new();
     for side in [init, join] {
         match side {
-            Ok(Side::Won(role, via, cluster)) => won = Some((role, via, cluster)),
+            Ok(Side::Won { role, via, cluster }) => won = Some((role, via, cluster)),
             Ok(Side::Lost | Side::Stopped) => {}
             Err(e) => errors.push(e),
         }
@@ -331,7 +336,11 @@ fn init_server(ctx: &Ctx, listener: &TcpListener) -> Result<Side> {
         |asked| match init_conn(ctx, asked) {
             Conn::Next => true,
             Conn::Won(cluster) => {
-                end = Ok(Side::Won(Role::ControlPlane, "init", cluster));
+                end = Ok(Side::Won {
+                    role: Role::ControlPlane,
+                    via: "init",
+                    cluster,
+                });
                 false
             }
             Conn::Fatal(e) => {
@@ -676,7 +685,11 @@ fn join_with(ctx: &Ctx, ep: &Endpoint, t: Ticket) -> Result<Side> {
     match join_cluster(ctx, &t).and_then(|()| ctx.lock.done(None)) {
         Ok(()) => {
             ctx.stop.request();
-            Ok(Side::Won(t.role, "join", t.cluster_name))
+            Ok(Side::Won {
+                role: t.role,
+                via: "join",
+                cluster: t.cluster_name,
+            })
         }
         Err(e) => Err(ctx.fatal(e)),
     }

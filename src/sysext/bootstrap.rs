@@ -39,14 +39,16 @@ enum Outcome {
     Stage(Image),
     /// The user's opt-out, a foreign link, or the node's own runtime (Flatcar's, or its OS's):
     /// never overridden.
-    Left(&'static str),
+    Left {
+        word: &'static str,
+    },
 }
 
 impl Outcome {
     fn word(&self) -> String {
         match self {
             Outcome::Stage(i) => i.label(),
-            Outcome::Left(w) => w.to_string(),
+            Outcome::Left { word } => word.to_string(),
         }
     }
 }
@@ -648,7 +650,7 @@ fn choose_runtime(
                 "not staged",
                 format_args!("Flatcar's own {f} is active"),
             );
-            return Ok((rt, Outcome::Left("flatcar")));
+            return Ok((rt, Outcome::Left { word: "flatcar" }));
         }
     }
     if let Some(o) = left_alone(root, rt)? {
@@ -691,7 +693,7 @@ fn node_runtime(
                 root.show(stage::LINKS)
             );
             status::decide("runtime", "the node's own", format_args!("Flatcar's {f}"));
-            return Ok(("runtime", Outcome::Left("flatcar")));
+            return Ok(("runtime", Outcome::Left { word: "flatcar" }));
         }
     }
     let staged = ["containerd", "docker"]
@@ -710,7 +712,7 @@ fn node_runtime(
             "the node's own",
             format_args!("{}", root.show(p)),
         );
-        return Ok(("runtime", Outcome::Left("os")));
+        return Ok(("runtime", Outcome::Left { word: "os" }));
     }
     let minor = crate::node::mappings::minor_of(k8s).unwrap_or_else(|| k8s.to_string());
     let mapped = match m {
@@ -755,7 +757,7 @@ fn left_alone(root: &Root, name: &str) -> Result<Option<Outcome>> {
         _ => return Ok(None),
     };
     status::decide(name, "not staged", why);
-    Ok(Some(Outcome::Left(word)))
+    Ok(Some(Outcome::Left { word }))
 }
 
 /// A /dev/null link does not hide a copy in a lower search directory (systemd-sysext reads
