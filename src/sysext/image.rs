@@ -98,6 +98,11 @@ pub fn check(
     let mut head = vec![0u8; 8192];
     let n = read_head(file, &mut head, 0).map_err(|e| Error::failed(format!("{shown}: {e}")))?;
     head.truncate(n);
+    if n == 0 {
+        return Err(refuse(Refusal::Unreadable(
+            "it is empty (0 bytes): no file system, no DDI".into(),
+        )));
+    }
     let (region, signer) = match ddi::gpt_sector(&head) {
         Some(sector) => {
             let size = file

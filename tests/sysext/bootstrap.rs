@@ -441,6 +441,24 @@ fn live_refresh_merges_reloads_and_proves_the_version() {
         .contains("KUBELET_VERSION=v1.32.3"));
 }
 
+/// A zero-length image, its empty SHA-256 duly signed, is called empty (in either trust mode),
+/// never a plain image or an unknown file system.
+#[test]
+fn an_empty_image_is_refused_as_empty() {
+    let w = World::new();
+    w.publish(
+        "kubernetes",
+        &[("kubernetes-v1.32.3-x86-64.raw".to_string(), Vec::new())],
+        "",
+    );
+    let r = w.run();
+    r.assert_fails(
+        1,
+        "kubernetes-v1.32.3-x86-64.raw refused: it is empty (0 bytes): no file system, no DDI",
+    );
+    w.assert_nothing_staged();
+}
+
 #[test]
 fn a_tampered_list_stages_nothing() {
     let w = World::new();
