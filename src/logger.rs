@@ -37,6 +37,8 @@ impl log::Log for Logger {
         if !self.enabled(r.metadata()) {
             return;
         }
+        let msg = r.args().to_string();
+        let msg = one_line(&msg);
         let line = if self.journal {
             let prio = match r.level() {
                 log::Level::Error => 3,
@@ -44,18 +46,34 @@ impl log::Log for Logger {
                 log::Level::Info => 6,
                 log::Level::Debug | log::Level::Trace => 7,
             };
-            format!("<{prio}>{}\n", r.args())
+            format!("<{prio}>{msg}\n")
         } else {
-            format!(
-                "{}: {}\n",
-                r.level().as_str().to_ascii_lowercase(),
-                r.args()
-            )
+            format!("{}: {msg}\n", r.level().as_str().to_ascii_lowercase())
         };
         let _ = std::io::stderr().lock().write_all(line.as_bytes());
     }
 
     fn flush(&self) {}
+}
+
+/// One record, one line: control characters (a newline, a carriage return, NUL, an escape
+/// sequence's ESC, C1 controls) and Unicode's line and paragraph separators are written as
+/// escapes (`\n`, `\u{1b}`), so that text from outside (a certificate's subject, a server's
+/// body, a file) can never start a line of its own in the log, the journal or a terminal.
+pub fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() || c == '\u{2028}' || c == '\u{2029}';
+    if !s.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        if unsafe_char(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// True when stderr is the journal stream systemd gave us.
@@ -94,8 +112,21 @@ pub fn parse_level(s: &str) -> Option<log::LevelFilter> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_level;
+    use super::{one_line, parse_level};
     use log::LevelFilter::*;
+
+    #[test]
+    fn a_record_is_one_line_whatever_it_carries() {
+        assert_eq!(
+            one_line("plain text, quotes \" and \\ kept"),
+            "plain text, quotes \" and \\ kept"
+        );
+        assert_eq!(
+            one_line("node evil\ninfo: node forged ticket issued\r\0\u{1b}[31m"),
+            "node evil\\ninfo: node forged ticket issued\\r\\u{0}\\u{1b}[31m"
+        );
+        assert_eq!(one_line("a\u{2028}b\u{85}c\tz"), "a\\u{2028}b\\u{85}c\\tz");
+    }
 
     #[test]
     fn levels_as_logrus_reads_them() {

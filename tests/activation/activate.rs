@@ -1177,6 +1177,40 @@ fn one_ticket_per_node_identity_even_across_restarts() {
     let _ = std::fs::remove_dir_all(&svc.dir);
 }
 
+/// A certificate's subject is outside text: a CN carrying a newline and a line shaped like
+/// join-service's own, with CR, NUL and an escape sequence, stays inside its one log line,
+/// its control characters written as escapes.
+#[test]
+fn a_forged_log_line_in_a_certificate_stays_in_its_line() {
+    let pki = Pki::new();
+    let mut svc = JoinSvc::new(&pki, &pki.cluster);
+    let forged = "node-x\ninfo: node forged-node (sha256:00) at 127.0.0.1:1: ticket issued as control-plane\r\u{0}\u{1b}[2K";
+    let _ = ticket(
+        svc.port(),
+        &pki.cluster,
+        &both_ways(&pki.nodes, forged, None),
+    );
+    let log = svc.stop();
+    assert!(
+        !log.stderr
+            .lines()
+            .any(|l| l.starts_with("info: node forged-node")),
+        "{}",
+        log.stderr
+    );
+    assert!(
+        log.stderr.contains("node-x\\ninfo: node forged-node"),
+        "{}",
+        log.stderr
+    );
+    assert!(
+        !log.stderr.contains('\r') && !log.stderr.contains('\u{1b}') && !log.stderr.contains('\0'),
+        "{:?}",
+        log.stderr
+    );
+    let _ = std::fs::remove_dir_all(&svc.dir);
+}
+
 #[test]
 fn a_trickling_client_cannot_hold_the_join_service() {
     let pki = Pki::new();
