@@ -95,14 +95,7 @@ pub fn check(
     shown: &str,
 ) -> Result<Checked> {
     let refuse = |r: Refusal| Error::failed(format!("image {shown} refused: {r}"));
-    let mut head = vec![0u8; 8192];
-    let n = read_head(file, &mut head, 0).map_err(|e| Error::failed(format!("{shown}: {e}")))?;
-    head.truncate(n);
-    if n == 0 {
-        return Err(refuse(Refusal::Unreadable(
-            "it is empty (0 bytes): no file system, no DDI".into(),
-        )));
-    }
+    let mut head = first_bytes(file, shown)?;
     let (region, signer) = match ddi::gpt_sector(&head) {
         Some(sector) => {
             let size = file
@@ -170,6 +163,19 @@ pub fn check(
         release,
         signer,
     })
+}
+
+/// The image's first 8 KiB (where a GPT or a file system's superblock is); an empty file is
+/// refused as such.
+fn first_bytes(file: &File, shown: &str) -> Result<Vec<u8>> {
+    let mut head = vec![0u8; 8192];
+    let n = read_head(file, &mut head, 0).map_err(|e| Error::failed(format!("{shown}: {e}")))?;
+    if n == 0 {
+        let r = Refusal::Unreadable("it is empty (0 bytes): no file system, no DDI".into());
+        return Err(Error::failed(format!("image {shown} refused: {r}")));
+    }
+    head.truncate(n);
+    Ok(head)
 }
 
 fn read_head(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
