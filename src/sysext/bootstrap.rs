@@ -326,7 +326,8 @@ impl Plan {
             None => {
                 let (list, dir_url) = lists.get(KUBERNETES)?;
                 let (img, why) =
-                    choose::kubernetes(k8s, want, &lists.offered(&list, KUBERNETES)?, &dir_url)?;
+                    choose::kubernetes(k8s, want, &lists.offered(&list, KUBERNETES)?, &dir_url)
+                        .map_err(|e| lists.below_floor(&list, KUBERNETES, k8s).unwrap_or(e))?;
                 log::info!(
                     "{KUBERNETES} {} chosen for a {k8s} cluster ({why})",
                     img.label()
@@ -865,6 +866,22 @@ impl Lists<'_> {
             }
         }
         Ok(out)
+    }
+
+    /// Why a version the list offers was not taken: it is below `name`'s version floor (the
+    /// list as offered leaves it out, so "not offered" would not be true).
+    fn below_floor(&self, list: &Sums, name: &str, wanted: &str) -> Option<Error> {
+        let (floor, f) = self.known.floor.of(name)?;
+        let v = Version::parse(wanted.split(['-', '+']).next()?)?;
+        let listed = list.images(name, self.arch).iter().any(|i| i.version == v);
+        (listed && v < floor).then(|| {
+            Error::failed(format!(
+                "--force-kube-version {wanted}: the source offers it, but it is below {name}'s version floor {} (staged at {}; {}): versions only go forward; --allow-downgrade {name}={wanted} lets it through",
+                f.version,
+                f.at,
+                crate::sysext::known_good::PATH
+            ))
+        })
     }
 
     /// What this run accepted, once it succeeded: each staged version raises its floor (or, named

@@ -2367,6 +2367,17 @@ fn a_forced_version_pins_a_patch_or_a_minor() {
         "{}",
         r.stderr
     );
+    // v1.32.1, which the source does offer, is below that floor: said as such, never as not
+    // offered (the list as filtered by the floor leaves it out).
+    let r = run("v1.32.1");
+    r.assert_fails(1, "--force-kube-version v1.32.1: the source offers it, but it is below kubernetes's version floor v1.32.3 (staged at ");
+    assert!(
+        r.stderr
+            .contains("--allow-downgrade kubernetes=v1.32.1 lets it through")
+            && !r.stderr.contains("has no kubernetes v1.32.1"),
+        "{}",
+        r.stderr
+    );
     assert_eq!(
         w.link("kubernetes").as_deref(),
         Some("/opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw")
