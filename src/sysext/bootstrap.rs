@@ -222,33 +222,26 @@ fn node_minor(
     version: &cluster::Version,
     want: choose::Want,
 ) -> Result<(String, choose::Want)> {
-    use crate::node::mappings::minor_of;
-    let cluster_minor = minor_of(&version.value).and_then(|m| Minor::parse(&m));
+    let minor = |v: &str| crate::node::mappings::minor_of(v).and_then(|m| Version::parse(&m));
     if version.source == cluster::Source::Forced {
         return Ok((version.value.clone(), want));
     }
-    let Some(cluster_minor) = cluster_minor else {
+    let Some(cluster_minor) = minor(&version.value) else {
         return Ok((version.value.clone(), want));
     };
     let env = root.show(&a.kubelet_env_path);
-    let running = match root.read_text(&a.kubelet_env_path)? {
-        Some(text) if !a.kubelet_env_path.is_empty() => {
-            crate::node::envfile::EnvFile::parse(&text, &env)?
+    let running = match a.kubelet_env_path.is_empty() {
+        true => None,
+        false => match root.read_text(&a.kubelet_env_path)? {
+            Some(text) => crate::node::envfile::EnvFile::parse(&text, &env)?
                 .get("KUBELET_VERSION")
-                .and_then(minor_of)
-                .and_then(|m| Minor::parse(&m))
-        }
-        _ => None,
+                .and_then(minor),
+            None => None,
+        },
     };
-    let (target, from) = match (a.kube_minor.as_deref(), running) {
-        (Some(m), _) => (
-            minor_of(m).and_then(|m| Minor::parse(&m)).ok_or_else(|| {
-                Error::config(format!(
-                    "--kube-minor {m:?}: expected a Kubernetes minor like v1.33"
-                ))
-            })?,
-            "--kube-minor".to_string(),
-        ),
+    // --kube-minor's form was checked with the other options (cli::check).
+    let (target, from) = match (a.kube_minor.as_deref().and_then(minor), running.clone()) {
+        (Some(m), _) => (m, "--kube-minor".to_string()),
         (None, Some(r)) => (r, format!("the minor it runs, KUBELET_VERSION in {env}")),
         // A first bootstrap joins at the cluster's minor.
         (None, None) => return Ok((version.value.clone(), want)),
@@ -262,17 +255,15 @@ fn node_minor(
         }
         return Ok((version.value.clone(), want));
     }
-    if running.is_some_and(|r| r != target) {
-        log::info!(
-            "moving this node from v{} to v{target} ({from})",
-            running.unwrap_or(target)
-        );
+    if let Some(r) = running.filter(|r| *r != target) {
+        log::info!("moving this node from v{r} to v{target} ({from})");
     }
     status::decide("kube-minor", format_args!("v{target}"), &from);
     if target == cluster_minor {
         return Ok((version.value.clone(), want));
     }
-    let behind = cluster_minor.1.saturating_sub(target.1);
+    // Minors of one major: how many the node is behind.
+    let behind = cluster_minor.0[1].saturating_sub(target.0[1]);
     let line = format!(
         "staying at v{target} ({from}) while the cluster is at {}: patches of v{target} only; to move this node, drain it, then run with --kube-minor v{cluster_minor} (kubeadm's order: control plane first, then each node drained)",
         version.value
@@ -285,23 +276,6 @@ fn node_minor(
         log::info!("{line}");
     }
     Ok((format!("v{target}"), choose::Want::Minor))
-}
-
-/// A Kubernetes minor, `1.33`, ordered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct Minor(u64, u64);
-
-impl Minor {
-    fn parse(m: &str) -> Option<Minor> {
-        let (a, b) = m.split_once('.')?;
-        Some(Minor(a.parse().ok()?, b.parse().ok()?))
-    }
-}
-
-impl std::fmt::Display for Minor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}", self.0, self.1)
-    }
 }
 
 /// Steps 3 and 4: what each extension gets, and the images to stage for it.
@@ -697,9 +671,13 @@ fn node_runtime(
             return Ok(("runtime", Outcome::Left { word: "flatcar" }));
         }
     }
-    let staged = ["containerd", "docker"]
-        .into_iter()
-        .find(|r| matches!(Link::of(root, r), Ok(Link::Ours)));
+    let mut staged = None;
+    for r in ["containerd", "docker"] {
+        if matches!(Link::of(root, r)?, Link::Ours) {
+            staged = Some(r);
+            break;
+        }
+    }
     let shipped = ["/usr/bin/containerd", "/usr/bin/dockerd"]
         .into_iter()
         .find(|p| root.exists(p));
