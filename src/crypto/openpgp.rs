@@ -132,14 +132,21 @@ impl Keyring {
     }
 }
 
-/// The signature packets of a detached signature; any other packet refuses it.
+/// The signature packets of a detached signature, as sequoia's verifier takes them: a marker
+/// packet is ignored (RFC 9580, 5.8), a signature it cannot read (another version, an unknown
+/// algorithm) is passed over when a readable one stands beside it, any other packet refuses it.
 fn signatures(sig: &[u8]) -> openpgp::Result<Vec<Signature>> {
     let mut out = Vec::new();
+    let mut unreadable = Vec::new();
     let mut ppr = PacketParser::from_bytes(sig)?;
     while let PacketParserResult::Some(pp) = ppr {
         let (packet, next) = pp.next()?;
         match packet {
             Packet::Signature(s) => out.push(s),
+            Packet::Marker(_) => {}
+            Packet::Unknown(u) if u.tag() == openpgp::packet::Tag::Signature => {
+                unreadable.push(u.error().to_string())
+            }
             p => {
                 return Err(openpgp::anyhow::anyhow!(
                     "a detached signature holds a {} packet",
@@ -150,7 +157,12 @@ fn signatures(sig: &[u8]) -> openpgp::Result<Vec<Signature>> {
         ppr = next;
     }
     if out.is_empty() {
-        return Err(openpgp::anyhow::anyhow!("no signature found"));
+        return Err(match unreadable.is_empty() {
+            true => openpgp::anyhow::anyhow!("no signature found"),
+            false => {
+                openpgp::anyhow::anyhow!("no signature it can read: {}", unreadable.join("; "))
+            }
+        });
     }
     Ok(out)
 }
@@ -187,6 +199,33 @@ mod gnupg_interop {
         let by = k.verify_detached(MANIFEST, SIG, "manifest.json").unwrap();
         // The primary key is certify-only: the signing subkey made the signature.
         assert!(!k.fingerprints().contains(&by), "{by}");
+    }
+
+    #[test]
+    fn a_marker_is_ignored_and_an_unreadable_signature_passed_over() {
+        let k = Keyring::parse(KEYRING, "fixture").unwrap();
+        let binary = include_bytes!("../../fuzz/corpus/openpgp_signature/gnupg-binary.sig");
+        // An old-format marker packet ("PGP"), and a signature packet of version 99.
+        let marker = [0xA8, 0x03, b'P', b'G', b'P'];
+        let v99 = [0xC2, 0x06, 99, 0x00, 0x01, 0x08, 0x00, 0x00];
+        let mut sig = marker.to_vec();
+        sig.extend_from_slice(&v99);
+        sig.extend_from_slice(binary);
+        k.verify_detached(MANIFEST, &sig, "manifest.json").unwrap();
+        let only_v99 = [&marker[..], &v99[..]].concat();
+        let e = k
+            .verify_detached(MANIFEST, &only_v99, "manifest.json")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no signature it can read"), "{e}");
+        // A packet of another kind is refused, whatever stands beside it.
+        let mut literal = vec![0xCB, 0x06, b'b', 0x00, 0x00, 0x00, 0x00, 0x00];
+        literal.extend_from_slice(binary);
+        let e = k
+            .verify_detached(MANIFEST, &literal, "manifest.json")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a detached signature holds a"), "{e}");
     }
 
     #[test]
