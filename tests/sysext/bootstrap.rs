@@ -2092,6 +2092,12 @@ fn the_fleets_hold_and_canary_share_are_read_by_every_patch_run() {
         .read("/etc/kubernetes/kubelet.env")
         .unwrap()
         .contains("v1.37.2"));
+    let record = || -> serde_json::Value {
+        serde_json::from_str(&w.read("/var/lib/nodestrap/status.json").unwrap()).unwrap()
+    };
+    let since = record()["running"]["since"].clone();
+    assert!(since.is_string(), "{:#}", record());
+    std::thread::sleep(std::time::Duration::from_millis(1100));
     w.publish_versions("kubernetes", &["1.36.4", "1.37.0", "1.37.2", "1.37.3"]);
 
     // A hold set before the RBAC: unread, said, and the run goes on (it would have patched).
@@ -2151,6 +2157,8 @@ fn the_fleets_hold_and_canary_share_are_read_by_every_patch_run() {
     let rec: serde_json::Value =
         serde_json::from_str(&w.read("/var/lib/nodestrap/status.json").unwrap()).unwrap();
     assert_eq!(rec["chosen"][0]["version"], "v1.37.2", "{rec:#}");
+    // The set in place is the first bootstrap's, since then: a held run puts nothing in place.
+    assert_eq!(rec["running"]["since"], since, "{rec:#}");
     assert!(rec["decisions"]
         .as_array()
         .unwrap()

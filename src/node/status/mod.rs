@@ -185,6 +185,25 @@ impl Running {
         }
     }
 
+    /// This run's set, since when it first ran: a run that left the same set in place (a patch
+    /// run with nothing new, a held one) keeps the earlier `since`.
+    fn since_unchanged(self, before: Option<Running>) -> Running {
+        let same = |b: &Running| {
+            if self.chosen.is_empty() {
+                b.files == self.files
+            } else {
+                b.chosen == self.chosen
+            }
+        };
+        match before {
+            Some(b) if same(&b) => Running {
+                since: b.since,
+                ..self
+            },
+            _ => self,
+        }
+    }
+
     /// The set carried from the record this command kept under `root` before this run.
     fn before(root: &Path, command: &str) -> Option<Running> {
         let root = Root::open(root).ok()?;
@@ -605,7 +624,7 @@ pub fn finish(code: i32, error: Option<&Error>) {
     r.error = error.map(|e| e.to_string());
     if code == 0 {
         r.phase = Phase::Done;
-        r.running = Some(Running::of(r));
+        r.running = Some(Running::of(r).since_unchanged(r.running.take()));
     }
     emit(
         "finished",
