@@ -169,8 +169,8 @@ pub(crate) fn verify_in(
     let gen = w.path("/usr/lib/systemd/system-generators/torcx-generator");
     std::fs::create_dir_all(gen.parent().unwrap()).unwrap();
     std::fs::copy(real_torcx(), &gen).unwrap();
-    std::fs::create_dir_all(w.path("/usr/bin")).unwrap();
-    std::fs::copy(bin(), w.path("/usr/bin/nodestrap")).unwrap();
+    std::fs::create_dir_all(w.path("/opt/bin")).unwrap();
+    std::fs::copy(bin(), w.path("/opt/bin/nodestrap")).unwrap();
     for d in ["/run", "/proc", "/gen", "/bin", "/boot-id", "/dev"] {
         std::fs::create_dir_all(w.path(d)).unwrap();
     }
@@ -185,7 +185,7 @@ pub(crate) fn verify_in(
                chroot \"$0\" /usr/lib/systemd/system-generators/torcx-generator /gen /gen /gen 2>\"$0/gen.log\"; echo $? >\"$0/gen.rc\"\n\
              fi\n\
              mount --bind /dev \"$0/dev\"\n\
-             chroot \"$0\" /usr/bin/nodestrap verify $2",
+             chroot \"$0\" /opt/bin/nodestrap verify $2",
         )
         .arg(&w.root)
         .arg(if generator { "boot" } else { "again" })
