@@ -1,5 +1,6 @@
-//! Build-time facts for the binary: its build date (the clock's floor, src/node/clock.rs), and
-//! link settings that only the release binary takes (never the test binaries, which unwind).
+//! Build-time facts for the binary: its build date (the clock's floor, src/node/clock.rs), its
+//! version (`NODESTRAP_VERSION`, default Cargo.toml's: the tests build a later release of the
+//! same code to move a node to, docs/build.md), and link settings that only the release binary takes (never the test binaries, which unwind).
 
 use std::process::Command;
 
@@ -9,6 +10,8 @@ fn main() {
     println!("cargo:rerun-if-changed=.git/HEAD");
     println!("cargo:rerun-if-changed=.git/refs/heads");
     println!("cargo:rustc-env=NODESTRAP_BUILD_EPOCH={}", build_epoch());
+    println!("cargo:rerun-if-env-changed=NODESTRAP_VERSION");
+    println!("cargo:rustc-env=NODESTRAP_VERSION={}", version());
 
     let target = std::env::var("TARGET").unwrap_or_default();
     let profile = std::env::var("PROFILE").unwrap_or_default();
@@ -26,6 +29,23 @@ fn main() {
         println!("cargo:rustc-link-arg-bins=-fuse-ld=lld");
         println!("cargo:rustc-link-arg-bins=-B{gcc_ld}");
         println!("cargo:rustc-link-arg-bins=-Wl,--icf=all");
+    }
+}
+
+/// `NODESTRAP_VERSION` when set (dot-separated numbers only: the version floor compares them),
+/// else the package's.
+fn version() -> String {
+    match std::env::var("NODESTRAP_VERSION") {
+        Ok(v) if !v.is_empty() => {
+            let ok = v.split('.').count() == 3
+                && v.split('.')
+                    .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+            if !ok {
+                panic!("NODESTRAP_VERSION={v}: expected MAJOR.MINOR.PATCH, numbers only");
+            }
+            v
+        }
+        _ => std::env::var("CARGO_PKG_VERSION").unwrap_or_default(),
     }
 }
 

@@ -12,6 +12,9 @@
 //! - `cli` (every command's options) sits over the floors; families read their options from it.
 //! - `fuzz`: the fuzz crate's one way in, over everything (like this file and main.rs).
 
+/// This build's version: Cargo.toml's, or `NODESTRAP_VERSION` at build time (build.rs).
+pub const VERSION: &str = env!("NODESTRAP_VERSION");
+
 // Families.
 pub mod activation;
 pub mod inplace;

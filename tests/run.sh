@@ -64,6 +64,15 @@ if [ -n "$need_bins" ]; then
   # Both release binaries, static-pie, stripped and under 4 MiB (.ci/build-release checks them
   # and prints their sizes and each crate's cost).
   phase "release binaries"
+  # First a later release of the same code, the next patch version (build.rs's
+  # NODESTRAP_VERSION), that the self-update tests move a node's nodestrap to: built in the same
+  # folder (only nodestrap itself recompiles) and copied aside; the build below makes the
+  # release as it is again.
+  version=$(awk -F'"' '/^version *=/{print $2; exit}' Cargo.toml)
+  NODESTRAP_VERSION=${version%.*}.$((${version##*.} + 1)) \
+    cargo build -q --release --locked --target x86_64-unknown-linux-musl
+  install -D -m 0755 target/x86_64-unknown-linux-musl/release/nodestrap target/next/nodestrap
+  export NODESTRAP_NEXT_BIN=$PWD/target/next/nodestrap
   if want arm64 || want qemu; then
     builds=$(.ci/build-release)
     x86=$(sed -n 's/^x86_64-unknown-linux-musl=//p' <<<"$builds")

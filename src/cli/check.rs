@@ -20,6 +20,7 @@ pub const SYSEXT_ONLY: &[&str] = &[
     "sysext-trust",
     "sysext-verity-certs",
     "kube-minor",
+    "self-update",
 ];
 
 /// Step 0 for the merged options: each value, then the rules between options; returns the
@@ -31,6 +32,11 @@ pub fn check_options(a: &Bootstrap) -> Result<ManifestUrl> {
     if a.sysext_trust == crate::cli::SysextTrust::Signed && a.sysext_verity_certs.is_none() {
         return Err(Error::config(
             "--sysext-trust signed needs --sysext-verity-certs (the PEM file of the certificates that sign the images' verity root hashes)",
+        ));
+    }
+    if a.self_update && a.no_verify_signatures {
+        return Err(Error::config(
+            "--self-update needs the signed list: nodestrap does not replace itself with a release whose SHA256SUMS is not verified (--no-verify-signatures)",
         ));
     }
     if a.payload == Payload::Sysext && a.sysext_url.is_empty() {

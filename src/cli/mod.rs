@@ -110,6 +110,11 @@ pub struct Bootstrap {
     /// of kubelet.env's KUBELET_VERSION, else the cluster's)
     #[argh(option)]
     pub kube_minor: Option<String>,
+    /// also move nodestrap itself forward: /opt/bin/nodestrap, where Ignition installs it, to
+    /// the newest release in the source's nodestrap folder, verified and proven to run
+    /// (default false)
+    #[argh(option, default = "false")]
+    pub self_update: bool,
     /// let these exact versions through the version floor, NAME=VERSION, comma-separated
     /// (kubernetes=v1.37.1 for an extension, docker=17.03 for a torcx image): an explicit
     /// downgrade, recorded, which lowers the floor (default: none)
@@ -999,7 +1004,7 @@ pub fn at_most(flag: &str, value: u64, max: u64) -> Result<()> {
 pub fn parse(args: &[String]) -> std::result::Result<Cli, i32> {
     use std::io::Write as _;
     if matches!(args.first().map(String::as_str), Some("--version" | "-V")) {
-        let line = format!("nodestrap {}\n", env!("CARGO_PKG_VERSION"));
+        let line = format!("nodestrap {}\n", crate::VERSION);
         return Err(match std::io::stdout().write_all(line.as_bytes()) {
             Ok(()) => 0,
             Err(_) => 1,

@@ -122,7 +122,7 @@ pub fn verify(v: &Verify, run: &dyn Fn(&Verify) -> Result<()>) -> i32 {
             crate::node::events::open("verify", crate::net::events::Sender::start(t));
             crate::node::events::emit(
                 "started",
-                serde_json::json!({ "version": env!("CARGO_PKG_VERSION"), "root": "/" }),
+                serde_json::json!({ "version": crate::VERSION, "root": "/" }),
             );
         }
         let r = run(v);

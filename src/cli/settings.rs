@@ -34,6 +34,7 @@ pub const KEYS: &[&str] = &[
     "sysext-trust",
     "sysext-verity-certs",
     "kube-minor",
+    "self-update",
     "registry-auth",
     "registry-config-path",
     "kubeconfig",
@@ -144,6 +145,7 @@ pub fn payload_options(a: &Bootstrap, merged: &Merged) -> Result<()> {
             "sysext-trust" => a.sysext_trust == cli::SysextTrust::Plain,
             "sysext-verity-certs" => a.sysext_verity_certs.is_none(),
             "kube-minor" => a.kube_minor.is_none(),
+            "self-update" => !a.self_update,
             _ => false,
         };
         if off {

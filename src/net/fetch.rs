@@ -284,7 +284,7 @@ impl Http {
             .http_status_as_error(false)
             .https_only(false)
             .proxy(proxy)
-            .user_agent(concat!("nodestrap/", env!("CARGO_PKG_VERSION")))
+            .user_agent(concat!("nodestrap/", env!("NODESTRAP_VERSION")))
             .timeout_connect(Some(Duration::from_secs(30)))
             .timeout_recv_response(Some(Duration::from_secs(60)))
             .timeout_per_read(Some(Duration::from_secs(60)))

@@ -5,11 +5,9 @@
 
 use crate::cli::check::{check_options, SysextUrl};
 use crate::cli::Bootstrap;
-use crate::crypto::openpgp::Keyring;
 use crate::crypto::pkcs7::Cert;
 use crate::error::{Error, Result};
 use crate::net::cluster;
-use crate::net::fetch::{Failure, FetchError};
 use crate::node::mappings::Mappings;
 use crate::node::marker;
 use crate::node::root::Root;
@@ -18,18 +16,19 @@ use crate::node::status;
 use crate::node::undo::Undo;
 use crate::sysext::choose;
 use crate::sysext::host::Host;
+use crate::sysext::itself;
 use crate::sysext::known_good::KnownGood;
+use crate::sysext::lists::Lists;
 use crate::sysext::merge::{self, Expect};
 use crate::sysext::rollout::Rollout;
 use crate::sysext::source::Source;
 use crate::sysext::stage::{self, Link};
-use crate::sysext::sums::{Date, Image, Sums, Version};
+use crate::sysext::sums::{Image, Version};
 use crate::sysext::trust::{Mode, Trust};
 
 const KUBERNETES: &str = "kubernetes";
 /// Flatcar's own runtimes: while one is active, a second containerd is not merged over it.
 const FLATCAR_RUNTIMES: [&str; 2] = ["containerd-flatcar", "docker-flatcar"];
-const SIGNATURE_CAP: u64 = 64 << 10;
 /// The unit that merges the staged images when the real root boots.
 const SYSEXT_UNIT: &str = "systemd-sysext.service";
 
@@ -118,13 +117,14 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         source: &source,
         host: &node.host,
         steps: &plan.steps,
+        itself: plan.itself.as_ref(),
         known: &node.known,
         trust: &node.trust,
         live: root.is_host(),
     };
     let applied = run.apply(&mut undo).and_then(|applied| {
         lists
-            .remember(&root, &plan.steps, &mut undo)
+            .remember(&root, &plan.staged(), &mut undo)
             .map(|()| applied)
     });
     let restart =
@@ -281,6 +281,8 @@ fn node_minor(
 /// Steps 3 and 4: what each extension gets, and the images to stage for it.
 struct Plan {
     steps: Vec<Step>,
+    /// nodestrap's own next release, with --self-update.
+    itself: Option<itself::Update>,
     kubernetes: Outcome,
     runtime_name: &'static str,
     runtime: Outcome,
@@ -319,12 +321,23 @@ impl Plan {
             }
         };
         let (runtime_name, runtime) = choose_runtime(root, a, k8s, lists, &mut steps)?;
+        let itself = match a.self_update {
+            true => itself::choose(root, lists)?,
+            false => None,
+        };
         Ok(Plan {
             steps,
+            itself,
             kubernetes,
             runtime_name,
             runtime,
         })
+    }
+
+    /// Every release this run stages: their floors rise once it succeeds.
+    fn staged(&self) -> Vec<&Image> {
+        let own = self.itself.iter().map(|u| &u.img);
+        self.steps.iter().map(|s| &s.img).chain(own).collect()
     }
 
     /// The chosen set, into the status record: what the boot check compares with what runs.
@@ -350,7 +363,7 @@ impl Plan {
                 .and_then(|d| d.link_target(&format!("{}.raw", s.img.name)));
             target.as_deref() != Some(stage::image_path(&s.img).as_str())
         });
-        if !changes {
+        if !changes && self.itself.is_none() {
             return Ok(None);
         }
         Ok(rollout.stops(crate::sysext::rollout::share_point(root)))
@@ -359,9 +372,9 @@ impl Plan {
     /// A held run: nothing changes, the record keeps the set that runs, exit 0.
     fn hold(&self, version: &cluster::Version, why: &str) -> Result<()> {
         let next: Vec<String> = self
-            .steps
+            .staged()
             .iter()
-            .map(|s| format!("{} {}", s.img.name, s.img.label()))
+            .map(|i| format!("{} {}", i.name, i.label()))
             .collect();
         log::warn!(
             "not changing this node: {why} (it would take {})",
@@ -382,6 +395,15 @@ impl Plan {
                 stage::image_path(&s.img),
                 stage::LINKS,
                 s.img.name
+            )?;
+        }
+        if let Some(u) = &self.itself {
+            crate::outln!(
+                "plan: fetch {}{} -> {}, run it (--version), then rename it over {}",
+                u.dir_url,
+                u.img.file,
+                root.show(itself::INSTALLED),
+                itself::INSTALLED
             )?;
         }
         if !self.steps.is_empty() {
@@ -438,6 +460,7 @@ struct Apply<'a> {
     source: &'a Source<'a>,
     host: &'a Host,
     steps: &'a [Step],
+    itself: Option<&'a itself::Update>,
     known: &'a KnownGood,
     trust: &'a Trust,
     live: bool,
@@ -458,6 +481,11 @@ impl<'a> Apply<'a> {
         // any extension's store, whichever version the next run picks) goes first.
         stage::lock_links(undo)?;
         stage::sweep_stores(root);
+        // 6a. nodestrap's own release (--self-update), first: what follows may fail and
+        //     put the installed copy back.
+        if let Some(u) = self.itself {
+            itself::apply(root, self.source, u, undo)?;
+        }
         if steps.is_empty() {
             status::phase(status::Phase::Staged);
             status::decide("activation", "unchanged", "nothing staged");
@@ -786,203 +814,6 @@ fn write_marker(
         a.dry_run,
         undo,
     )
-}
-
-/// The signed lists of the source.
-struct Lists<'a> {
-    source: &'a Source<'a>,
-    url: &'a SysextUrl,
-    keyring: Option<&'a Keyring>,
-    arch: &'a str,
-    known: &'a KnownGood,
-    /// `--allow-downgrade`: exact versions let through the floor.
-    downgrades: &'a [(String, String)],
-    /// Lists already read, by directory: a flat source (one folder and one SHA256SUMS for every
-    /// extension, as sysext-bakery publishes) is fetched and verified once.
-    read: std::cell::RefCell<Vec<(String, Sums)>>,
-    /// The newest BEST-BEFORE of each list read, remembered once the run succeeds.
-    seen: std::cell::RefCell<Vec<(String, Date)>>,
-}
-
-impl Lists<'_> {
-    /// The images of `name` for this node's architecture in `list`, without those a boot check
-    /// refused (docs/verify.md).
-    fn offered(&self, list: &Sums, name: &str) -> Result<Vec<Image>> {
-        let mut out = list.images(name, self.arch);
-        out.retain(|i| match self.known.refusal(name, &i.digest.to_string()) {
-            Some(r) => {
-                log::warn!(
-                    "{name} {} not considered: refused by the boot check at {} ({}; {})",
-                    i.label(),
-                    r.at,
-                    r.why,
-                    crate::sysext::known_good::PATH
-                );
-                false
-            }
-            None => true,
-        });
-        // Versions only go forward: below the floor only an exact version a setting names.
-        if let Some((floor, f)) = self.known.floor.of(name) {
-            let allowed = crate::node::floor::allowed(self.downgrades, name);
-            let before = out.len();
-            out.retain(|i| i.version >= floor || allowed.as_ref() == Some(&i.version));
-            let why = format!(
-                "{} version(s) below the floor {} (staged at {}; {}) not considered; --allow-downgrade {name}=VERSION lets one exact version through",
-                before - out.len(),
-                f.version,
-                f.at,
-                crate::sysext::known_good::PATH
-            );
-            if out.is_empty() && before > 0 {
-                return Err(Error::failed(format!(
-                    "{name}: every version the source offers is below the version floor: {why}"
-                )));
-            }
-            if out.len() < before {
-                log::info!("{name}: {why}");
-            }
-        }
-        Ok(out)
-    }
-
-    /// Why a version the list offers was not taken: it is below `name`'s version floor (the
-    /// list as offered leaves it out, so "not offered" would not be true).
-    fn below_floor(&self, list: &Sums, name: &str, wanted: &str) -> Option<Error> {
-        let (floor, f) = self.known.floor.of(name)?;
-        let v = Version::parse(wanted.split(['-', '+']).next()?)?;
-        let listed = list.images(name, self.arch).iter().any(|i| i.version == v);
-        (listed && v < floor).then(|| {
-            Error::failed(format!(
-                "--force-kube-version {wanted}: the source offers it, but it is below {name}'s version floor {} (staged at {}; {}): versions only go forward; --allow-downgrade {name}={wanted} lets it through",
-                f.version,
-                f.at,
-                crate::sysext::known_good::PATH
-            ))
-        })
-    }
-
-    /// What this run accepted, once it succeeded: each staged version raises its floor (or, named
-    /// by `--allow-downgrade`, lowers it, recorded), each list's BEST-BEFORE is remembered.
-    /// Through `undo`, so a run that fails later leaves the file as it was.
-    fn remember(&self, root: &Root, steps: &[Step], undo: &mut Undo) -> Result<()> {
-        let mut k = self.known.clone();
-        let at = status::rfc3339(std::time::SystemTime::now());
-        for s in steps {
-            let named = self.downgrades.iter().any(|(n, v)| {
-                *n == s.img.name && Version::parse(v).as_ref() == Some(&s.img.version)
-            });
-            let lowered = named
-                && self
-                    .known
-                    .floor
-                    .of(&s.img.name)
-                    .is_some_and(|(f, _)| s.img.version < f);
-            if lowered {
-                let from = self
-                    .known
-                    .floor
-                    .of(&s.img.name)
-                    .map(|(_, f)| f.version.clone());
-                log::warn!(
-                    "{} downgraded to {} below its floor {} (--allow-downgrade): the floor is lowered",
-                    s.img.name,
-                    s.img.label(),
-                    from.as_deref().unwrap_or("?")
-                );
-                status::decide(
-                    "downgrade",
-                    format_args!("{} {}", s.img.name, s.img.label()),
-                    format_args!(
-                        "--allow-downgrade, below the floor {}",
-                        from.as_deref().unwrap_or("?")
-                    ),
-                );
-            }
-            k.floor
-                .staged(&s.img.name, &s.img.version, &s.img.label(), &at, lowered);
-        }
-        for (url, d) in self.seen.borrow().iter() {
-            k.saw_list(url, *d, &at);
-        }
-        if k != *self.known {
-            undo.write(crate::sysext::known_good::PATH, &k.to_json()?, 0o644)?;
-            crate::debug!(
-                "{} updated (floors, lists)",
-                root.show(crate::sysext::known_good::PATH)
-            );
-        }
-        Ok(())
-    }
-
-    /// `SHA256SUMS` of `name`'s directory, its signature checked before it is parsed, and its
-    /// freshness; with the directory's URL.
-    fn get(&self, name: &str) -> Result<(Sums, String)> {
-        let dir = self.url.dir(name)?;
-        if let Some((_, s)) = self.read.borrow().iter().find(|(d, _)| *d == dir) {
-            return Ok((s.clone(), dir));
-        }
-        let sums = self.fetch(&dir, name)?;
-        self.read.borrow_mut().push((dir.clone(), sums.clone()));
-        Ok((sums, dir))
-    }
-
-    fn fetch(&self, dir: &str, name: &str) -> Result<Sums> {
-        let url = Source::shown(dir, "SHA256SUMS");
-        let body = match self.source.get(dir, "SHA256SUMS", crate::sysext::sums::MAX_BYTES) {
-            Ok(b) => b,
-            Err(e) if e.class == Failure::Passed(404) => {
-                return Err(e.error.hint(format!(
-                    "the source has no list for {name} where --sysext-url points ({dir}): check --sysext-url and that the mirror holds {name}"
-                )))
-            }
-            Err(e) => return Err(e.into()),
-        };
-        match self.keyring {
-            Some(k) => {
-                let get = |ext: &str| {
-                    self.source
-                        .get(dir, &format!("SHA256SUMS.{ext}"), SIGNATURE_CAP)
-                };
-                // As systemd-pull does: a detached armored signature when there is no .gpg.
-                let absent = |e: &FetchError| e.class == Failure::Passed(404);
-                let sig = match get("gpg") {
-                    Ok(s) => s,
-                    Err(e) if absent(&e) => match get("asc") {
-                        Ok(s) => s,
-                        Err(e) if absent(&e) => return Err(Error::failed(format!(
-                            "{url} is not signed: neither SHA256SUMS.gpg nor SHA256SUMS.asc is beside it (HTTP 404 for both): sign it as systemd-sysupdate reads it (gpg --detach-sign --output SHA256SUMS.gpg SHA256SUMS) with a key of --keyring, or, dangerous, --no-verify-signatures"
-                        ))),
-                        Err(e) => return Err(e.into()),
-                    },
-                    Err(e) => return Err(e.into()),
-                };
-                let by = k.verify_detached(&body, &sig, &url)?;
-                log::info!("{url}: good signature by {by}");
-            }
-            None => log::warn!("{url}: signature NOT checked (--no-verify-signatures)"),
-        }
-        let sums = Sums::parse(&body, &url)?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        sums.check_fresh(now, &url)?;
-        // A signed list only goes forward: one older than a list this node accepted is stale.
-        if let Some(newest) = sums.best_before.iter().max() {
-            if let Some((seen, l)) = self.known.list_seen(&url) {
-                if *newest < seen {
-                    return Err(Error::failed(format!(
-                        "{url}: stale: its newest marker is BEST-BEFORE-{newest}, older than BEST-BEFORE-{seen} of the list this node accepted from it at {} ({}): the source must publish a list at least as fresh",
-                        l.at,
-                        crate::sysext::known_good::PATH
-                    )));
-                }
-            }
-            self.seen.borrow_mut().push((url.clone(), *newest));
-        }
-        Ok(sums)
-    }
 }
 
 /// `--sysext-trust` and `--sysext-verity-certs`, recorded as the `sysext-trust` decision.

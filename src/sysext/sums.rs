@@ -156,6 +156,16 @@ impl Sums {
     /// The images of extension `name` for architecture `arch`, named
     /// `<name>-v<version>-<arch>.raw` (the bakery drops the `v` for some: both are taken).
     pub fn images(&self, name: &str, arch: &str) -> Vec<Image> {
+        self.named(name, arch, ".raw")
+    }
+
+    /// The release executables of `name` (nodestrap's own) for `arch`, named
+    /// `<name>-v<version>-<arch>`, as `deploy/sign-sysext-source` lists them.
+    pub fn executables(&self, name: &str, arch: &str) -> Vec<Image> {
+        self.named(name, arch, "")
+    }
+
+    fn named(&self, name: &str, arch: &str, suffix: &str) -> Vec<Image> {
         self.entries
             .iter()
             .filter_map(|e| {
@@ -163,7 +173,7 @@ impl Sums {
                     .file
                     .strip_prefix(name)?
                     .strip_prefix('-')?
-                    .strip_suffix(".raw")?
+                    .strip_suffix(suffix)?
                     .strip_suffix(arch)?
                     .strip_suffix('-')?;
                 let (v_prefix, v) = match mid.strip_prefix('v') {
@@ -276,5 +286,20 @@ mod tests {
             .unwrap()
             .within(&Version::parse("1.7").unwrap()));
         assert!(Version::parse("1.32.10").unwrap() > Version::parse("1.32.9").unwrap());
+    }
+
+    #[test]
+    fn executables_have_no_suffix() {
+        let text = format!(
+            "{H}  nodestrap-v0.2.0-x86-64\n{H}  nodestrap-v0.2.0-arm64\n{H}  nodestrap-v0.3.0-x86-64.raw\n{H}  nodestrap-v0.2.0-x86-64.sig\n"
+        );
+        let s = Sums::parse(text.as_bytes(), "u").unwrap();
+        let n = s.executables("nodestrap", "x86-64");
+        assert_eq!(n.len(), 1);
+        assert_eq!(
+            (n[0].label().as_str(), n[0].file.as_str()),
+            ("v0.2.0", "nodestrap-v0.2.0-x86-64")
+        );
+        assert_eq!(s.images("nodestrap", "x86-64")[0].label(), "v0.3.0");
     }
 }

@@ -16,6 +16,15 @@ pub fn bin() -> String {
     std::env::var("NODESTRAP_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_nodestrap").to_string())
 }
 
+/// `NODESTRAP_NEXT_BIN`: a later release of the binary under test (the same code built with
+/// the next patch version, `NODESTRAP_VERSION` at build time), to move a node's nodestrap to.
+pub fn next_bin() -> PathBuf {
+    required(
+        "NODESTRAP_NEXT_BIN",
+        "a build of this code with the next patch version (tests/run.sh builds it)",
+    )
+}
+
 /// `NODESTRAP_RUNNER`: the emulator the binary runs under (CI's qemu-aarch64 for the arm64
 /// build); unset or empty, none.
 pub fn runner() -> Option<String> {

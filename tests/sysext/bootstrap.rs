@@ -2804,3 +2804,6 @@ fn versions_only_go_forward_and_an_older_signed_list_is_stale() {
         Some("/opt/extensions/kubernetes/kubernetes-v1.32.1-x86-64.raw")
     );
 }
+
+#[path = "itself.rs"]
+mod itself;

@@ -448,7 +448,7 @@ pub fn begin(command: &str, root: &Path) {
     let record = Record {
         schema: SCHEMA,
         command: command.to_string(),
-        version: env!("CARGO_PKG_VERSION").to_string(),
+        version: crate::VERSION.to_string(),
         root: root.display().to_string(),
         started: rfc3339(SystemTime::now()),
         ended: None,
