@@ -100,7 +100,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     let plan = Plan::choose(&root, a, &k8s, want, &lists)?;
     //    The fleet's rollout setting, before anything changes.
     if let Some(why) = plan.held(&root, &rollout)? {
-        return plan.hold(&version, &why);
+        return plan.hold(&root, &version, &why);
     }
     plan.record();
     // 5. The plan, for --dry-run.
@@ -353,26 +353,33 @@ impl Plan {
         status::phase(status::Phase::Chosen);
     }
 
-    /// Why the fleet's rollout setting keeps this node as it is, when the plan would change
-    /// what it runs (a link to another image); `None` when it may go on.
-    fn held(&self, root: &Root, rollout: &Rollout) -> Result<Option<String>> {
+    /// What the plan would change: each release whose image is not the one linked now, and
+    /// nodestrap's own.
+    fn changes(&self, root: &Root) -> Result<Vec<&Image>> {
         let links = root.dir(stage::LINKS)?;
-        let changes = self.steps.iter().any(|s| {
+        let relinked = self.steps.iter().filter(|s| {
             let target = links
                 .as_ref()
                 .and_then(|d| d.link_target(&format!("{}.raw", s.img.name)));
             target.as_deref() != Some(stage::image_path(&s.img).as_str())
         });
-        if !changes && self.itself.is_none() {
+        let own = self.itself.iter().map(|u| &u.img);
+        Ok(relinked.map(|s| &s.img).chain(own).collect())
+    }
+
+    /// Why the fleet's rollout setting keeps this node as it is, when the plan would change
+    /// what it runs; `None` when it may go on.
+    fn held(&self, root: &Root, rollout: &Rollout) -> Result<Option<String>> {
+        if self.changes(root)?.is_empty() {
             return Ok(None);
         }
         Ok(rollout.stops(crate::sysext::rollout::share_point(root)))
     }
 
     /// A held run: nothing changes, the record keeps the set that runs, exit 0.
-    fn hold(&self, version: &cluster::Version, why: &str) -> Result<()> {
+    fn hold(&self, root: &Root, version: &cluster::Version, why: &str) -> Result<()> {
         let next: Vec<String> = self
-            .staged()
+            .changes(root)?
             .iter()
             .map(|i| format!("{} {}", i.name, i.label()))
             .collect();
@@ -381,6 +388,8 @@ impl Plan {
             next.join(", ")
         );
         status::decide("rollout", "held", why);
+        // What runs stays merged as it is: the boot check after a held patch run checks it.
+        status::decide("activation", "unchanged", format_args!("held: {why}"));
         status::keep_running_set();
         crate::outln!("nodestrap: sysext held k8s={} ({why})", version.value)
     }

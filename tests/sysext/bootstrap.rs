@@ -2164,6 +2164,12 @@ fn the_fleets_hold_and_canary_share_are_read_by_every_patch_run() {
         .unwrap()
         .iter()
         .any(|d| d["what"] == "rollout" && d["value"] == "held"));
+    // The set in place stays merged, as the boot check after the patch run finds it.
+    assert!(rec["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|d| d["what"] == "activation" && d["value"] == "unchanged"));
     // A canary share this node is outside of (its share point is fixed by its machine ID).
     rollout("--from-literal=canary-percent=0");
     let r = nodestrap(&a, None, &[]);
