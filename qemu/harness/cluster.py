@@ -243,6 +243,36 @@ class ControlPlane:
                 {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}),
         ])
 
+    def short_token(self, ttl):
+        """A bootstrap token of its own for one node, expiring in `ttl` seconds (kubeadm's
+        default is a day): (token, the name of its Secret), for a scenario that deletes it."""
+        alphabet = string.ascii_lowercase + string.digits
+        tid = "".join(secrets.choice(alphabet) for _ in range(6))
+        tsecret = "".join(secrets.choice(alphabet) for _ in range(16))
+        expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + ttl))
+        self.apply([{"apiVersion": "v1", "kind": "Secret", "type": "bootstrap.kubernetes.io/token",
+                     "metadata": {"name": "bootstrap-token-" + tid, "namespace": "kube-system"},
+                     "stringData": {"token-id": tid, "token-secret": tsecret, "expiration": expires,
+                                    "usage-bootstrap-authentication": "true", "usage-bootstrap-signing": "true",
+                                    "auth-extra-groups": BOOTSTRAP_GROUP}}])
+        return "%s.%s" % (tid, tsecret), "bootstrap-token-" + tid
+
+    def refuses(self, token):
+        """Whether the API server answers a request with `token` 401 (GET /version, which any
+        authenticated or anonymous user may read: only a token it rejects is refused)."""
+        path = os.path.join(self.d, "token-check.conf")
+        with open(path, "w") as f:
+            f.write(self.kubeconfig(token=token, server="https://127.0.0.1:%d" % self.api_port))
+        # The API server caches a token it authenticated for a few seconds (and learns of the
+        # Secret's deletion through its watch): asked again for up to 30 s.
+        for _ in range(30):
+            r = subprocess.run([os.path.join(self.kube_bin, "kubectl"), "--kubeconfig", path, "--request-timeout=10s",
+                                "get", "--raw", "/version"], capture_output=True, text=True)
+            if r.returncode != 0 and "Unauthorized" in r.stderr:
+                return True
+            time.sleep(1)
+        return False
+
     def identities(self):
         """nodestrap's users, each allowed exactly what its command needs. /version needs no
         rule: every user may read it (system:public-info-viewer)."""

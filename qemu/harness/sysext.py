@@ -27,6 +27,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import socket
 import struct
 import subprocess
@@ -412,7 +413,10 @@ class World:
         lines = []
         for fname, src in files:
             if not os.path.exists(os.path.join(d, fname)):
-                os.link(src, os.path.join(d, fname))
+                try:
+                    os.link(src, os.path.join(d, fname))
+                except OSError:  # another filesystem (a binary in the checkout)
+                    shutil.copy(src, os.path.join(d, fname))
             lines.append("%s  %s\n" % (hashlib.sha256(open(src, "rb").read()).hexdigest(), fname))
         lines.append("%s  BEST-BEFORE-%s\n" % (EMPTY_SHA, "2021-06-30" if sc.mirror == "expired" else "2099-12-31"))
         sums = os.path.join(d, "SHA256SUMS")
@@ -520,29 +524,51 @@ class World:
                 args += ["--unit", os.path.join(drop, "10-test.conf")]
         return args
 
-    def butane_config(self, sc, url, config):
+    def publish_nodestrap(self, sc, path):
+        """nodestrap's release `path` (a binary) in the scenario's signed nodestrap/ folder, as
+        deploy/sign-sysext-source files one, beside those already there; its file name and
+        version."""
+        version = run([path, "--version"], stdout=subprocess.PIPE).stdout.split()[1]
+        fname = "nodestrap-v%s-x86-64" % version
+        self.releases = getattr(self, "releases", {})
+        have = self.releases.setdefault(sc.name, [])
+        have.append((fname, path))
+        self.sign(sc, "nodestrap", have)
+        return fname, version
+
+    def butane_config(self, sc, url, config, extra=""):
         """ignition/examples/sysext-worker.bu as an operator uses it: its four files replaced with
         this cluster's (the signing key, the mirror's CA, a bootstrap token kubeconfig, the
-        cluster's CA), its example mirror URL with this one, rendered by real Butane, strict.
+        cluster's CA), its example mirror URL with this one, nodestrap's release and its SHA-512
+        with the run's binary in the mirror's nodestrap/ folder, rendered by real Butane, strict.
         A second Butane config merges it and adds what only the test needs: the node's name
-        (a cloud's metadata gives it) and a static pod to prove the kubelet runs one."""
+        (a cloud's metadata gives it), a static pod to prove the kubelet runs one, and `extra`
+        (more of its storage.files entries)."""
         s, cp = self.s, self.cp
         d = s.path(sc.name + "-butane")
         os.makedirs(d)
+        token = getattr(sc, "token", None) or cp.bootstrap_token
         for name, text in (("sysext-keyring.asc", open(s.path("keyring.asc")).read()),
                            ("mirror-ca.pem", open(s.path("ca.pem")).read()),
-                           ("bootstrap-kubelet.conf", cp.kubeconfig(token=cp.bootstrap_token)),
+                           ("bootstrap-kubelet.conf", cp.kubeconfig(token=token)),
                            ("cluster-ca.crt", cp.ca_pem()),
                            ("hostname", sc.name + "\n"),
                            ("probe.yaml", static_pod(self.s.images["BUSYBOX_REF"]))):
             with open(os.path.join(d, name), "w") as f:
                 f.write(text)
         example = open(os.path.join(TOP, "ignition/examples/sysext-worker.bu")).read()
-        shipped = "sysext-url=https://extensions.example.com/${NAME}/"
-        if shipped not in example:
-            raise SystemExit("qemu/run: sysext-worker.bu no longer says %r" % shipped)
+        binary = os.environ.get("NODESTRAP_BIN") or os.path.join(TOP, "target/x86_64-unknown-linux-musl/release/nodestrap")
+        fname, _ = self.publish_nodestrap(sc, binary)
+        sha512 = hashlib.sha512(open(binary, "rb").read()).hexdigest()
+        for shipped, ours in (("sysext-url=https://extensions.example.com/${NAME}/", "sysext-url=%s/" % url),
+                              ("source: https://extensions.example.com/nodestrap/nodestrap-v0.1.0-x86-64",
+                               "source: %s/%s" % (url.replace("${NAME}", "nodestrap"), fname)),
+                              ("hash: sha512-" + "0" * 128, "hash: sha512-" + sha512)):
+            if shipped not in example:
+                raise SystemExit("qemu/run: sysext-worker.bu no longer says %r" % shipped)
+            example = example.replace(shipped, ours)
         with open(os.path.join(d, "sysext-worker.bu"), "w") as f:
-            f.write(example.replace(shipped, "sysext-url=%s/" % url))
+            f.write(example)
         butane = run(["bash", os.path.join(HERE, "build-butane")], stdout=subprocess.PIPE).stdout.strip()
         with open(os.path.join(d, "sysext-worker.ign"), "w") as f:
             run([butane, "--strict", "--files-dir", d, os.path.join(d, "sysext-worker.bu")], stdout=f)
@@ -550,7 +576,7 @@ class World:
             f.write("variant: flatcar\nversion: 1.0.0\nignition:\n  config:\n    merge:\n"
                     "      - local: sysext-worker.ign\nstorage:\n  files:\n"
                     "    - path: /etc/hostname\n      overwrite: true\n      contents: {local: hostname}\n"
-                    "    - path: /etc/kubernetes/manifests/probe.yaml\n      contents: {local: probe.yaml}\n")
+                    "    - path: /etc/kubernetes/manifests/probe.yaml\n      contents: {local: probe.yaml}\n" + extra)
         with open(config, "w") as f:
             run([butane, "--strict", "--files-dir", d, os.path.join(d, "test.bu")], stdout=f)
 
@@ -559,7 +585,8 @@ class World:
         holds those images and links, as an earlier bootstrap left them; with `tamper`, over a
         copy that holds the imposter in IMPOSTER_DIR."""
         base = self.images["SYSEXT_NODE_IMAGE"]
-        if sc.preseed or sc.tamper:
+        stock = getattr(sc, "stock", False)
+        if sc.preseed or sc.tamper or stock:
             raw = self.s.path(sc.name + "-base.raw")
             run(["cp", "--sparse=always", base, raw])
             cmds = []
@@ -573,6 +600,9 @@ class World:
                 # for the step between the boots (qemu/guest/sysext/swap-image).
                 cmds += ["mkdir %s" % os.path.dirname(IMPOSTER_DIR), "mkdir %s" % IMPOSTER_DIR,
                          "write %s %s/%s" % (self.imposter(), IMPOSTER_DIR, os.path.basename(self.imposter()))]
+            if stock:
+                # A stock node: nothing of nodestrap in its image (Ignition installs it).
+                cmds.append("rm /opt/bin/nodestrap")
             r = subprocess.run(["debugfs", "-w", "-f", "-", raw], input="\n".join(cmds) + "\n",
                                capture_output=True, text=True)
             if r.returncode != 0:
