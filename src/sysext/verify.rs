@@ -38,14 +38,19 @@ pub fn run(v: &Verify) -> Result<()> {
         String::new()
     };
     let root = Root::open(Path::new("/"))?;
-    let (record, from) = status::last_bootstrap()?;
     let boot_id = crate::node::seams::boot_id()?;
     // Never while a bootstrap (the patch stream) switches links, and one check at a time: the
-    // links' lock, held to the end.
-    let _links = match root.dir(stage::LINKS)? {
+    // links' lock, held to the end, taken before anything is read, so that a second check
+    // judges what the first left. What a killed return left there goes first.
+    let links = root.dir(stage::LINKS)?;
+    let _links = match &links {
         Some(d) => Some(d.lock(Duration::from_secs(60))?),
         None => None,
     };
+    if let Some(d) = &links {
+        d.sweep_leftovers(true);
+    }
+    let (record, from) = status::last_bootstrap()?;
     let mut known = KnownGood::load(&root)?;
 
     // What the node should run.
@@ -203,16 +208,26 @@ pub fn run(v: &Verify) -> Result<()> {
         });
     }
 
+    // The refusals first: whatever happens to the return, the lying image is never staged again.
+    known.save(&root)?;
     // ... and the node goes back to the known-good set, once per boot (the boot is kept with
-    // the known-good set, which outlives the records of later bootstraps in this boot).
-    let back = if known.returned_boot.as_deref() == Some(boot_id.as_str()) {
+    // the known-good set, which outlives the records of later bootstraps in this boot, and in
+    // the record, which holds it first: a kill between the two still counts the return).
+    let recorded = record
+        .verification
+        .as_ref()
+        .and_then(|p| p.returned.as_ref())
+        .is_some_and(|r| r.boot_id == boot_id);
+    let returned_now = known.returned_boot.as_deref() == Some(boot_id.as_str()) || recorded;
+    let mut returning = false;
+    let back = if returned_now {
         "not returned again: this boot already returned to the known-good set once; the node needs an operator".to_string()
     } else if known.set.is_empty() {
         "nothing to return to: no boot of this node has been verified yet".to_string()
     } else if known.set == expected {
         "nothing to return to: the known-good set itself does not run as recorded".to_string()
     } else {
-        known.returned_boot = Some(boot_id.clone());
+        returning = true;
         // Extensions this boot's merge left out: their services never started in this boot.
         let missing: Vec<String> = verification
             .checks
@@ -247,7 +262,6 @@ pub fn run(v: &Verify) -> Result<()> {
             format!("the return to the known-good set failed: {result}")
         }
     };
-    known.save(&root)?;
     verification.timed(since);
     let first = first_failed(&verification.checks);
     // The chosen set no longer holds: the record goes back to `done`.
@@ -255,6 +269,10 @@ pub fn run(v: &Verify) -> Result<()> {
     verification.events = status::verdict_events(&verification, 1);
     after.verification = Some(verification);
     let at = status::amend(&root, &record, &after)?;
+    if returning {
+        known.returned_boot = Some(boot_id.clone());
+        known.save(&root)?;
+    }
     Err(Error::failed(format!(
         "the node does not run what {from} chose: {first}; {back} (recorded in {at})"
     )))

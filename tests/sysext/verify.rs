@@ -31,23 +31,16 @@ fn json(w: &World, node_path: &str) -> serde_json::Value {
     serde_json::from_str(&w.read(node_path).unwrap_or_default()).unwrap_or_default()
 }
 
-/// Issue 28's first proof, on this machine's systemd-sysext: a kubernetes image whose kubelet
-/// says another version than its name is found after the boot, recorded, refused for good, and
-/// the node goes back to the set the boot before verified; the kubelet restarts on it.
-#[test]
-fn a_boot_that_runs_another_kubelet_than_chosen_returns_to_the_known_good_set() {
-    let w = World::new();
-    let mut bus = Bus::start();
-    let calls = unique_dir("systemd").join("calls");
-    bus.systemd(&["--record", calls.to_str().unwrap()]);
-
-    // Boot 1: a v1.31 cluster, kubernetes v1.31.9 staged from the initramfs, merged at boot.
+/// Boot 1 of a node (a v1.31 cluster, kubernetes v1.31.9 staged, merged, verified: the
+/// known-good set), then a bootstrap for a v1.32 cluster that stages a v1.32.3 image whose
+/// kubelet says v1.32.9: the node as the next boot finds it.
+fn lying_boot(w: &World, bus: &Bus) {
     w.write(
         "/etc/kubernetes/installer/kubelet.env",
         "KUBELET_IMAGE_TAG=v1.31.2\n",
     );
     w.run().assert_ok();
-    let out = boot(&w, &bus, &verify("--api-wait=1"));
+    let out = boot(w, bus, &verify("--api-wait=1"));
     assert!(out.contains("VERIFY exit=0"), "{out}");
     for needle in [
         "check kubernetes /usr/bin/kubelet --version: expected version 1.31.9, found version 1.31.9",
@@ -58,11 +51,11 @@ fn a_boot_that_runs_another_kubelet_than_chosen_returns_to_the_known_good_set() 
     ] {
         assert!(out.contains(needle), "{needle}: {out}");
     }
-    let rec = json(&w, "/var/lib/nodestrap/status.json");
+    let rec = json(w, "/var/lib/nodestrap/status.json");
     assert_eq!(rec["phase"], "verified", "{rec}");
     assert_eq!(rec["verification"]["outcome"], "verified", "{rec}");
     assert_eq!(rec["verification"]["api"], "unreached", "{rec}");
-    let known = json(&w, "/var/lib/nodestrap/known-good.json");
+    let known = json(w, "/var/lib/nodestrap/known-good.json");
     assert_eq!(
         known["set"][0]["image"], "/opt/extensions/kubernetes/kubernetes-v1.31.9-x86-64.raw",
         "{known}"
@@ -90,6 +83,18 @@ fn a_boot_that_runs_another_kubelet_than_chosen_returns_to_the_known_good_set() 
         w.link("kubernetes").as_deref(),
         Some("/opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw")
     );
+}
+
+/// Issue 28's first proof, on this machine's systemd-sysext: a kubernetes image whose kubelet
+/// says another version than its name is found after the boot, recorded, refused for good, and
+/// the node goes back to the set the boot before verified; the kubelet restarts on it.
+#[test]
+fn a_boot_that_runs_another_kubelet_than_chosen_returns_to_the_known_good_set() {
+    let w = World::new();
+    let mut bus = Bus::start();
+    let calls = unique_dir("systemd").join("calls");
+    bus.systemd(&["--record", calls.to_str().unwrap()]);
+    lying_boot(&w, &bus);
     let out = boot(
         &w,
         &bus,
@@ -158,6 +163,118 @@ fn a_boot_that_runs_another_kubelet_than_chosen_returns_to_the_known_good_set() 
     assert!(w
         .path("/opt/extensions/kubernetes/kubernetes-v1.31.9-x86-64.raw")
         .exists());
+}
+
+/// A kill at every mutating call of a return (SIGKILL on entry, strace's fault injection, the
+/// check's own process), then the check again in the same boot: it passes, or returns once and
+/// the next one passes; nothing nodestrap names as temporary is left in /etc/extensions or
+/// /var/lib/nodestrap, and the node ends on the known-good set.
+#[test]
+fn a_return_killed_at_any_step_converges_in_the_same_boot() {
+    if !support::faults::native() {
+        return;
+    }
+    let w = World::new();
+    let mut bus = Bus::start();
+    let calls = unique_dir("systemd").join("calls");
+    bus.systemd(&["--record", calls.to_str().unwrap()]);
+    lying_boot(&w, &bus);
+    let pristine = w.work.join("pristine");
+    support::faults::copy_tree(&w.root, &pristine);
+    let syscalls = "rename,renameat,renameat2,fsync,fdatasync,unlinkat,symlinkat,linkat";
+    let plain = "--kubeconfig=/nonexistent/kubelet.conf --api-wait=0";
+    let trace = w.work.join("verify.trace");
+    let out = boot(
+        &w,
+        &bus,
+        &format!(
+            "if strace -qq -o {} -e trace={syscalls} {} verify {plain} >/dev/null 2>&1; then echo 'TRACED exit=0'; else echo \"TRACED exit=$?\"; fi\n",
+            trace.display(),
+            bin()
+        ),
+    );
+    assert!(out.contains("TRACED exit=1"), "{out}");
+    let mut cases: Vec<(String, u32)> = Vec::new();
+    for line in std::fs::read_to_string(&trace).unwrap().lines() {
+        let Some(sys) = line.split('(').next().filter(|s| !s.contains(' ')) else {
+            continue;
+        };
+        let nth = cases.iter().filter(|(s, _)| s == sys).count() as u32 + 1;
+        cases.push((sys.to_string(), nth));
+    }
+    assert!(cases.len() >= 6, "{cases:?}");
+    let mut bad = Vec::new();
+    let (mut passed, mut returned_again) = (0, 0);
+    for (sys, nth) in &cases {
+        support::faults::copy_tree(&pristine, &w.root);
+        let out = boot(
+            &w,
+            &bus,
+            &format!(
+                "if strace -qq -o /dev/null -e trace={sys} -e inject={sys}:signal=SIGKILL:when={nth} {b} verify {plain} >/dev/null 2>&1; then echo 'KILLED exit=0'; else echo \"KILLED exit=$?\"; fi\necho second\n{}echo third\n{}readlink /etc/extensions/kubernetes.raw\nls -A /etc/extensions /var/lib/nodestrap\n",
+                verify("--api-wait=0"),
+                verify("--api-wait=0"),
+                b = bin()
+            ),
+        );
+        let rest = out.split_once("second\n").map_or("", |(_, r)| r);
+        let (second, third) = rest.split_once("third\n").unwrap_or((rest, ""));
+        let converged = if second.contains("VERIFY exit=0") {
+            passed += 1;
+            true
+        } else if second.contains("VERIFY exit=1")
+            && second.contains("returned to the known-good set verified at")
+            && third.contains("VERIFY exit=0")
+        {
+            returned_again += 1;
+            true
+        } else {
+            false
+        };
+        let on_good = third.contains("/opt/extensions/kubernetes/kubernetes-v1.31.9-x86-64.raw");
+        let left = third.lines().any(|l| l.contains(".nodestrap-"));
+        if out.contains("KILLED exit=0") || !converged || !on_good || left {
+            bad.push(format!("SIGKILL at {sys} #{nth}:\n{out}"));
+        }
+    }
+    eprintln!(
+        "verify's return: {} kill points; the next check passed after {passed}, returned once more and then passed after {returned_again}",
+        cases.len()
+    );
+    assert!(bad.is_empty(), "{}", bad.join("\n\n"));
+}
+
+/// Two checks started together in a boot that mismatches: the second waits for the first (the
+/// links' lock, taken before the record is read) and judges what it left: the known-good set,
+/// which runs, and the first check's return stays in the record.
+#[test]
+fn a_second_check_waits_for_the_first_and_judges_what_it_left() {
+    let w = World::new();
+    let mut bus = Bus::start();
+    let calls = unique_dir("systemd").join("calls");
+    bus.systemd(&["--record", calls.to_str().unwrap()]);
+    lying_boot(&w, &bus);
+    let out = boot(
+        &w,
+        &bus,
+        &format!(
+            "({} verify --kubeconfig=/nonexistent/kubelet.conf --api-wait=0 >/tmp/first.log 2>&1; echo \"FIRST exit=$?\" >>/tmp/first.log) &\n{}wait\ncat /tmp/first.log\n",
+            bin(),
+            verify("--api-wait=0"),
+        ),
+    );
+    // One of them returned (exit 1), the other found the known-good set running (exit 0).
+    let ok = out.matches("exit=0").count();
+    let failed = out.matches("exit=1").count();
+    assert!(ok == 1 && failed == 1, "{out}");
+    assert_eq!(
+        out.matches("returned to the known-good set verified at")
+            .count(),
+        1,
+        "{out}"
+    );
+    let rec = json(&w, "/var/lib/nodestrap/status.json");
+    assert_eq!(rec["verification"]["returned"]["result"], "merged", "{rec}");
 }
 
 /// Issue 28's second case: the runtime missing after the boot. The new containerd image is

@@ -187,9 +187,16 @@ pub fn human_lines(r: &Record, from: &str) -> Vec<String> {
                 .iter()
                 .map(|c| format!("{} {}", c.name, c.version))
                 .collect();
+            // Only a return that merged put the node back.
             row(
                 "returned",
-                format!("to the known-good set {} ({})", set.join(", "), back.result),
+                match back.result.as_str() {
+                    "merged" => format!("to the known-good set {} (merged)", set.join(", ")),
+                    failed => format!(
+                        "NO: the node stays as found; the return to the known-good set {} failed: {failed}",
+                        set.join(", ")
+                    ),
+                },
             );
         }
     }
