@@ -17,7 +17,8 @@ use crate::node::envfile::EnvFile;
 use crate::sysext::ddi;
 use crate::sysext::host::Host;
 
-const RELEASE_DIR: &str = "usr/lib/extension-release.d";
+/// Under /usr: where the extension's release file is.
+const RELEASE_DIR: &str = "lib/extension-release.d";
 const RELEASE_CAP: u64 = 64 << 10;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -96,7 +97,63 @@ pub fn check(
 ) -> Result<Checked> {
     let refuse = |r: Refusal| Error::failed(format!("image {shown} refused: {r}"));
     let mut head = first_bytes(file, shown)?;
-    let (region, signer) = match ddi::gpt_sector(&head) {
+    let (region, signer) = ddi_region(file, &head, host, trust, shown)?;
+    // Where /usr is in the file system: a /usr partition is /usr itself (systemd-repart's
+    // CopyFiles=/usr:/), a bare file system or a root partition holds it as usr/.
+    let usr = match region {
+        Some((_, _, ddi::Designator::Usr)) => "",
+        _ => "usr/",
+    };
+    let region = region.map(|(offset, len, _)| (offset, len));
+    if let Some((offset, _)) = region {
+        head = vec![0u8; 2048];
+        let n = read_head(file, &mut head, offset)
+            .map_err(|e| Error::failed(format!("{shown}: {e}")))?;
+        head.truncate(n);
+    }
+    let fs = FsType::probe(&head).ok_or_else(|| {
+        refuse(Refusal::Unreadable(
+            "not a squashfs, erofs or ext4 file system, nor a signed DDI holding one".into(),
+        ))
+    })?;
+    let mnt = mount_ro(file, fs, region).map_err(|e| {
+        refuse(Refusal::Unreadable(format!(
+            "the kernel cannot mount it as {}: {e}",
+            fs.kernel_name()
+        )))
+    })?;
+    let release = read_release(&mnt.fd, name, usr).map_err(refuse)?;
+    if exists(&mnt.fd, &format!("{usr}lib/os-release")) {
+        return Err(refuse(Refusal::Incompatible(
+            "it contains /usr/lib/os-release, which an extension may not carry".into(),
+        )));
+    }
+    if !usr.is_empty() && exists(&mnt.fd, "opt") {
+        return Err(refuse(Refusal::Ours(
+            "it ships /opt, which would make all of /opt read-only once merged, /opt/extensions included".into(),
+        )));
+    }
+    validate(&release, name, host).map_err(|w| refuse(Refusal::Incompatible(w)))?;
+    Ok(Checked {
+        fs,
+        release,
+        signer,
+    })
+}
+
+/// Where the file system is: the whole file (a bare one, `None`), or a signed DDI's data
+/// partition, proven, with its designator; and the certificate that signed it.
+type Region = (Option<(u64, u64, ddi::Designator)>, Option<usize>);
+
+fn ddi_region(
+    file: &File,
+    head: &[u8],
+    host: &Host,
+    trust: &crate::sysext::trust::Trust,
+    shown: &str,
+) -> Result<Region> {
+    let refuse = |r: Refusal| Error::failed(format!("image {shown} refused: {r}"));
+    Ok(match ddi::gpt_sector(head) {
         Some(sector) => {
             let size = file
                 .metadata()
@@ -119,7 +176,10 @@ pub fn check(
                 p.root_hash,
                 trust.root_of(p.signer)
             );
-            (Some((d.data.offset, d.data.len)), Some(p.signer))
+            (
+                Some((d.data.offset, d.data.len, d.designator)),
+                Some(p.signer),
+            )
         }
         None if trust.mode == crate::sysext::trust::Mode::Signed => {
             return Err(refuse(Refusal::Unreadable(format!(
@@ -128,40 +188,6 @@ pub fn check(
             ))));
         }
         None => (None, None),
-    };
-    if let Some((offset, _)) = region {
-        head = vec![0u8; 2048];
-        let n = read_head(file, &mut head, offset)
-            .map_err(|e| Error::failed(format!("{shown}: {e}")))?;
-        head.truncate(n);
-    }
-    let fs = FsType::probe(&head).ok_or_else(|| {
-        refuse(Refusal::Unreadable(
-            "not a squashfs, erofs or ext4 file system, nor a signed DDI holding one".into(),
-        ))
-    })?;
-    let mnt = mount_ro(file, fs, region).map_err(|e| {
-        refuse(Refusal::Unreadable(format!(
-            "the kernel cannot mount it as {}: {e}",
-            fs.kernel_name()
-        )))
-    })?;
-    let release = read_release(&mnt.fd, name).map_err(refuse)?;
-    if exists(&mnt.fd, "usr/lib/os-release") {
-        return Err(refuse(Refusal::Incompatible(
-            "it contains /usr/lib/os-release, which an extension may not carry".into(),
-        )));
-    }
-    if exists(&mnt.fd, "opt") {
-        return Err(refuse(Refusal::Ours(
-            "it ships /opt, which would make all of /opt read-only once merged, /opt/extensions included".into(),
-        )));
-    }
-    validate(&release, name, host).map_err(|w| refuse(Refusal::Incompatible(w)))?;
-    Ok(Checked {
-        fs,
-        release,
-        signer,
     })
 }
 
@@ -193,16 +219,31 @@ fn read_head(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
 
 /// The extension-release file: exactly `extension-release.<name>`, else (as systemd allows)
 /// the only `extension-release.*` when it carries `user.extension-release.strict=0`.
-fn read_release(mnt: &OwnedFd, name: &str) -> std::result::Result<EnvFile, Refusal> {
-    let exact = format!("{RELEASE_DIR}/extension-release.{name}");
+/// `usr`: where /usr is in the file system (`usr/`, or `` for a /usr partition).
+fn read_release(mnt: &OwnedFd, name: &str, usr: &str) -> std::result::Result<EnvFile, Refusal> {
+    let exact = format!("{usr}{RELEASE_DIR}/extension-release.{name}");
     let path = match open_in(mnt, &exact, OFlags::RDONLY) {
         Ok(f) => Some((exact, f)),
-        Err(_) => lenient_release(mnt),
+        Err(_) => lenient_release(mnt, usr),
     };
     let Some((path, f)) = path else {
+        // A /usr partition whose file system holds usr/ at its top: systemd finds no release
+        // file in it either ("No medium found"), and merges nothing of it.
+        let nested = usr.is_empty() && exists(mnt, &format!("usr/{RELEASE_DIR}"));
         return Err(Refusal::Unreadable(format!(
-            "it has no /{RELEASE_DIR}/extension-release.{name} (the name inside must match the name it is merged under, {name})"
+            "it has no /usr/{RELEASE_DIR}/extension-release.{name} (the name inside must match the name it is merged under, {name}){}",
+            if nested {
+                "; its /usr partition's file system holds usr/ at its top, but a /usr partition is /usr itself (systemd-repart: CopyFiles=/usr:/)"
+            } else {
+                ""
+            }
         )));
+    };
+    // Shown as the node will see it once merged.
+    let path = if usr.is_empty() {
+        format!("usr/{path}")
+    } else {
+        path
     };
     let mut text = String::new();
     File::from(f)
@@ -217,8 +258,13 @@ fn read_release(mnt: &OwnedFd, name: &str) -> std::result::Result<EnvFile, Refus
     EnvFile::parse(&text, &format!("/{path}")).map_err(|e| Refusal::Unreadable(e.to_string()))
 }
 
-fn lenient_release(mnt: &OwnedFd) -> Option<(String, OwnedFd)> {
-    let dir = open_in(mnt, RELEASE_DIR, OFlags::RDONLY | OFlags::DIRECTORY).ok()?;
+fn lenient_release(mnt: &OwnedFd, usr: &str) -> Option<(String, OwnedFd)> {
+    let dir = open_in(
+        mnt,
+        &format!("{usr}{RELEASE_DIR}"),
+        OFlags::RDONLY | OFlags::DIRECTORY,
+    )
+    .ok()?;
     let mut found = Vec::new();
     for ent in rustix::fs::Dir::read_from(&dir).ok()? {
         let n = String::from_utf8_lossy(ent.ok()?.file_name().to_bytes()).into_owned();
@@ -229,7 +275,7 @@ fn lenient_release(mnt: &OwnedFd) -> Option<(String, OwnedFd)> {
     let [only] = found.as_slice() else {
         return None;
     };
-    let path = format!("{RELEASE_DIR}/{only}");
+    let path = format!("{usr}{RELEASE_DIR}/{only}");
     let f = open_in(mnt, &path, OFlags::RDONLY).ok()?;
     let mut v = [0u8; 8];
     let n = rustix::fs::fgetxattr(&f, "user.extension-release.strict", &mut v[..]).ok()?;

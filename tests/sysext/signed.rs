@@ -44,6 +44,10 @@ enum Make<'a> {
     Signed(&'a Key),
     /// root and root-verity partitions, no signature partition (repart definitions of its own).
     Unsigned,
+    /// usr, usr-verity and usr-verity-sig partitions signed by this key (repart definitions of
+    /// its own); the usr file system is /usr itself (`CopyFiles=/usr:/`, as systemd-sysext reads
+    /// a /usr partition), or with `nested` the tree's usr/ folder at its top (`CopyFiles=/usr`).
+    Usr { key: &'a Key, nested: bool },
 }
 
 /// A sysext DDI of extension `name` holding `files`, made by the real systemd-repart 257 in
@@ -86,6 +90,21 @@ fn ddi(work: &Path, name: &str, files: &[(&str, String)], make: Make) -> Vec<u8>
             )
             .unwrap();
             "--definitions=/w/defs --empty=create --size=auto".to_string()
+        }
+        Make::Usr { key: k, nested } => {
+            std::fs::copy(&k.key, w.join("key.pem")).unwrap();
+            std::fs::copy(&k.crt, w.join("cert.crt")).unwrap();
+            let defs = w.join("defs");
+            std::fs::create_dir_all(&defs).unwrap();
+            let copy = if nested { "/usr" } else { "/usr:/" };
+            for (f, text) in [
+                ("10-usr.conf", format!("[Partition]\nType=usr\nFormat=erofs\nCopyFiles={copy}\nVerity=data\nVerityMatchKey=usr\nMinimize=best\n")),
+                ("20-usr-verity.conf", "[Partition]\nType=usr-verity\nVerity=hash\nVerityMatchKey=usr\nMinimize=best\n".into()),
+                ("30-usr-verity-sig.conf", "[Partition]\nType=usr-verity-sig\nVerity=signature\nVerityMatchKey=usr\n".into()),
+            ] {
+                std::fs::write(defs.join(f), text).unwrap();
+            }
+            "--definitions=/w/defs --empty=create --size=auto --private-key=/w/key.pem --certificate=/w/cert.crt".to_string()
         }
     };
     let t = tools();
@@ -362,6 +381,53 @@ fn unsigned_and_plain_images_are_refused_in_signed_mode() {
 /// The certificates follow the configuration: two configured, two installed; one taken out
 /// of the PEM file, and the next run takes its file away (systemd then no longer trusts what
 /// it signed). Plain mode takes the policy drop-in away.
+/// A signed DDI whose data partition is /usr (types usr, usr-verity, usr-verity-sig, as
+/// systemd-repart makes it with `CopyFiles=/usr:/`) is read as systemd-sysext reads one: its
+/// file system is /usr itself, and it is staged; the same tree copied with its usr/ folder at
+/// the top (`CopyFiles=/usr`) has no release file where systemd looks, and is refused saying so.
+#[test]
+fn a_usr_partition_ddi_is_read_as_usr_itself() {
+    let w0 = World::new();
+    let k = key(&w0.work, "usr-signer");
+    for (nested, want) in [
+        (false, None),
+        (
+            true,
+            Some("its /usr partition's file system holds usr/ at its top, but a /usr partition is /usr itself"),
+        ),
+    ] {
+        let mut w = signed_world(&k);
+        let kube = ddi(
+            &w.work,
+            "kubernetes",
+            &kubelet("1.32.3"),
+            Make::Usr { key: &k, nested },
+        );
+        w.publish(
+            "kubernetes",
+            &[("kubernetes-v1.32.3-x86-64.raw".into(), kube)],
+            "",
+        );
+        signed_args(&mut w, &k.crt);
+        let r = w.run();
+        match want {
+            None => {
+                r.assert_ok();
+                assert!(r.stderr.contains("signed DDI, root hash"), "{}", r.stderr);
+                assert_eq!(
+                    w.link("kubernetes").as_deref(),
+                    Some("/opt/extensions/kubernetes/kubernetes-v1.32.3-x86-64.raw")
+                );
+            }
+            Some(why) => {
+                r.assert_fails(1, why);
+                assert!(r.stderr.contains("it has no /usr/lib/extension-release.d/extension-release.kubernetes"), "{}", r.stderr);
+                w.assert_nothing_staged();
+            }
+        }
+    }
+}
+
 #[test]
 fn certificates_and_the_policy_follow_the_configuration() {
     let work = unique_dir("keys");
