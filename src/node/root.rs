@@ -367,6 +367,13 @@ impl Dir {
         t.persist_as(d)
     }
 
+    /// Remove the temp links for `name` a run killed inside `replace_symlink` left (a link
+    /// cannot be locked: only the one writer of `name`, or a caller holding this directory's
+    /// `lock`, may).
+    pub fn sweep_temp_links(&self, name: &str) {
+        self.sweep(Some(name), true);
+    }
+
     /// Remove temp files for `name` left by a run killed between create_temp and persist
     /// (a 4 GiB image must not linger because a unit was restarted mid-download).
     fn sweep_temps(&self, name: &str) {

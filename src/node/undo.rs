@@ -114,6 +114,8 @@ impl<'r> Undo<'r> {
     pub fn link(&mut self, path: &str, target: &str) -> Result<bool> {
         let (dir, name) = split(path)?;
         let d = self.make_dir(dir)?;
+        // What a run killed while switching this link left, even when it needs no switch now.
+        d.sweep_temp_links(name);
         let prior = self.prior(path)?;
         if prior == Prior::Link(target.to_string()) {
             return Ok(false);

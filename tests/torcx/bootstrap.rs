@@ -1056,6 +1056,14 @@ fn update_wait_has_a_deadline() {
 #[test]
 fn first_boot_after_torcx_applied_the_vendor_runtime_reboots() {
     let w = World::new();
+    // What a run killed at the rename of the cleanup unit's link left: the next run removes it.
+    let requires = w.path("/run/systemd/system/umount.target.requires");
+    std::fs::create_dir_all(&requires).unwrap();
+    std::os::unix::fs::symlink(
+        "../torcx-docker-cleanup.service",
+        requires.join(".torcx-docker-cleanup.service.nodestrap-0123456789ab"),
+    )
+    .unwrap();
     w.write(
         "/run/torcx/profile.json",
         r#"{"kind":"profile-manifest-v0","value":{"images":[{"name":"docker","reference":"com.coreos.cl"}]}}"#,
@@ -1081,6 +1089,12 @@ fn first_boot_after_torcx_applied_the_vendor_runtime_reboots() {
     )
     .unwrap();
     assert_eq!(link, Path::new("../torcx-docker-cleanup.service"));
+    let left: Vec<_> = std::fs::read_dir(&requires)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(left, ["torcx-docker-cleanup.service"], "{}", r.stderr);
     // Same runtime already applied: no reboot, no wipe.
     let w2 = World::new();
     w2.write(
