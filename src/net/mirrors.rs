@@ -6,11 +6,12 @@
 //! containerd's CRI plugin splits it), and its `hosts.toml` lists
 //! the `[host."URL"]` mirrors, tried in the file's order, then the `server` (the registry itself
 //! unless `server` names another). Each gets its capabilities (`pull`, `resolve`), `ca`,
-//! `client`, `header` and `override_path`; every request to a host that is not the registry
-//! carries `?ns=HOST[:PORT]`. Where nodestrap differs, it is stricter: a file that is not
-//! valid is an error (containerd logs it and pulls from the registry), `skip_verify = true`
-//! takes the host out of the list (credentials would cross an unverified connection), and
-//! a host offers one client certificate.
+//! `client`, `header` and `override_path`; every manifest and blob request to a host that is
+//! not the registry carries `?ns=HOST[%3APORT]`, as containerd's does (the one `GET /v2/` probe
+//! of a host carries none: containerd sends no probe). Where nodestrap differs, it is stricter:
+//! a file that is not valid is an error (containerd logs it and pulls from the registry),
+//! `skip_verify = true` takes the host out of the list (credentials would cross an unverified
+//! connection), and a host offers one client certificate.
 
 use crate::error::{Error, Result};
 use crate::net::toml::{self, Table, Value};
@@ -83,14 +84,17 @@ impl Endpoint {
     }
 
     /// The URL of `rest` (`manifests/TAG`, `blobs/DIGEST`) of repository `repo` of registry
-    /// `registry` on this host: `?ns=` when the host is not the registry (containerd's rule).
+    /// `registry` on this host: `?ns=` when the host is not the registry, written as
+    /// containerd writes it (`isProxy` and `addNamespace` in its `remotes/docker`: Go's
+    /// `url.Values.Encode`, so a port's colon is `%3A`).
     pub fn url(&self, registry: &str, repo: &str, rest: &str) -> String {
         let base = format!("{}/{repo}/{rest}", self.root());
         if self.host == registry || (registry == "docker.io" && self.host == "registry-1.docker.io")
         {
             base
         } else {
-            format!("{base}?ns={registry}")
+            // A registry is a host name or IPv4 address and a port: only the colon is escaped.
+            format!("{base}?ns={}", registry.replace(':', "%3A"))
         }
     }
 
@@ -523,6 +527,11 @@ server = "https://r.example"
             ]
         );
         assert_eq!(h[2].root(), "https://mirror.example:5000");
+        assert_eq!(
+            h[2].url("r.example:5000", "x", "manifests/t"),
+            "https://mirror.example:5000/x/manifests/t?ns=r.example%3A5000",
+            "the port's colon escaped as Go's url.Values.Encode escapes it"
+        );
         assert!(h[..3].iter().all(|e| e.mirror));
         assert!(!h[3].mirror);
         assert_eq!(

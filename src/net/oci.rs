@@ -179,6 +179,8 @@ fn tag(file: &str) -> Result<&str> {
 #[derive(Default)]
 pub struct Auths {
     pub(crate) entries: Vec<(String, String, String)>,
+    /// Each entry's key in `auths` as the file writes it, for messages.
+    keys: Vec<String>,
     /// Where they came from, for messages.
     pub from: String,
 }
@@ -214,7 +216,7 @@ impl Auths {
                 "{from}: not a Docker config.json ({{\"auths\": {{\"HOST\": {{\"auth\": ...}}}}}}): {e}"
             ))
         })?;
-        let mut entries = Vec::new();
+        let (mut entries, mut keys) = (Vec::new(), Vec::new());
         for (key, e) in c.auths {
             let host = key
                 .strip_prefix("https://")
@@ -241,9 +243,11 @@ impl Auths {
                 _ => continue,
             };
             entries.push((host, user, pass));
+            keys.push(key);
         }
         Ok(Auths {
             entries,
+            keys,
             from: from.to_string(),
         })
     }
@@ -256,6 +260,18 @@ impl Auths {
                 let b = base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"));
                 format!("Basic {b}")
             })
+    }
+
+    /// Which credentials `basic(host)` gives, for a message: `auths entry KEY in FILE`, or
+    /// that there are none for `host`. Never the secret.
+    fn entry(&self, host: &str) -> std::result::Result<String, String> {
+        match self.entries.iter().position(|(h, _, _)| h == host) {
+            Some(i) => Ok(format!("auths entry {} in {}", self.keys[i], self.from)),
+            None if self.from.is_empty() => Err(format!(
+                "give --registry-auth, a Docker config.json with an auths entry for {host}"
+            )),
+            None => Err(format!("{} has no auths entry for {host}", self.from)),
+        }
     }
 }
 
@@ -573,7 +589,6 @@ impl<'a> Client<'a> {
     /// The `Authorization` header for pulling `loc`'s repository from host `r`, if it asks
     /// for one; credentials are looked up by the host's name.
     fn authorization(&self, r: &Reach, loc: &Location, fresh: bool) -> Result<Option<String>> {
-        let host = &r.ep.host;
         let challenge = self.challenge(r)?;
         if challenge != Challenge::Open && r.ep.scheme == Scheme::Http {
             return Err(Error::failed(format!(
@@ -581,79 +596,115 @@ impl<'a> Client<'a> {
                 r.ep.shown()
             )));
         }
-        let basic = || self.auths.basic(host);
-        let none_for = || {
-            Error::failed(if self.auths.from.is_empty() {
-                format!(
-                    "{} asks for credentials: give --registry-auth, a Docker config.json with an auths entry for {host}",
-                    r.ep.shown()
-                )
-            } else {
-                format!(
-                    "{} asks for credentials and {} has no auths entry for {host}",
-                    r.ep.shown(),
-                    self.auths.from
-                )
-            })
-        };
         match challenge {
             Challenge::Open => Ok(None),
-            Challenge::Basic => basic().map(Some).ok_or_else(none_for),
+            Challenge::Basic => match self.auths.entry(&r.ep.host) {
+                Ok(_) => Ok(self.auths.basic(&r.ep.host)),
+                Err(why) => Err(Error::failed(format!(
+                    "{} asks for credentials: {why}",
+                    r.ep.shown()
+                ))),
+            },
             Challenge::Bearer { realm, service } => {
-                let key = format!("{} {}", r.ep.root(), loc.repo);
-                let now = Instant::now();
-                if !fresh {
-                    let kept = self.tokens.borrow().iter().find_map(|(k, t, until)| {
-                        (*k == key && now + TOKEN_MARGIN < *until).then(|| t.clone())
-                    });
-                    if let Some(t) = kept {
-                        return Ok(Some(format!("Bearer {t}")));
-                    }
-                }
-                if !realm.starts_with("https://") {
-                    return Err(Error::failed(format!(
-                        "{}: its token realm {realm:?} is not https: credentials are not sent there",
-                        r.ep.shown()
-                    )));
-                }
-                let mut url = format!(
-                    "{realm}{}scope={}",
-                    if realm.contains('?') { '&' } else { '?' },
-                    query(&format!("repository:{}:pull", loc.repo))
-                );
-                if let Some(s) = &service {
-                    url.push_str(&format!("&service={}", query(s)));
-                }
-                let mut req = Request::get(&url);
-                // Anonymous tokens are asked for without credentials.
-                if let Some(b) = basic() {
-                    req.headers.push(("Authorization".into(), b));
-                }
-                let body = r.client(self.http).fetch(&req, TOKEN_CAP)?;
-                let t: TokenAnswer = serde_json::from_slice(&body)
-                    .map_err(|e| Error::failed(format!("GET {realm}: not a token answer: {e}")))?;
-                let Some(token) = t.token.or(t.access_token).filter(|t| !t.is_empty()) else {
-                    return Err(Error::failed(format!(
-                        "GET {realm}: the answer has no token (neither token nor access_token)"
-                    )));
-                };
-                let secs = t.expires_in.unwrap_or(TOKEN_DEFAULT_SECS);
-                log::info!(
-                    "{}: pull token for {} from {realm}, valid {secs} s",
-                    r.ep.shown(),
-                    loc.repo
-                );
-                let mut tokens = self.tokens.borrow_mut();
-                tokens.retain(|(k, _, _)| *k != key);
-                tokens.push((key, token.clone(), now + Duration::from_secs(secs)));
-                Ok(Some(format!("Bearer {token}")))
+                let t = self.token(r, loc, fresh, &realm, service.as_deref())?;
+                Ok(Some(format!("Bearer {t}")))
             }
+        }
+    }
+
+    /// A pull token for `loc`'s repository on host `r` from its token endpoint `realm`: the one
+    /// kept unless `fresh` or about to end, else a new one, asked for with the host's Basic
+    /// credentials (anonymously without any).
+    fn token(
+        &self,
+        r: &Reach,
+        loc: &Location,
+        fresh: bool,
+        realm: &str,
+        service: Option<&str>,
+    ) -> Result<String> {
+        let key = format!("{} {}", r.ep.root(), loc.repo);
+        let now = Instant::now();
+        if !fresh {
+            let kept = self.tokens.borrow().iter().find_map(|(k, t, until)| {
+                (*k == key && now + TOKEN_MARGIN < *until).then(|| t.clone())
+            });
+            if let Some(t) = kept {
+                return Ok(t);
+            }
+        }
+        if !realm.starts_with("https://") {
+            return Err(Error::failed(format!(
+                "{}: its token realm {realm:?} is not https: credentials are not sent there",
+                r.ep.shown()
+            )));
+        }
+        let mut url = format!(
+            "{realm}{}scope={}",
+            if realm.contains('?') { '&' } else { '?' },
+            query(&format!("repository:{}:pull", loc.repo))
+        );
+        if let Some(s) = service {
+            url.push_str(&format!("&service={}", query(s)));
+        }
+        let mut req = Request::get(&url);
+        // Anonymous tokens are asked for without credentials.
+        if let Some(b) = self.auths.basic(&r.ep.host) {
+            req.headers.push(("Authorization".into(), b));
+        }
+        let body = r.client(self.http).fetch(&req, TOKEN_CAP).map_err(|e| {
+            match (e.class, self.auths.entry(&r.ep.host)) {
+                (Failure::Denied, Ok(entry)) => e.error.context(format!(
+                    "token endpoint {realm} refused the credentials of {entry}"
+                )),
+                (Failure::Denied, Err(why)) => e.error.context(format!(
+                    "token endpoint {realm} refused a request without credentials ({why})"
+                )),
+                _ => e.error,
+            }
+        })?;
+        let t: TokenAnswer = serde_json::from_slice(&body)
+            .map_err(|e| Error::failed(format!("GET {realm}: not a token answer: {e}")))?;
+        let Some(token) = t.token.or(t.access_token).filter(|t| !t.is_empty()) else {
+            return Err(Error::failed(format!(
+                "GET {realm}: the answer has no token (neither token nor access_token)"
+            )));
+        };
+        let secs = t.expires_in.unwrap_or(TOKEN_DEFAULT_SECS);
+        log::info!(
+            "{}: pull token for {} from {realm}, valid {secs} s",
+            r.ep.shown(),
+            loc.repo
+        );
+        let mut tokens = self.tokens.borrow_mut();
+        tokens.retain(|(k, _, _)| *k != key);
+        tokens.push((key, token.clone(), now + Duration::from_secs(secs)));
+        Ok(token)
+    }
+
+    /// What host `r` refused when it answered 401 or 403, for the error: the credentials by
+    /// their file and entry (Basic, or the token their token endpoint gave), or that none were
+    /// sent. Never the secret.
+    fn refusal(&self, r: &Reach) -> String {
+        let shown = r.ep.shown();
+        let challenge = self.challenge(r).unwrap_or(Challenge::Open);
+        match (challenge, self.auths.entry(&r.ep.host)) {
+            (Challenge::Basic, Ok(entry)) => {
+                format!("{shown} refused the Basic credentials of {entry}")
+            }
+            (Challenge::Bearer { realm, .. }, Ok(entry)) => {
+                format!("{shown} refused the token {realm} gave for the credentials of {entry}")
+            }
+            (Challenge::Bearer { realm, .. }, Err(why)) => {
+                format!("{shown} refused the anonymous token {realm} gave ({why})")
+            }
+            _ => format!("{shown} refused a request without credentials (its /v2/ asked for none)"),
         }
     }
 
     /// `op` with a GET of `rest` of `loc` on host `r`, carrying the host's headers, its
     /// authorization and `accept`; once more with a new token if the host refused the one
-    /// kept (it may have ended early).
+    /// kept (it may have ended early). A refusal names the credentials refused.
     fn authorized<T>(
         &self,
         r: &Reach,
@@ -680,13 +731,17 @@ impl<'a> Client<'a> {
         };
         let http = r.client(self.http);
         let (req, bearer) = request(false)?;
-        match op(http, &req) {
+        let answer = match op(http, &req) {
             Err(e) if bearer && e.class == Failure::Denied => {
                 log::info!("{}: token refused; asking for a new one", r.ep.shown());
                 op(http, &request(true)?.0)
             }
-            r => r,
-        }
+            a => a,
+        };
+        answer.map_err(|e| match e.class {
+            Failure::Denied => FetchError::new(e.class, e.error.context(self.refusal(r))),
+            _ => e,
+        })
     }
 
     /// The whole of file `file` of `loc` (at most `cap` bytes): its artifact's manifest by tag
@@ -987,6 +1042,19 @@ mod tests {
         assert_eq!(a.basic("q.example").as_deref(), Some("Basic eDp5"));
         assert_eq!(a.basic("helper.example"), None);
         assert!(format!("{a:?}").contains("2 registries"));
+        // Messages name an entry by its key as the file writes it, never by its secret.
+        assert_eq!(
+            a.entry("r.example:5000").unwrap(),
+            "auths entry https://r.example:5000/v1/ in config.json"
+        );
+        assert_eq!(
+            a.entry("helper.example").unwrap_err(),
+            "config.json has no auths entry for helper.example"
+        );
+        assert!(Auths::default()
+            .entry("h")
+            .unwrap_err()
+            .contains("give --registry-auth"));
         assert!(Auths::parse(br#"{"auths": {"h": {"auth": "bm9jb2xvbg=="}}}"#, "f").is_err());
         assert!(Auths::parse(br#"{"auths": "x"}"#, "f").is_err());
         assert!(Auths::parse(b"not json", "f").is_err());

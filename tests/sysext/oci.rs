@@ -251,6 +251,99 @@ fn a_registry_serves_the_signed_source_by_digest() {
     w3.assert_nothing_staged();
 }
 
+/// A Docker config.json of its own, `name` in a fresh folder, with one `auths` entry: `key`
+/// with `user:password`.
+fn config_json(name: &str, key: &str, user: &str, password: &str) -> PathBuf {
+    let p = unique_dir("registry-auth").join(name);
+    std::fs::write(
+        &p,
+        serde_json::json!({"auths": {key: {"auth": basic_secret(user, password)}}}).to_string(),
+    )
+    .unwrap();
+    p
+}
+
+/// base64 of `user:password`: the `auth` string of a config.json, and Basic's credentials.
+fn basic_secret(user: &str, password: &str) -> String {
+    base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        format!("{user}:{password}"),
+    )
+}
+
+/// Neither output of `r` holds a password or an `auth` string of `secrets`.
+fn no_secret(r: &Run, secrets: &[(&str, &str)]) {
+    for (user, password) in secrets {
+        for out in [&r.stdout, &r.stderr] {
+            assert!(
+                !out.contains(password) && !out.contains(&basic_secret(user, password)),
+                "a secret reached the output:\n{out}"
+            );
+        }
+    }
+}
+
+#[test]
+fn refused_credentials_are_named_by_their_file_and_entry_never_by_their_secret() {
+    let ca = Ca::new("registry CA");
+    let reg = Registry::start(
+        &ca,
+        RegistryAuth::Basic {
+            user: USER.into(),
+            password: PASSWORD.into(),
+        },
+        None,
+    );
+    let w = node_for(&ca);
+    let (source, files) = signed_source(&w);
+    let push = reg.auth_json(USER, PASSWORD);
+    reg.publish(&source, "flatcar", Some(&push), &w.ca_file);
+    let url = format!("oci://{}/flatcar/${{NAME}}", reg.host());
+    let host = reg.host();
+    let wrong = "not-the-pull-password";
+    let run_with = |auth: &Path| {
+        let mut node = node_for(&ca);
+        node.extra
+            .push(format!("--registry-auth={}", auth.display()));
+        (run_from(&node, &url, &w.keyring), node)
+    };
+
+    // A wrong password: the registry's Basic refuses it (401), and the error names the file
+    // as given and the entry, never the password or the auth string.
+    let bad = config_json("wrong.json", &host, USER, wrong);
+    let (r, node) = run_with(&bad);
+    r.assert_fails(
+        1,
+        &format!(
+            "registry {host} refused the Basic credentials of auths entry {host} in --registry-auth {}: GET https://{host}/v2/flatcar/",
+            bad.display()
+        ),
+    );
+    assert!(r.stderr.contains("HTTP 401"), "{}", r.stderr);
+    no_secret(&r, &[(USER, wrong), (USER, PASSWORD)]);
+    node.assert_nothing_staged();
+
+    // No entry for the registry's host: said so, naming the file and the host looked up.
+    let other = config_json("other.json", "other.example:5000", USER, PASSWORD);
+    let (r, node) = run_with(&other);
+    r.assert_fails(
+        1,
+        &format!(
+            "registry {host} asks for credentials: --registry-auth {} has no auths entry for {host}",
+            other.display()
+        ),
+    );
+    no_secret(&r, &[(USER, PASSWORD)]);
+    node.assert_nothing_staged();
+
+    // The twin: the same entry with the right password stages the published bytes.
+    let good = config_json("right.json", &host, USER, PASSWORD);
+    let (r, node) = run_with(&good);
+    r.assert_ok();
+    no_secret(&r, &[(USER, PASSWORD)]);
+    staged_as_published(&node, &files);
+}
+
 #[test]
 fn bearer_tokens_are_kept_per_repository_until_they_end_and_a_redirect_gets_no_credentials() {
     let ca = Ca::new("registry CA");
@@ -353,6 +446,68 @@ fn bearer_tokens_are_kept_per_repository_until_they_end_and_a_redirect_gets_no_c
     for repo in repos {
         assert_eq!(pulls(repo).len(), 1 + 5, "{repo}");
     }
+
+    // The token endpoint refuses the node's credentials (401; the stand-in endpoint answers so
+    // to every pull token request, it does not check passwords): the error names the realm,
+    // the file as given and the entry, never the password or the auth string.
+    let realm = tokens.url("/token");
+    let host = reg.host();
+    let wrong = "not-the-pull-password";
+    let bad = config_json("wrong.json", &host, USER, wrong);
+    for repo in repos {
+        tokens.set(&scope(repo, "pull"), Reply::status(401));
+    }
+    let mut w3 = node_for(&ca);
+    w3.extra.push(format!("--registry-auth={}", bad.display()));
+    let r = run_from(&w3, &url, &w.keyring);
+    r.assert_fails(
+        1,
+        &format!(
+            "token endpoint {realm} refused the credentials of auths entry {host} in --registry-auth {}: GET {realm}?scope=",
+            bad.display()
+        ),
+    );
+    no_secret(&r, &[(USER, wrong), (USER, PASSWORD)]);
+    let asked = tokens.seen();
+    let last = asked.last().unwrap();
+    assert_eq!(
+        last.header("authorization"),
+        Some(format!("Basic {}", basic_secret(USER, wrong)).as_str()),
+        "the endpoint was sent the file's credentials"
+    );
+    w3.assert_nothing_staged();
+
+    // The endpoint gives a token the registry refuses (for another service): named as the
+    // token from that realm, for that entry.
+    for repo in repos {
+        tokens.set(
+            &scope(repo, "pull"),
+            Reply::ok(
+                serde_json::json!({"token": issuer.token(iss, "another-service", &repos, 300)})
+                    .to_string(),
+            ),
+        );
+    }
+    let r = run_from(&w3, &url, &w.keyring);
+    r.assert_fails(
+        1,
+        &format!(
+            "registry {host} refused the token {realm} gave for the credentials of auths entry {host} in --registry-auth {}: GET https://{host}/v2/flatcar/",
+            bad.display()
+        ),
+    );
+    no_secret(&r, &[(USER, wrong)]);
+    w3.assert_nothing_staged();
+
+    // The twin: the endpoint gives tokens again, and the same entry with the right password
+    // stages.
+    for repo in repos {
+        tokens.set(&scope(repo, "pull"), answer(300));
+    }
+    let mut w4 = node_for(&ca);
+    let good = config_json("right.json", &host, USER, PASSWORD);
+    w4.extra.push(format!("--registry-auth={}", good.display()));
+    stages_from(&w4, &url, &w.keyring);
 }
 
 /// Every file under `dir`.
@@ -441,7 +596,8 @@ fn mirrors_from_hosts_toml_are_tried_in_order_and_a_pull_only_mirror_never_resol
     let client_ca = Ca::new("mirror clients CA");
     let client = client_ca.client("node-1");
     let mirror = Server::start(&mirror_ca.server(), Some(&client_ca));
-    let ns = format!("?ns={}", origin.host());
+    // containerd's `ns`, as Go's url.Values.Encode writes it: the port's colon is %3A.
+    let ns = format!("?ns=127.0.0.1%3A{}", origin.port);
     mirror.set("/v2/", Reply::ok("{}"));
     for repo in ["flatcar/kubernetes", "flatcar/containerd"] {
         for (hex, body) in stored_blobs(&origin) {
@@ -498,8 +654,28 @@ fn mirrors_from_hosts_toml_are_tried_in_order_and_a_pull_only_mirror_never_resol
         seen.iter().all(|s| !s.path.contains("/manifests/")),
         "{seen:?}"
     );
-    let blob_gets: Vec<_> = seen.iter().filter(|s| s.path.contains("/blobs/")).collect();
-    assert_eq!(blob_gets.len(), 2 + 2 + 2, "{seen:?}");
+    // The exact request lines: one probe of /v2/ without `ns` (containerd sends none; see
+    // the test below), then the blobs (both lists, both signatures, both images), each with
+    // `ns` as containerd writes it.
+    let lines: Vec<String> = seen
+        .iter()
+        .map(|s| format!("{} {}", s.method, s.path))
+        .collect();
+    assert_eq!(lines[0], "GET /v2/", "{lines:#?}");
+    let mut blobs = lines[1..].to_vec();
+    blobs.sort();
+    let mut want = Vec::new();
+    for (ext, image) in [
+        ("kubernetes", "kubernetes-v1.32.3-x86-64.raw"),
+        ("containerd", "containerd-1.7.24-x86-64.raw"),
+    ] {
+        for f in ["SHA256SUMS", "SHA256SUMS.gpg", image] {
+            let hex = sha256(&std::fs::read(source.join(ext).join(f)).unwrap());
+            want.push(format!("GET /v2/flatcar/{ext}/blobs/sha256:{hex}{ns}"));
+        }
+    }
+    want.sort();
+    assert_eq!(blobs, want, "{lines:#?}");
     for s in &seen {
         assert!(s.client_cert, "{}", s.path);
         assert!(s.header("authorization").is_none(), "{}", s.path);
@@ -706,7 +882,13 @@ fn a_config_path_of_several_folders_is_searched_as_the_real_containerd_searches_
         Server::start(&ca.server(), None),
         Server::start(&ca.server(), None),
     ];
-    let registry = format!("127.0.0.1:{}", dead_port());
+    // Both answer the distribution API's probe: what each client sends past it is recorded.
+    for m in &mirrors {
+        m.set("/v2/", Reply::ok("{}"));
+    }
+    let port = dead_port();
+    let registry = format!("127.0.0.1:{port}");
+    let ns = format!("?ns=127.0.0.1%3A{port}");
     let underscored = format!("{}_", registry.replace(':', "_"));
     let folders = ["/etc/containerd/certs.d", "/etc/containerd/fleet.d"];
     let containerd = Containerd::start(&format!(
@@ -763,16 +945,16 @@ fn a_config_path_of_several_folders_is_searched_as_the_real_containerd_searches_
             }
         }
         let asked = |before: [usize; 2]| [0, 1].map(|i| mirrors[i].seen().len() > before[i]);
-        let before = [0, 1].map(|i| mirrors[i].seen().len());
+        let at_start = [0, 1].map(|i| mirrors[i].seen().len());
         containerd.pull(&format!("{registry}/flatcar"));
-        let by_containerd = asked(before);
-        let before = [0, 1].map(|i| mirrors[i].seen().len());
+        let by_containerd = asked(at_start);
+        let between = [0, 1].map(|i| mirrors[i].seen().len());
         let r = run_from(
             &w,
             &format!("oci://{registry}/flatcar/${{NAME}}"),
             &w.keyring,
         );
-        let by_nodestrap = asked(before);
+        let by_nodestrap = asked(between);
         assert_ne!(r.code, 0, "{case}: nothing is published\n{}", r.stderr);
         assert_eq!(
             by_containerd,
@@ -785,6 +967,32 @@ fn a_config_path_of_several_folders_is_searched_as_the_real_containerd_searches_
             "{case}: nodestrap asked\n{}",
             r.stderr
         );
+        // The request lines the mirror asked got: containerd sends no probe, only its
+        // resolve request, with `ns` (%3A for the colon, Go's url.Values.Encode); nodestrap
+        // one `GET /v2/` without `ns`, then the same `ns` on its request for the list.
+        if let Some(m) = expected.iter().position(|&a| a) {
+            let seen = mirrors[m].seen();
+            let lines = |from: usize, to: usize| -> Vec<String> {
+                seen[from..to]
+                    .iter()
+                    .map(|s| format!("{} {}", s.method, s.path))
+                    .collect()
+            };
+            let by_c = lines(at_start[m], between[m]);
+            let resolve = format!("HEAD /v2/flatcar/kube-apiserver/manifests/v1.37.2{ns}");
+            assert!(
+                !by_c.is_empty() && by_c.iter().all(|l| *l == resolve),
+                "{case}: containerd sent {by_c:#?}"
+            );
+            assert_eq!(
+                lines(between[m], seen.len()),
+                [
+                    "GET /v2/".to_string(),
+                    format!("GET /v2/flatcar/kubernetes/manifests/SHA256SUMS{ns}")
+                ],
+                "{case}: nodestrap's requests"
+            );
+        }
     }
     // An empty folder in the list is refused by name (containerd would search its own
     // working directory), as an option is: before anything is read.
