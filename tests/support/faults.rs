@@ -236,6 +236,19 @@ pub enum Outcome {
     /// pruned, an image replaced) could not be deleted at its end: it stays under its hidden
     /// temp name, which nothing reads, until a later run sweeps it (docs/bootstrap.md says so).
     AsCleanSetAsideLeft,
+    /// Succeeded, as a clean run leaves the node but for what it removes on a best-effort
+    /// basis (the hook's collection of old stores): a removal that failed left those paths as
+    /// they were, and the run said so.
+    AsCleanRemovalSkipped,
+}
+
+/// What a matrix takes as a success besides a clean run's tree.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Removals {
+    /// Everything a clean run removes must be gone.
+    Required,
+    /// A removal that failed may leave its paths as they were (logged as skipped).
+    BestEffort,
 }
 
 /// The matrix's verdict on one run: `Err` with the differences when the node is in between.
@@ -244,7 +257,17 @@ pub fn judge(
     now: &BTreeMap<String, String>,
     before: &BTreeMap<String, String>,
     after: &BTreeMap<String, String>,
+    removals: Removals,
 ) -> Result<Outcome, String> {
+    // Every path as the clean run leaves it, or one it removes still as it was.
+    let removal_skipped = || {
+        removals == Removals::BestEffort
+            && run.stderr.contains("skipped")
+            && now.keys().chain(after.keys()).all(|k| {
+                now.get(k) == after.get(k)
+                    || (!after.contains_key(k) && now.get(k) == before.get(k))
+            })
+    };
     // A file the clean run deleted (a version pruned) or replaced, the same bytes and mode.
     let set_aside = |v: &String| {
         before
@@ -261,6 +284,7 @@ pub fn judge(
     match run.code {
         0 if now == after => Ok(Outcome::AsClean),
         0 if only_temps_more() => Ok(Outcome::AsCleanSetAsideLeft),
+        0 if removal_skipped() => Ok(Outcome::AsCleanRemovalSkipped),
         0 => Err(format!(
             "exit 0, but not as a clean run leaves it:\n{}",
             diff(after, now)
@@ -306,6 +330,27 @@ pub fn matrix(
     before: &BTreeMap<String, String>,
     after: &BTreeMap<String, String>,
 ) {
+    matrix_with(
+        root,
+        pristine,
+        work,
+        cmd,
+        calls,
+        (before, after),
+        Removals::Required,
+    );
+}
+
+/// `matrix`, with what a run may leave of what it removes.
+pub fn matrix_with(
+    root: &Path,
+    pristine: &Path,
+    work: &Path,
+    cmd: &dyn Fn() -> Command,
+    calls: &[Call],
+    (before, after): (&BTreeMap<String, String>, &BTreeMap<String, String>),
+    removals: Removals,
+) {
     let skip = ["var/lib/nodestrap"];
     let mut counts: BTreeMap<String, u32> = BTreeMap::new();
     let mut bad = Vec::new();
@@ -316,7 +361,7 @@ pub fn matrix(
             let inject = format!("error={errno}:when={}", c.nth);
             let run = injected(&cmd(), &c.syscall, &inject, &out);
             let now = snapshot(root, &skip);
-            match judge(&run, &now, before, after) {
+            match judge(&run, &now, before, after, removals) {
                 Ok(o) => *counts.entry(format!("{errno}: {o:?}")).or_default() += 1,
                 Err(e) => bad.push(format!(
                     "{errno} at {} #{}: {}\n{e}",

@@ -970,3 +970,42 @@ fn the_next_versions_image_comes_from_a_registry_pinned_by_digest() {
     assert_eq!(w.patches().len(), 1);
     w.assert_no_bootstrap_side_effects();
 }
+
+/// Issue 49: the hook failing (EIO, ENOSPC) at every mutating call of a staging with an update
+/// pending, or killed (SIGKILL) at every rename and fsync: each case leaves every path as it
+/// was before or as a clean run leaves it, and after a kill the next run finishes the job.
+#[test]
+fn fault_matrix_of_a_hook_staging() {
+    use support::faults::*;
+    if !native() {
+        return;
+    }
+    let w = World::new();
+    w.seed_store();
+    let bus = pending_bus(None);
+    let work = w.root.with_extension("faults");
+    std::fs::create_dir_all(&work).unwrap();
+    let pristine = work.join("pristine");
+    copy_tree(&w.root, &pristine);
+    let before = snapshot(&w.root, &["var/lib/nodestrap"]);
+    let cmd = || w.command(None, &w.args(), Some(bus.address.as_str()));
+    let (calls, run) = trace(&cmd(), &work.join("trace"));
+    run.assert_ok();
+    let after = snapshot(&w.root, &["var/lib/nodestrap"]);
+    assert!(
+        std::fs::read(w.store().join(NEXT).join("docker:17.06.torcx.tgz")).unwrap()
+            == image("17.06")
+    );
+    assert!(calls.len() > 10, "{calls:#?}");
+    // The collection of old stores is best effort: a store that cannot be removed is skipped
+    // (`an_unremovable_old_store_is_skipped_and_the_others_collected`).
+    matrix_with(
+        &w.root,
+        &pristine,
+        &work,
+        &cmd,
+        &calls,
+        (&before, &after),
+        Removals::BestEffort,
+    );
+}
