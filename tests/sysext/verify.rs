@@ -258,7 +258,7 @@ fn a_second_check_waits_for_the_first_and_judges_what_it_left() {
         &w,
         &bus,
         &format!(
-            "({} verify --kubeconfig=/nonexistent/kubelet.conf --api-wait=0 >/tmp/first.log 2>&1; echo \"FIRST exit=$?\" >>/tmp/first.log) &\n{}wait\ncat /tmp/first.log\n",
+            "(if {} verify --kubeconfig=/nonexistent/kubelet.conf --api-wait=0 >/tmp/first.log 2>&1; then echo 'FIRST exit=0'; else echo \"FIRST exit=$?\"; fi >>/tmp/first.log) &\n{}wait\ncat /tmp/first.log\n",
             bin(),
             verify("--api-wait=0"),
         ),
