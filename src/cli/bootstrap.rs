@@ -163,6 +163,10 @@ pub struct Bootstrap {
     /// when set on the node; default: the system roots only)
     #[argh(option)]
     pub events_ca_file: Option<Input>,
+    /// folder of node_exporter's textfile collector: nodestrap_bootstrap.prom there holds the
+    /// last run's figures (docs/status.md, "Metrics"; node path; default: none)
+    #[argh(option)]
+    pub metrics_dir: Option<String>,
     /// print the plan; write nothing, update nothing, reboot nothing
     #[argh(switch)]
     pub dry_run: bool,

@@ -86,6 +86,11 @@ pub fn check_values(a: &Bootstrap) -> Result<ManifestUrl> {
             )));
         }
     }
+    if let Some(d) = a.metrics_dir.as_ref().filter(|d| !d.starts_with('/')) {
+        return Err(Error::config(format!(
+            "--metrics-dir {d:?}: expected an absolute folder on the node"
+        )));
+    }
     if let Some(m) = a.image_max_mib {
         crate::cli::check_image_max(m)?;
     }

@@ -63,6 +63,10 @@ pub struct Verify {
     /// when set on the node; default: the system roots only)
     #[argh(option)]
     pub events_ca_file: Option<Input>,
+    /// folder of node_exporter's textfile collector: nodestrap_verify.prom there holds the last
+    /// check's figures (docs/status.md, "Metrics"; default: the node's setting, else none)
+    #[argh(option)]
+    pub metrics_dir: Option<String>,
     /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
     #[argh(option, default = "\"info\".into()")]
     pub verbose: String,

@@ -39,6 +39,9 @@ pub fn bootstrap(b: &Bootstrap, args: &[String], run: &dyn Fn(&Bootstrap) -> Res
         // A dry run writes nothing, not even its record, and sends no events.
         if !b.dry_run {
             begin("bootstrap", &b.root, b.events_to())?;
+            if let Some(d) = &b.metrics_dir {
+                crate::node::metrics::write_to(&b.root, d);
+            }
         }
         settings::payload_options(b, &merged)?;
         // Every run prints its plan line, a failed one too.
@@ -118,6 +121,11 @@ pub fn events_target(
 /// check's failure.
 pub fn verify(v: &Verify, run: &dyn Fn(&Verify) -> Result<()>) -> i32 {
     logged(&v.verbose, || {
+        let started = std::time::SystemTime::now();
+        let metrics = verify_metrics_dir(v);
+        if let Some(d) = &metrics {
+            crate::node::metrics::write_to(Path::new("/"), d);
+        }
         if let Some(t) = verify_events(v) {
             crate::node::events::open("verify", crate::net::events::Sender::start(t));
             crate::node::events::emit(
@@ -137,8 +145,33 @@ pub fn verify(v: &Verify, run: &dyn Fn(&Verify) -> Result<()>) -> i32 {
             );
             crate::node::events::close();
         }
+        if metrics.is_some() {
+            let code = r.as_ref().map_or_else(|e| e.exit_code(), |_| 0);
+            // The check's own record was amended by the check: the line says what happened.
+            crate::node::metrics::ended(crate::node::metrics::Ended {
+                command: "verify",
+                started,
+                exit_code: code,
+                chosen: Vec::new(),
+                // A wrong setting (exit 2) judged nothing.
+                verified: (code != 2).then_some(code == 0),
+            });
+        }
         r
     })
+}
+
+/// `--metrics-dir` of `nodestrap verify`, else the node's setting.
+fn verify_metrics_dir(v: &Verify) -> Option<String> {
+    if let Some(d) = &v.metrics_dir {
+        return Some(d.clone()).filter(|d| !d.is_empty());
+    }
+    let root = Root::open(Path::new("/")).ok()?;
+    let node = settings::events(&root).unwrap_or_default();
+    node.into_iter()
+        .find(|(k, _)| *k == "metrics-dir")
+        .map(|(_, v)| v)
+        .filter(|d| !d.is_empty())
 }
 
 fn verify_events(v: &Verify) -> Option<crate::net::events::Target> {

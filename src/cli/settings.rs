@@ -71,9 +71,16 @@ pub const KEYS: &[&str] = &[
     "events-url",
     "events-token-file",
     "events-ca-file",
+    "metrics-dir",
 ];
-/// The keys `nodestrap verify` also takes from the node's settings: where events go.
-pub const EVENTS_KEYS: &[&str] = &["events-url", "events-token-file", "events-ca-file"];
+/// The keys `nodestrap verify` also takes from the node's settings: where events and metrics
+/// go.
+pub const EVENTS_KEYS: &[&str] = &[
+    "events-url",
+    "events-token-file",
+    "events-ca-file",
+    "metrics-dir",
+];
 /// Options that say where settings come from, or ask for a one-off plan: command line only.
 const COMMAND_LINE_ONLY: &[&str] = &["root", "config", "cmdline", "dry-run", "help"];
 const ALIASES: &[(&str, &str)] = &[("manifest-url", "torcx-manifest-url")];

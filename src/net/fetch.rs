@@ -379,6 +379,7 @@ impl Http {
             let given = self.limits.deadline.min(left);
             let began = Instant::now();
             let cut_short = || left < self.limits.deadline && began.elapsed() >= given;
+            crate::node::metrics::request();
             let (e, failure, answer) = match op(given) {
                 Attempt::Done(t) => return Ok(t),
                 Attempt::Final(e) => return Err(FetchError::new(Failure::Final, e)),
@@ -394,6 +395,7 @@ impl Http {
                     (e, Failure::Unreachable, Answer::Nothing)
                 }
                 Attempt::Busy(e, status, after) => {
+                    crate::node::metrics::busy();
                     busy_word = match after {
                         Some(a) => format!("busy: {status}, Retry-After {}; ", a.as_secs()),
                         None => format!("busy: {status}; "),
@@ -405,7 +407,10 @@ impl Http {
             let next = tries.next(answer, Instant::now(), crate::crypto::random::fraction());
             let (n, failed) = tries.made();
             let delay = match next {
-                Next::Pause(d) => d,
+                Next::Pause(d) => {
+                    crate::node::metrics::waited(d);
+                    d
+                }
                 Next::OutOfAttempts => {
                     return Err(FetchError::new(
                         failure,
@@ -863,6 +868,7 @@ impl<R> RateFloor<R> {
 impl<R: Read> Read for RateFloor<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
+        crate::node::metrics::fetched(n as u64);
         self.in_window += n as u64;
         let w = self.limits.window;
         let elapsed = self.window_start.elapsed();

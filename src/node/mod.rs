@@ -12,6 +12,7 @@ pub mod exec;
 pub mod floor;
 pub mod mappings;
 pub mod marker;
+pub mod metrics;
 pub mod privilege;
 pub mod reboot;
 pub mod root;

@@ -2813,3 +2813,6 @@ fn versions_only_go_forward_and_an_older_signed_list_is_stale() {
 
 #[path = "itself.rs"]
 mod itself;
+
+#[path = "metrics.rs"]
+mod metrics;

@@ -6,7 +6,7 @@ use super::*;
 
 /// A boot of the world's node: its /etc/extensions and /var/lib/nodestrap bound into the
 /// namespace, the merge, then `script`.
-fn boot(w: &World, bus: &Bus, script: &str) -> String {
+pub(super) fn boot(w: &World, bus: &Bus, script: &str) -> String {
     let r = w.root.display();
     let (ok, out) = in_namespace(
         &w.path("/opt"),
@@ -34,7 +34,7 @@ fn json(w: &World, node_path: &str) -> serde_json::Value {
 /// Boot 1 of a node (a v1.31 cluster, kubernetes v1.31.9 staged, merged, verified: the
 /// known-good set), then a bootstrap for a v1.32 cluster that stages a v1.32.3 image whose
 /// kubelet says v1.32.9: the node as the next boot finds it.
-fn lying_boot(w: &World, bus: &Bus) {
+pub(super) fn lying_boot(w: &World, bus: &Bus) {
     w.write(
         "/etc/kubernetes/installer/kubelet.env",
         "KUBELET_IMAGE_TAG=v1.31.2\n",

@@ -632,6 +632,25 @@ pub fn finish(code: i32, error: Option<&Error>) {
                "duration_s": r.duration_s}),
     );
     r.events = crate::node::events::close();
+    // The metrics file (if asked for), then what became of it, in the record.
+    let metrics = crate::node::metrics::ended(crate::node::metrics::Ended {
+        command: &r.command,
+        started: SystemTime::now() - o.since.elapsed(),
+        exit_code: code,
+        chosen: r
+            .chosen
+            .iter()
+            .map(|c| (c.name.clone(), c.version.clone()))
+            .collect(),
+        verified: None,
+    });
+    if let Some((value, source)) = metrics {
+        r.decisions.push(Decision {
+            what: "metrics".into(),
+            value: value.into(),
+            source,
+        });
+    }
     let json = match to_json(r) {
         Ok(j) => j,
         Err(e) => return log::error!("{e}"),
