@@ -33,9 +33,13 @@ pub fn write(root: &Root, p: &Plan, dry_run: bool, undo: &mut Undo) -> Result<()
     let name = root.show(p.template);
     let (mut env, from) = match (root.read_text(p.template)?, p.need) {
         (Some(text), _) => (EnvFile::parse(&text, &name)?, format!("from {name}")),
+        // Without a template the file holds only what this run sets: new, or written anew.
         (None, Template::IfPresent) => (
             EnvFile::parse("", &name)?,
-            format!("a new file: there is no {name}"),
+            match root.exists(p.path) {
+                true => format!("written anew, no template: there is no {name}"),
+                false => format!("a new file: there is no {name}"),
+            },
         ),
         (None, Template::Required) => {
             return Err(crate::error::Error::failed(format!(

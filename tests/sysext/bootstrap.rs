@@ -1175,6 +1175,15 @@ fn the_log_names_kubelet_envs_real_source() {
         line.contains("(a new file: there is no ") && !line.contains("(from "),
         "{line}"
     );
+    // Again, over the file that run wrote: not a new file.
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stderr
+            .contains("/etc/kubernetes/kubelet.env (written anew, no template: there is no "),
+        "{}",
+        r.stderr
+    );
     // With the installer's file, that file is the source.
     let mut w = World::new();
     w.extra.push("--force-kube-version=v1.32.3".into());
