@@ -490,6 +490,7 @@ impl<'a> Apply<'a> {
         // any extension's store, whichever version the next run picks) goes first.
         stage::lock_links(undo)?;
         stage::sweep_stores(root);
+        itself::sweep(root);
         // 6a. nodestrap's own release (--self-update), first: what follows may fail and
         //     put the installed copy back.
         if let Some(u) = self.itself {

@@ -115,24 +115,23 @@ pub fn choose(root: &Root, lists: &Lists) -> Result<Option<Update>> {
 /// it (the old copy comes back if the run fails later). It runs from the next run on.
 pub fn apply(root: &Root, source: &Source, u: &Update, undo: &mut Undo) -> Result<()> {
     let (dir, name) = root.parent_of(INSTALLED)?;
-    dir.sweep_leftovers(false);
     // Under a temp name first: a release is run before it takes the name, and nothing may
-    // still write to a file that runs.
+    // still write to a file that runs. Whatever fails on the way takes that name away again
+    // (a fetch whose rename came before a failed fsync included).
     let staged = temp_name(&name);
     let sums = status::signed(status::List::Sums);
-    let expect = Expect::Digest(&u.img.digest, sums);
-    let mut sink = VerifiedWrite::new(&dir, &staged, 0o755, expect, &unchecked, None);
-    let fetched = source.image(&u.dir_url, &u.img, CAP, (&dir, &staged), &mut sink);
-    let (w, from) = fetched?;
-    let proven = prove(&dir, &staged, &u.img);
-    let moved = proven.and_then(|()| {
+    let installed = (|| -> Result<_> {
+        let expect = Expect::Digest(&u.img.digest, sums);
+        let mut sink = VerifiedWrite::new(&dir, &staged, 0o755, expect, &unchecked, None);
+        let fetched = source.image(&u.dir_url, &u.img, CAP, (&dir, &staged), &mut sink)?;
+        prove(&dir, &staged, &u.img)?;
         undo.creating(&dir, &name)?;
-        dir.rename(&staged, &name)
-    });
-    if let Err(e) = moved {
+        dir.rename(&staged, &name)?;
+        Ok(fetched)
+    })();
+    let (w, from) = installed.inspect_err(|_| {
         dir.remove(&staged).ok();
-        return Err(e);
-    }
+    })?;
     log::info!(
         "{}: {NAME} {} installed over v{} ({} bytes from {from}, SHA-256 matches {sums}, runs as {}); the next run is the new release's",
         root.show(INSTALLED),
@@ -149,10 +148,19 @@ pub fn apply(root: &Root, source: &Source, u: &Update, undo: &mut Undo) -> Resul
     Ok(())
 }
 
+/// What killed runs left beside the installed copy (a release under its temp name, the old copy
+/// set aside): swept by every run that may change /opt/bin, whether or not it updates.
+pub fn sweep(root: &Root) {
+    if let Ok(Some(d)) = root.dir("/opt/bin") {
+        d.sweep_leftovers(false);
+    }
+}
+
 /// The staged release runs here and says it is the version its name gives.
 fn prove(dir: &Dir, staged: &str, img: &Image) -> Result<()> {
     let path = dir.host_path(staged)?;
-    let shown = dir.show(&img.file);
+    // The release by its name in the list, and where it waits (under a temp name).
+    let shown = format!("{} (fetched as {})", img.file, dir.show(staged));
     let line = exec::version_line(&[path.display().to_string(), "--version".into()])
         .map_err(|e| Error::failed(format!("{shown}: it does not run on this node: {e}")))?;
     match version_of(&line) {

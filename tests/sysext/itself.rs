@@ -195,3 +195,33 @@ fn self_update_needs_the_installed_copy_and_a_verified_list() {
         .assert_fails(2, "--self-update needs the signed list");
     w.assert_nothing_staged();
 }
+
+/// A self-update that fails (EIO, ENOSPC) at each mutating call of the run, or is killed at
+/// each rename and fsync: every path is as it was or as a clean run leaves it (nodestrap itself
+/// included), and after a kill the next run finishes the job.
+#[test]
+fn fault_matrix_of_a_self_update() {
+    use support::faults::*;
+    if !native() {
+        return;
+    }
+    let (w, _, next) = installed_world();
+    w.publish(
+        "nodestrap",
+        &[(format!("nodestrap-v{}-x86-64", next.1), next.0.clone())],
+        "",
+    );
+    // As on a real node: the records' folder's parents exist.
+    std::fs::create_dir_all(w.path("/var/lib")).unwrap();
+    let pristine = w.work.join("pristine");
+    copy_tree(&w.root, &pristine);
+    let skip = ["var/lib/nodestrap"];
+    let before = snapshot(&w.root, &skip);
+    let cmd = || command(&w.args_for(&w.root.display().to_string()), None);
+    let (calls, run) = trace(&cmd(), &w.work.join("trace"));
+    run.assert_ok();
+    assert!(installed(&w) == next.0);
+    let after = snapshot(&w.root, &skip);
+    assert!(calls.len() > 20, "{calls:#?}");
+    matrix(&w.root, &pristine, &w.work, &cmd, &calls, &before, &after);
+}
