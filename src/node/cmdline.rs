@@ -22,8 +22,43 @@ pub fn first_value<'a>(cmdline: &'a str, key: &str) -> Option<&'a str> {
         .find_map(|a| a.strip_prefix(key)?.strip_prefix('='))
 }
 
+/// A boolean kernel argument as systemd reads it (`proc_cmdline_get_bool`): the last `key=value`
+/// wins, `-` and `_` in the key are the same, a bare `key` is true; `None` when absent or not
+/// a boolean (systemd then keeps its default).
+pub fn systemd_bool(cmdline: &str, key: &str) -> Option<bool> {
+    let same = |a: &str| a.replace('_', "-") == key.replace('_', "-");
+    let mut found = None;
+    for w in cmdline.split_whitespace() {
+        let (k, v) = w.split_once('=').unwrap_or((w, "1"));
+        if same(k) {
+            found = Some(v);
+        }
+    }
+    match found? {
+        "1" | "yes" | "y" | "true" | "t" | "on" => Some(true),
+        "0" | "no" | "n" | "false" | "f" | "off" => Some(false),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn systemd_booleans() {
+        use super::systemd_bool as b;
+        assert_eq!(b("ro systemd.sysext=0", "systemd.sysext"), Some(false));
+        assert_eq!(
+            b("systemd.sysext=0 systemd.sysext=yes", "systemd.sysext"),
+            Some(true)
+        );
+        assert_eq!(b("systemd.sysext", "systemd.sysext"), Some(true));
+        assert_eq!(b("rd.systemd.sysext=0", "systemd.sysext"), None);
+        assert_eq!(b("rd.systemd.sysext=off", "rd.systemd.sysext"), Some(false));
+        assert_eq!(b("systemd_sysext=no", "systemd.sysext"), None);
+        assert_eq!(b("systemd.sys_ext=no", "systemd.sys-ext"), Some(false));
+        assert_eq!(b("systemd.sysext=maybe", "systemd.sysext"), None);
+    }
+
     #[test]
     fn values() {
         let c = "ro torcx_config=/a torcx_config_x=1 quiet torcx_config=/b\n";

@@ -21,6 +21,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(25);
 /// Where the system bus listens when `DBUS_SYSTEM_BUS_ADDRESS` does not say (the D-Bus
 /// specification's well-known address).
 const SYSTEM_BUS: &str = "unix:path=/run/dbus/system_bus_socket";
+/// systemd's own D-Bus socket, for root, peer to peer (no bus daemon).
+const SYSTEMD_PRIVATE: &str = "/run/systemd/private";
 
 /// Why a bus operation failed: the bus or the peer is not there (update_engine may be absent), or
 /// anything else.
@@ -80,6 +82,24 @@ fn connect() -> BusResult<RpcConn> {
     let addr = system_address()?;
     RpcConn::connect_to_path(addr, Timeout::Duration(CALL_TIMEOUT))
         .map_err(|e| BusFailure::io("connecting to the system bus", e))
+}
+
+/// systemd's manager: on the system bus, or, where there is none (an initramfs without a bus
+/// daemon), on systemd's own socket, as systemctl does.
+fn connect_systemd() -> BusResult<RpcConn> {
+    match connect() {
+        Err(BusFailure::Absent(bus)) => {
+            let addr = nix::sys::socket::UnixAddr::new(SYSTEMD_PRIVATE)
+                .map_err(|e| BusFailure::Absent(format!("{SYSTEMD_PRIVATE}: {e}")))?;
+            // Peer to peer: no bus daemon, so no Hello (the D-Bus specification's rule).
+            rustbus::DuplexConn::connect_to_bus(addr, true)
+                .map(RpcConn::new)
+                .map_err(|e| {
+                    BusFailure::io(&format!("{bus}; and connecting to {SYSTEMD_PRIVATE}"), e)
+                })
+        }
+        other => other,
+    }
 }
 
 /// Sends `msg` and waits for its answer; an error answer names the D-Bus error.
@@ -166,7 +186,7 @@ fn call_systemd(member: &str, args: &[&str]) -> Result<String> {
         None => format!("systemd {member} over D-Bus"),
     };
     let run = || -> BusResult<String> {
-        let mut conn = connect()?;
+        let mut conn = connect_systemd()?;
         let mut msg = method(SD_SERVICE, SD_PATH, SD_IFACE, member);
         for a in args {
             msg.body
@@ -327,4 +347,112 @@ pub fn systemd_try_restart(unit: &str) -> Result<String> {
 /// Start (or keep running) `unit` through systemd on the system bus.
 pub fn systemd_start(unit: &str) -> Result<String> {
     call_systemd("StartUnit", &[unit, "replace"])
+}
+
+/// What systemd says of a unit: whether it exists and is enabled, how its last run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitState {
+    /// `loaded`, `not-found`, `masked`, ...
+    pub load: String,
+    /// `enabled`, `disabled`, `static`, ... (empty when systemd does not know)
+    pub file: String,
+    /// `active`, `inactive`, `failed`, ...
+    pub active: String,
+    /// A service's `Result`: `success`, or why it failed.
+    pub result: String,
+    /// Whether its conditions held at its last start (false: it was skipped).
+    pub condition: bool,
+}
+
+/// One property of a systemd object, as `T`.
+fn property<T>(conn: &mut RpcConn, path: &str, iface: &str, name: &str) -> BusResult<T>
+where
+    T: for<'a, 'b> rustbus::wire::unmarshal::traits::Unmarshal<'a, 'b>,
+{
+    let what = format!("systemd {iface}.{name} of {path} over D-Bus");
+    let mut msg = method(SD_SERVICE, path, "org.freedesktop.DBus.Properties", "Get");
+    msg.body
+        .push_param2(iface, name)
+        .map_err(|e| BusFailure::Other(format!("{what}: {e:?}")))?;
+    let answer = call(conn, msg, &what)?;
+    let bad = |e| BusFailure::Other(format!("{what}: an answer of another type: {e:?}"));
+    let v: rustbus::wire::unmarshal::traits::Variant = answer.body.parser().get().map_err(bad)?;
+    v.get::<T>().map_err(bad)
+}
+
+/// When the running system's systemd started (`UserspaceTimestamp`: after switch-root, the real
+/// root's), in microseconds since the epoch.
+pub fn systemd_userspace_start() -> Result<u64> {
+    let run = || -> BusResult<u64> {
+        let mut conn = connect_systemd()?;
+        property(&mut conn, SD_PATH, SD_IFACE, "UserspaceTimestamp")
+    };
+    run().map_err(|e| Error::failed(e.text()))
+}
+
+fn unit_state(conn: &mut RpcConn, unit: &str) -> BusResult<UnitState> {
+    let what = format!("systemd LoadUnit({unit}) over D-Bus");
+    let mut msg = method(SD_SERVICE, SD_PATH, SD_IFACE, "LoadUnit");
+    msg.body
+        .push_param(unit)
+        .map_err(|e| BusFailure::Other(format!("{what}: {e:?}")))?;
+    let answer = call(conn, msg, &what)?;
+    let path = answer
+        .body
+        .parser()
+        .get::<rustbus::wire::ObjectPath<String>>()
+        .map_err(|e| BusFailure::Other(format!("{what}: no object path: {e:?}")))?;
+    let path = path.as_ref().to_string();
+    const UNIT: &str = "org.freedesktop.systemd1.Unit";
+    let load: String = property(conn, &path, UNIT, "LoadState")?;
+    if load != "loaded" {
+        return Ok(UnitState {
+            load,
+            file: String::new(),
+            active: "inactive".into(),
+            result: String::new(),
+            condition: true,
+        });
+    }
+    Ok(UnitState {
+        file: property(conn, &path, UNIT, "UnitFileState")?,
+        active: property(conn, &path, UNIT, "ActiveState")?,
+        result: property(conn, &path, "org.freedesktop.systemd1.Service", "Result")
+            .unwrap_or_default(),
+        condition: property(conn, &path, UNIT, "ConditionResult")?,
+        load,
+    })
+}
+
+/// What systemd says of `unit` now.
+pub fn systemd_unit(unit: &str) -> Result<UnitState> {
+    connect_systemd()
+        .and_then(|mut conn| unit_state(&mut conn, unit))
+        .map_err(|e| Error::failed(e.text()))
+}
+
+/// `systemctl restart unit`: queue the restart, wait (at most `deadline`) until its job is
+/// done, and say how the unit ended.
+pub fn systemd_restart_wait(unit: &str, deadline: Duration) -> Result<UnitState> {
+    let job = call_systemd("RestartUnit", &[unit, "replace"])?;
+    let run = || -> BusResult<UnitState> {
+        let mut conn = connect_systemd()?;
+        let end = Instant::now() + deadline;
+        // The job object exists until the job is done.
+        loop {
+            match property::<String>(&mut conn, &job, "org.freedesktop.systemd1.Job", "State") {
+                Err(BusFailure::Absent(_)) => break,
+                Err(e) => return Err(e),
+                Ok(_) if Instant::now() >= end => {
+                    return Err(BusFailure::Other(format!(
+                        "systemd RestartUnit({unit}): its job {job} not done within {} s",
+                        deadline.as_secs()
+                    )))
+                }
+                Ok(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
+        unit_state(&mut conn, unit)
+    };
+    run().map_err(|e| Error::failed(e.text()))
 }
