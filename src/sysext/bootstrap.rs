@@ -14,6 +14,7 @@ use crate::node::root::Root;
 use crate::node::state_file::StateFile;
 use crate::node::status;
 use crate::node::undo::Undo;
+use crate::sysext::boot_merge;
 use crate::sysext::choose;
 use crate::sysext::host::Host;
 use crate::sysext::itself;
@@ -491,6 +492,12 @@ impl<'a> Apply<'a> {
         stage::lock_links(undo)?;
         stage::sweep_stores(root);
         itself::sweep(root);
+        // Who merges at this boot, said before anything is fetched (in an initramfs only).
+        let boot = (!self.live && in_initramfs()).then(|| {
+            let m = boot_merge::plan();
+            boot_merge::record(&m);
+            m
+        });
         // 6a. nodestrap's own release (--self-update), first: what follows may fail and
         //     put the installed copy back.
         if let Some(u) = self.itself {
@@ -578,14 +585,18 @@ impl<'a> Apply<'a> {
                     .collect();
                 "merged"
             }
-        } else {
-            if !sysext_unit_enabled(root) {
-                log::warn!(
-                    "{SYSEXT_UNIT} is not enabled in {}: nothing will merge the staged images at boot (enable it, as Flatcar does)",
-                    root.show("/etc/systemd/system/sysinit.target.wants")
-                );
+        } else if let Some(boot_merge::Merge::Initramfs) = boot {
+            if changed.is_empty() {
+                log::info!("no link changed: the initramfs merge already holds the staged images");
+            } else {
+                let names: Vec<&str> = steps.iter().map(|s| s.img.name.as_str()).collect();
+                boot_merge::run(&self.a.root, &names)?;
             }
-            log::info!("staged for the real root: its {SYSEXT_UNIT} merges them at boot");
+            "merged"
+        } else if let Some(boot_merge::Merge::Off(_)) = boot {
+            "staged"
+        } else {
+            self.left_to_the_real_root();
             "staged"
         };
 
@@ -597,6 +608,8 @@ impl<'a> Apply<'a> {
                 "already merged at the chosen versions on the running system"
             } else if self.live {
                 "systemd-sysext refresh on the running system"
+            } else if activation == "merged" {
+                "the initramfs's systemd-sysext-sysroot.service, before switch-root"
             } else {
                 "the real root's systemd-sysext at boot"
             },
@@ -608,6 +621,24 @@ impl<'a> Apply<'a> {
             restart,
         })
     }
+}
+
+impl Apply<'_> {
+    /// The boot merges what this run staged: say so, and whether anything will.
+    fn left_to_the_real_root(&self) {
+        if !sysext_unit_enabled(self.root) {
+            log::warn!(
+                "{SYSEXT_UNIT} is not enabled in {}: nothing will merge the staged images at boot (enable it, as Flatcar does)",
+                self.root.show("/etc/systemd/system/sysinit.target.wants")
+            );
+        }
+        log::info!("staged for the real root: its {SYSEXT_UNIT} merges them at boot");
+    }
+}
+
+/// Whether this run is in an initramfs (systemd's own test: /etc/initrd-release).
+fn in_initramfs() -> bool {
+    std::path::Path::new("/etc/initrd-release").exists()
 }
 
 fn summary(

@@ -102,32 +102,56 @@ pub fn version_probe(name: &str) -> Option<Vec<String>> {
 
 /// The extensions `systemd-sysext status --json=short` lists for /usr.
 pub fn status_usr() -> Result<Vec<String>> {
-    let c = Command::new(
-        &[SYSEXT.into(), "status".into(), "--json=short".into()],
-        TIMEOUT,
-    )?;
+    parse_status(&status_json(None)?)
+}
+
+/// The same for the root at `root` (`--root`: the initramfs's view of /sysroot).
+pub fn status_in(root: &std::path::Path) -> Result<Vec<String>> {
+    parse_status(&status_json(Some(root))?)
+}
+
+/// When /usr was merged (`since`, microseconds since the epoch); `None` when it is not.
+pub fn since_usr() -> Result<Option<u64>> {
+    parse_since(&status_json(None)?)
+}
+
+fn status_json(root: Option<&std::path::Path>) -> Result<Vec<u8>> {
+    let mut argv = vec![SYSEXT.to_string()];
+    argv.extend(root.map(|r| format!("--root={}", r.display())));
+    argv.extend(["status".into(), "--json=short".into()]);
+    let c = Command::new(&argv, TIMEOUT)?;
     let out = exec::capture(&c, SYSEXT, OUTPUT_CAP)?;
     if !out.exit.success() {
         return Err(Error::failed(format!(
-            "{SYSEXT} status: {}: {}",
+            "{}: {}: {}",
+            argv.join(" "),
             out.exit,
             out.tail.trim()
         )));
     }
-    parse_status(&out.stdout)
+    Ok(out.stdout)
+}
+
+fn usr_entry(json: &[u8]) -> Result<Option<serde_json::Value>> {
+    let bad = |why: &str| Error::failed(format!("{SYSEXT} status --json: {why}"));
+    let v: serde_json::Value =
+        serde_json::from_slice(json).map_err(|e| bad(&format!("not JSON: {e}")))?;
+    let list = v.as_array().ok_or_else(|| bad("not an array"))?;
+    Ok(list
+        .iter()
+        .find(|h| h.get("hierarchy").and_then(|h| h.as_str()) == Some("/usr"))
+        .cloned())
+}
+
+fn parse_since(json: &[u8]) -> Result<Option<u64>> {
+    Ok(usr_entry(json)?.and_then(|u| u.get("since")?.as_u64()))
 }
 
 /// `[{"hierarchy":"/usr","extensions":["a","b"],…}]`; `extensions` is the string "none" when
 /// nothing is merged.
 pub fn parse_status(json: &[u8]) -> Result<Vec<String>> {
     let bad = |why: &str| Error::failed(format!("{SYSEXT} status --json: {why}"));
-    let v: serde_json::Value =
-        serde_json::from_slice(json).map_err(|e| bad(&format!("not JSON: {e}")))?;
-    let list = v.as_array().ok_or_else(|| bad("not an array"))?;
-    let usr = list
-        .iter()
-        .find(|h| h.get("hierarchy").and_then(|h| h.as_str()) == Some("/usr"));
-    let Some(usr) = usr else {
+    let Some(usr) = usr_entry(json)? else {
         return Ok(Vec::new());
     };
     match usr.get("extensions") {
@@ -219,6 +243,8 @@ mod tests {
         let none = br#"[{"hierarchy":"/usr","extensions":"none","since":null}]"#;
         assert!(parse_status(none).unwrap().is_empty());
         assert!(parse_status(b"{}").is_err());
+        assert_eq!(parse_since(j).unwrap(), Some(1795417018415437));
+        assert_eq!(parse_since(none).unwrap(), None);
     }
 
     #[test]

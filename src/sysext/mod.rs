@@ -4,6 +4,7 @@
 //! them in Flatcar's layout, and merges them live or leaves them for the boot to merge.
 //! Contract: docs/bootstrap.md ("sysext").
 
+pub mod boot_merge;
 pub mod bootstrap;
 pub mod choose;
 pub mod ddi;

@@ -141,6 +141,10 @@ pub fn run(v: &Verify) -> Result<()> {
 
     let mut verification = Verification::taken(&boot_id, checks, ok, api, api_note, carried);
     verification.local_s = Some(status::millis(local_s));
+    verification.merged_by = crate::sysext::boot_merge::which_took().map(|by| {
+        log::info!("merged by: the {by} merge (systemd-sysext status's since, systemd's UserspaceTimestamp)");
+        by.to_string()
+    });
     let set = describe(&expected);
 
     if let Basis::KnownGood(_) = basis {

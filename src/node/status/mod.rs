@@ -324,8 +324,7 @@ pub struct Verification {
     /// The boot it checked (/proc/sys/kernel/random/boot_id).
     pub boot_id: String,
     pub duration_s: f64,
-    /// The checks on the node itself, without the wait for the API server: what the check
-    /// costs a boot that does not wait for its Node to register.
+    /// The checks on the node itself: the check's cost without the wait for the API server.
     #[serde(default)]
     pub local_s: Option<f64>,
     pub outcome: Outcome,
@@ -338,6 +337,9 @@ pub struct Verification {
     /// What became of the check's own events (`--events-url`).
     #[serde(default)]
     pub events: Option<crate::node::events::Delivery>,
+    /// Which merge made /usr at this boot (sysext): `initramfs`, `real-root`, or unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merged_by: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -374,6 +376,7 @@ impl Verification {
             api_note,
             returned,
             events: None,
+            merged_by: None,
         }
     }
 

@@ -181,6 +181,16 @@ pub fn human_lines(r: &Record, from: &str) -> Vec<String> {
             }
         };
         row("after boot", found);
+        if let Some(by) = &v.merged_by {
+            row(
+                "merged by",
+                match by.as_str() {
+                    "initramfs" => "the initramfs (systemd-sysext-sysroot.service)".to_string(),
+                    "real-root" => "the real root (systemd-sysext.service)".to_string(),
+                    other => other.to_string(),
+                },
+            );
+        }
         if let Some(back) = &v.returned {
             let set: Vec<String> = back
                 .to
