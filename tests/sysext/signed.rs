@@ -687,18 +687,43 @@ fn systemd_of(root: &Path) -> u32 {
 /// /etc/systemd/sysext.conf.d: `systemd-sysext merge` in a private mount namespace, the root
 /// overlaid so that nothing of it changes. Its exit status and what it printed.
 fn sysext_of_forky(image: &[u8], conf: &[(String, String)]) -> (bool, String) {
+    forky_merge(image, conf, false)
+}
+
+/// The same node merged as an initramfs of systemd 261 and later merges it
+/// (systemd-sysext-sysroot.service's `systemd-sysext --root=/sysroot refresh`): the node is a
+/// second overlay of the root at /sysroot, the initramfs stand-in has no drop-in of its own.
+fn sysext_of_forky_sysroot(image: &[u8], conf: &[(String, String)]) -> (bool, String) {
+    forky_merge(image, conf, true)
+}
+
+fn forky_merge(image: &[u8], conf: &[(String, String)], sysroot: bool) -> (bool, String) {
     let s = unique_dir("forky");
     let up = s.join("up");
     std::fs::create_dir_all(up.join("etc/extensions")).unwrap();
     std::fs::create_dir_all(up.join("etc/systemd/sysext.conf.d")).unwrap();
-    std::fs::create_dir_all(s.join("work")).unwrap();
-    std::fs::create_dir_all(s.join("root")).unwrap();
+    for d in ["work", "root", "up0", "work0"] {
+        std::fs::create_dir_all(s.join(d)).unwrap();
+    }
     std::fs::write(up.join("etc/extensions/probe.raw"), image).unwrap();
     for (name, text) in conf {
         std::fs::write(up.join("etc/systemd/sysext.conf.d").join(name), text).unwrap();
     }
+    let (mount, merge, unmerge) = if sysroot {
+        (
+            "mount -t overlay overlay -o lowerdir=$T,upperdir=$S/up0,workdir=$S/work0 $R\nmkdir $R/sysroot\nmount -t overlay overlay -o lowerdir=$T,upperdir=$S/up,workdir=$S/work $R/sysroot",
+            "systemd-sysext --root=/sysroot refresh",
+            "systemd-sysext --root=/sysroot unmerge",
+        )
+    } else {
+        (
+            "mount -t overlay overlay -o lowerdir=$T,upperdir=$S/up,workdir=$S/work $R",
+            "systemd-sysext merge",
+            "systemd-sysext unmerge",
+        )
+    };
     let script = format!(
-        "set -e\nmount --make-rprivate /\nR={s}/root\nmount -t overlay overlay -o lowerdir={t},upperdir={s}/up,workdir={s}/work $R\nmount --rbind /dev $R/dev\nmount -t proc proc $R/proc\nmount --rbind /sys $R/sys\nmount -t tmpfs tmpfs $R/run\nrc=0\nchroot $R systemd-sysext merge || rc=$?\nchroot $R systemd-sysext unmerge >/dev/null 2>&1 || true\nexit $rc\n",
+        "set -e\nmount --make-rprivate /\nS={s}\nT={t}\nR=$S/root\n{mount}\nmount --rbind /dev $R/dev\nmount -t proc proc $R/proc\nmount --rbind /sys $R/sys\nmount -t tmpfs tmpfs $R/run\nrc=0\nchroot $R {merge} || rc=$?\nchroot $R {unmerge} >/dev/null 2>&1 || true\nexit $rc\n",
         s = s.display(),
         t = forky().display()
     );
@@ -769,6 +794,19 @@ fn systemd_259_and_later_read_the_policy_nodestrap_writes_to_sysext_conf() {
     assert!(
         ok && said.contains("Using extensions 'probe.raw'"),
         "systemd {v} without it: {said}"
+    );
+    // The initramfs's merge of the real root (systemd 261 and later) reads the same drop-in
+    // from the root it merges, not its own: refused there too, merged without it.
+    let (ok, said) = sysext_of_forky_sysroot(&plain, &named(&ours));
+    assert!(
+        !ok && said.contains("Image does not match image policy"),
+        "systemd {v}'s --root=/sysroot refresh under nodestrap's drop-in: {said}"
+    );
+    let (ok, said) = sysext_of_forky_sysroot(&plain, &[]);
+    assert!(
+        ok && said.contains("Using extensions 'probe.raw'")
+            && said.contains("Merged extensions into '/sysroot/usr'"),
+        "systemd {v}'s --root=/sysroot refresh without it: {said}"
     );
     // A site's drop-in sorted after nodestrap's weakens the policy, as systemd shows...
     let weaker =
