@@ -132,11 +132,14 @@ if want qemu; then
   # and payload: the torcx bootstrap on the real root (one reboot) and from the initramfs, the
   # in-place reprovision, activation, and the sysext bootstrap from the initramfs: plain (with
   # events and the boot check), signed (two boots: the trust chain) and from an OCI registry
-  # (Debian's docker-registry, TLS and htpasswd); and a stock node for a year (flatcar-year:
-  # nodestrap by Ignition alone, then the patch stream). `qemu/run` without names boots them all.
+  # (Debian's docker-registry, TLS and htpasswd); a stock node for a year (flatcar-year:
+  # nodestrap by Ignition alone, then the patch stream); and Debian 14's systemd 262, whose
+  # initramfs merges the real root's extensions (sysext-initrd-262, three boots).
+  # `qemu/run` without names boots them all.
   phase "QEMU scenarios"
   NODESTRAP_BIN=$x86 NODESTRAP_QEMU_ACCEL=${NODESTRAP_QEMU_ACCEL:-tcg} \
     NODESTRAP_QEMU_DEADLINE=${NODESTRAP_QEMU_DEADLINE:-3300} \
-    qemu/run firstboot initrd reprovision-rhcos activate sysext-initrd sysext-signed sysext-oci flatcar-year
+    qemu/run firstboot initrd reprovision-rhcos activate sysext-initrd sysext-signed sysext-oci flatcar-year \
+      sysext-initrd-262
 fi
 phase "done"

@@ -584,7 +584,8 @@ class World:
         """A copy-on-write overlay of the node image; with `preseed`, over a copy that already
         holds those images and links, as an earlier bootstrap left them; with `tamper`, over a
         copy that holds the imposter in IMPOSTER_DIR."""
-        base = self.images["SYSEXT_NODE_IMAGE"]
+        # sysext-initrd-262 boots Debian 14's root (qemu/build-forky).
+        base = self.s.images[sc.node_image] if getattr(sc, "node_image", None) else self.images["SYSEXT_NODE_IMAGE"]
         stock = getattr(sc, "stock", False)
         if sc.preseed or sc.tamper or stock:
             raw = self.s.path(sc.name + "-base.raw")

@@ -12,10 +12,11 @@ from harness.common import ANSI, DEADLINE, RTC_PAST, note
 class Boot:
     """One QEMU run until it powers off or reboots (-no-reboot makes a guest reboot exit)."""
 
-    def __init__(self, s, n, disk, config, kargs, accel, log, netdev="user,id=n0", extra=(), initrd=None):
+    def __init__(self, s, n, disk, config, kargs, accel, log, netdev="user,id=n0", extra=(), initrd=None, kernel=None):
         self.log = log
         cmd = ["qemu-system-x86_64", "-accel", accel, "-m", "2048", "-smp", "2", "-nodefaults",
-               "-display", "none", "-no-reboot", "-kernel", s.images["KERNEL"], "-initrd", initrd or s.images["INITRD"],
+               "-display", "none", "-no-reboot", "-kernel", kernel or s.images["KERNEL"],
+               "-initrd", initrd or s.images["INITRD"],
                "-append", " ".join(kargs), "-drive", "if=virtio,format=qcow2,file=" + disk,
                "-netdev", netdev, "-device", "virtio-net-pci,netdev=n0",
                "-device", "virtio-rng-pci", "-fw_cfg", "name=opt/com.coreos/config,file=" + config,
@@ -93,9 +94,12 @@ def boot_until(s, sc, disk, config, accel, boot_timeout, base, t0, events, on_li
                 kargs = kargs + ["nodestrap_qemu.time=%d" % time.time(), "nodestrap.clock-wait=25"]
                 extra = ["-rtc", "base=%s" % RTC_PAST]
             log = s.path("%s-boot%d.log" % (sc.name, boots))
-            # A scenario may boot another initramfs (flatcar-year: the stock one).
+            # A scenario may boot another initramfs (flatcar-year: the stock one), another kernel
+            # (sysext-initrd-262: Debian 14's), and arguments of its own from its second boot.
             initrd = s.images[sc.initrd_image] if getattr(sc, "initrd_image", None) else None
-            b = Boot(s, boots, disk, config, kargs, accel, log, extra=extra, initrd=initrd)
+            kernel = s.images[sc.kernel_image] if getattr(sc, "kernel_image", None) else None
+            kargs = kargs + list(getattr(sc, "boot_args", {}).get(boots, ()))
+            b = Boot(s, boots, disk, config, kargs, accel, log, extra=extra, initrd=initrd, kernel=kernel)
             deadline = min(time.time() + boot_timeout, DEADLINE)
             rebooted = False
             while True:
