@@ -439,8 +439,21 @@ impl Kube {
         body: Option<&serde_json::Value>,
         pass: &[u16],
     ) -> std::result::Result<Reply, FetchError> {
+        self.call_as(method, path, "application/json", body, pass)
+    }
+
+    /// `call` with the body's media type given (a patch's: `application/merge-patch+json`,
+    /// `application/strategic-merge-patch+json`).
+    pub fn call_as(
+        &self,
+        method: &'static str,
+        path: &str,
+        content_type: &'static str,
+        body: Option<&serde_json::Value>,
+        pass: &[u16],
+    ) -> std::result::Result<Reply, FetchError> {
         let url = format!("{}{path}", self.server);
-        let body = body.map(|b| ("application/json", b.to_string().into_bytes()));
+        let body = body.map(|b| (content_type, b.to_string().into_bytes()));
         match self
             .http
             .fetch_passing(&self.request(method, &url, body), 8 << 20, pass)

@@ -10,6 +10,7 @@ pub mod kube;
 pub mod kubeconfig;
 pub mod mirrors;
 pub mod names;
+pub mod node_report;
 pub mod nodeinfo;
 pub mod oci;
 pub mod retry;
