@@ -14,6 +14,7 @@ pub mod itself;
 pub mod known_good;
 pub mod lists;
 pub mod merge;
+pub mod report;
 pub mod rollout;
 pub mod source;
 pub mod stage;

@@ -24,6 +24,7 @@ use crate::node::status::{
 use crate::node::undo::Undo;
 use crate::sysext::known_good::{KnownGood, Refused};
 use crate::sysext::merge::{self, Expect};
+use crate::sysext::report::{self, describe};
 use crate::sysext::stage;
 
 /// An image is hashed in full; a larger one is not one nodestrap staged.
@@ -93,6 +94,15 @@ pub fn run(v: &Verify) -> Result<()> {
     let expected = match &basis {
         Basis::Record(e) | Basis::KnownGood(e) => e.clone(),
     };
+    // The Node's condition says the check runs (when the API server is asked at all).
+    let to = (!node.is_empty()).then(|| report::To {
+        root: &root,
+        kubeconfig: &v.kubeconfig,
+        node: &node,
+    });
+    if let Some(t) = &to {
+        log::info!("reported {}", report::checking(t, &boot_id));
+    }
     let (checks, lying) = local_checks(&root, &expected);
     let local_ok = checks.iter().all(|c| c.ok);
     let local_s = since.elapsed();
@@ -149,6 +159,25 @@ pub fn run(v: &Verify) -> Result<()> {
 
     if let Basis::KnownGood(_) = basis {
         // The record is of a run that failed: nothing of this check goes into it.
+        let first = first_failed(&verification.checks);
+        let ending = if ok {
+            report::Ending::Verified { known_good: true }
+        } else {
+            report::Ending::Mismatch {
+                first: &first,
+                refused: Vec::new(),
+                returned: Err("nothing to return to: the node needs an operator".into()),
+            }
+        };
+        if let Some(t) = &to {
+            report::verdict(
+                t,
+                &record,
+                &expected,
+                &ending,
+                verification.merged_by.as_deref(),
+            );
+        }
         if ok {
             known.verified = Some(verification.at.clone());
             known.save(&root)?;
@@ -156,8 +185,7 @@ pub fn run(v: &Verify) -> Result<()> {
             return Ok(());
         }
         return Err(Error::failed(format!(
-            "the node does not run its known-good set ({set}): {}; nothing to return to: the node needs an operator",
-            first_failed(&verification.checks)
+            "the node does not run its known-good set ({set}): {first}; nothing to return to: the node needs an operator"
         )));
     }
 
@@ -169,6 +197,16 @@ pub fn run(v: &Verify) -> Result<()> {
             known.save(&root)?;
         }
         after.phase = Phase::Verified;
+        let ending = report::Ending::Verified { known_good: false };
+        verification.reported = to.as_ref().map(|t| {
+            report::verdict(
+                t,
+                &record,
+                &expected,
+                &ending,
+                verification.merged_by.as_deref(),
+            )
+        });
         verification.timed(since);
         verification.events = status::verdict_events(&verification, 0);
         after.verification = Some(verification);
@@ -183,10 +221,12 @@ pub fn run(v: &Verify) -> Result<()> {
     // A mismatch: images that did not run as named (another version inside, or left out of a
     // merge that took the others) are never staged again. A link or a file changed on the node,
     // or a merge that failed as a whole, is not the image's fault: the image stays eligible.
+    let mut refused = Vec::new();
     for c in expected.iter().filter(|c| lying.contains(&c.name)) {
         if known.image_of(&c.name) == Some(c) {
             continue;
         }
+        refused.push(format!("{} {} ({})", c.name, c.version, c.digest));
         let why: Vec<String> = verification
             .checks
             .iter()
@@ -266,8 +306,31 @@ pub fn run(v: &Verify) -> Result<()> {
             format!("the return to the known-good set failed: {result}")
         }
     };
-    verification.timed(since);
     let first = first_failed(&verification.checks);
+    let returned_ok = returning
+        && verification
+            .returned
+            .as_ref()
+            .is_some_and(|r| r.result == "merged");
+    let ending = report::Ending::Mismatch {
+        first: &first,
+        refused,
+        returned: if returned_ok {
+            Ok(back.clone())
+        } else {
+            Err(back.clone())
+        },
+    };
+    verification.reported = to.as_ref().map(|t| {
+        report::verdict(
+            t,
+            &record,
+            &expected,
+            &ending,
+            verification.merged_by.as_deref(),
+        )
+    });
+    verification.timed(since);
     // The chosen set no longer holds: the record goes back to `done`.
     after.phase = Phase::Done;
     verification.events = status::verdict_events(&verification, 1);
@@ -577,11 +640,4 @@ fn return_to(
         }
         Err(e) => Err(undo.undo(e)),
     }
-}
-
-fn describe(set: &[Chosen]) -> String {
-    set.iter()
-        .map(|c| format!("{} {}", c.name, c.version))
-        .collect::<Vec<_>>()
-        .join(", ")
 }

@@ -132,6 +132,9 @@ pub struct Verification {
     /// Which merge made /usr at this boot (sysext): `initramfs`, `real-root`, or unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merged_by: Option<String>,
+    /// What the check told the cluster on the Node (condition, labels, events), or why not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reported: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -169,6 +172,7 @@ impl Verification {
             returned,
             events: None,
             merged_by: None,
+            reported: None,
         }
     }
 
