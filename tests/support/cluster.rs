@@ -167,6 +167,8 @@ impl Cluster {
                     w("sa.key", &sa.serialize_pem())
                 ),
                 "--authorization-mode=Node,RBAC".into(),
+                // kubeadm's: what a node's own credentials may change of its Node.
+                "--enable-admission-plugins=NodeRestriction".into(),
                 // kubeadm's default: a joining kubelet's bootstrap token authenticates.
                 "--enable-bootstrap-token-auth".into(),
                 format!("--client-ca-file={}", ca_file.display()),
@@ -253,6 +255,20 @@ impl Cluster {
             &format!("--user={cn}"),
         ]);
         self.kubeconfig(cn, path);
+    }
+
+    /// A kubeconfig at `path` with Node `node`'s own identity, as its kubelet has it
+    /// (`system:node:<node>` in `system:nodes`): what the Node authorizer and NodeRestriction
+    /// judge, nothing granted beside.
+    pub fn node_identity(&self, node: &str, path: &Path) {
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name
+            .push(rcgen::DnType::OrganizationName, "system:nodes");
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, format!("system:node:{node}"));
+        p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        self.write_kubeconfig(path, &self.ca.issue(p));
     }
 
     /// A kubeconfig at `path` for the user `cn` (a client certificate of the cluster's CA, in no

@@ -542,6 +542,151 @@ fn the_real_api_server_confirms_or_contradicts_the_node() {
     );
 }
 
+/// Issue 51: the boot check tells the Node itself, with the node's own identity (the Node
+/// authorizer and NodeRestriction, nothing granted beside): the `NodestrapVerified` condition
+/// beside the kubelet's own, labels that `kubectl get nodes -L` shows, events that `kubectl
+/// describe node` shows; a second check counts its events again instead of adding new ones; an
+/// API server that does not answer costs a bounded time and fails nothing.
+#[test]
+fn the_node_is_told_with_its_own_credentials() {
+    let c = support::cluster::cluster();
+    let w = World::new();
+    let bus = Bus::start();
+    w.run().assert_ok();
+    let node = format!("told-{}", std::process::id());
+    let kubeconfig = unique_dir("told").join("kubelet.conf");
+    c.node_identity(&node, &kubeconfig);
+    c.apply(&format!(
+        "{{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{{\"name\":\"{node}\"}}}}"
+    ));
+    c.report_node(&node, "v1.32.3", "containerd://1.7.24", &support::utc_now());
+    let args = |kc: &Path, wait: u32| {
+        format!(
+            "if {} verify --kubeconfig={} --node-name={node} --api-wait={wait} 2>&1; then echo 'VERIFY exit=0'; else echo \"VERIFY exit=$?\"; fi\n",
+            bin(),
+            kc.display()
+        )
+    };
+    let out = boot(&w, &bus, &args(&kubeconfig, 20));
+    assert!(out.contains("VERIFY exit=0"), "{out}");
+    let get = |path: &str| {
+        c.kubectl(&["get", "node", &node, "-o", &format!("jsonpath={path}")])
+            .trim()
+            .to_string()
+    };
+    let cond = "{.status.conditions[?(@.type==\"NodestrapVerified\")]";
+    assert_eq!(
+        get(&format!("{cond}.status}} {cond}.reason}}")),
+        "True Verified"
+    );
+    assert!(
+        get(&format!("{cond}.message}}")).contains("runs kubernetes v1.32.3, containerd"),
+        "{}",
+        get(&format!("{cond}.message}}"))
+    );
+    // The kubelet's own condition as the kubelet left it.
+    assert_eq!(
+        get("{.status.conditions[?(@.type==\"Ready\")].status}"),
+        "True"
+    );
+    let cols = c.kubectl(&[
+        "get",
+        "node",
+        &node,
+        "--no-headers",
+        "-L",
+        "nodestrap.io/kubernetes,nodestrap.io/runtime,nodestrap.io/trust",
+    ]);
+    assert!(
+        cols.contains("v1.32.3") && cols.contains("containerd-1.7.24"),
+        "{cols}"
+    );
+    let events = || {
+        c.kubectl(&[
+            "get",
+            "events",
+            "-n",
+            "default",
+            "--field-selector",
+            &format!("involvedObject.name={node}"),
+            "-o",
+            "jsonpath={range .items[*]}{.reason}={.count} {end}",
+        ])
+    };
+    // NodeRestriction is in force for this identity: the labels it reserves are refused.
+    let kubectl_as_node = std::process::Command::new(support::cluster::kube_bin().join("kubectl"))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args([
+            "label",
+            "node",
+            &node,
+            "node-restriction.kubernetes.io/test=x",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        !kubectl_as_node.status.success()
+            && String::from_utf8_lossy(&kubectl_as_node.stderr).contains("forbidden"),
+        "{kubectl_as_node:?}"
+    );
+    let ev = events();
+    assert!(ev.contains("Staged=1") && ev.contains("Verified=1"), "{ev}");
+    let described = c.kubectl(&["describe", "node", &node]);
+    assert!(
+        described.contains("NodestrapVerified") && described.contains("nodestrap"),
+        "{described}"
+    );
+    let rec = json(&w, "/var/lib/nodestrap/status.json");
+    let told = rec["verification"]["reported"].as_str().unwrap_or_default();
+    assert!(
+        told.contains("condition NodestrapVerified=True")
+            && told.contains("3 labels")
+            && told.contains("2 events")
+            && !told.contains("not sent"),
+        "{rec}"
+    );
+
+    // Again: the same events counted, no new ones.
+    let out = boot(&w, &bus, &args(&kubeconfig, 20));
+    assert!(out.contains("VERIFY exit=0"), "{out}");
+    let ev = events();
+    assert!(ev.contains("Staged=2") && ev.contains("Verified=2"), "{ev}");
+    assert_eq!(ev.split_whitespace().count(), 2, "{ev}");
+
+    // The API server at a port nobody listens on: bounded, the check passes on the node's own
+    // word (the API part `unreached`), and the record says what was not sent.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let down = kubeconfig.with_file_name("down.conf");
+    let text = std::fs::read_to_string(&kubeconfig).unwrap();
+    let server = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: "))
+        .unwrap()
+        .to_string();
+    std::fs::write(
+        &down,
+        text.replace(&server, &format!("https://127.0.0.1:{closed}")),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let out = boot(&w, &bus, &args(&down, 3));
+    let took = started.elapsed();
+    assert!(out.contains("VERIFY exit=0"), "{out}");
+    assert!(took < std::time::Duration::from_secs(60), "{took:?}: {out}");
+    let rec = json(&w, "/var/lib/nodestrap/status.json");
+    assert_eq!(rec["verification"]["api"], "unreached", "{rec}");
+    assert!(
+        rec["verification"]["reported"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("not sent")),
+        "{rec}"
+    );
+}
+
 /// Issue 28's events across runs: a bootstrap whose receiver is down finishes as always, its
 /// events kept in the run folder's spool (as switch-root carries /run over); the boot check,
 /// with the receiver up, sends them first, then its own, in order, and records the counts.
