@@ -815,6 +815,17 @@ def check(w, sc, events, joining, started, failures, reports, disk, patch):
                          % (runtime, w.containerd))
             if joining.running is None:
                 p.append("the static pod's mirror pod never ran")
+            if sc.events:
+                # The boot check has ended (done() waited for it): what it told the Node.
+                cond, labels, ev = node_told(w.cp, sc.name)
+                want = {"nodestrap.io/kubernetes": current, "nodestrap.io/runtime": "containerd-" + w.containerd,
+                        "nodestrap.io/trust": "plain"}
+                if cond != ("True", "Verified") or labels != want or not {"Staged=1", "Verified=1"} <= set(ev):
+                    p.append("the Node was told %r, labels %r, events %r; expected (True, Verified), %r, Staged and "
+                             "Verified" % (cond, labels, ev, want))
+                else:
+                    say("  the Node: NodestrapVerified %s (%s), labels %s, events %s"
+                        % (cond[0], cond[1], ", ".join("%s=%s" % kv for kv in sorted(labels.items())), " ".join(ev)))
         else:
             if w.cp.node_info(sc.name):
                 p.append("a Node registered although the node has no container runtime")
@@ -1019,6 +1030,18 @@ def node_status(cp, name):
                    "{.status.nodeInfo.containerRuntimeVersion} {.status.nodeInfo.bootID}", check=False)
     parts = r.stdout.split()
     return tuple(parts) if r.returncode == 0 and len(parts) == 3 else None
+
+
+def node_told(cp, name):
+    """What the boot check told the cluster on Node `name` (docs/verify.md, "On the Node"), as
+    kubectl shows it: NodestrapVerified's (status, reason), the nodestrap.io labels, and the
+    reasons of the Node's events from nodestrap with their counts."""
+    c = '{.status.conditions[?(@.type=="NodestrapVerified")]'
+    cond = cp.kubectl("get", "node", name, "-o", "jsonpath=%s.status} %s.reason}" % (c, c), check=False).stdout.split()
+    labels = json.loads(cp.kubectl("get", "node", name, "-o", "jsonpath={.metadata.labels}", check=False).stdout or "{}")
+    ev = cp.kubectl("get", "events", "-n", "default", "--field-selector", "involvedObject.name=%s,source=nodestrap" % name,
+                    "-o", "jsonpath={range .items[*]}{.reason}={.count} {end}", check=False).stdout.split()
+    return tuple(cond), {k: v for k, v in labels.items() if k.startswith("nodestrap.io/")}, ev
 
 
 def record_of(blob, name):
@@ -1344,6 +1367,13 @@ def check_verify(w, sc, case, events, said, seen, runtime, st, disk):
         left = [n for n in names if ".nodestrap-" in n]
         if left:
             p.append("temp files left in %s: %r" % (d, left))
+    # What the failed check told the Node (docs/verify.md, "On the Node").
+    cond, labels, ev = node_told(w.cp, sc.name)
+    if cond != ("False", "ReturnedToKnownGood") or not any(e.startswith("ReturnedToKnownGood=") for e in ev):
+        p.append("the Node was told %r, events %r; expected (False, ReturnedToKnownGood) and a ReturnedToKnownGood "
+                 "event" % (cond, ev))
+    else:
+        say("  the Node: NodestrapVerified %s (%s), events %s" % (cond[0], cond[1], " ".join(ev)))
     return p
 
 
