@@ -85,8 +85,8 @@ pub fn label_value(text: &str) -> String {
 /// was done or why not, one line for the status record and the log.
 pub fn send(root: &Root, kubeconfig: &str, node: &str, report: &Report) -> String {
     let until = Instant::now() + DEADLINE;
-    // Each call within a quarter of the whole: four calls at most before the deadline is checked.
-    let retry = Retry::exponential(2, Duration::from_millis(500)).within(DEADLINE / 4);
+    // Every call, and an attempt in flight, ends at the report's deadline.
+    let retry = Retry::exponential(2, Duration::from_millis(500)).until(until);
     let kube = match Kube::from_kubeconfig(root, kubeconfig, retry) {
         Ok(Some(k)) => k,
         Ok(None) => return format!("not sent: {} does not exist", root.show(kubeconfig)),

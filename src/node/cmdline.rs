@@ -34,7 +34,8 @@ pub fn systemd_bool(cmdline: &str, key: &str) -> Option<bool> {
             found = Some(v);
         }
     }
-    match found? {
+    // systemd unquotes the word and compares the value without regard to case.
+    match found?.trim_matches('"').to_ascii_lowercase().as_str() {
         "1" | "yes" | "y" | "true" | "t" | "on" => Some(true),
         "0" | "no" | "n" | "false" | "f" | "off" => Some(false),
         _ => None,
@@ -57,6 +58,8 @@ mod tests {
         assert_eq!(b("systemd_sysext=no", "systemd.sysext"), None);
         assert_eq!(b("systemd.sys_ext=no", "systemd.sys-ext"), Some(false));
         assert_eq!(b("systemd.sysext=maybe", "systemd.sysext"), None);
+        assert_eq!(b("systemd.sysext=No", "systemd.sysext"), Some(false));
+        assert_eq!(b("systemd.sysext=\"off\"", "systemd.sysext"), Some(false));
     }
 
     #[test]

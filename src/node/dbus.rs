@@ -444,10 +444,17 @@ pub fn systemd_restart_wait(unit: &str, deadline: Duration) -> Result<UnitState>
                 Err(BusFailure::Absent(_)) => break,
                 Err(e) => return Err(e),
                 Ok(_) if Instant::now() >= end => {
+                    // Not left to run on while the caller goes on (or puts things back).
+                    let cancel = method(SD_SERVICE, &job, "org.freedesktop.systemd1.Job", "Cancel");
+                    let cancelled = call(&mut conn, cancel, "cancelling it").map(drop);
                     return Err(BusFailure::Other(format!(
-                        "systemd RestartUnit({unit}): its job {job} not done within {} s",
-                        deadline.as_secs()
-                    )))
+                        "systemd RestartUnit({unit}): its job {job} not done within {} s{}",
+                        deadline.as_secs(),
+                        match cancelled {
+                            Ok(()) => "; cancelled".to_string(),
+                            Err(e) => format!("; {}", e.text()),
+                        }
+                    )));
                 }
                 Ok(_) => std::thread::sleep(Duration::from_millis(200)),
             }
