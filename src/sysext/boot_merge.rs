@@ -137,6 +137,25 @@ pub fn run(sysroot: &Path, names: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// Whether the initramfs merge of `sysroot` already holds every extension of `names`.
+pub fn holds(sysroot: &Path, names: &[&str]) -> bool {
+    merge::status_in(sysroot)
+        .map(|merged| names.iter().all(|n| merged.iter().any(|m| m == n)))
+        .unwrap_or(false)
+}
+
+/// Restarts the initramfs merge without a proof: after a failed run put the links back.
+pub fn again() -> Result<()> {
+    let u = dbus::systemd_restart_wait(SYSROOT_UNIT, MERGE_DEADLINE)?;
+    if u.active != "active" {
+        return Err(Error::failed(format!(
+            "{SYSROOT_UNIT}: {} ({})",
+            u.active, u.result
+        )));
+    }
+    Ok(())
+}
+
 /// Which merge made the running system's /usr: the initramfs's when systemd-sysext's `since`
 /// for /usr is older than the real root's systemd (`UserspaceTimestamp`), else the real
 /// root's. `None` when nothing is merged or either time is unknown (the reason logged).

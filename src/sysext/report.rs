@@ -8,7 +8,7 @@ use crate::net::node_report::{
     self, label_value, Event, Report, Verdict, LABEL_KUBERNETES, LABEL_RUNTIME, LABEL_TRUST,
 };
 use crate::node::root::Root;
-use crate::node::status::{Chosen, Record};
+use crate::node::status::{Chosen, Record, State};
 
 /// Where the check reports: the kubelet's kubeconfig (a node path) and the Node's name; none
 /// when the API server is not asked.
@@ -147,7 +147,8 @@ fn report(record: &Record, set: &[Chosen], ending: &Ending, merged_by: Option<&s
 /// What the last bootstrap staged, and a downgrade it was allowed, as events.
 fn staged(record: &Record) -> Vec<Event> {
     let mut ev = Vec::new();
-    if !record.chosen.is_empty() {
+    // A run that failed chose but staged nothing: the node went back as it was.
+    if record.state == State::Done && !record.chosen.is_empty() {
         let activation = record
             .decisions
             .iter()

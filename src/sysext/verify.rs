@@ -51,6 +51,7 @@ pub fn run(v: &Verify) -> Result<()> {
     if let Some(d) = &links {
         d.sweep_leftovers(true);
     }
+    crate::node::temps::sweep(&root);
     let (record, from) = status::last_bootstrap()?;
     let mut known = KnownGood::load(&root)?;
 
@@ -321,24 +322,28 @@ pub fn run(v: &Verify) -> Result<()> {
             Err(back.clone())
         },
     };
-    verification.reported = to.as_ref().map(|t| {
-        report::verdict(
-            t,
-            &record,
-            &expected,
-            &ending,
-            verification.merged_by.as_deref(),
-        )
-    });
     verification.timed(since);
     // The chosen set no longer holds: the record goes back to `done`.
     after.phase = Phase::Done;
     verification.events = status::verdict_events(&verification, 1);
+    let merged_by = verification.merged_by.clone();
     after.verification = Some(verification);
     let at = status::amend(&root, &record, &after)?;
     if returning {
         known.returned_boot = Some(boot_id.clone());
         known.save(&root)?;
+    }
+    // The Node is told once the return is recorded: a kill while the cluster is slow never
+    // leaves a return that the record does not hold.
+    if let Some(t) = &to {
+        let told = report::verdict(t, &record, &expected, &ending, merged_by.as_deref());
+        let mut told_after = after.clone();
+        if let Some(v) = told_after.verification.as_mut() {
+            v.reported = Some(told);
+        }
+        if let Err(e) = status::amend(&root, &record, &told_after) {
+            log::warn!("what the Node was told is not recorded: {e}");
+        }
     }
     Err(Error::failed(format!(
         "the node does not run what {from} chose: {first}; {back} (recorded in {at})"
