@@ -91,6 +91,7 @@ pub fn run(a: &Activate) -> Result<()> {
         return Err(Error::config("--kubeadm: empty"));
     }
     let root = Root::open(&a.root)?;
+    crate::node::temps::sweep(&root);
     let rebooter = crate::node::reboot::for_run(&root, a.reboot == RebootMode::Auto, false);
 
     // 2. Where this node stands: only a node without a marker is fresh.

@@ -21,5 +21,6 @@ pub mod seams;
 pub mod signals;
 pub mod state_file;
 pub mod status;
+pub mod temps;
 pub mod undo;
 pub mod verified;

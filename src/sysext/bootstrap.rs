@@ -490,8 +490,7 @@ impl<'a> Apply<'a> {
         // One run at a time switches links; what killed runs left (temp links, temp images in
         // any extension's store, whichever version the next run picks) goes first.
         stage::lock_links(undo)?;
-        stage::sweep_stores(root);
-        itself::sweep(root);
+        crate::node::temps::sweep(root);
         // Who merges at this boot, said before anything is fetched (in an initramfs only).
         let boot = (!self.live && in_initramfs()).then(|| {
             let m = boot_merge::plan();
@@ -586,10 +585,16 @@ impl<'a> Apply<'a> {
                 "merged"
             }
         } else if let Some(boot_merge::Merge::Initramfs) = boot {
-            if changed.is_empty() {
+            let names: Vec<&str> = steps.iter().map(|s| s.img.name.as_str()).collect();
+            if changed.is_empty() && boot_merge::holds(&self.a.root, &names) {
                 log::info!("no link changed: the initramfs merge already holds the staged images");
             } else {
-                let names: Vec<&str> = steps.iter().map(|s| s.img.name.as_str()).collect();
+                // Registered before the restart: whatever fails from here on merges the
+                // previous extensions again once their links are back.
+                undo.then_on_undo(
+                    "the initramfs merges the previous extensions again",
+                    boot_merge::again,
+                );
                 boot_merge::run(&self.a.root, &names)?;
             }
             "merged"

@@ -148,14 +148,6 @@ pub fn apply(root: &Root, source: &Source, u: &Update, undo: &mut Undo) -> Resul
     Ok(())
 }
 
-/// What killed runs left beside the installed copy (a release under its temp name, the old copy
-/// set aside): swept by every run that may change /opt/bin, whether or not it updates.
-pub fn sweep(root: &Root) {
-    if let Ok(Some(d)) = root.dir("/opt/bin") {
-        d.sweep_leftovers(false);
-    }
-}
-
 /// The staged release runs here and says it is the version its name gives.
 fn prove(dir: &Dir, staged: &str, img: &Image) -> Result<()> {
     let path = dir.host_path(staged)?;

@@ -147,31 +147,6 @@ fn store_dir(name: &str, undo: &mut Undo) -> Result<Dir> {
     Ok(dir)
 }
 
-/// Sweep the temp images of killed runs from every extension's store, not only the ones this
-/// run fetches: a download cut short is as large as its image, and the next run may pick
-/// another version or nothing at all.
-pub fn sweep_stores(root: &Root) {
-    let store = match root.dir(STORE) {
-        Ok(Some(d)) => d,
-        Ok(None) => return,
-        Err(e) => return log::warn!("not sweeping {STORE}: {e}"),
-    };
-    let names = match store.entries() {
-        Ok(n) => n,
-        Err(e) => return log::warn!("not sweeping {STORE}: {e}"),
-    };
-    for n in names {
-        if store.kind_of(&n) != Some(FileType::Directory) {
-            continue;
-        }
-        match root.dir(&format!("{STORE}/{n}")) {
-            Ok(Some(d)) if !d.read_only() => d.sweep_leftovers(false),
-            Ok(_) => {}
-            Err(e) => log::warn!("not sweeping {STORE}/{n}: {e}"),
-        }
-    }
-}
-
 /// Hold `/etc/extensions` (made if missing) for the rest of the run, so that no other run
 /// switches links meanwhile, and sweep the temp links of runs killed while switching.
 pub fn lock_links(undo: &mut Undo) -> Result<()> {

@@ -31,6 +31,9 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     // 0. Everything that can be checked without the node or the network: exit 2 if wrong.
     let root = Root::open(&a.root)?;
     let template = check_options(a)?;
+    if !a.dry_run {
+        crate::node::temps::sweep(&root);
+    }
     let torcx_on = !a.torcx_skip_setup;
     let keyring = if torcx_on {
         a.common().keyring(&root)?

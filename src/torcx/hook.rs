@@ -51,6 +51,7 @@ pub fn run(a: &Hook) -> Result<()> {
     // no-escape resolution as node paths.
     let pod = Root::open(Path::new("/"))?;
     let root = Root::open(&a.root)?;
+    crate::node::temps::sweep(&root);
     let keyring = a.common().keyring(&pod)?;
     let http = a.common().http(&root)?;
     let kube = api_client(a.kubeconfig.as_deref(), &pod, a.common().api_retry())?;

@@ -47,6 +47,7 @@ pub fn run(v: &Verify) -> Result<()> {
         String::new()
     };
     let root = Root::open(Path::new("/"))?;
+    crate::node::temps::sweep(&root);
     let (record, from) = status::last_bootstrap()?;
     let boot_id = crate::node::seams::boot_id()?;
     let layout = Layout::read(&root)?;

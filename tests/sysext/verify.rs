@@ -542,6 +542,41 @@ fn the_real_api_server_confirms_or_contradicts_the_node() {
     );
 }
 
+/// Issue 49's one rule for temp names: whatever a killed run of any command left in any folder
+/// nodestrap writes to (the one list, `node::temps::FOLDERS`), the next run of a command that
+/// writes to the node removes (here the sysext bootstrap, the patch stream's run); a temp file a
+/// live run holds stays.
+#[test]
+fn every_folder_nodestrap_writes_is_swept_by_the_next_run() {
+    let w = World::new();
+    w.run().assert_ok();
+    let mut planted = Vec::new();
+    for f in nodestrap::node::temps::FOLDERS {
+        let dir = match f.strip_suffix("/*") {
+            Some(parent) => format!("{parent}/some"),
+            None => f.to_string(),
+        };
+        std::fs::create_dir_all(w.path(&dir)).unwrap();
+        let stale = format!("{dir}/.file.nodestrap-0123456789ab");
+        std::fs::write(w.path(&stale), "left by a killed run").unwrap();
+        planted.push(stale);
+    }
+    // One a live run holds (its lock) stays.
+    let live = "/var/lib/nodestrap/.live.nodestrap-abcdef012345";
+    let held = std::fs::File::create(w.path(live)).unwrap();
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+    let out = w.run();
+    out.assert_ok();
+    let left: Vec<&String> = planted.iter().filter(|p| w.path(p).exists()).collect();
+    assert!(left.is_empty(), "left: {left:?}\n{}", out.stderr);
+    assert!(
+        w.path(live).exists(),
+        "a held temp file was taken: {}",
+        out.stderr
+    );
+    drop(held);
+}
+
 /// Issue 51: the boot check tells the Node itself, with the node's own identity (the Node
 /// authorizer and NodeRestriction, nothing granted beside): the `NodestrapVerified` condition
 /// beside the kubelet's own, labels that `kubectl get nodes -L` shows, events that `kubectl
