@@ -61,6 +61,7 @@ SCENARIO = Sx(NAME, "Debian 14 (systemd 262, dracut 112, its kernel), whose init
               initrd=True, trust="signed", boots=3)
 SCENARIO.kernel_image, SCENARIO.initrd_image, SCENARIO.node_image = "FORKY_KERNEL", "FORKY_INITRD", "FORKY_NODE_IMAGE"
 SCENARIO.boot_args = {2: ["rd.systemd.sysext=0"], 3: [MASK]}
+SCENARIO.tcg_single = True  # qemu/harness/vm.py: the 7.2 kernel under multi-threaded TCG
 
 
 def prepare(s, sc):
