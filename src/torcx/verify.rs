@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 
 use crate::cli::Verify;
 use crate::error::{Error, Result};
+use crate::net::node_report::{
+    self, label_value, Event, Report, Verdict, LABEL_KUBERNETES, LABEL_RUNTIME, LABEL_TRUST,
+};
 use crate::net::nodeinfo;
 use crate::node::envfile::EnvFile;
 use crate::node::exec;
@@ -177,10 +180,12 @@ pub fn run(v: &Verify) -> Result<()> {
             Profile::parse(&b, &root.show(&applied))?;
             root.write_atomic(&known_path, &b, 0o644)?;
         }
+        let told = tell(v, &root, &node, &expected, None);
         if record.state != State::Done {
             log::info!("verified: the node runs its known-good {what}");
             return Ok(());
         }
+        verification.reported = told;
         after.phase = Phase::Verified;
         // The reboot an earlier check asked for has happened: nothing is pending any more.
         if verification.returned.is_some() {
@@ -204,8 +209,10 @@ pub fn run(v: &Verify) -> Result<()> {
         .map(|c| format!("{}: expected {}, found {}", c.what, c.expected, c.running))
         .unwrap_or_default();
     if record.state != State::Done {
+        let why = "nothing to return to: the node needs an operator";
+        tell(v, &root, &node, &expected, Some(&format!("{first}; {why}")));
         return Err(Error::failed(format!(
-            "the node does not run its known-good {what}: {first}; nothing to return to: the node needs an operator"
+            "the node does not run its known-good {what}: {first}; {why}"
         )));
     }
     // Once per boot, and never to what just failed.
@@ -264,9 +271,78 @@ pub fn run(v: &Verify) -> Result<()> {
     verification.events = status::verdict_events(&verification, 1);
     after.verification = Some(verification);
     let at = status::amend(&root, &record, &after)?;
+    // Told once the record holds the verdict (as the sysext check does).
+    if let Some(told) = tell(
+        v,
+        &root,
+        &node,
+        &expected,
+        Some(&format!("{first}; {back}")),
+    ) {
+        let mut told_after = after.clone();
+        if let Some(t) = told_after.verification.as_mut() {
+            t.reported = Some(told);
+        }
+        if let Err(e) = status::amend(&root, &record, &told_after) {
+            log::warn!("what the Node was told is not recorded: {e}");
+        }
+    }
     Err(Error::failed(format!(
         "the node does not run what {from} chose: {first}; {back} (recorded in {at})"
     )))
+}
+
+/// What the check tells the cluster on its Node, as the sysext check does (docs/verify.md, "On
+/// the Node"): `NodestrapVerified` True with the profile and docker that run, the labels of the
+/// kubelet and docker versions and `nodestrap.io/trust=torcx`; or False with the first failed
+/// check (`mismatch`). Only when the Node's name is known; what was told, or why not.
+fn tell(
+    v: &Verify,
+    root: &Root,
+    node: &str,
+    e: &Expected,
+    mismatch: Option<&str>,
+) -> Option<String> {
+    if node.is_empty() {
+        return None;
+    }
+    let runs = format!("profile {} with docker {}", e.profile, e.version);
+    let report = match mismatch {
+        None => Report {
+            verdict: Verdict::True,
+            reason: "Verified",
+            message: format!("runs {runs} as chosen"),
+            labels: [
+                e.kubelet
+                    .as_ref()
+                    .map(|(_, k)| (LABEL_KUBERNETES, label_value(k))),
+                Some((LABEL_RUNTIME, label_value(&format!("docker-{}", e.version)))),
+                Some((LABEL_TRUST, "torcx".to_string())),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
+            events: vec![Event {
+                warning: false,
+                reason: "Verified",
+                message: format!("runs {runs} as chosen"),
+            }],
+        },
+        Some(why) => Report {
+            verdict: Verdict::False,
+            reason: "Mismatch",
+            message: why.to_string(),
+            labels: Vec::new(),
+            events: vec![Event {
+                warning: true,
+                reason: "Mismatch",
+                message: format!("does not run {runs} as chosen: {why}"),
+            }],
+        },
+    };
+    let line = node_report::send(root, &v.kubeconfig, node, &report);
+    log::info!("reported {line}");
+    Some(line)
 }
 
 /// The seal, the applied profile, docker's own word and kubelet.env's tag, against `e`; and

@@ -409,8 +409,8 @@ fn the_real_api_server_confirms_or_contradicts_a_torcx_node() {
     w.with_real_images();
     w.run().assert_ok();
     let node = format!("torcx-verify-{}", std::process::id());
-    let user = format!("nodestrap-torcx-verify-{}", std::process::id());
-    c.node_reader(&user, &w.path("/etc/kubernetes/kubelet.conf"));
+    // The node's own identity, as its kubelet has it: the check also tells its Node.
+    c.node_identity(&node, &w.path("/etc/kubernetes/kubelet.conf"));
     c.apply(&format!(
         "{{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{{\"name\":\"{node}\"}}}}"
     ));
@@ -447,6 +447,25 @@ fn the_real_api_server_confirms_or_contradicts_a_torcx_node() {
         serde_json::from_str(&w.read("/var/lib/nodestrap/status.json").unwrap()).unwrap();
     assert_eq!(rec["verification"]["api"], "confirmed", "{rec}");
     assert!(rec["verification"]["local_s"].as_f64().is_some(), "{rec}");
+    // What the Node was told (docs/verify.md, "On the Node").
+    let told = || {
+        c.kubectl(&[
+            "get",
+            "node",
+            &node,
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"NodestrapVerified\")].status} {.status.conditions[?(@.type==\"NodestrapVerified\")].reason} {.metadata.labels.nodestrap\\.io/kubernetes} {.metadata.labels.nodestrap\\.io/trust}",
+        ])
+        .trim()
+        .to_string()
+    };
+    assert_eq!(told(), "True Verified v1.9.6-coreos.0 torcx");
+    assert!(
+        rec["verification"]["reported"]
+            .as_str()
+            .is_some_and(|t| t.contains("condition NodestrapVerified=True")),
+        "{rec}"
+    );
 
     // Another kubelet: recorded, failed, the profile left alone.
     report("v1.9.5+coreos.0", "docker://17.3.2");
@@ -463,6 +482,7 @@ fn the_real_api_server_confirms_or_contradicts_a_torcx_node() {
         serde_json::from_str(&w.read("/var/lib/nodestrap/status.json").unwrap()).unwrap();
     assert_eq!(rec["verification"]["api"], "mismatch", "{rec}");
     assert_eq!(rec["reboot"]["decision"], "no", "{rec}");
+    assert!(told().starts_with("False Mismatch"), "{}", told());
 
     // A containerd the applied image does not carry: the runtime is not the chosen one.
     report("v1.9.6+coreos.0", "containerd://1.7.24");
