@@ -107,25 +107,13 @@ pub fn record(m: &Merge) {
 /// Restarts the initramfs's merge so that it takes what this run linked, and proves it holds
 /// `names` (`systemd-sysext --root /sysroot status`).
 pub fn run(sysroot: &Path, names: &[&str]) -> Result<()> {
-    let u = dbus::systemd_restart_wait(SYSROOT_UNIT, MERGE_DEADLINE)?;
-    if u.active != "active" || !u.condition {
-        return Err(Error::failed(format!(
-            "{SYSROOT_UNIT} after its restart: {} ({}{}): the images are linked but not merged; journalctl -b -u {SYSROOT_UNIT} says why",
-            u.active,
-            if u.result.is_empty() { "no result" } else { &u.result },
-            if u.condition { "" } else { ", a condition failed" }
-        )));
-    }
-    let merged = merge::status_in(sysroot)?;
-    let missing: Vec<&&str> = names
-        .iter()
-        .filter(|n| !merged.iter().any(|m| m == *n))
-        .collect();
+    again()?;
+    let (merged, missing) = merged_and_missing(sysroot, names)?;
     if !missing.is_empty() {
         return Err(Error::failed(format!(
             "{SYSROOT_UNIT} merged {} but not {}: it skipped them; run `SYSTEMD_LOG_LEVEL=debug systemd-sysext --root={} refresh` for its reason",
             if merged.is_empty() { "nothing".into() } else { merged.join(", ") },
-            missing.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "),
+            missing.join(", "),
             sysroot.display()
         )));
     }
@@ -137,20 +125,39 @@ pub fn run(sysroot: &Path, names: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Whether the initramfs merge of `sysroot` already holds every extension of `names`.
-pub fn holds(sysroot: &Path, names: &[&str]) -> bool {
-    merge::status_in(sysroot)
-        .map(|merged| names.iter().all(|n| merged.iter().any(|m| m == n)))
-        .unwrap_or(false)
+/// What the initramfs merge of `sysroot` holds, and which of `names` it does not.
+fn merged_and_missing(sysroot: &Path, names: &[&str]) -> Result<(Vec<String>, Vec<String>)> {
+    let merged = merge::status_in(sysroot)?;
+    let missing = names
+        .iter()
+        .filter(|n| !merged.iter().any(|m| m == *n))
+        .map(|n| n.to_string())
+        .collect();
+    Ok((merged, missing))
 }
 
-/// Restarts the initramfs merge without a proof: after a failed run put the links back.
+/// Whether the initramfs merge of `sysroot` already holds every extension of `names`.
+pub fn holds(sysroot: &Path, names: &[&str]) -> bool {
+    merged_and_missing(sysroot, names).is_ok_and(|(_, missing)| missing.is_empty())
+}
+
+/// Restarts the initramfs merge and waits for it: it must end active, its conditions met.
 pub fn again() -> Result<()> {
     let u = dbus::systemd_restart_wait(SYSROOT_UNIT, MERGE_DEADLINE)?;
-    if u.active != "active" {
+    if u.active != "active" || !u.condition {
         return Err(Error::failed(format!(
-            "{SYSROOT_UNIT}: {} ({})",
-            u.active, u.result
+            "{SYSROOT_UNIT} after its restart: {} ({}{}): journalctl -b -u {SYSROOT_UNIT} says why",
+            u.active,
+            if u.result.is_empty() {
+                "no result"
+            } else {
+                &u.result
+            },
+            if u.condition {
+                ""
+            } else {
+                ", a condition failed"
+            }
         )));
     }
     Ok(())
