@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use rustls::{ClientConfig, ServerConfig};
 
 use crate::activation::exchange::{self, Endpoint};
+use crate::activation::images::Images;
 use crate::activation::init_secret::SecretHash;
 use crate::activation::kubeadm::{self, InitSpec, JoinSpec};
 use crate::activation::mtls;
@@ -59,6 +60,8 @@ struct Ctx<'a> {
     /// SPKI hash of the pinned cluster CA.
     pinned: String,
     endpoints: Vec<Endpoint>,
+    /// --images: where the images kubeadm runs come from.
+    images: Option<Images<'a>>,
 }
 
 pub fn run(a: &Activate) -> Result<()> {
@@ -148,8 +151,16 @@ pub fn run(a: &Activate) -> Result<()> {
         }
     }
 
-    // 3. Inputs: the node's identity, both CAs, the init secret's hash.
+    // 3. Inputs: the node's identity, both CAs, the init secret's hash; the image archives
+    //    into containerd.
     let ctx = Ctx::load(a, &root, endpoints)?;
+    if let Some(images) = &ctx.images {
+        let n = images.import()?;
+        log::info!(
+            "{n} image archive(s) from --images {} in containerd",
+            root.show(images.dir)
+        );
+    }
 
     // 4. Listen.
     let listener =
@@ -306,6 +317,15 @@ impl<'a> Ctx<'a> {
             secret,
             pinned,
             endpoints,
+            images: match &a.images {
+                Some(dir) => Some(Images {
+                    root,
+                    dir,
+                    ctr: kubeadm::argv(&a.ctr, "--ctr")?,
+                    kubeadm: &a.kubeadm,
+                }),
+                None => None,
+            },
         })
     }
 
@@ -398,7 +418,17 @@ fn init_preauth(ctx: &Ctx, tcp: TcpStream, addr: SocketAddr) -> Option<Asked> {
 
 fn init_conn(ctx: &Ctx, asked: Asked) -> Conn {
     let Asked { mut s, who, body } = asked;
-    // 5. The node lock.
+    // 5. With --images, every image kubeadm init needs is in containerd: a node without one
+    //    stays fresh, and the admin is told which.
+    if let Some(images) = &ctx.images {
+        if let Err(e) = images.ready_for_init(&body.kubernetes_version) {
+            log::error!("init server: init request from {who}: {e}");
+            let b = exchange::error_body("missing_images", &e.to_string());
+            answer(&mut s, &who, 503, b);
+            return Conn::Next;
+        }
+    }
+    // 6. The node lock.
     let source = format!("init request from {who}");
     let locked = ctx
         .lock
@@ -411,7 +441,7 @@ fn init_conn(ctx: &Ctx, asked: Asked) -> Conn {
         }
         Err(_) => {}
     }
-    // 6. kubeadm init; 7. done, then the answer (a lost answer does not undo a cluster). Any
+    // 7. kubeadm init; 8. done, then the answer (a lost answer does not undo a cluster). Any
     //    failure from the lock on is fatal, and answered with the tail of kubeadm's output.
     let result = locked.map_err(plain).and_then(|_| {
         let kubeconfig = init_cluster(ctx, &body)?;

@@ -5,6 +5,7 @@
 
 pub mod activate;
 pub mod exchange;
+pub mod images;
 pub mod init_cluster;
 pub mod init_secret;
 pub mod join_service;

@@ -56,6 +56,14 @@ pub struct Activate {
     /// seconds kubeadm init may take (default 600)
     #[argh(option, default = "600")]
     pub kubeadm_timeout: u64,
+    /// folder of image archives (*.tar, node path) imported into containerd's k8s.io namespace
+    /// before kubeadm runs; with it, an image kubeadm init needs that containerd lacks is
+    /// refused before the node lock, never pulled (default: none, kubeadm pulls)
+    #[argh(option)]
+    pub images: Option<String>,
+    /// ctr program and its global options, for --images (default ctr, from PATH)
+    #[argh(option, default = "\"ctr\".into()")]
+    pub ctr: String,
     /// command that starts the kubelet on an activated node (default: kubelet.service via systemd)
     #[argh(option)]
     pub kubelet_command: Option<String>,

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose};
 use support::*;
 
+mod images;
+
 const SECRET: &str = "s3cret-init-value-0123456789";
 const TOKEN: &str = "abcdef.0123456789abcdef";
 const STATE: &str = "var/lib/nodestrap/node-state.json";
@@ -100,6 +102,10 @@ root='{root}'
 echo "$*" >> "$d/kubeadm.log"
 echo $$ > "$d/kubeadm.pid"
 case "$1" in
+config)
+  # What kubeadm itself says (its image list): the real one, where the test gives it.
+  exec "$(cat "$d/real-kubeadm")" "$@"
+  ;;
 init)
   cp "$3" "$d/init-config.yaml"
   ls -A "$root/etc/kubernetes/manifests" > "$d/manifests-at-init"
@@ -391,13 +397,17 @@ impl Admin {
     }
 
     fn args(&self, port: u16) -> Vec<String> {
+        self.args_for(port, "v1.31.2")
+    }
+
+    fn args_for(&self, port: u16, version: &str) -> Vec<String> {
         let d = |n: &str| self.dir.join(n).display().to_string();
         let mut a = s(&[
             "init-cluster",
             "--cluster-name",
             "demo",
             "--kubernetes-version",
-            "v1.31.2",
+            version,
         ]);
         a.extend([
             "--endpoint".into(),

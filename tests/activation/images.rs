@@ -1,0 +1,233 @@
+//! `activate --images`: the images kubeadm runs come from archives on the node, imported into a
+//! real containerd (Debian's, a private instance) and checked against the real kubeadm's own
+//! list; kubeadm's preflight, through containerd's CRI, is the judge of what it finds there.
+
+use std::io::Write as _;
+use std::process::{Child, Command};
+
+use sha2::{Digest, Sha256};
+
+use super::*;
+
+const VERSION: &str = "v1.37.2";
+
+/// A containerd of its own (state, content and socket in a temp folder), killed when dropped.
+struct Containerd {
+    child: Child,
+    sock: PathBuf,
+}
+
+impl Containerd {
+    fn start() -> Containerd {
+        let dir = unique_dir("containerd");
+        let sock = dir.join("containerd.sock");
+        // The native snapshotter: the test folder may sit on an overlay, where overlay nests badly.
+        let conf = format!(
+            "version = 2\nroot = \"{d}/root\"\nstate = \"{d}/state\"\n[grpc]\n  address = \"{s}\"\n\
+             [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  snapshotter = \"native\"\n",
+            d = dir.display(),
+            s = sock.display()
+        );
+        write(&dir.join("config.toml"), &conf);
+        let log = std::fs::File::create(dir.join("containerd.log")).unwrap();
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(dir.join("config.toml"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("containerd (Debian package containerd) must be installed");
+        let c = Containerd { child, sock };
+        let end = Instant::now() + Duration::from_secs(30);
+        while !c.ctr(&["version"]).status.success() {
+            assert!(
+                Instant::now() < end,
+                "containerd did not answer within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        c
+    }
+
+    fn ctr_line(&self) -> String {
+        format!("/usr/bin/ctr --address {}", self.sock.display())
+    }
+
+    fn ctr(&self, args: &[&str]) -> std::process::Output {
+        Command::new("/usr/bin/ctr")
+            .arg("--address")
+            .arg(&self.sock)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn sha256(b: &[u8]) -> String {
+    format!("sha256:{:x}", Sha256::digest(b))
+}
+
+/// An OCI image archive (OCI layout in a tar) of one small layer, named `reference` for
+/// containerd's import (`io.containerd.image.name`).
+fn oci_archive(path: &Path, reference: &str) {
+    let mut layer = tar::Builder::new(Vec::new());
+    let text = format!("{reference}\n");
+    let mut h = tar::Header::new_gnu();
+    h.set_size(text.len() as u64);
+    h.set_mode(0o644);
+    h.set_cksum();
+    layer
+        .append_data(&mut h, "image-name", text.as_bytes())
+        .unwrap();
+    let layer = layer.into_inner().unwrap();
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64", "os": "linux", "config": {"Entrypoint": ["/image-name"]},
+        "rootfs": {"type": "layers", "diff_ids": [sha256(&layer)]}
+    }))
+    .unwrap();
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": sha256(&config), "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": sha256(&layer), "size": layer.len()}]
+    }))
+    .unwrap();
+    let index = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2, "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": sha256(&manifest),
+            "size": manifest.len(), "platform": {"architecture": "amd64", "os": "linux"},
+            "annotations": {"io.containerd.image.name": reference}}]
+    }))
+    .unwrap();
+    let mut t = tar::Builder::new(std::fs::File::create(path).unwrap());
+    let mut add = |name: String, data: &[u8]| {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        t.append_data(&mut h, name, data).unwrap();
+    };
+    for blob in [&layer, &config, &manifest] {
+        add(format!("blobs/sha256/{}", &sha256(blob)[7..]), blob);
+    }
+    add("oci-layout".into(), br#"{"imageLayoutVersion":"1.0.0"}"#);
+    add("index.json".into(), &index);
+    t.into_inner().unwrap().flush().unwrap();
+}
+
+fn kubeadm_images(kubeadm: &Path) -> Vec<String> {
+    let out = Command::new(kubeadm)
+        .args(["config", "images", "list", "--kubernetes-version", VERSION])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert!(v.len() >= 6, "kubeadm's list: {v:?}");
+    v
+}
+
+#[test]
+fn kubeadm_init_images_come_from_archives_and_a_missing_one_keeps_the_node_fresh() {
+    let kubeadm = vars::kube_bin().join("kubeadm");
+    let ctd = Containerd::start();
+    let pki = Pki::new();
+    let node = Node::new(&pki, "images", None);
+    write(
+        &node.bin.join("real-kubeadm"),
+        &kubeadm.display().to_string(),
+    );
+    // Every image kubeadm lists for the version, as an archive on the node, but etcd's.
+    let needed = kubeadm_images(&kubeadm);
+    let etcd = needed
+        .iter()
+        .find(|n| n.contains("/etcd:"))
+        .unwrap()
+        .clone();
+    let dir = node.root.join("usr/share/nodestrap/images");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (i, n) in needed.iter().enumerate().filter(|(_, n)| **n != etcd) {
+        oci_archive(&dir.join(format!("{i}.tar")), n);
+    }
+    std::fs::write(dir.join("README"), "not an archive").unwrap();
+    let mut args = node.args(&[]);
+    args.extend(s(&["--images", "/usr/share/nodestrap/images", "--ctr"]));
+    args.push(ctd.ctr_line());
+    let act = Proc::start(args);
+    let port = act.port();
+    let admin = Admin::new(&pki, None);
+
+    // Asked to initialize without etcd's image: refused, named, nothing pulled, node fresh.
+    let r = Proc::start(admin.args_for(port, VERSION)).wait(120);
+    r.assert_fails(1, "missing_images");
+    assert!(r.stderr.contains(&etcd), "{}", r.stderr);
+    assert!(node.state().is_none(), "the node lock was taken");
+    assert!(
+        node.calls()
+            .iter()
+            .all(|c| c.starts_with("config images list")),
+        "{:?}",
+        node.calls()
+    );
+    let listed = String::from_utf8_lossy(&ctd.ctr(&["-n", "k8s.io", "images", "ls", "-q"]).stdout)
+        .to_string();
+    for n in needed.iter().filter(|n| **n != etcd) {
+        assert!(
+            listed.lines().any(|l| l == n),
+            "{n} not imported:\n{listed}"
+        );
+    }
+
+    // etcd's archive arrives; asked again, the node imports it and initializes.
+    oci_archive(&dir.join("etcd.tar"), &etcd);
+    let r = Proc::start(admin.args_for(port, VERSION)).wait(120);
+    r.assert_ok();
+    act.wait(60).assert_ok();
+    let inits: Vec<String> = node
+        .calls()
+        .into_iter()
+        .filter(|c| c.starts_with("init"))
+        .collect();
+    assert_eq!(inits.len(), 1, "{:?}", node.calls());
+
+    // kubeadm itself, through containerd's CRI, finds every image it needs: its preflight
+    // (which pulls what is missing) tries to pull nothing.
+    let cfg = node.dir.join("preflight.yaml");
+    write(
+        &cfg,
+        &format!(
+            "apiVersion: kubeadm.k8s.io/v1beta4\nkind: InitConfiguration\nnodeRegistration:\n  \
+             criSocket: unix://{}\n---\napiVersion: kubeadm.k8s.io/v1beta4\nkind: ClusterConfiguration\n\
+             kubernetesVersion: \"{VERSION}\"\n",
+            ctd.sock.display()
+        ),
+    );
+    let out = Command::new(&kubeadm)
+        .args([
+            "init",
+            "phase",
+            "preflight",
+            "--ignore-preflight-errors=all",
+            "--config",
+        ])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !text.contains("ImagePull") && !text.contains("PullImage"),
+        "kubeadm's preflight wanted to pull:\n{text}"
+    );
+}
