@@ -18,6 +18,11 @@ const SD_PATH: &str = "/org/freedesktop/systemd1";
 const SD_IFACE: &str = "org.freedesktop.systemd1.Manager";
 /// The bus's own default for a method call's answer (dbus-daemon's reply timeout is 25 s).
 const CALL_TIMEOUT: Duration = Duration::from_secs(25);
+/// One attempt of a question to systemd (a unit's state, a property): asked again on a new
+/// connection when it goes unanswered. In a systemd 262 initramfs, on its private socket, one
+/// `LoadUnit` of a few hundred was never answered; the same question on a new connection is.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(8);
+const QUERY_ATTEMPTS: u32 = 3;
 /// Where the system bus listens when `DBUS_SYSTEM_BUS_ADDRESS` does not say (the D-Bus
 /// specification's well-known address).
 const SYSTEM_BUS: &str = "unix:path=/run/dbus/system_bus_socket";
@@ -29,6 +34,8 @@ const SYSTEMD_PRIVATE: &str = "/run/systemd/private";
 enum BusFailure {
     /// No bus to connect to, or nobody owns the name: the reason.
     Absent(String),
+    /// The peer did not answer in time.
+    Silent(String),
     Other(String),
 }
 
@@ -42,13 +49,14 @@ impl BusFailure {
             | BusError::NoAddressFound
             | BusError::AuthFailed
             | BusError::ConnectionClosed => BusFailure::Absent(format!("{what}: {e}")),
+            BusError::TimedOut => BusFailure::Silent(format!("{what}: no answer: {e}")),
             e => BusFailure::Other(format!("{what}: {e}")),
         }
     }
 
     fn text(self) -> String {
         match self {
-            BusFailure::Absent(s) | BusFailure::Other(s) => s,
+            BusFailure::Absent(s) | BusFailure::Silent(s) | BusFailure::Other(s) => s,
         }
     }
 }
@@ -102,23 +110,72 @@ fn connect_systemd() -> BusResult<RpcConn> {
     }
 }
 
+/// Writes `msg` whole (within `timeout`); its serial.
+fn send(
+    conn: &mut RpcConn,
+    msg: &mut MarshalledMessage,
+    what: &str,
+    timeout: Duration,
+) -> BusResult<u32> {
+    conn.send_message(msg)
+        .map_err(|e| BusFailure::io(what, e))?
+        .write(Timeout::Duration(timeout))
+        .map_err(|(ctx, e)| {
+            ctx.force_finish();
+            BusFailure::io(what, e)
+        })
+}
+
+/// How long a call to systemd waits before it nudges (below).
+const NUDGE_AFTER: Duration = Duration::from_secs(1);
+
+/// The answer to `serial`. A call to systemd not answered within NUDGE_AFTER is followed by a
+/// `Peer.Ping` on the same connection: sd-bus on systemd's private socket can keep a call that
+/// came in one read with the end of the authentication until more bytes arrive (systemd 262
+/// in an initramfs, one call in a few: never answered, or only on the next call), and the Ping
+/// is such bytes. Harmless when the peer is only slow.
+fn wait_or_nudge(
+    conn: &mut RpcConn,
+    serial: u32,
+    msg: &MarshalledMessage,
+    what: &str,
+    timeout: Duration,
+) -> BusResult<MarshalledMessage> {
+    let to_systemd = msg.dynheader.destination.as_deref() == Some(SD_SERVICE);
+    let first = if to_systemd {
+        timeout.min(NUDGE_AFTER)
+    } else {
+        timeout
+    };
+    match conn.wait_response(serial, Timeout::Duration(first)) {
+        Err(BusError::TimedOut) if first < timeout => {
+            log::info!(
+                "{what}: no answer within {} s; a Ping follows on the same connection",
+                first.as_secs()
+            );
+            let path = msg
+                .dynheader
+                .object
+                .clone()
+                .unwrap_or_else(|| SD_PATH.into());
+            let mut ping = method(SD_SERVICE, &path, "org.freedesktop.DBus.Peer", "Ping");
+            send(conn, &mut ping, what, first)?;
+            conn.wait_response(serial, Timeout::Duration(timeout - first))
+        }
+        other => other,
+    }
+    .map_err(|e| BusFailure::io(what, e))
+}
+
 /// Sends `msg` and waits for its answer; an error answer names the D-Bus error.
 fn call(
     conn: &mut RpcConn,
     mut msg: MarshalledMessage,
     what: &str,
+    timeout: Duration,
 ) -> BusResult<MarshalledMessage> {
-    let serial = conn
-        .send_message(&mut msg)
-        .map_err(|e| BusFailure::io(what, e))?
-        .write(Timeout::Duration(CALL_TIMEOUT))
-        .map_err(|(ctx, e)| {
-            ctx.force_finish();
-            BusFailure::io(what, e)
-        })?;
-    let answer = conn
-        .wait_response(serial, Timeout::Duration(CALL_TIMEOUT))
-        .map_err(|e| BusFailure::io(what, e))?;
+    let serial = send(conn, &mut msg, what, timeout)?;
+    let answer = wait_or_nudge(conn, serial, &msg, what, timeout)?;
     if answer.typ != MessageType::Error {
         return Ok(answer);
     }
@@ -174,6 +231,7 @@ fn get_status(conn: &mut RpcConn) -> BusResult<Status> {
         conn,
         method(UE_SERVICE, UE_PATH, UE_IFACE, "GetStatus"),
         what,
+        CALL_TIMEOUT,
     )?;
     raw_status(&answer, what)
 }
@@ -193,7 +251,7 @@ fn call_systemd(member: &str, args: &[&str]) -> Result<String> {
                 .push_param(*a)
                 .map_err(|e| BusFailure::Other(format!("{what}: {e:?}")))?;
         }
-        let answer = call(&mut conn, msg, &what)?;
+        let answer = call(&mut conn, msg, &what, CALL_TIMEOUT)?;
         Ok(answer
             .body
             .parser()
@@ -231,7 +289,7 @@ pub enum Update {
 fn classify(e: BusFailure) -> Result<Update> {
     match e {
         BusFailure::Absent(why) => Ok(Update::Unavailable(why)),
-        BusFailure::Other(why) => Err(Error::failed(format!(
+        BusFailure::Silent(why) | BusFailure::Other(why) => Err(Error::failed(format!(
             "update_engine (com.coreos.update1 on the system bus): {why}"
         ))),
     }
@@ -286,6 +344,7 @@ fn watch_update(deadline: Duration, poll: Duration) -> BusResult<Status> {
         &mut conn,
         rustbus::standard_messages::add_match(&rule),
         "subscribing to update_engine's StatusUpdate",
+        CALL_TIMEOUT,
     )?;
     // Only update_engine's status signals are kept; nothing else is asked of this connection.
     conn.set_filter(Box::new(|m| {
@@ -295,6 +354,7 @@ fn watch_update(deadline: Duration, poll: Duration) -> BusResult<Status> {
         &mut conn,
         method(UE_SERVICE, UE_PATH, UE_IFACE, "AttemptUpdate"),
         "update_engine AttemptUpdate",
+        CALL_TIMEOUT,
     )?;
     // Signals emitted before our call was answered describe the old state: drop them and
     // take a fresh GetStatus as the starting point.
@@ -374,7 +434,7 @@ where
     msg.body
         .push_param2(iface, name)
         .map_err(|e| BusFailure::Other(format!("{what}: {e:?}")))?;
-    let answer = call(conn, msg, &what)?;
+    let answer = call(conn, msg, &what, QUERY_TIMEOUT)?;
     let bad = |e| BusFailure::Other(format!("{what}: an answer of another type: {e:?}"));
     let v: rustbus::wire::unmarshal::traits::Variant = answer.body.parser().get().map_err(bad)?;
     v.get::<T>().map_err(bad)
@@ -383,11 +443,32 @@ where
 /// When the running system's systemd started (`UserspaceTimestamp`: after switch-root, the real
 /// root's), in microseconds since the epoch.
 pub fn systemd_userspace_start() -> Result<u64> {
-    let run = || -> BusResult<u64> {
-        let mut conn = connect_systemd()?;
-        property(&mut conn, SD_PATH, SD_IFACE, "UserspaceTimestamp")
-    };
-    run().map_err(|e| Error::failed(e.text()))
+    ask_systemd(|conn| property(conn, SD_PATH, SD_IFACE, "UserspaceTimestamp"))
+        .map_err(|e| Error::failed(e.text()))
+}
+
+/// A question to systemd that changes nothing, asked on a new connection each time it goes
+/// unanswered (QUERY_ATTEMPTS at most).
+fn ask_systemd<T>(ask: impl Fn(&mut RpcConn) -> BusResult<T>) -> BusResult<T> {
+    let mut attempt = 1;
+    loop {
+        match connect_systemd().and_then(|mut conn| ask(&mut conn)) {
+            Err(BusFailure::Silent(why)) if attempt < QUERY_ATTEMPTS => {
+                log::warn!(
+                    "{why}; asking again on a new connection (attempt {} of {QUERY_ATTEMPTS})",
+                    attempt + 1
+                );
+                attempt += 1;
+            }
+            Err(BusFailure::Silent(why)) => {
+                return Err(BusFailure::Silent(format!(
+                    "{why} ({QUERY_ATTEMPTS} attempts, {} s each)",
+                    QUERY_TIMEOUT.as_secs()
+                )))
+            }
+            other => return other,
+        }
+    }
 }
 
 fn unit_state(conn: &mut RpcConn, unit: &str) -> BusResult<UnitState> {
@@ -396,7 +477,7 @@ fn unit_state(conn: &mut RpcConn, unit: &str) -> BusResult<UnitState> {
     msg.body
         .push_param(unit)
         .map_err(|e| BusFailure::Other(format!("{what}: {e:?}")))?;
-    let answer = call(conn, msg, &what)?;
+    let answer = call(conn, msg, &what, QUERY_TIMEOUT)?;
     let path = answer
         .body
         .parser()
@@ -426,9 +507,7 @@ fn unit_state(conn: &mut RpcConn, unit: &str) -> BusResult<UnitState> {
 
 /// What systemd says of `unit` now.
 pub fn systemd_unit(unit: &str) -> Result<UnitState> {
-    connect_systemd()
-        .and_then(|mut conn| unit_state(&mut conn, unit))
-        .map_err(|e| Error::failed(e.text()))
+    ask_systemd(|conn| unit_state(conn, unit)).map_err(|e| Error::failed(e.text()))
 }
 
 /// `systemctl restart unit`: queue the restart, wait (at most `deadline`) until its job is
@@ -436,30 +515,37 @@ pub fn systemd_unit(unit: &str) -> Result<UnitState> {
 pub fn systemd_restart_wait(unit: &str, deadline: Duration) -> Result<UnitState> {
     let job = call_systemd("RestartUnit", &[unit, "replace"])?;
     let run = || -> BusResult<UnitState> {
-        let mut conn = connect_systemd()?;
         let end = Instant::now() + deadline;
         // The job object exists until the job is done.
+        let state = |conn: &mut RpcConn| {
+            property::<String>(conn, &job, "org.freedesktop.systemd1.Job", "State")
+        };
         loop {
-            match property::<String>(&mut conn, &job, "org.freedesktop.systemd1.Job", "State") {
+            match ask_systemd(state) {
                 Err(BusFailure::Absent(_)) => break,
                 Err(e) => return Err(e),
-                Ok(_) if Instant::now() >= end => {
-                    // Not left to run on while the caller goes on (or puts things back).
-                    let cancel = method(SD_SERVICE, &job, "org.freedesktop.systemd1.Job", "Cancel");
-                    let cancelled = call(&mut conn, cancel, "cancelling it").map(drop);
-                    return Err(BusFailure::Other(format!(
-                        "systemd RestartUnit({unit}): its job {job} not done within {} s{}",
-                        deadline.as_secs(),
-                        match cancelled {
-                            Ok(()) => "; cancelled".to_string(),
-                            Err(e) => format!("; {}", e.text()),
-                        }
-                    )));
-                }
+                Ok(_) if Instant::now() >= end => return Err(cancel(unit, &job, deadline)),
                 Ok(_) => std::thread::sleep(Duration::from_millis(200)),
             }
         }
-        unit_state(&mut conn, unit)
+        ask_systemd(|conn| unit_state(conn, unit))
     };
     run().map_err(|e| Error::failed(e.text()))
+}
+
+/// A restart's job not done by its deadline: cancelled, not left to run on while the caller
+/// goes on (or puts things back).
+fn cancel(unit: &str, job: &str, deadline: Duration) -> BusFailure {
+    let cancel = method(SD_SERVICE, job, "org.freedesktop.systemd1.Job", "Cancel");
+    let cancelled = connect_systemd()
+        .and_then(|mut conn| call(&mut conn, cancel, "cancelling it", CALL_TIMEOUT))
+        .map(drop);
+    BusFailure::Other(format!(
+        "systemd RestartUnit({unit}): its job {job} not done within {} s{}",
+        deadline.as_secs(),
+        match cancelled {
+            Ok(()) => "; cancelled".to_string(),
+            Err(e) => format!("; {}", e.text()),
+        }
+    ))
 }
