@@ -232,6 +232,7 @@ def check_activate(disks, d, token):
         try:
             subprocess.run(["e2fsck", "-fy", raw], capture_output=True)
             for f in ("/var/lib/nodestrap/node-state.json", "/var/log/kubeadm-standin/calls",
+                      "/var/log/kubeadm-standin/config-calls",
                       "/var/log/kubeadm-standin/init-config.yaml", "/var/log/kubeadm-standin/join-config.yaml",
                       "/var/lib/nodestrap/join-service/issued.json"):
                 files[n, f] = (disk_file(raw, f) or b"").decode()
@@ -252,6 +253,9 @@ def check_activate(disks, d, token):
     calls2 = files["node2", "/var/log/kubeadm-standin/calls"].splitlines()
     if [c.split()[0] for c in calls1] != ["init", "token"] or "--skip-token-print" not in calls1[0]:
         p.append("node 1's kubeadm calls: %r" % calls1)
+    asked = files["node1", "/var/log/kubeadm-standin/config-calls"].splitlines()
+    if asked != ["config validate --config /run/nodestrap/kubeadm-init.yaml"]:
+        p.append("node 1's kubeadm config questions before init: %r" % asked)
     if calls2 != ["join --config /run/nodestrap/kubeadm-join.yaml"]:
         p.append("node 2's kubeadm calls: %r" % calls2)
     init_cfg = files["node1", "/var/log/kubeadm-standin/init-config.yaml"]

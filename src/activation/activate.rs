@@ -20,12 +20,13 @@ use rustls::{ClientConfig, ServerConfig};
 use crate::activation::exchange::{self, Endpoint};
 use crate::activation::images::Images;
 use crate::activation::init_secret::SecretHash;
-use crate::activation::kubeadm::{self, InitSpec, JoinSpec};
+use crate::activation::kubeadm::{self, ImageNames, InitSpec, JoinSpec};
 use crate::activation::mtls;
 use crate::activation::nodelock::{self, NodeLock, Role, State};
 use crate::activation::wire::{InitRequest, Ticket, INIT_PATH, TICKET_PATH};
 use crate::cli::{Activate, RebootMode};
 use crate::error::{Error, Result};
+use crate::net::oci;
 use crate::node::root::Root;
 use crate::node::signals::{self, Stop};
 
@@ -62,6 +63,8 @@ struct Ctx<'a> {
     endpoints: Vec<Endpoint>,
     /// --images: where the images kubeadm runs come from.
     images: Option<Images<'a>>,
+    /// What kubeadm is to call those images, and the addons it leaves out.
+    names: ImageNames,
 }
 
 pub fn run(a: &Activate) -> Result<()> {
@@ -93,6 +96,7 @@ pub fn run(a: &Activate) -> Result<()> {
     if a.kubeadm.is_empty() {
         return Err(Error::config("--kubeadm: empty"));
     }
+    let names = image_names(a)?;
     let root = Root::open(&a.root)?;
     crate::node::temps::sweep(&root);
     let rebooter = crate::node::reboot::for_run(&root, a.reboot == RebootMode::Auto, false);
@@ -153,7 +157,7 @@ pub fn run(a: &Activate) -> Result<()> {
 
     // 3. Inputs: the node's identity, both CAs, the init secret's hash; the image archives
     //    into containerd.
-    let ctx = Ctx::load(a, &root, endpoints)?;
+    let ctx = Ctx::load(a, &root, endpoints, names)?;
     if let Some(images) = &ctx.images {
         let n = images.import()?;
         log::info!(
@@ -274,7 +278,12 @@ fn racer(ctx: &Ctx, f: impl FnOnce() -> Result<Side>) -> Result<Side> {
 }
 
 impl<'a> Ctx<'a> {
-    fn load(a: &'a Activate, root: &'a Root, endpoints: Vec<Endpoint>) -> Result<Ctx<'a>> {
+    fn load(
+        a: &'a Activate,
+        root: &'a Root,
+        endpoints: Vec<Endpoint>,
+        names: ImageNames,
+    ) -> Result<Ctx<'a>> {
         let show = |p: &str| root.show(p);
         let id = mtls::load_identity(
             root,
@@ -326,6 +335,7 @@ impl<'a> Ctx<'a> {
                 }),
                 None => None,
             },
+            names,
         })
     }
 
@@ -418,15 +428,18 @@ fn init_preauth(ctx: &Ctx, tcp: TcpStream, addr: SocketAddr) -> Option<Asked> {
 
 fn init_conn(ctx: &Ctx, asked: Asked) -> Conn {
     let Asked { mut s, who, body } = asked;
-    // 5. With --images, every image kubeadm init needs is in containerd: a node without one
-    //    stays fresh, and the admin is told which.
-    if let Some(images) = &ctx.images {
-        if let Err(e) = images.ready_for_init(&body.kubernetes_version) {
-            log::error!("init server: init request from {who}: {e}");
-            let b = exchange::error_body("missing_images", &e.to_string());
-            answer(&mut s, &who, 503, b);
-            return Conn::Next;
-        }
+    // 5. kubeadm's config for this request; with --images, every image kubeadm init runs under
+    //    it is in containerd: a node without one stays fresh, and the admin is told which.
+    if let Err((status, code, e)) = prepare_init(ctx, &body) {
+        remove_or_warn(ctx.root, INIT_CONFIG, "a kubeadm config");
+        log::error!("init server: init request from {who}: {e}");
+        answer(
+            &mut s,
+            &who,
+            status,
+            exchange::error_body(code, &e.to_string()),
+        );
+        return Conn::Next;
     }
     // 6. The node lock.
     let source = format!("init request from {who}");
@@ -436,6 +449,7 @@ fn init_conn(ctx: &Ctx, asked: Asked) -> Conn {
     match locked {
         Ok(true) => ctx.stop.wake(),
         Ok(false) => {
+            remove_or_warn(ctx.root, INIT_CONFIG, "a kubeadm config");
             refuse_taken(ctx, Asked { s, who, body });
             return Conn::Next;
         }
@@ -455,6 +469,7 @@ fn init_conn(ctx: &Ctx, asked: Asked) -> Conn {
         ctx.lock.done(ca_hash.clone()).map_err(plain)?;
         Ok((kubeconfig, ca_hash))
     });
+    remove_or_warn(ctx.root, INIT_CONFIG, "a kubeadm config");
     let (kubeconfig, ca_hash) = match result {
         Ok(x) => x,
         Err((e, tail)) => {
@@ -527,24 +542,43 @@ fn init_request(
             Some(ip) => body.validate_for_node(ip),
             None => Ok(()),
         })
+        .and_then(|()| ctx.names.check_version(&body.kubernetes_version))
         .map_err(|m| (400, "invalid", format!("init request: {m}")))?;
     Ok(body)
 }
 
-/// `kubeadm init` from a fresh manifests folder; the admin kubeconfig it wrote. On failure,
-/// the error and the tail of kubeadm's output.
-fn init_cluster(ctx: &Ctx, r: &InitRequest) -> std::result::Result<String, (Error, String)> {
-    reset_manifests(ctx.root).map_err(plain)?;
+/// Step 5: kubeadm's config for the request, written where `kubeadm init` will read it (0600;
+/// removed once the request is over), then, with --images, the check of the images kubeadm
+/// lists under that very config. An error is (HTTP status, code, error); the node stays fresh.
+fn prepare_init(ctx: &Ctx, r: &InitRequest) -> std::result::Result<(), (u16, &'static str, Error)> {
     let config = kubeadm::init_config(&InitSpec {
         cluster_name: &r.cluster_name,
         kubernetes_version: &r.kubernetes_version,
         pod_cidr: &r.pod_cidr,
         service_cidr: &r.service_cidr,
         sans: &r.apiserver_sans,
+        control_plane_endpoint: r.control_plane_endpoint.as_deref(),
+        images: &ctx.names,
     });
     ctx.root
         .write_atomic(INIT_CONFIG, config.as_bytes(), 0o600)
-        .map_err(plain)?;
+        .map_err(|e| (500, "init_failed", e))?;
+    // A version this kubeadm cannot deploy, or a field it refuses, is the request's fault and
+    // costs the node nothing; past the lock it would cost the node.
+    let shown = ctx.root.show(INIT_CONFIG);
+    kubeadm::validate(&ctx.a.kubeadm, &shown, &shown).map_err(|e| (400, "invalid", e))?;
+    match &ctx.images {
+        Some(images) => images
+            .ready_for_init(INIT_CONFIG, &r.kubernetes_version)
+            .map_err(|e| (503, "missing_images", e)),
+        None => Ok(()),
+    }
+}
+
+/// `kubeadm init` from a fresh manifests folder; the admin kubeconfig it wrote. On failure,
+/// the error and the tail of kubeadm's output.
+fn init_cluster(ctx: &Ctx, r: &InitRequest) -> std::result::Result<String, (Error, String)> {
+    reset_manifests(ctx.root).map_err(plain)?;
     let argv = vec![
         ctx.a.kubeadm.clone(),
         "init".into(),
@@ -558,9 +592,7 @@ fn init_cluster(ctx: &Ctx, r: &InitRequest) -> std::result::Result<String, (Erro
         r.cluster_name,
         r.kubernetes_version
     );
-    let ran = kubeadm::run(&argv, Duration::from_secs(ctx.a.kubeadm_timeout));
-    remove_or_warn(ctx.root, INIT_CONFIG, "a kubeadm config");
-    let ran = ran.map_err(plain)?;
+    let ran = kubeadm::run(&argv, Duration::from_secs(ctx.a.kubeadm_timeout)).map_err(plain)?;
     if !ran.ok {
         return Err((
             Error::failed(format!("kubeadm init: {}", ran.status)),
@@ -579,6 +611,30 @@ fn init_cluster(ctx: &Ctx, r: &InitRequest) -> std::result::Result<String, (Erro
             )))
         })?;
     Ok(conf)
+}
+
+/// `--image-repository`, `--etcd-image-tag`, `--skip-addons`: image names as container tools
+/// read them, so kubeadm's config holds nothing it would refuse.
+fn image_names(a: &Activate) -> Result<ImageNames> {
+    if let Some(r) = a
+        .image_repository
+        .as_deref()
+        .filter(|r| !oci::image_repository(r))
+    {
+        return Err(Error::config(format!(
+            "--image-repository {r:?}: expected [HOST[:PORT]/]PATH of lowercase letters, digits, . _ -"
+        )));
+    }
+    if let Some(t) = a.etcd_image_tag.as_deref().filter(|t| !oci::image_tag(t)) {
+        return Err(Error::config(format!(
+            "--etcd-image-tag {t:?}: expected an image tag ([A-Za-z0-9_][A-Za-z0-9._-], at most 128)"
+        )));
+    }
+    Ok(ImageNames {
+        repository: a.image_repository.clone(),
+        etcd_tag: a.etcd_image_tag.clone(),
+        skip: a.skip_addons,
+    })
 }
 
 /// An error without kubeadm output to go with it.

@@ -42,7 +42,7 @@ impl Images<'_> {
             argv.push(dir.host_path(name)?.display().to_string());
             let what =
                 format!("{shown}: `ctr images import` into containerd's {NAMESPACE} namespace");
-            succeeded(&argv, IMPORT_TIMEOUT, &what)?;
+            kubeadm::succeeded(&argv, IMPORT_TIMEOUT, &what)?;
             log::info!("imported {shown} into containerd's {NAMESPACE} namespace");
         }
         Ok(names.len())
@@ -74,7 +74,7 @@ impl Images<'_> {
     fn present(&self) -> Result<BTreeSet<String>> {
         let mut argv = self.ctr.clone();
         argv.extend(["-n", NAMESPACE, "images", "ls", "-q"].map(String::from));
-        let out = succeeded(
+        let out = kubeadm::succeeded(
             &argv,
             LIST_TIMEOUT,
             &format!("`ctr -n {NAMESPACE} images ls`"),
@@ -87,15 +87,15 @@ impl Images<'_> {
             .collect())
     }
 
-    /// What `kubeadm init` will run for `version`, as kubeadm says
-    /// (`kubeadm config images list --kubernetes-version`).
-    fn needed(&self, version: &str) -> Result<Vec<String>> {
+    /// What `kubeadm init` will run under `config` (a node path), as kubeadm says (`kubeadm
+    /// config images list --config`): the version, the repository, etcd's tag and the addons
+    /// are the config's.
+    fn needed(&self, config: &str, version: &str) -> Result<Vec<String>> {
         let mut argv = kubeadm::argv(self.kubeadm, "--kubeadm")?;
-        argv.extend(
-            ["config", "images", "list", "--kubernetes-version", version].map(String::from),
-        );
+        argv.extend(["config", "images", "list", "--config"].map(String::from));
+        argv.push(self.root.show(config));
         let what = format!("kubeadm config images list for {version}");
-        let out = succeeded(&argv, LIST_TIMEOUT, &what)?;
+        let out = kubeadm::succeeded(&argv, LIST_TIMEOUT, &what)?;
         let v: Vec<String> = String::from_utf8_lossy(&out)
             .lines()
             .map(str::trim)
@@ -103,17 +103,16 @@ impl Images<'_> {
             .map(str::to_string)
             .collect();
         if v.is_empty() {
-            return Err(Error::failed(format!(
-                "kubeadm config images list for {version}: no image named"
-            )));
+            return Err(Error::failed(format!("{what}: no image named")));
         }
         Ok(v)
     }
 
-    /// Every image `kubeadm init` needs for `version` is in containerd; when one is not, the
-    /// folder is imported once more (an archive may have come since) and looked at again.
-    pub fn ready_for_init(&self, version: &str) -> Result<()> {
-        let needed = self.needed(version)?;
+    /// Every image `kubeadm init` needs under `config` (for `version`) is in containerd; when
+    /// one is not, the folder is imported once more (an archive may have come since) and looked
+    /// at again.
+    pub fn ready_for_init(&self, config: &str, version: &str) -> Result<()> {
+        let needed = self.needed(config, version)?;
         let mut lacking = missing(&needed, &self.present()?);
         if !lacking.is_empty() {
             self.import()?;
@@ -132,19 +131,6 @@ impl Images<'_> {
         );
         Ok(())
     }
-}
-
-/// `argv`'s stdout when it exits 0; else an error saying `what`, how it ended and its last lines.
-fn succeeded(argv: &[String], timeout: Duration, what: &str) -> Result<Vec<u8>> {
-    let ran = kubeadm::run(argv, timeout)?;
-    if !ran.ok {
-        return Err(Error::failed(format!(
-            "{what}: {}: {}",
-            ran.status,
-            kubeadm::last_lines(&ran.tail, 3)
-        )));
-    }
-    Ok(ran.stdout)
 }
 
 fn missing(needed: &[String], present: &BTreeSet<String>) -> Vec<String> {

@@ -51,6 +51,7 @@ pub fn run(a: &InitCluster) -> Result<()> {
             .filter(|s| !s.is_empty())
             .map(str::to_string)
             .collect(),
+        control_plane_endpoint: a.control_plane_endpoint.clone(),
         init_secret: secret,
     };
     req.validate()

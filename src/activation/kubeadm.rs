@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use crate::activation::nodelock::Role;
+use crate::cli::Addons;
 use crate::error::{Error, Result};
 use crate::node::exec::{self, Command};
 
@@ -44,6 +45,32 @@ pub fn run(argv: &[String], timeout: Duration) -> Result<Ran> {
         stdout: r.stdout,
         tail: tail[cut..].to_string(),
     })
+}
+
+/// `argv`'s stdout when it exits 0; else an error saying `what`, how it ended and its last lines.
+pub fn succeeded(argv: &[String], timeout: Duration, what: &str) -> Result<Vec<u8>> {
+    let ran = run(argv, timeout)?;
+    if !ran.ok {
+        return Err(Error::failed(format!(
+            "{what}: {}: {}",
+            ran.status,
+            last_lines(&ran.tail, 3)
+        )));
+    }
+    Ok(ran.stdout)
+}
+
+/// kubeadm's own judgement of a config file (`kubeadm config validate`: strict fields, and the
+/// versions this kubeadm can deploy), asked before anything on the node changes.
+pub fn validate(kubeadm: &str, config: &str, shown: &str) -> Result<()> {
+    let mut argv = argv(kubeadm, "--kubeadm")?;
+    argv.extend(["config", "validate", "--config", config].map(String::from));
+    succeeded(
+        &argv,
+        Duration::from_secs(60),
+        &format!("kubeadm config validate {shown}"),
+    )
+    .map(drop)
 }
 
 /// Split a configured command line on white space (no shell, no quoting).
@@ -118,10 +145,34 @@ pub struct InitSpec<'a> {
     pub pod_cidr: &'a str,
     pub service_cidr: &'a str,
     pub sans: &'a [String],
+    pub control_plane_endpoint: Option<&'a str>,
+    /// What the node's images are named (`activate --image-repository`, `--etcd-image-tag`)
+    /// and which addons it leaves out.
+    pub images: &'a ImageNames,
+}
+
+/// The node's side of kubeadm's image names: they must match what its archives hold.
+#[derive(Debug, Default)]
+pub struct ImageNames {
+    pub repository: Option<String>,
+    pub etcd_tag: Option<String>,
+    pub skip: Addons,
+}
+
+impl ImageNames {
+    /// Addons can be left out only from kubeadm's v1beta4 config on (Kubernetes 1.31).
+    pub fn check_version(&self, k8s: &str) -> std::result::Result<(), String> {
+        if self.skip.any() && api_version(Some(k8s)) != "kubeadm.k8s.io/v1beta4" {
+            return Err(format!(
+                "kubernetes_version {k8s}: --skip-addons needs kubeadm's v1beta4 config, from Kubernetes 1.31"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// InitConfiguration + ClusterConfiguration. Every value was validated (names, CIDRs,
-/// versions), so double-quoted scalars are enough.
+/// versions, image names), so double-quoted scalars are enough.
 pub fn init_config(s: &InitSpec) -> String {
     let api = api_version(Some(s.kubernetes_version));
     let mut y = format!(
@@ -134,6 +185,22 @@ pub fn init_config(s: &InitSpec) -> String {
         for san in s.sans {
             y.push_str(&format!("  - \"{san}\"\n"));
         }
+    }
+    if let Some(e) = s.control_plane_endpoint {
+        y.push_str(&format!("controlPlaneEndpoint: \"{e}\"\n"));
+    }
+    let n = s.images;
+    if let Some(r) = &n.repository {
+        y.push_str(&format!("imageRepository: \"{r}\"\n"));
+    }
+    if let Some(t) = &n.etcd_tag {
+        y.push_str(&format!("etcd:\n  local:\n    imageTag: \"{t}\"\n"));
+    }
+    if n.skip.coredns {
+        y.push_str("dns:\n  disabled: true\n");
+    }
+    if n.skip.kube_proxy {
+        y.push_str("proxy:\n  disabled: true\n");
     }
     y
 }
@@ -200,6 +267,15 @@ mod tests {
             pod_cidr: "10.244.0.0/16",
             service_cidr: "10.96.0.0/12",
             sans: &sans,
+            control_plane_endpoint: Some("api.example.com:6443"),
+            images: &ImageNames {
+                repository: Some("registry.example.com:5000/k8s".into()),
+                etcd_tag: Some("3.5.16-0".into()),
+                skip: Addons {
+                    coredns: true,
+                    kube_proxy: false,
+                },
+            },
         });
         assert!(
             c.starts_with("apiVersion: kubeadm.k8s.io/v1beta4\nkind: InitConfiguration\n---\n"),
@@ -207,9 +283,26 @@ mod tests {
         );
         assert!(
             c.contains("  podSubnet: \"10.244.0.0/16\"\n")
-                && c.contains("  - \"api.example.com\"\n"),
+                && c.contains("  - \"api.example.com\"\n")
+                && c.contains("controlPlaneEndpoint: \"api.example.com:6443\"\n")
+                && c.contains("imageRepository: \"registry.example.com:5000/k8s\"\n")
+                && c.contains("etcd:\n  local:\n    imageTag: \"3.5.16-0\"\n")
+                && c.contains("dns:\n  disabled: true\n")
+                && !c.contains("proxy:"),
             "{c}"
         );
+        let old = ImageNames {
+            skip: Addons {
+                coredns: false,
+                kube_proxy: true,
+            },
+            ..ImageNames::default()
+        };
+        assert!(old.check_version("v1.31.0").is_ok());
+        assert!(old
+            .check_version("v1.30.9")
+            .unwrap_err()
+            .contains("--skip-addons"));
         let j = join_config(&JoinSpec {
             api_server_endpoint: "10.0.0.1:6443",
             token: "abcdef.0123456789abcdef",

@@ -34,6 +34,10 @@ pub struct InitRequest {
     pub service_cidr: String,
     #[serde(default)]
     pub apiserver_sans: Vec<String>,
+    /// kubeadm's `controlPlaneEndpoint`: the address every node is told to reach the API server
+    /// at (a load balancer's, or one that NAT keeps apart from the node's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_endpoint: Option<String>,
     pub init_secret: String,
 }
 
@@ -73,6 +77,13 @@ impl InitRequest {
             if s.parse::<IpAddr>().is_err() && !dns_subdomain(s) {
                 return Err(format!(
                     "apiserver_sans {s:?}: not an IP address or DNS name"
+                ));
+            }
+        }
+        if let Some(e) = &self.control_plane_endpoint {
+            if !endpoint(e) {
+                return Err(format!(
+                    "control_plane_endpoint {e:?}: expected HOST or HOST:PORT (an IP address or DNS name)"
                 ));
             }
         }
@@ -351,6 +362,16 @@ pub fn host_port(s: &str) -> bool {
     host_ok && port.parse::<u16>().is_ok_and(|p| p > 0)
 }
 
+/// kubeadm's `controlPlaneEndpoint`: `host:port`, or a host alone (kubeadm adds the API
+/// server's port); an IPv6 address in brackets.
+fn endpoint(s: &str) -> bool {
+    let bare = s.strip_prefix('[').and_then(|r| r.strip_suffix(']'));
+    host_port(s)
+        || bare.is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok())
+        || s.parse::<std::net::Ipv4Addr>().is_ok()
+        || dns_subdomain(s)
+}
+
 pub fn spki_hash(h: &str) -> bool {
     h.strip_prefix("sha256:").is_some_and(|x| {
         x.len() == 64
@@ -412,6 +433,7 @@ mod tests {
             pod_cidr: "10.244.0.0/16".into(),
             service_cidr: "fd00:10:96::/108".into(),
             apiserver_sans: vec!["10.0.0.1".into(), "api.demo.example".into()],
+            control_plane_endpoint: Some("api.demo.example:6443".into()),
             init_secret: "s".into(),
         }
     }
@@ -434,6 +456,14 @@ mod tests {
             (|r| r.pod_cidr = "10.244.0.0".into(), "pod_cidr"),
             (|r| r.service_cidr = "10.96.0.0/33".into(), "service_cidr"),
             (|r| r.apiserver_sans.push("a b".into()), "apiserver_sans"),
+            (
+                |r| r.control_plane_endpoint = Some("api:0".into()),
+                "control_plane_endpoint",
+            ),
+            (
+                |r| r.control_plane_endpoint = Some("https://api".into()),
+                "control_plane_endpoint",
+            ),
         ];
         for (f, field) in cases {
             let mut r = init();
@@ -442,6 +472,15 @@ mod tests {
             assert!(e.starts_with(field), "{e}");
         }
         assert!(k8s_version("v1.32.0-rc.1"));
+        for good in [
+            "10.0.2.2",
+            "10.0.2.2:6443",
+            "[fd00::1]",
+            "[fd00::1]:6443",
+            "api.example",
+        ] {
+            assert!(endpoint(good), "{good}");
+        }
         let unknown = r#"{"cluster_name":"a","kubernetes_version":"v1.2.3","pod_cidr":"1.0.0.0/8","service_cidr":"2.0.0.0/8","init_secret":"x","extra":1}"#;
         assert!(serde_json::from_str::<InitRequest>(unknown).is_err());
     }

@@ -64,6 +64,18 @@ pub struct Activate {
     /// ctr program and its global options, for --images (default ctr, from PATH)
     #[argh(option, default = "\"ctr\".into()")]
     pub ctr: String,
+    /// registry kubeadm names the control plane's images under: kubeadm's imageRepository
+    /// (default: kubeadm's, registry.k8s.io)
+    #[argh(option)]
+    pub image_repository: Option<String>,
+    /// tag of the etcd image: kubeadm's etcd.local.imageTag (default: the one kubeadm pins for
+    /// the version)
+    #[argh(option)]
+    pub etcd_image_tag: Option<String>,
+    /// addons kubeadm init leaves out, comma-separated: coredns, kube-proxy (Kubernetes 1.31
+    /// and later; default: none)
+    #[argh(option, default = "Addons::default()")]
+    pub skip_addons: Addons,
     /// command that starts the kubelet on an activated node (default: kubelet.service via systemd)
     #[argh(option)]
     pub kubelet_command: Option<String>,
@@ -216,6 +228,10 @@ pub struct InitCluster {
     /// extra API server certificate names, comma-separated
     #[argh(option, default = "String::new()")]
     pub apiserver_sans: String,
+    /// HOST[:PORT] every node reaches the API server at: kubeadm's controlPlaneEndpoint
+    /// (default: the first node's own address)
+    #[argh(option)]
+    pub control_plane_endpoint: Option<String>,
     /// where to write the admin kubeconfig (mode 0600)
     #[argh(option)]
     pub out: PathBuf,

@@ -178,6 +178,34 @@ impl argh::FromArgValue for RebootMode {
     }
 }
 
+/// The kubeadm addons `activate --skip-addons` leaves out of `kubeadm init` (kubeadm's
+/// `dns.disabled`, `proxy.disabled`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Addons {
+    pub coredns: bool,
+    pub kube_proxy: bool,
+}
+
+impl Addons {
+    pub fn any(&self) -> bool {
+        self.coredns || self.kube_proxy
+    }
+}
+
+impl argh::FromArgValue for Addons {
+    fn from_arg_value(v: &str) -> Result<Self, String> {
+        let mut a = Addons::default();
+        for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name {
+                "coredns" => a.coredns = true,
+                "kube-proxy" => a.kube_proxy = true,
+                _ => return Err(format!("expected coredns or kube-proxy, got {name:?}")),
+            }
+        }
+        Ok(a)
+    }
+}
+
 /// A file named by `--keyring` or `--ca-file`, and where that name came from.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Input {

@@ -154,17 +154,38 @@ fn repo_component(c: &str) -> bool {
     true
 }
 
-/// A file's tag: its name, which must be a valid tag (`[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`);
-/// every name nodestrap reads from a release directory is one.
-fn tag(file: &str) -> Result<&str> {
-    let b = file.as_bytes();
-    let ok = !b.is_empty()
+/// An image name's repository part as container tools read it: `[HOST[:PORT]/]PATH`, or a host
+/// alone (kubeadm's `imageRepository` puts `/kube-apiserver` after it). The first part is a host
+/// when it holds a dot or a port, or is `localhost`.
+pub fn image_repository(s: &str) -> bool {
+    let mut parts = s.split('/');
+    let first = parts.next().unwrap_or("");
+    let host = first.contains(['.', ':']) || first == "localhost";
+    let first_ok = if host {
+        let (h, port) = first.split_once(':').unwrap_or((first, "1"));
+        (h.parse::<std::net::Ipv4Addr>().is_ok() || crate::net::names::dns_subdomain(h))
+            && port.parse::<u16>().is_ok_and(|p| p > 0)
+    } else {
+        repo_component(first)
+    };
+    s.len() <= 255 && first_ok && parts.all(repo_component)
+}
+
+/// `[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`: an image tag.
+pub fn image_tag(t: &str) -> bool {
+    let b = t.as_bytes();
+    !b.is_empty()
         && b.len() <= 128
         && (b[0].is_ascii_alphanumeric() || b[0] == b'_')
         && b[1..]
             .iter()
-            .all(|x| x.is_ascii_alphanumeric() || matches!(x, b'.' | b'_' | b'-'));
-    if ok {
+            .all(|x| x.is_ascii_alphanumeric() || matches!(x, b'.' | b'_' | b'-'))
+}
+
+/// A file's tag: its name, which must be a valid tag; every name nodestrap reads from a release
+/// directory is one.
+fn tag(file: &str) -> Result<&str> {
+    if image_tag(file) {
         Ok(file)
     } else {
         Err(Error::failed(format!(
@@ -917,6 +938,32 @@ fn query(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn image_repositories_and_tags() {
+        for good in [
+            "registry.k8s.io",
+            "registry.example.com:5000/k8s",
+            "localhost/nodestrap",
+            "10.0.2.2:5000",
+            "library",
+            "a/b__c/d-e",
+        ] {
+            assert!(image_repository(good), "{good}");
+        }
+        for bad in [
+            "",
+            "Registry.io",
+            "r.io/",
+            "/k8s",
+            "r.io:0/k8s",
+            "r.io/a b",
+            "r.io/A",
+        ] {
+            assert!(!image_repository(bad), "{bad}");
+        }
+        assert!(image_tag("3.5.16-0") && image_tag("_x") && !image_tag("-x") && !image_tag(""));
+    }
 
     #[test]
     fn pinned_references() {

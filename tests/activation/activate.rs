@@ -169,6 +169,23 @@ exit 0
     bin
 }
 
+/// The real kubeadm reads `path` as it would for `kubeadm init` or `join` (`kubeadm config
+/// validate`: strict, an unknown or misplaced field fails it).
+fn kubeadm_reads(path: &Path) {
+    let out = std::process::Command::new(vars::kube_bin().join("kubeadm"))
+        .args(["config", "validate", "--config"])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubeadm config validate {}: {}{}",
+        path.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn calls(bin: &Path) -> Vec<String> {
     read(&bin.join("kubeadm.log"))
         .lines()
@@ -319,6 +336,11 @@ impl Node {
         write(&a.join("admin-ca.crt"), &pki.admin.pem);
         write(&a.join("cluster-ca.crt"), &pki.cluster.pem);
         write(&a.join("init-secret.hash"), &secret_hash(SECRET));
+        // The stand-in hands `kubeadm config …` to the real one.
+        write(
+            &bin.join("real-kubeadm"),
+            &vars::kube_bin().join("kubeadm").display().to_string(),
+        );
         // What a previous attempt might have left: kubeadm must get an empty folder.
         write(&root.join("etc/kubernetes/manifests/stale.yaml"), "stale");
         Node { dir, root, bin }
@@ -358,7 +380,14 @@ impl Node {
             .map(|b| serde_json::from_slice(&b).unwrap())
     }
 
+    /// The kubeadm calls that act: init, join, token (its `config` questions change nothing).
     fn calls(&self) -> Vec<String> {
+        let mut c = calls(&self.bin);
+        c.retain(|c| !c.starts_with("config "));
+        c
+    }
+
+    fn all_calls(&self) -> Vec<String> {
         calls(&self.bin)
     }
 }
@@ -397,7 +426,7 @@ impl Admin {
     }
 
     fn args(&self, port: u16) -> Vec<String> {
-        self.args_for(port, "v1.31.2")
+        self.args_for(port, "v1.37.2")
     }
 
     fn args_for(&self, port: u16, version: &str) -> Vec<String> {
@@ -570,6 +599,11 @@ fn init_wins() {
     let c = node.calls();
     assert_eq!(c.len(), 1, "{c:?}");
     let cfg_path = node.root.join("run/nodestrap/kubeadm-init.yaml");
+    // Before the lock, the real kubeadm judged that very file.
+    assert_eq!(
+        node.all_calls()[0],
+        format!("config validate --config {}", cfg_path.display())
+    );
     assert_eq!(
         c[0],
         format!("init --config {} --skip-token-print", cfg_path.display())
@@ -579,12 +613,13 @@ fn init_wins() {
     let cfg = read(&node.bin.join("init-config.yaml"));
     for want in [
         "apiVersion: kubeadm.k8s.io/v1beta4\nkind: InitConfiguration\n",
-        "kind: ClusterConfiguration\nclusterName: \"demo\"\nkubernetesVersion: \"v1.31.2\"\n",
+        "kind: ClusterConfiguration\nclusterName: \"demo\"\nkubernetesVersion: \"v1.37.2\"\n",
         "  podSubnet: \"10.244.0.0/16\"\n  serviceSubnet: \"10.96.0.0/12\"\n",
         "  certSANs:\n  - \"10.0.0.1\"\n  - \"api.demo.test\"\n",
     ] {
         assert!(cfg.contains(want), "{want:?} not in\n{cfg}");
     }
+    kubeadm_reads(&node.bin.join("init-config.yaml"));
     let st = node.state().unwrap();
     assert_eq!(
         (
@@ -645,6 +680,7 @@ fn join_wins_as_worker() {
         "apiVersion: kubeadm.k8s.io/v1beta4\nkind: JoinConfiguration\ndiscovery:\n  bootstrapToken:\n    apiServerEndpoint: \"10.0.0.1:6443\"\n    token: \"{TOKEN}\"\n    caCertHashes:\n    - \"{hash}\"\n"
     );
     assert_eq!(cfg, want);
+    kubeadm_reads(&node.bin.join("join-config-1.yaml"));
     let st = node.state().unwrap();
     assert_eq!(
         (st["state"].as_str(), st["role"].as_str()),
@@ -734,6 +770,7 @@ fn join_wins_as_control_plane() {
         );
     }
     assert!(read(&node.bin.join("join-config-1.yaml")).ends_with("controlPlane: {}\n"));
+    kubeadm_reads(&node.bin.join("join-config-1.yaml"));
     assert_eq!(node.state().unwrap()["role"], "control-plane");
     assert_no_secrets("activate's log", &run.stderr);
 }
@@ -849,7 +886,7 @@ fn wrong_secret_or_untrusted_client_is_refused_and_the_lock_untouched() {
     // init-cluster refuses a bad field itself (exit 2, nothing sent)…
     let field = Admin::new(&pki, None);
     let mut args = field.args(port);
-    let v = args.iter().position(|a| a == "v1.31.2").unwrap();
+    let v = args.iter().position(|a| a == "v1.37.2").unwrap();
     args[v] = "1.31".into();
     let r = Proc::start(args).wait(30);
     r.assert_fails(
@@ -928,6 +965,28 @@ fn ticket_from_an_unpinned_join_service_is_refused() {
         "{}",
         run.stdout
     );
+}
+
+#[test]
+fn a_request_kubeadm_refuses_keeps_the_node_fresh() {
+    // The real kubeadm judges the config before the lock: v1.31.2 is below what kubeadm v1.37
+    // deploys. Past the lock this would have cost the node (reset, reprovision).
+    let pki = Pki::new();
+    let node = Node::new(&pki, "kubeadm-refuses", None);
+    let act = node.activate(&[]);
+    let admin = Admin::new(&pki, None);
+    let r = Proc::start(admin.args_for(act.port(), "v1.31.2")).wait(60);
+    r.assert_fails(
+        1,
+        "only supports deploying clusters with the control plane version",
+    );
+    assert!(r.stderr.contains("kubeadm config validate"), "{}", r.stderr);
+    assert!(node.state().is_none(), "the node lock was taken");
+    assert!(node.calls().is_empty(), "{:?}", node.calls());
+    assert!(!node.root.join("run/nodestrap/kubeadm-init.yaml").exists());
+    // The same node initializes for a version kubeadm deploys.
+    admin.init(act.port()).assert_ok();
+    act.wait(30).assert_ok();
 }
 
 #[test]
@@ -1528,7 +1587,7 @@ fn a_node_that_chose_to_join_still_answers_the_admin() {
     // A request whose connection is in when the join finishes.
     let leaf = pki.admin.client("cluster-admin");
     let body = serde_json::json!({
-        "cluster_name": "demo", "kubernetes_version": "v1.31.2", "pod_cidr": "10.244.0.0/16",
+        "cluster_name": "demo", "kubernetes_version": "v1.37.2", "pod_cidr": "10.244.0.0/16",
         "service_cidr": "10.96.0.0/12", "apiserver_sans": [], "init_secret": SECRET,
     })
     .to_string();

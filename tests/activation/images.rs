@@ -141,10 +141,6 @@ fn kubeadm_init_images_come_from_archives_and_a_missing_one_keeps_the_node_fresh
     let ctd = Containerd::start();
     let pki = Pki::new();
     let node = Node::new(&pki, "images", None);
-    write(
-        &node.bin.join("real-kubeadm"),
-        &kubeadm.display().to_string(),
-    );
     // Every image kubeadm lists for the version, as an archive on the node, but etcd's.
     let needed = kubeadm_images(&kubeadm);
     let etcd = needed
@@ -171,11 +167,11 @@ fn kubeadm_init_images_come_from_archives_and_a_missing_one_keeps_the_node_fresh
     assert!(r.stderr.contains(&etcd), "{}", r.stderr);
     assert!(node.state().is_none(), "the node lock was taken");
     assert!(
-        node.calls()
+        node.all_calls()
             .iter()
-            .all(|c| c.starts_with("config images list")),
+            .all(|c| c.starts_with("config validate") || c.starts_with("config images list")),
         "{:?}",
-        node.calls()
+        node.all_calls()
     );
     let listed = String::from_utf8_lossy(&ctd.ctr(&["-n", "k8s.io", "images", "ls", "-q"]).stdout)
         .to_string();
@@ -196,7 +192,7 @@ fn kubeadm_init_images_come_from_archives_and_a_missing_one_keeps_the_node_fresh
         .into_iter()
         .filter(|c| c.starts_with("init"))
         .collect();
-    assert_eq!(inits.len(), 1, "{:?}", node.calls());
+    assert_eq!(inits.len(), 1, "{:?}", node.all_calls());
 
     // kubeadm itself, through containerd's CRI, finds every image it needs: its preflight
     // (which pulls what is missing) tries to pull nothing.
@@ -229,5 +225,94 @@ fn kubeadm_init_images_come_from_archives_and_a_missing_one_keeps_the_node_fresh
     assert!(
         !text.contains("ImagePull") && !text.contains("PullImage"),
         "kubeadm's preflight wanted to pull:\n{text}"
+    );
+}
+
+#[test]
+fn the_operators_image_names_are_what_kubeadm_reads_and_lists() {
+    let kubeadm = vars::kube_bin().join("kubeadm");
+    let ctd = Containerd::start();
+    let pki = Pki::new();
+    let node = Node::new(&pki, "image-names", None);
+    // The names the operator's archives carry, made here from the rule kubeadm documents
+    // (REPOSITORY/NAME:TAG), not from kubeadm: etcd at Debian's version, no addon images.
+    let pause = kubeadm_images(&kubeadm)
+        .into_iter()
+        .find(|n| n.contains("/pause:"))
+        .unwrap();
+    let repo = "localhost:5000/nodestrap";
+    let mut want: Vec<String> = [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+    ]
+    .iter()
+    .map(|c| format!("{repo}/{c}:{VERSION}"))
+    .collect();
+    want.push(format!(
+        "{repo}/pause:{}",
+        pause.rsplit_once(':').unwrap().1
+    ));
+    want.push(format!("{repo}/etcd:3.5.16-0"));
+    let dir = node.root.join("usr/share/nodestrap/images");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (i, n) in want.iter().enumerate() {
+        oci_archive(&dir.join(format!("{i}.tar")), n);
+    }
+    let mut args = node.args(&[]);
+    args.extend(s(&[
+        "--images",
+        "/usr/share/nodestrap/images",
+        "--image-repository",
+        repo,
+        "--etcd-image-tag",
+        "3.5.16-0",
+        "--skip-addons",
+        "coredns,kube-proxy",
+        "--ctr",
+    ]));
+    args.push(ctd.ctr_line());
+    let act = Proc::start(args);
+    let port = act.port();
+    let admin = Admin::new(&pki, None);
+
+    // Addons can be left out only from kubeadm's v1beta4 config on: an older version is refused
+    // before anything runs.
+    let r = Proc::start(admin.args_for(port, "v1.30.9")).wait(60);
+    r.assert_fails(1, "--skip-addons needs kubeadm's v1beta4 config");
+    assert!(node.all_calls().is_empty(), "{:?}", node.all_calls());
+
+    let mut args = admin.args_for(port, VERSION);
+    args.extend(s(&["--control-plane-endpoint", "10.0.2.2:6443"]));
+    Proc::start(args).wait(120).assert_ok();
+    act.wait(60).assert_ok();
+    let cfg = node.bin.join("init-config.yaml");
+    assert!(
+        read(&cfg).contains("controlPlaneEndpoint: \"10.0.2.2:6443\"\n"),
+        "{}",
+        read(&cfg)
+    );
+    // The real kubeadm reads the config nodestrap wrote, and lists exactly the operator's
+    // images under it: what nodestrap checked in containerd is what kubeadm init runs.
+    kubeadm_reads(&cfg);
+    let out = Command::new(&kubeadm)
+        .args(["config", "images", "list", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let mut listed: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    listed.sort();
+    want.sort();
+    assert_eq!(listed, want);
+    let c = node.all_calls();
+    assert!(
+        c[0].starts_with("config validate --config ")
+            && c[1].starts_with("config images list --config ")
+            && c[2].starts_with("init --config "),
+        "{c:?}"
     );
 }
