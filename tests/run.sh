@@ -93,6 +93,12 @@ if [ -n "$need_bins" ]; then
   NODESTRAP_TORCX=$(cat "$go_out/torcx")
   eval "$(cat "$go_out/kubernetes")"
   NODESTRAP_KUBE_BIN=$KUBE_BIN
+  # The images a kubeadm control plane runs, made from that build (and the sandbox image):
+  # tests/activation/images.rs imports them into a real containerd and runs each.
+  built=$(KUBE_BIN=$KUBE_BIN qemu/build-images "$KUBE_VERSION")
+  NODESTRAP_CONTROL_PLANE_IMAGES=$(sed -n 's/^CONTROL_PLANE_IMAGES=//p' <<<"$built")
+  NODESTRAP_PAUSE_IMAGE=$(sed -n 's/^PAUSE_IMAGE=//p' <<<"$built")
+  export NODESTRAP_CONTROL_PLANE_IMAGES NODESTRAP_PAUSE_IMAGE
   # Debian 13's systemd-repart, which makes the signed DDIs of tests/sysext/signed.rs, and its
   # containerd, the oracle of a config_path's hosts.toml folders (tests/sysext/oci.rs).
   NODESTRAP_DDI_TOOLS=$(cat "$go_out/ddi")

@@ -206,7 +206,13 @@ fn kubeadm_init_images_come_from_archives_and_a_missing_one_keeps_the_node_fresh
             ctd.sock.display()
         ),
     );
-    let out = Command::new(&kubeadm)
+    preflight_pulls_nothing(&kubeadm, &cfg);
+}
+
+/// kubeadm's own preflight under `cfg` (its criSocket the test's containerd), which pulls what
+/// it does not find through the CRI, wants to pull nothing.
+fn preflight_pulls_nothing(kubeadm: &Path, cfg: &Path) {
+    let out = Command::new(kubeadm)
         .args([
             "init",
             "phase",
@@ -214,7 +220,7 @@ fn kubeadm_init_images_come_from_archives_and_a_missing_one_keeps_the_node_fresh
             "--ignore-preflight-errors=all",
             "--config",
         ])
-        .arg(&cfg)
+        .arg(cfg)
         .output()
         .unwrap();
     let text = format!(
@@ -315,4 +321,134 @@ fn the_operators_image_names_are_what_kubeadm_reads_and_lists() {
             && c[2].starts_with("init --config "),
         "{c:?}"
     );
+}
+
+/// `dest` holds `src`'s bytes: a hard link where the file systems allow, else a copy.
+fn place(src: &Path, dest: &Path) {
+    if std::fs::hard_link(src, dest).is_err() {
+        std::fs::copy(src, dest).unwrap();
+    }
+}
+
+#[test]
+fn the_control_plane_qemu_build_images_makes_is_what_kubeadm_init_runs() {
+    let kubeadm = vars::kube_bin().join("kubeadm");
+    let ctd = Containerd::start();
+    let pki = Pki::new();
+    let node = Node::new(&pki, "control-plane", None);
+    // The archives where a node's payload carries them: the control plane and the sandbox image.
+    let dir = node.root.join("usr/share/kubernetes/images");
+    std::fs::create_dir_all(&dir).unwrap();
+    let built = vars::control_plane_images();
+    for e in std::fs::read_dir(&built).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "tar") {
+            place(&p, &dir.join(p.file_name().unwrap()));
+        }
+    }
+    place(&vars::pause_image(), &dir.join("pause.oci.tar"));
+    // etcd is Debian's, named by its own version: the node says so (--etcd-image-tag).
+    let etcd = Command::new(vars::etcd())
+        .arg("--version")
+        .output()
+        .unwrap();
+    let etcd_v = String::from_utf8_lossy(&etcd.stdout)
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .to_string();
+    let mut args = node.args(&[]);
+    args.extend(s(&[
+        "--images",
+        "/usr/share/kubernetes/images",
+        "--etcd-image-tag",
+        &format!("{etcd_v}-0"),
+        "--skip-addons",
+        "coredns",
+        "--ctr",
+    ]));
+    args.push(ctd.ctr_line());
+    let act = Proc::start(args);
+    let port = act.port();
+    Proc::start(Admin::new(&pki, None).args_for(port, VERSION))
+        .wait(300)
+        .assert_ok();
+    act.wait(60).assert_ok();
+
+    // kubeadm's own preflight, under the config activate wrote and through containerd's CRI,
+    // finds every image kubeadm init runs and pulls none.
+    let cfg = read(&node.bin.join("init-config.yaml")).replacen(
+        "kind: InitConfiguration\n",
+        &format!(
+            "kind: InitConfiguration\nnodeRegistration:\n  criSocket: unix://{}\n",
+            ctd.sock.display()
+        ),
+        1,
+    );
+    let cfg_path = node.dir.join("preflight.yaml");
+    write(&cfg_path, &cfg);
+    preflight_pulls_nothing(&kubeadm, &cfg_path);
+
+    // Each image runs what kubeadm's manifests run (a name on the image's PATH), under the real
+    // runc, and it is the release it is named for.
+    let runs = [
+        (
+            "kube-apiserver",
+            VERSION,
+            "kube-apiserver --version",
+            "Kubernetes v1.37.2",
+        ),
+        (
+            "kube-controller-manager",
+            VERSION,
+            "kube-controller-manager --version",
+            "Kubernetes v1.37.2",
+        ),
+        (
+            "kube-scheduler",
+            VERSION,
+            "kube-scheduler --version",
+            "Kubernetes v1.37.2",
+        ),
+        (
+            "kube-proxy",
+            VERSION,
+            "kube-proxy --version",
+            "Kubernetes v1.37.2",
+        ),
+        (
+            "kube-proxy",
+            VERSION,
+            "iptables-restore --version",
+            "(nf_tables)",
+        ),
+        (
+            "etcd",
+            &format!("{etcd_v}-0"),
+            "etcd --version",
+            &format!("etcd Version: {etcd_v}"),
+        ),
+    ];
+    for (i, (name, tag, cmd, want)) in runs.iter().enumerate() {
+        let image = format!("registry.k8s.io/{name}:{tag}");
+        let id = format!("nodestrap-test-{i}");
+        let mut argv = vec![
+            "-n",
+            "k8s.io",
+            "run",
+            "--rm",
+            "--snapshotter",
+            "native",
+            &image,
+            &id,
+        ];
+        argv.extend(cmd.split(' '));
+        let out = ctd.ctr(&argv);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains(want),
+            "{image}: {cmd}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

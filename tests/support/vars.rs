@@ -42,6 +42,24 @@ pub fn kube_bin() -> PathBuf {
     )
 }
 
+/// `NODESTRAP_CONTROL_PLANE_IMAGES`: the folder of control-plane image archives qemu/build-images
+/// prints as CONTROL_PLANE_IMAGES (kube-apiserver, kube-controller-manager, kube-scheduler,
+/// kube-proxy, etcd).
+pub fn control_plane_images() -> PathBuf {
+    required(
+        "NODESTRAP_CONTROL_PLANE_IMAGES",
+        "the folder qemu/build-images prints as CONTROL_PLANE_IMAGES (with KUBE_BIN set)",
+    )
+}
+
+/// `NODESTRAP_PAUSE_IMAGE`: the sandbox image archive qemu/build-images prints as PAUSE_IMAGE.
+pub fn pause_image() -> PathBuf {
+    required(
+        "NODESTRAP_PAUSE_IMAGE",
+        "the archive qemu/build-images prints as PAUSE_IMAGE",
+    )
+}
+
 /// `NODESTRAP_ETCD`: the etcd the test cluster runs; unset, Debian 13's from .ci/setup.
 pub fn etcd() -> PathBuf {
     std::env::var_os("NODESTRAP_ETCD")
