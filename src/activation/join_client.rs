@@ -1,0 +1,228 @@
+//! activate's join client: rounds of ticket requests to the join services, a ticket checked in
+//! every part against the pinned cluster CA, then the control-plane files and `kubeadm join`
+//! under the node lock (docs/activate.md).
+
+use std::time::{Duration, Instant};
+
+use crate::activation::exchange::{self, Endpoint};
+use crate::activation::kubeadm::{self, JoinSpec};
+use crate::activation::racers::{remove_or_warn, reset_manifests, Ctx, Side, PKI};
+use crate::activation::wire::{Ticket, TICKET_PATH};
+use crate::error::{Error, Result};
+
+/// It holds the token: in /run (tmpfs), mode 0600, only while kubeadm join runs.
+const JOIN_CONFIG: &str = "/run/nodestrap/kubeadm-join.yaml";
+
+pub(super) fn join_client(ctx: &Ctx) -> Result<Side> {
+    let interval = Duration::from_secs(ctx.a.join_interval);
+    if ctx.endpoints.is_empty() {
+        log::info!("join client off: no --join-endpoints");
+    }
+    let mut asked_later: Vec<Option<Instant>> = vec![None; ctx.endpoints.len()];
+    loop {
+        if ctx.lock.is_taken() {
+            log::info!("join client: init has the node lock; not joining");
+            return Ok(Side::Lost);
+        }
+        if ctx.stop.requested() {
+            return Ok(Side::Stopped);
+        }
+        // Each pause is random between half and one and a half intervals: a fleet that boots
+        // together does not come back to the join services in waves.
+        let pause = interval.mul_f64(0.5 + crate::crypto::random::fraction());
+        for (ep, not_before) in ctx.endpoints.iter().zip(asked_later.iter_mut()) {
+            // A join service that said when to ask again (Retry-After) is not asked sooner.
+            if not_before.is_some_and(|t| Instant::now() < t) {
+                continue;
+            }
+            match request_ticket(ctx, ep) {
+                Ok(t) => return join_with(ctx, ep, t),
+                Err((e, None)) => log::warn!(
+                    "join client: {e}; asking again in {:.1} s",
+                    pause.as_secs_f64()
+                ),
+                Err((e, Some(after))) => {
+                    let after = after.min(LONGEST_RETRY_AFTER);
+                    *not_before = Some(Instant::now() + after);
+                    log::warn!(
+                        "join client: {e}; {} asks to wait {} s (Retry-After): asking it again \
+                         in {:.1} s",
+                        ep.url,
+                        after.as_secs(),
+                        pause.max(after).as_secs_f64()
+                    )
+                }
+            }
+            if ctx.lock.is_taken() || ctx.stop.requested() {
+                break;
+            }
+        }
+        if ctx.endpoints.is_empty() {
+            ctx.stop.sleep(Duration::from_secs(3600));
+        } else {
+            ctx.stop.sleep(pause);
+        }
+    }
+}
+
+/// A join service's `Retry-After` is honoured up to this: a value beyond it (a misconfigured
+/// service) must not keep a node from asking it for days.
+const LONGEST_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
+/// One ticket call, bounded by --join-timeout; the ticket only if it is valid in every part.
+/// No ticket: why, and how long the service asked to be left alone (its `Retry-After`).
+fn request_ticket(
+    ctx: &Ctx,
+    ep: &Endpoint,
+) -> std::result::Result<Ticket, (Error, Option<Duration>)> {
+    let t = Duration::from_secs(ctx.a.join_timeout);
+    let a = exchange::post(&ctx.client, ep, None, TICKET_PATH, b"{}", t, t)
+        .map_err(|e| (e.into_error(), None))?;
+    if a.status != 200 {
+        let (_, msg) = exchange::answer_error(a.status, &a.body);
+        return Err((
+            Error::failed(format!("ticket from {}: {msg}", ep.url)),
+            a.retry_after,
+        ));
+    }
+    let failed = |m: String| (Error::failed(format!("ticket from {}: {m}", ep.url)), None);
+    let ticket: Ticket =
+        serde_json::from_slice(&a.body).map_err(|e| failed(format!("does not parse: {e}")))?;
+    ticket
+        .validate(&ctx.pinned)
+        .map_err(|m| failed(format!("{m}; refused")))?;
+    log::info!(
+        "join client: ticket from {}: {} of cluster {} via API server {}",
+        ep.url,
+        ticket.role.as_str(),
+        ticket.cluster_name,
+        ticket.api_server_endpoint
+    );
+    Ok(ticket)
+}
+
+fn join_with(ctx: &Ctx, ep: &Endpoint, t: Ticket) -> Result<Side> {
+    // 1. The node lock.
+    let source = format!("ticket from {}", ep.url);
+    match ctx.lock.try_lock(
+        t.role,
+        &t.cluster_name,
+        Some(&t.discovery_token_ca_cert_hash),
+        &source,
+    ) {
+        Ok(true) => {}
+        Ok(false) => {
+            log::info!("join client: a ticket arrived but init has the node lock; not joining");
+            return Ok(Side::Lost);
+        }
+        Err(e) => return Err(ctx.fatal(e)),
+    }
+    match join_cluster(ctx, &t).and_then(|()| ctx.lock.done(None)) {
+        Ok(()) => {
+            ctx.stop.request();
+            Ok(Side::Won {
+                role: t.role,
+                via: "join",
+                cluster: t.cluster_name,
+            })
+        }
+        Err(e) => Err(ctx.fatal(e)),
+    }
+}
+
+/// Join steps 2 to 4: control-plane keys into place; the JoinConfiguration; `kubeadm join`, up to
+/// `--join-attempts` times within `--join-budget`, from a fresh manifests folder each time. A
+/// join that fails for good takes the ticket's files away again: the cluster CA keys must not
+/// stay on a node that is being given up.
+fn join_cluster(ctx: &Ctx, t: &Ticket) -> Result<()> {
+    let mut written = Vec::new();
+    let r = place_and_join(ctx, t, &mut written);
+    if r.is_err() && !written.is_empty() {
+        for p in &written {
+            remove_or_warn(ctx.root, p, "a cluster key or certificate from the ticket");
+        }
+        log::info!(
+            "join failed: removed the {} control-plane files of the ticket from {}",
+            written.len(),
+            ctx.root.show(PKI)
+        );
+    }
+    r
+}
+
+fn place_and_join(ctx: &Ctx, t: &Ticket, written: &mut Vec<String>) -> Result<()> {
+    for f in &t.control_plane_files {
+        let mode = if f.name.ends_with(".key") {
+            0o600
+        } else {
+            0o644
+        };
+        let p = format!("{PKI}/{}", f.name);
+        // Listed before the write, which can fail after its rename (syncing the folder).
+        written.push(p.clone());
+        ctx.root.write_atomic(&p, f.data.as_bytes(), mode)?;
+    }
+    if !t.control_plane_files.is_empty() {
+        log::info!(
+            "wrote {} control-plane files from the ticket into {}",
+            t.control_plane_files.len(),
+            ctx.root.show(PKI)
+        );
+    }
+    let config = kubeadm::join_config(&JoinSpec {
+        api_server_endpoint: &t.api_server_endpoint,
+        token: &t.token,
+        ca_cert_hash: &t.discovery_token_ca_cert_hash,
+        role: t.role,
+        kubernetes_version: t.kubernetes_version.as_deref(),
+    });
+    ctx.root
+        .write_atomic(JOIN_CONFIG, config.as_bytes(), 0o600)?;
+    let r = join_attempts(ctx, t);
+    remove_or_warn(ctx.root, JOIN_CONFIG, "the bootstrap token");
+    r
+}
+
+fn join_attempts(ctx: &Ctx, t: &Ticket) -> Result<()> {
+    let budget = Duration::from_secs(ctx.a.join_budget);
+    let start = Instant::now();
+    let argv = vec![
+        ctx.a.kubeadm.clone(),
+        "join".into(),
+        "--config".into(),
+        ctx.root.show(JOIN_CONFIG),
+    ];
+    let mut last = String::new();
+    let mut n = 0;
+    while n < ctx.a.join_attempts {
+        let left = budget.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        n += 1;
+        reset_manifests(ctx.root)?;
+        log::info!(
+            "running kubeadm join as {} via {} (attempt {n}/{}, {} s of the budget left)",
+            t.role.as_str(),
+            t.api_server_endpoint,
+            ctx.a.join_attempts,
+            left.as_secs()
+        );
+        last = match kubeadm::run(&argv, left.min(Duration::from_secs(ctx.a.kubeadm_timeout))) {
+            Ok(r) if r.ok => {
+                log::info!("kubeadm join succeeded");
+                return Ok(());
+            }
+            Ok(r) => format!("{}: {}", r.status, kubeadm::last_lines(&r.tail, 3)),
+            Err(e) => e.to_string(),
+        };
+        log::warn!(
+            "kubeadm join attempt {n}/{} failed: {last}",
+            ctx.a.join_attempts
+        );
+    }
+    Err(Error::failed(format!(
+        "kubeadm join failed {n} times within {} s: {last}",
+        budget.as_secs()
+    )))
+}
