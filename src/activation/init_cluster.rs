@@ -18,6 +18,24 @@ const RETRY: Duration = Duration::from_secs(3);
 
 pub fn run(a: &InitCluster) -> Result<()> {
     // 1. Options and the request, checked as the node will check them.
+    let asking = request(a)?;
+    // 2. Send once the node answers; only an unreachable node is tried again.
+    let (status, answer) = send(a, &asking)?;
+    // 3. The answer: the admin kubeconfig written, or the node's error and kubeadm's output.
+    write_answer(&asking, status, &answer)
+}
+
+/// Step 1's result: where to send what, and where the kubeconfig goes.
+struct Asking {
+    ep: Endpoint,
+    cfg: std::sync::Arc<rustls::ClientConfig>,
+    body: Vec<u8>,
+    out: PathBuf,
+    cluster: String,
+}
+
+/// Step 1: every option and the request, checked as the node will check them.
+fn request(a: &InitCluster) -> Result<Asking> {
     let ep = Endpoint::parse(&a.endpoint, "--endpoint")?;
     // Zero would leave no time for the answer (and as a socket timeout means none at all).
     if a.timeout == 0 {
@@ -65,20 +83,31 @@ pub fn run(a: &InitCluster) -> Result<()> {
     let ca = mtls::certs(&host(&a.ca, "--ca")?, &a.ca.display().to_string())?;
     let cfg = mtls::client_config(&ca, &id, &a.cert.display().to_string())?;
     let body = serde_json::to_vec(&req)?;
+    Ok(Asking {
+        ep,
+        cfg,
+        body,
+        out,
+        cluster: req.cluster_name,
+    })
+}
 
-    // 2. Send once the node answers; only an unreachable node is tried again.
+/// Step 2: the request, sent once the node answers (an unreachable node is tried again within
+/// `--wait`); its status and body.
+fn send(a: &InitCluster, asking: &Asking) -> Result<(u16, Vec<u8>)> {
+    let Asking { ep, cfg, body, .. } = asking;
     let start = Instant::now();
-    let (status, answer) = loop {
+    loop {
         match exchange::post(
-            &cfg,
-            &ep,
+            cfg,
+            ep,
             a.server_name.as_deref(),
             INIT_PATH,
-            &body,
+            body,
             Duration::from_secs(10),
             Duration::from_secs(a.timeout),
         ) {
-            Ok(x) => break (x.status, x.body),
+            Ok(x) => return Ok((x.status, x.body)),
             Err(CallError::Unreachable(e))
                 if start.elapsed() + RETRY < Duration::from_secs(a.wait) =>
             {
@@ -87,12 +116,18 @@ pub fn run(a: &InitCluster) -> Result<()> {
             }
             Err(e) => return Err(e.into_error()),
         }
-    };
+    }
+}
 
-    // 3. The answer.
+/// Step 3: a refusal printed with the node's kubeadm output; else the admin kubeconfig written
+/// atomically, 0600.
+fn write_answer(asking: &Asking, status: u16, answer: &[u8]) -> Result<()> {
+    let Asking {
+        ep, out, cluster, ..
+    } = asking;
     if status != 200 {
-        let (code, msg) = exchange::answer_error(status, &answer);
-        let v: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
+        let (code, msg) = exchange::answer_error(status, answer);
+        let v: serde_json::Value = serde_json::from_slice(answer).unwrap_or_default();
         if let Some(tail) = v["log_tail"].as_str().filter(|t| !t.is_empty()) {
             use std::io::Write as _;
             let _ = writeln!(
@@ -106,7 +141,7 @@ pub fn run(a: &InitCluster) -> Result<()> {
             ep.url
         )));
     }
-    let v: serde_json::Value = serde_json::from_slice(&answer)
+    let v: serde_json::Value = serde_json::from_slice(answer)
         .map_err(|e| Error::failed(format!("init answer from {}: {e}", ep.url)))?;
     let kubeconfig = v["kubeconfig"]
         .as_str()
@@ -118,7 +153,7 @@ pub fn run(a: &InitCluster) -> Result<()> {
     log::info!("admin kubeconfig written to {}", out.display());
     crate::outln!(
         "nodestrap: init-cluster done cluster={} ca-cert-hash={} kubeconfig={}",
-        req.cluster_name,
+        cluster,
         v["ca_cert_hash"].as_str().unwrap_or("unknown"),
         out.display()
     )?;

@@ -50,6 +50,24 @@ struct Svc<'a> {
 
 pub fn run(a: &JoinService) -> Result<()> {
     // 1. Options.
+    let (listen, token_cmd, instance) = options(a)?;
+    let root = Root::open(&a.root)?;
+    // 2. Inputs: serving identity, node CA, cluster CA (its hash goes into every ticket), the
+    //    record of tickets already issued.
+    let mut svc = load(a, &root, &instance, token_cmd)?;
+    // 3. Listen.
+    let listener = bind(a, &svc, listen, &instance)?;
+    // 4. Serve, one node at a time (each takes milliseconds plus the token command), until
+    //    SIGTERM; a request being handled finishes first.
+    serve(&mut svc, &listener)?;
+    svc.ledger.flush();
+    log::info!("join service stopped by signal");
+    Ok(())
+}
+
+/// Step 1: the options, checked; the address to listen on, the token command, this instance's
+/// name.
+fn options(a: &JoinService) -> Result<(SocketAddr, Vec<String>, String)> {
     let listen: SocketAddr = a
         .listen
         .parse()
@@ -74,22 +92,27 @@ pub fn run(a: &JoinService) -> Result<()> {
     if a.token_timeout == 0 {
         return Err(Error::config("--token-timeout 0: must be at least 1"));
     }
-    let instance = instance_name(a.instance.as_deref())?;
-    let root = Root::open(&a.root)?;
+    Ok((listen, token_cmd, instance_name(a.instance.as_deref())?))
+}
 
-    // 2. Inputs: serving identity, node CA, cluster CA (its hash goes into every ticket), the
-    //    record of tickets already issued.
+/// Step 2: what the service serves with, loaded and checked.
+fn load<'a>(
+    a: &'a JoinService,
+    root: &'a Root,
+    instance: &str,
+    token_cmd: Vec<String>,
+) -> Result<Svc<'a>> {
     let show = |p: &str| root.show(p);
-    let id = mtls::load_identity(&root, ("--cert", &a.cert), ("--key", &a.key))?;
-    let node_ca = mtls::load_certs(&root, "--node-ca", &a.node_ca)?;
-    let cluster_ca = mtls::load_certs(&root, "--cluster-ca", &a.cluster_ca)?;
+    let id = mtls::load_identity(root, ("--cert", &a.cert), ("--key", &a.key))?;
+    let node_ca = mtls::load_certs(root, "--node-ca", &a.node_ca)?;
+    let cluster_ca = mtls::load_certs(root, "--cluster-ca", &a.cluster_ca)?;
     let discovery_hash = crate::crypto::x509::spki_sha256(&cluster_ca[0]).ok_or_else(|| {
         Error::config(format!(
             "{}: certificate does not parse",
             show(&a.cluster_ca)
         ))
     })?;
-    let ledger = open_ledger(a, &root, &instance)?;
+    let ledger = open_ledger(a, root, instance)?;
     log::info!(
         "cluster CA {} gives the discovery hash {discovery_hash}",
         show(&a.cluster_ca)
@@ -100,17 +123,19 @@ pub fn run(a: &JoinService) -> Result<()> {
         &discovery_hash,
         format_args!("the cluster CA {}", show(&a.cluster_ca)),
     );
-    let mut svc = Svc {
+    Ok(Svc {
         server: mtls::server_config(&id, &node_ca, &show(&a.cert))?,
         a,
-        root: &root,
+        root,
         discovery_hash,
         token_cmd,
         ledger,
-    };
+    })
+}
 
-    // 3. Serve, one node at a time (each takes milliseconds plus the token command), until
-    //    SIGTERM; a request being handled finishes first.
+/// Step 3: the listening socket.
+fn bind(a: &JoinService, svc: &Svc, listen: SocketAddr, instance: &str) -> Result<TcpListener> {
+    let show = |p: &str| svc.root.show(p);
     let listener =
         TcpListener::bind(listen).map_err(|e| Error::failed(format!("--listen {listen}: {e}")))?;
     let bound = listener
@@ -123,10 +148,15 @@ pub fn run(a: &JoinService) -> Result<()> {
         show(&a.node_ca),
         svc.ledger.describe()
     );
+    Ok(listener)
+}
+
+/// Step 4: tickets until SIGTERM; a node that asks while the service stops is told to come back.
+fn serve(svc: &mut Svc, listener: &TcpListener) -> Result<()> {
     signals::catch_sigterm();
     let server = svc.server.clone();
     exchange::serve(
-        &listener,
+        listener,
         signals::signalled,
         |tcp, addr| preauth(&server, tcp, addr),
         |asked| {
@@ -141,10 +171,7 @@ pub fn run(a: &JoinService) -> Result<()> {
                 log::warn!("{}: answering: {e}", asked.who);
             }
         },
-    )?;
-    svc.ledger.flush();
-    log::info!("join service stopped by signal");
-    Ok(())
+    )
 }
 
 /// `--instance`, else `NODE_NAME` (the DaemonSet's downward API), else the host name.
