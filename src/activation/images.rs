@@ -91,8 +91,10 @@ impl Images<'_> {
     /// config images list --config`): the version, the repository, etcd's tag and the addons
     /// are the config's.
     fn needed(&self, config: &str, version: &str) -> Result<Vec<String>> {
-        let mut argv = kubeadm::argv(self.kubeadm, "--kubeadm")?;
-        argv.extend(["config", "images", "list", "--config"].map(String::from));
+        // One program, as for init and join.
+        let mut argv = [self.kubeadm, "config", "images", "list", "--config"]
+            .map(String::from)
+            .to_vec();
         argv.push(self.root.show(config));
         let what = format!("kubeadm config images list for {version}");
         let out = kubeadm::succeeded(&argv, LIST_TIMEOUT, &what)?;

@@ -230,8 +230,8 @@ fn prepare_init(ctx: &Ctx, r: &InitRequest) -> std::result::Result<(), (u16, &'s
         .map_err(|e| (500, "init_failed", e))?;
     // A version this kubeadm cannot deploy, or a field it refuses, is the request's fault and
     // costs the node nothing; past the lock it would cost the node.
-    let shown = ctx.root.show(INIT_CONFIG);
-    kubeadm::validate(&ctx.a.kubeadm, &shown, &shown).map_err(|e| (400, "invalid", e))?;
+    kubeadm::validate(&ctx.a.kubeadm, &ctx.root.show(INIT_CONFIG))
+        .map_err(|e| (400, "invalid", e))?;
     match &ctx.images {
         Some(images) => images
             .ready_for_init(INIT_CONFIG, &r.kubernetes_version)

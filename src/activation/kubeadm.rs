@@ -61,14 +61,14 @@ pub fn succeeded(argv: &[String], timeout: Duration, what: &str) -> Result<Vec<u
 }
 
 /// kubeadm's own judgement of a config file (`kubeadm config validate`: strict fields, and the
-/// versions this kubeadm can deploy), asked before anything on the node changes.
-pub fn validate(kubeadm: &str, config: &str, shown: &str) -> Result<()> {
-    let mut argv = argv(kubeadm, "--kubeadm")?;
-    argv.extend(["config", "validate", "--config", config].map(String::from));
+/// versions this kubeadm can deploy), asked before anything on the node changes. `kubeadm` is
+/// one program, as for init and join.
+pub fn validate(kubeadm: &str, config: &str) -> Result<()> {
+    let argv = [kubeadm, "config", "validate", "--config", config].map(String::from);
     succeeded(
         &argv,
         Duration::from_secs(60),
-        &format!("kubeadm config validate {shown}"),
+        &format!("kubeadm config validate {config}"),
     )
     .map(drop)
 }
