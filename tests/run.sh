@@ -19,7 +19,11 @@ done
 want() { [[ " ${phases[*]} " == *" $1 "* ]]; }
 # Each phase's start, minutes and seconds into the run: CI's 90 minutes are a budget, and a slow
 # runner's log says where it went.
-phase() { printf 'tests/run.sh: +%dm%02ds %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
+# Each phase with the disk's free space: a run that fills it says where.
+phase() {
+  printf 'tests/run.sh: +%dm%02ds %s (%s free in /tmp)\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" \
+    "$(df -h --output=avail /tmp 2>/dev/null | tail -1 | tr -d ' ')" >&2
+}
 # What the phases share: the release binaries (integration, arm64, qemu), and the test programs
 # built from the Go module proxy (cached by version; test programs only) with Debian 13's
 # systemd-repart and containerd and Debian 14's systemd (debootstrap'ed roots, cached by their

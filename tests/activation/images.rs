@@ -14,17 +14,19 @@ const VERSION: &str = "v1.37.2";
 /// A containerd of its own (state, content and socket in a temp folder), killed when dropped.
 struct Containerd {
     child: Child,
+    dir: PathBuf,
     sock: PathBuf,
+    snapshotter: &'static str,
 }
 
 impl Containerd {
     fn start() -> Containerd {
         let dir = unique_dir("containerd");
         let sock = dir.join("containerd.sock");
-        // The native snapshotter: the test folder may sit on an overlay, where overlay nests badly.
+        let snapshotter = snapshotter_for(&dir);
         let conf = format!(
             "version = 2\nroot = \"{d}/root\"\nstate = \"{d}/state\"\n[grpc]\n  address = \"{s}\"\n\
-             [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  snapshotter = \"native\"\n",
+             [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  snapshotter = \"{snapshotter}\"\n",
             d = dir.display(),
             s = sock.display()
         );
@@ -37,7 +39,12 @@ impl Containerd {
             .stderr(log)
             .spawn()
             .expect("containerd (Debian package containerd) must be installed");
-        let c = Containerd { child, sock };
+        let c = Containerd {
+            child,
+            dir,
+            sock,
+            snapshotter,
+        };
         let end = Instant::now() + Duration::from_secs(30);
         while !c.ctr(&["version"]).status.success() {
             assert!(
@@ -67,6 +74,23 @@ impl Drop for Containerd {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Its content and snapshots are a gigabyte once the control plane's images are in.
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// overlayfs, as on a node: each layer is unpacked once. The native snapshotter copies every
+/// parent into each child (gigabytes for the control plane's images), so it is only for a test
+/// folder on an overlay already, where overlay does not nest.
+fn snapshotter_for(dir: &Path) -> &'static str {
+    let fs = Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    match String::from_utf8_lossy(&fs.stdout).trim() {
+        "overlayfs" => "native",
+        _ => "overlayfs",
     }
 }
 
@@ -438,7 +462,7 @@ fn the_control_plane_qemu_build_images_makes_is_what_kubeadm_init_runs() {
             "run",
             "--rm",
             "--snapshotter",
-            "native",
+            ctd.snapshotter,
             &image,
             &id,
         ];
