@@ -42,7 +42,7 @@ worlds=$(mktemp -d /tmp/nodestrap-worlds.XXXXXX)
 trap 'rm -rf "$go_out"; [ ! -d "$worlds" ] || echo "tests/run.sh: the tests'"'"' worlds are kept in $worlds" >&2' EXIT
 if [ -n "$need_go" ]; then
   (qemu/build-torcx >"$go_out/torcx" && qemu/build-kubernetes >"$go_out/kubernetes" &&
-    qemu/build-butane >/dev/null) 2>"$go_out/log" &
+    qemu/build-etcd >"$go_out/etcd" && qemu/build-butane >/dev/null) 2>"$go_out/log" &
   go_build=$!
   # The two Debian roots beside them: debootstrap waits on the network and dpkg more than on
   # the cores the Go builds and the release link want.
@@ -97,9 +97,12 @@ if [ -n "$need_bins" ]; then
   NODESTRAP_TORCX=$(cat "$go_out/torcx")
   eval "$(cat "$go_out/kubernetes")"
   NODESTRAP_KUBE_BIN=$KUBE_BIN
-  # The images a kubeadm control plane runs, made from that build (and the sandbox image):
+  # The images a kubeadm control plane runs, made from that build and the etcd kubeadm pins
+  # (qemu/build-etcd), and the sandbox image:
   # tests/activation/images.rs imports them into a real containerd and runs each.
-  built=$(KUBE_BIN=$KUBE_BIN qemu/build-images "$KUBE_VERSION")
+  eval "$(cat "$go_out/etcd")"
+  export NODESTRAP_ETCD_IMAGE=$ETCD_IMAGE_BIN
+  built=$(KUBE_BIN=$KUBE_BIN ETCD_IMAGE_BIN=$ETCD_IMAGE_BIN qemu/build-images "$KUBE_VERSION")
   NODESTRAP_CONTROL_PLANE_IMAGES=$(sed -n 's/^CONTROL_PLANE_IMAGES=//p' <<<"$built")
   NODESTRAP_PAUSE_IMAGE=$(sed -n 's/^PAUSE_IMAGE=//p' <<<"$built")
   export NODESTRAP_CONTROL_PLANE_IMAGES NODESTRAP_PAUSE_IMAGE
@@ -140,7 +143,8 @@ if want qemu; then
   # CI boots under TCG (a fresh runner has no usable KVM; nested KVM here fails or hangs). Every
   # scenario under TCG takes about 80 min, more than CI has, so CI boots one scenario per home
   # and payload: the torcx bootstrap on the real root (one reboot) and from the initramfs, the
-  # in-place reprovision, activation, and the sysext bootstrap from the initramfs: plain (with
+  # in-place reprovision, activation (the real kubeadm init and join on two sysext nodes; its
+  # failing twin, activate-init-fails, runs by name), and the sysext bootstrap from the initramfs: plain (with
   # events and the boot check), signed (two boots: the trust chain) and from an OCI registry
   # (Debian's docker-registry, TLS and htpasswd); a stock node for a year (flatcar-year:
   # nodestrap by Ignition alone, then the patch stream); and Debian 14's systemd 262, whose

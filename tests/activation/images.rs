@@ -371,8 +371,8 @@ fn the_control_plane_qemu_build_images_makes_is_what_kubeadm_init_runs() {
         }
     }
     place(&vars::pause_image(), &dir.join("pause.oci.tar"));
-    // etcd is Debian's, named by its own version: the node says so (--etcd-image-tag).
-    let etcd = Command::new(vars::etcd())
+    // etcd is named by its own version: the node says so (--etcd-image-tag).
+    let etcd = Command::new(vars::etcd_image())
         .arg("--version")
         .output()
         .unwrap();

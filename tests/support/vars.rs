@@ -60,6 +60,15 @@ pub fn pause_image() -> PathBuf {
     )
 }
 
+/// `NODESTRAP_ETCD_IMAGE`: the etcd in the control plane's etcd image, the version kubeadm pins
+/// (qemu/build-etcd prints it as ETCD_IMAGE_BIN).
+pub fn etcd_image() -> PathBuf {
+    required(
+        "NODESTRAP_ETCD_IMAGE",
+        "the etcd qemu/build-etcd prints as ETCD_IMAGE_BIN",
+    )
+}
+
 /// `NODESTRAP_ETCD`: the etcd the test cluster runs; unset, Debian 13's from .ci/setup.
 pub fn etcd() -> PathBuf {
     std::env::var_os("NODESTRAP_ETCD")
