@@ -335,6 +335,10 @@ class World:
         offer = {"kubernetes": [("kubernetes-%s-x86-64.raw" % self.release[w], self.image("kubernetes", w, signed))
                                 for w in releases],
                  "containerd": [("containerd-v%s-x86-64.raw" % self.containerd, self.image("containerd", None, signed))]}
+        if sc.mirror == "control-plane":
+            # A fresh cluster's payload: the current release with the control plane's images.
+            offer["kubernetes"] = [("kubernetes-%s-x86-64.raw" % self.release[CURRENT],
+                                    os.path.join(self.ext, "kubernetes-control-plane.raw"))]
         if sc.mirror == "mismatch":
             offer["kubernetes"][-1] = (offer["kubernetes"][-1][0], os.path.join(self.ext, "kubernetes-fedora.raw"))
         for name, files in offer.items():
@@ -617,6 +621,14 @@ class World:
 WORLD = {}
 
 
+def world(s):
+    """The run's World, built at its first use (the activate scenarios use it too)."""
+    if "w" not in WORLD:
+        WORLD["w"] = World(s)
+        s.on_stop.append(WORLD["w"].stop)
+    return WORLD["w"]
+
+
 def minor(v):
     return ".".join(v.lstrip("v").split(".")[:2])
 
@@ -624,10 +636,7 @@ def minor(v):
 def prepare(s, sc):
     """The run's World, the scenario's mirror, its Ignition config (validated), its disk, and the
     kernel arguments of its boots."""
-    if "w" not in WORLD:
-        WORLD["w"] = World(s)
-        s.on_stop.append(WORLD["w"].stop)
-    w = WORLD["w"]
+    w = world(s)
     url = w.publish(sc)
     config = s.path(sc.name + ".ign")
     if sc.butane:
