@@ -89,20 +89,7 @@ pub(super) fn exit_code(r: &Record) -> i32 {
 /// The record for a person, one screen: how the run ended, then each decision and file
 /// (`from`: the file it was read from).
 pub fn human_lines(r: &Record, from: &str) -> Vec<String> {
-    let state = match (r.state, r.exit_code) {
-        (State::Running, _) => format!("running, phase {}", phase_word(r.phase)),
-        (State::Done, _) => "done".to_string(),
-        (State::Interrupted, _) => format!(
-            "INTERRUPTED in phase {}: its process {} is gone (killed, or the machine restarted) before it ended its record",
-            phase_word(r.phase),
-            r.process.as_ref().map_or(0, |p| p.pid)
-        ),
-        (State::Failed, c) => format!(
-            "FAILED (exit {}) in phase {}",
-            c.unwrap_or(1),
-            phase_word(r.phase)
-        ),
-    };
+    let state = state_words(r);
     let mut out = vec![format!("nodestrap {} {}: {state}", r.command, r.version)];
     let mut row = |k: &str, v: String| out.push(format!("  {k:<16} {v}"));
     row(
@@ -162,56 +149,82 @@ pub fn human_lines(r: &Record, from: &str) -> Vec<String> {
         },
     );
     if let Some(v) = &r.verification {
-        let api = match v.api {
-            ApiCheck::Confirmed => "the Node says the same",
-            ApiCheck::Unreached => "the API server was not reached",
-            ApiCheck::Mismatch => "the Node says otherwise",
-            ApiCheck::Skipped => "the API server was not asked",
-        };
-        let found = match v.outcome {
-            Outcome::Verified => format!("verified at {}: runs as chosen; {api}", v.at),
-            Outcome::Mismatch => {
-                let first = v
-                    .checks
-                    .iter()
-                    .find(|c| !c.ok)
-                    .map(|c| format!("{}: expected {}, found {}", c.what, c.expected, c.running))
-                    .unwrap_or_default();
-                format!("MISMATCH at {}: {first}", v.at)
-            }
-        };
-        row("after boot", found);
-        if let Some(by) = &v.merged_by {
-            row(
-                "merged by",
-                match by.as_str() {
-                    "initramfs" => "the initramfs (systemd-sysext-sysroot.service)".to_string(),
-                    "real-root" => "the real root (systemd-sysext.service)".to_string(),
-                    other => other.to_string(),
-                },
-            );
-        }
-        if let Some(back) = &v.returned {
-            let set: Vec<String> = back
-                .to
-                .iter()
-                .map(|c| format!("{} {}", c.name, c.version))
-                .collect();
-            // Only a return that merged put the node back.
-            row(
-                "returned",
-                match back.result.as_str() {
-                    "merged" => format!("to the known-good set {} (merged)", set.join(", ")),
-                    failed => format!(
-                        "NO: the node stays as found; the return to the known-good set {} failed: {failed}",
-                        set.join(", ")
-                    ),
-                },
-            );
+        for (k, line) in verification_rows(v) {
+            row(k, line);
         }
     }
     row("record", from.to_string());
     out
+}
+
+/// The first line's verdict: running, done, interrupted or failed, with the phase.
+fn state_words(r: &Record) -> String {
+    match (r.state, r.exit_code) {
+        (State::Running, _) => format!("running, phase {}", phase_word(r.phase)),
+        (State::Done, _) => "done".to_string(),
+        (State::Interrupted, _) => format!(
+            "INTERRUPTED in phase {}: its process {} is gone (killed, or the machine restarted) before it ended its record",
+            phase_word(r.phase),
+            r.process.as_ref().map_or(0, |p| p.pid)
+        ),
+        (State::Failed, c) => format!(
+            "FAILED (exit {}) in phase {}",
+            c.unwrap_or(1),
+            phase_word(r.phase)
+        ),
+    }
+}
+
+/// The boot check's rows: what it found, who merged, and any return to the known-good set.
+fn verification_rows(v: &Verification) -> Vec<(&'static str, String)> {
+    let api = match v.api {
+        ApiCheck::Confirmed => "the Node says the same",
+        ApiCheck::Unreached => "the API server was not reached",
+        ApiCheck::Mismatch => "the Node says otherwise",
+        ApiCheck::Skipped => "the API server was not asked",
+    };
+    let found = match v.outcome {
+        Outcome::Verified => format!("verified at {}: runs as chosen; {api}", v.at),
+        Outcome::Mismatch => {
+            let first = v
+                .checks
+                .iter()
+                .find(|c| !c.ok)
+                .map(|c| format!("{}: expected {}, found {}", c.what, c.expected, c.running))
+                .unwrap_or_default();
+            format!("MISMATCH at {}: {first}", v.at)
+        }
+    };
+    let mut rows = vec![("after boot", found)];
+    if let Some(by) = &v.merged_by {
+        rows.push((
+            "merged by",
+            match by.as_str() {
+                "initramfs" => "the initramfs (systemd-sysext-sysroot.service)".to_string(),
+                "real-root" => "the real root (systemd-sysext.service)".to_string(),
+                other => other.to_string(),
+            },
+        ));
+    }
+    if let Some(back) = &v.returned {
+        let set: Vec<String> = back
+            .to
+            .iter()
+            .map(|c| format!("{} {}", c.name, c.version))
+            .collect();
+        // Only a return that merged put the node back.
+        rows.push((
+            "returned",
+            match back.result.as_str() {
+                "merged" => format!("to the known-good set {} (merged)", set.join(", ")),
+                failed => format!(
+                    "NO: the node stays as found; the return to the known-good set {} failed: {failed}",
+                    set.join(", ")
+                ),
+            },
+        ));
+    }
+    rows
 }
 
 /// `kubernetes v1.32.3 sha256-1a2b…, containerd 1.7.24 sha256-…, since 2026-…` (sysext), or
