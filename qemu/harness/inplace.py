@@ -56,7 +56,9 @@ def check_reprovision(s, sc, boots, events, disk):
     want = [
         (1, "nodestrap", "flow rhcos (from ID=rhcos in /etc/os-release)"),
         (1, "guest", "mcd applied %s" % RENDERED),
-        (1, "guest", "reprovision exited 0"),
+        # nodestrap's own last line: the unit's ExecStartPost echo can lose the race against the
+        # reboot the machine-config-daemon has queued by then (seen once in a full run).
+        (1, "nodestrap", "(exit 0)"),
         (2, "guest", "rhcos-marker ran"),
         (2, "nodestrap", "rebooted into its new configuration since the hand-off; reprovision done"),
     ]
