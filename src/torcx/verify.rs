@@ -202,12 +202,7 @@ pub fn run(v: &Verify) -> Result<()> {
         return Ok(());
     }
 
-    let first = verification
-        .checks
-        .iter()
-        .find(|c| !c.ok)
-        .map(|c| format!("{}: expected {}, found {}", c.what, c.expected, c.running))
-        .unwrap_or_default();
+    let first = verification.first_mismatch();
     if record.state != State::Done {
         let why = "nothing to return to: the node needs an operator";
         tell(v, &root, &node, &expected, Some(&format!("{first}; {why}")));

@@ -185,15 +185,7 @@ fn verification_rows(v: &Verification) -> Vec<(&'static str, String)> {
     };
     let found = match v.outcome {
         Outcome::Verified => format!("verified at {}: runs as chosen; {api}", v.at),
-        Outcome::Mismatch => {
-            let first = v
-                .checks
-                .iter()
-                .find(|c| !c.ok)
-                .map(|c| format!("{}: expected {}, found {}", c.what, c.expected, c.running))
-                .unwrap_or_default();
-            format!("MISMATCH at {}: {first}", v.at)
-        }
+        Outcome::Mismatch => format!("MISMATCH at {}: {}", v.at, v.first_mismatch()),
     };
     let mut rows = vec![("after boot", found)];
     if let Some(by) = &v.merged_by {

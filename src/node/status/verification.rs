@@ -146,6 +146,15 @@ pub struct Returned {
 }
 
 impl Verification {
+    /// The first check that failed, as `what: expected X, found Y` (empty when none did).
+    pub fn first_mismatch(&self) -> String {
+        self.checks
+            .iter()
+            .find(|c| !c.ok)
+            .map(|c| format!("{}: expected {}, found {}", c.what, c.expected, c.running))
+            .unwrap_or_default()
+    }
+
     /// A boot check's verdict, taken now on boot `boot_id`: `verified` when `ok`. Its own time
     /// is set by `timed` at the end.
     pub fn taken(
