@@ -117,3 +117,9 @@ pub fn ledger_nodes() -> usize {
         .and_then(|n| n.parse().ok())
         .unwrap_or(500)
 }
+
+/// `NODESTRAP_FAULTS`: `all` runs every case of the fault matrices (tests/support/faults.rs);
+/// unset, the sample CI runs.
+pub fn all_faults() -> bool {
+    std::env::var("NODESTRAP_FAULTS").is_ok_and(|v| v == "all")
+}
