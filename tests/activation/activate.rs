@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose};
 use support::*;
 
+mod faults;
 mod images;
 
 const SECRET: &str = "s3cret-init-value-0123456789";
@@ -205,8 +206,13 @@ struct Proc {
 
 impl Proc {
     fn start(args: Vec<String>) -> Proc {
-        let what = args[0].clone();
-        let mut child = command(&args, None)
+        Proc::spawn(command(&args, None), &args[0])
+    }
+
+    /// `cmd` (nodestrap, or nodestrap under strace) started, its output collected.
+    fn spawn(mut cmd: std::process::Command, what: &str) -> Proc {
+        let what = what.to_string();
+        let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -512,6 +518,12 @@ impl JoinSvc {
     }
 
     fn start(&mut self) {
+        let p = Proc::start(self.args());
+        p.port();
+        self.proc = Some(p);
+    }
+
+    fn args(&self) -> Vec<String> {
         let mut a = s(&[
             "join-service",
             "--listen",
@@ -536,9 +548,7 @@ impl JoinSvc {
                 self.bin.join("kubeadm").display()
             ),
         ]);
-        let p = Proc::start(a);
-        p.port();
-        self.proc = Some(p);
+        a
     }
 
     fn port(&self) -> u16 {

@@ -98,18 +98,27 @@ impl<'r> FileLedger<'r> {
             at: now(),
         };
         self.issued.insert(held.identity.clone(), entry);
-        let saved = serde_json::to_vec_pretty(&RecordOut {
-            issued: &self.issued,
-        })
-        .map_err(Error::from)
-        .and_then(|mut text| {
-            text.push(b'\n');
-            self.root.write_atomic(&self.path, &text, 0o644)
-        });
-        saved.map_err(|e| {
+        self.save().map_err(|e| {
             self.issued.remove(&held.identity);
+            // A write that failed after its rename (the folder's fsync) left the new record in
+            // place: the old one goes back, so that the file says what the answer says.
+            if let Err(undo) = self.save() {
+                log::warn!(
+                    "{}: could not put the record back without {}: {undo}",
+                    self.describe(),
+                    held.identity
+                );
+            }
             e.to_string()
         })
+    }
+
+    fn save(&self) -> Result<()> {
+        let mut text = serde_json::to_vec_pretty(&RecordOut {
+            issued: &self.issued,
+        })?;
+        text.push(b'\n');
+        self.root.write_atomic(&self.path, &text, 0o644)
     }
 }
 
