@@ -16,6 +16,8 @@ use serde_json::{json, Value};
 use sha2::Digest as _;
 use support::*;
 
+mod faults;
+
 const NODE: &str = "worker-7.example.internal";
 const LABEL: &str = "ibm-cloud.kubernetes.io/ipb-schedule";
 const IGN_TOKEN: &str = "ign-token-5f1e0c2a9b";
