@@ -257,12 +257,14 @@ pub fn run(v: &Verify) -> Result<()> {
     known.save(&root)?;
     // ... and the node goes back to the known-good set, once per boot (the boot is kept with
     // the known-good set, which outlives the records of later bootstraps in this boot, and in
-    // the record, which holds it first: a kill between the two still counts the return).
+    // the record, which holds it first: a kill between the two still counts the return). A
+    // return that failed (a disk that refused the links) changed nothing that holds: the next
+    // check tries it again.
     let recorded = record
         .verification
         .as_ref()
         .and_then(|p| p.returned.as_ref())
-        .is_some_and(|r| r.boot_id == boot_id);
+        .is_some_and(|r| r.boot_id == boot_id && r.result == "merged");
     let returned_now = known.returned_boot.as_deref() == Some(boot_id.as_str()) || recorded;
     let mut returning = false;
     let back = if returned_now {
@@ -329,7 +331,7 @@ pub fn run(v: &Verify) -> Result<()> {
     let merged_by = verification.merged_by.clone();
     after.verification = Some(verification);
     let at = status::amend(&root, &record, &after)?;
-    if returning {
+    if returned_ok {
         known.returned_boot = Some(boot_id.clone());
         known.save(&root)?;
     }

@@ -165,13 +165,15 @@ fn a_boot_that_runs_another_kubelet_than_chosen_returns_to_the_known_good_set() 
         .exists());
 }
 
-/// A kill at every mutating call of a return (SIGKILL on entry, strace's fault injection, the
-/// check's own process), then the check again in the same boot: it passes, or returns once and
-/// the next one passes; nothing nodestrap names as temporary is left in /etc/extensions or
-/// /var/lib/nodestrap, and the node ends on the known-good set.
+/// A return under every fault of the fault matrix (tests/support/faults.rs: EIO, ENOSPC and
+/// SIGKILL on entry at its mutating calls, strace's injection, the check's own process), then
+/// the check again in the same boot: it passes, or returns once and the next one passes; nothing
+/// nodestrap names as temporary is left in /etc/extensions or /var/lib/nodestrap, the records
+/// are whole, and the node ends on the known-good set.
 #[test]
-fn a_return_killed_at_any_step_converges_in_the_same_boot() {
-    if !support::faults::native() {
+fn a_return_faulted_at_any_step_converges_in_the_same_boot() {
+    use support::faults::{self, Fault, Threads};
+    if !faults::native() {
         return;
     }
     let w = World::new();
@@ -180,68 +182,64 @@ fn a_return_killed_at_any_step_converges_in_the_same_boot() {
     bus.systemd(&["--record", calls.to_str().unwrap()]);
     lying_boot(&w, &bus);
     let pristine = w.work.join("pristine");
-    support::faults::copy_tree(&w.root, &pristine);
-    let syscalls = "rename,renameat,renameat2,fsync,fdatasync,unlinkat,symlinkat,linkat";
+    faults::copy_tree(&w.root, &pristine);
     let plain = "--kubeconfig=/nonexistent/kubelet.conf --api-wait=0";
     let trace = w.work.join("verify.trace");
     let out = boot(
         &w,
         &bus,
         &format!(
-            "if strace -qq -o {} -e trace={syscalls} {} verify {plain} >/dev/null 2>&1; then echo 'TRACED exit=0'; else echo \"TRACED exit=$?\"; fi\n",
+            "if strace -f -qq -o {} -e trace={} {} verify {plain} >/dev/null 2>&1; then echo 'TRACED exit=0'; else echo \"TRACED exit=$?\"; fi\n",
             trace.display(),
+            faults::MUTATING.join(","),
             bin()
         ),
     );
     assert!(out.contains("TRACED exit=1"), "{out}");
-    let mut cases: Vec<(String, u32)> = Vec::new();
-    for line in std::fs::read_to_string(&trace).unwrap().lines() {
-        let Some(sys) = line.split('(').next().filter(|s| !s.contains(' ')) else {
-            continue;
-        };
-        let nth = cases.iter().filter(|(s, _)| s == sys).count() as u32 + 1;
-        cases.push((sys.to_string(), nth));
-    }
-    assert!(cases.len() >= 6, "{cases:?}");
-    let mut bad = Vec::new();
-    let (mut passed, mut returned_again) = (0, 0);
-    for (sys, nth) in &cases {
-        support::faults::copy_tree(&pristine, &w.root);
+    let found = faults::calls_in(&trace, Threads::Main);
+    assert!(found.len() >= 6, "{found:?}");
+    let injected = w.work.join("verify.inject");
+    let mut judge = |c: &faults::Case| -> Result<String, String> {
+        faults::copy_tree(&pristine, &w.root);
+        let sys = &c.call.syscall;
         let out = boot(
             &w,
             &bus,
             &format!(
-                "if strace -qq -o /dev/null -e trace={sys} -e inject={sys}:signal=SIGKILL:when={nth} {b} verify {plain} >/dev/null 2>&1; then echo 'KILLED exit=0'; else echo \"KILLED exit=$?\"; fi\necho second\n{}echo third\n{}readlink /etc/extensions/kubernetes.raw\nls -A /etc/extensions /var/lib/nodestrap\n",
+                "if strace -qq -o {o} -e trace={sys} -e inject={sys}:{i} {b} verify {plain} >/dev/null 2>&1; then echo 'FAULTED exit=0'; else echo \"FAULTED exit=$?\"; fi\necho second\n{}echo third\n{}readlink /etc/extensions/kubernetes.raw\nls -A /etc/extensions /var/lib/nodestrap\n",
                 verify("--api-wait=0"),
                 verify("--api-wait=0"),
+                o = injected.display(),
+                i = c.inject(),
                 b = bin()
             ),
         );
+        if !faults::was_injected(&injected) {
+            return Err("strace did not inject it".into());
+        }
+        faults::records_whole(&w.root)?;
         let rest = out.split_once("second\n").map_or("", |(_, r)| r);
         let (second, third) = rest.split_once("third\n").unwrap_or((rest, ""));
-        let converged = if second.contains("VERIFY exit=0") {
-            passed += 1;
-            true
+        let outcome = if second.contains("VERIFY exit=0") {
+            "the next check passed"
         } else if second.contains("VERIFY exit=1")
             && second.contains("returned to the known-good set verified at")
             && third.contains("VERIFY exit=0")
         {
-            returned_again += 1;
-            true
+            "returned once more, then passed"
         } else {
-            false
+            return Err(format!("did not converge:\n{out}"));
         };
         let on_good = third.contains("/opt/extensions/kubernetes/kubernetes-v1.31.9-x86-64.raw");
         let left = third.lines().any(|l| l.contains(".nodestrap-"));
-        if out.contains("KILLED exit=0") || !converged || !on_good || left {
-            bad.push(format!("SIGKILL at {sys} #{nth}:\n{out}"));
+        if (c.fault == Fault::Kill && out.contains("FAULTED exit=0")) || !on_good || left {
+            return Err(format!(
+                "killed yet 0, off the known-good set or temps left:\n{out}"
+            ));
         }
-    }
-    eprintln!(
-        "verify's return: {} kill points; the next check passed after {passed}, returned once more and then passed after {returned_again}",
-        cases.len()
-    );
-    assert!(bad.is_empty(), "{}", bad.join("\n\n"));
+        Ok(outcome.into())
+    };
+    faults::each_case("verify's return", &faults::cases(&found), &mut judge);
 }
 
 /// Two checks started together in a boot that mismatches: the second waits for the first (the
