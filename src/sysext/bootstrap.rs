@@ -879,6 +879,7 @@ fn load_trust(root: &Root, a: &Bootstrap) -> Result<Trust> {
         mode: a.sysext_trust,
         certs,
         from,
+        systemd: crate::sysext::trust::systemd_version(root),
     };
     log::info!(
         "sysext trust {}: {} certificate(s) from {}{}",
@@ -913,7 +914,7 @@ fn others_reported(root: &Root, steps: &[Step], trust: &Trust, arch: &str) -> Re
         // Each image's trust root in the record, as for the extensions nodestrap manages.
         let what = format!("{}-trust", n.strip_suffix(".raw").unwrap_or(&n));
         let verdict = match root.open_file(&format!("{}/{n}", stage::LINKS)) {
-            Ok(Some(f)) => crate::sysext::ddi::judge(&f, arch, &trust.certs),
+            Ok(Some(f)) => crate::sysext::ddi::judge(&f, arch, &trust.certs, trust.systemd),
             Ok(None) => Err("it names no file".to_string()),
             Err(e) => Err(e.to_string()),
         };

@@ -271,9 +271,32 @@ pub fn prove(file: &File, d: &Ddi, certs: &[Cert]) -> Result<Proven, String> {
     })
 }
 
+/// The first systemd that sets up dm-verity for a sysext whose data partition is /usr: 257 looks
+/// only for a root partition's signature, mounts the /usr file system straight from its loop
+/// partition and still counts it as signed (upstream 923eabf085a0, in 258).
+pub const MIN_USR_VERITY_SYSTEMD: u32 = 258;
+
+/// Why the node's systemd (`systemd`, its version) would merge a DDI of `designator`
+/// unverified, if it would: a /usr partition before systemd 258 (an unknown one counts as such).
+pub fn unverified(designator: Designator, systemd: Option<u32>) -> Option<String> {
+    let old = systemd.is_none_or(|v| v < MIN_USR_VERITY_SYSTEMD);
+    (designator == Designator::Usr && old).then(|| {
+        format!(
+            "its data partition is /usr, which {} merges without dm-verity, its signature never checked (systemd {MIN_USR_VERITY_SYSTEMD} or later checks it): on this node only a DDI with a root partition (systemd-repart --make-ddi=sysext) is taken",
+            systemd.map_or("a systemd of unknown version".into(), |v| format!("systemd {v}"))
+        )
+    })
+}
+
 /// The whole judgement of a file as the strict policy's merge will make it: a signed DDI of
-/// one of `certs` (its index), or why not (a plain image, a layout, a signature).
-pub fn judge(file: &File, arch: &str, certs: &[Cert]) -> Result<usize, String> {
+/// one of `certs` (its index), or why not (a plain image, a layout, a /usr partition the node's
+/// systemd would not verify, a signature).
+pub fn judge(
+    file: &File,
+    arch: &str,
+    certs: &[Cert],
+    systemd: Option<u32>,
+) -> Result<usize, String> {
     let mut head = vec![0u8; 8192];
     let size = file.metadata().map_err(|e| e.to_string())?.len();
     let n = head.len().min(size as usize);
@@ -282,6 +305,9 @@ pub fn judge(file: &File, arch: &str, certs: &[Cert]) -> Result<usize, String> {
         return Err("a plain image, not a signed DDI".into());
     };
     let d = read(file, sector, size, arch)?;
+    if let Some(why) = unverified(d.designator, systemd) {
+        return Err(why);
+    }
     prove(file, &d, certs).map(|p| p.signer)
 }
 
@@ -397,6 +423,15 @@ fn verity_root(file: &File, d: &Ddi) -> Result<Vec<u8>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_usr_partition_needs_systemd_258() {
+        assert!(unverified(Designator::Usr, Some(257)).is_some_and(|w| w.contains("systemd 257")));
+        assert!(unverified(Designator::Usr, None).is_some_and(|w| w.contains("unknown version")));
+        assert_eq!(unverified(Designator::Usr, Some(258)), None);
+        assert_eq!(unverified(Designator::Root, Some(257)), None);
+        assert_eq!(unverified(Designator::Root, None), None);
+    }
 
     /// A real DDI by systemd-repart 257 (the fuzz seed: its partitions packed, the GPT's CRCs
     /// made again) and the certificate that signed it: proven; with another certificate, or a

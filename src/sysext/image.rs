@@ -164,6 +164,11 @@ fn ddi_region(
                     "a disk image, but not a signed sysext DDI: {w}"
                 )))
             })?;
+            if let Some(why) = ddi::unverified(d.designator, trust.systemd) {
+                return Err(refuse(Refusal::Unreadable(format!(
+                    "a signed DDI, but {why}"
+                ))));
+            }
             if trust.certs.is_empty() {
                 return Err(refuse(Refusal::Unreadable(
                     "a signed DDI, and no --sysext-verity-certs names a certificate to check it with: systemd refuses an image signed by a certificate not in /etc/verity.d, whatever the policy".into(),

@@ -58,6 +58,8 @@ pub struct Trust {
     pub mode: Mode,
     pub certs: Vec<Cert>,
     pub from: String,
+    /// The node's systemd, which merges what is staged (`systemd_version`).
+    pub systemd: Option<u32>,
 }
 
 impl Trust {

@@ -378,25 +378,27 @@ fn unsigned_and_plain_images_are_refused_in_signed_mode() {
     }
 }
 
-/// The certificates follow the configuration: two configured, two installed; one taken out
-/// of the PEM file, and the next run takes its file away (systemd then no longer trusts what
-/// it signed). Plain mode takes the policy drop-in away.
 /// A signed DDI whose data partition is /usr (types usr, usr-verity, usr-verity-sig, as
 /// systemd-repart makes it with `CopyFiles=/usr:/`) is read as systemd-sysext reads one: its
-/// file system is /usr itself, and it is staged; the same tree copied with its usr/ folder at
-/// the top (`CopyFiles=/usr`) has no release file where systemd looks, and is refused saying so.
+/// file system is /usr itself, and on a node of systemd 258 it is staged; the same tree copied
+/// with its usr/ folder at the top (`CopyFiles=/usr`) has no release file where systemd looks,
+/// and is refused saying so. On a node of systemd 257, which merges a /usr partition without
+/// dm-verity (its signature never checked), it is refused before anything is staged.
 #[test]
 fn a_usr_partition_ddi_is_read_as_usr_itself() {
     let w0 = World::new();
     let k = key(&w0.work, "usr-signer");
-    for (nested, want) in [
-        (false, None),
-        (
-            true,
-            Some("its /usr partition's file system holds usr/ at its top, but a /usr partition is /usr itself"),
-        ),
+    let nested_why = "its /usr partition's file system holds usr/ at its top, but a /usr partition is /usr itself";
+    let old_why = "a signed DDI, but its data partition is /usr, which systemd 257 merges without dm-verity, its signature never checked (systemd 258 or later checks it)";
+    for (systemd, nested, want) in [
+        (258, false, None),
+        (258, true, Some(nested_why)),
+        (257, false, Some(old_why)),
     ] {
         let mut w = signed_world(&k);
+        let lib = "/usr/lib/x86_64-linux-gnu/systemd/libsystemd-shared";
+        std::fs::remove_file(w.path(&format!("{lib}-257.so"))).unwrap();
+        w.write(&format!("{lib}-{systemd}.so"), "");
         let kube = ddi(
             &w.work,
             "kubernetes",
@@ -421,13 +423,24 @@ fn a_usr_partition_ddi_is_read_as_usr_itself() {
             }
             Some(why) => {
                 r.assert_fails(1, why);
-                assert!(r.stderr.contains("it has no /usr/lib/extension-release.d/extension-release.kubernetes"), "{}", r.stderr);
+                if nested {
+                    assert!(
+                        r.stderr.contains(
+                            "it has no /usr/lib/extension-release.d/extension-release.kubernetes"
+                        ),
+                        "{}",
+                        r.stderr
+                    );
+                }
                 w.assert_nothing_staged();
             }
         }
     }
 }
 
+/// The certificates follow the configuration: two configured, two installed; one taken out
+/// of the PEM file, and the next run takes its file away (systemd then no longer trusts what
+/// it signed). Plain mode takes the policy drop-in away.
 #[test]
 fn certificates_and_the_policy_follow_the_configuration() {
     let work = unique_dir("keys");
