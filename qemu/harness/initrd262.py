@@ -18,7 +18,13 @@ the node's certificate, the strict image policy). Three boots of one node:
 3. the mirror publishes the current release signed by the trusted key, and the node boots with
    `rd.systemd.mask=systemd-sysext-sysroot.service` (the way to leave an initramfs merge out):
    nodestrap stages it and says the real root's systemd-sysext.service merges it; that unit does,
-   the Node reports the new kubelet, and the boot check says the real root's merge took it."""
+   the Node reports the new kubelet, and the boot check says the real root's merge took it.
+
+sysext-signed-usr-262 (by name only) is the first boot of it with the DDIs whose data partition
+is /usr itself (qemu/build-sysext's sysext-ddi-usr-*: the current release and containerd), which
+nodestrap refuses on Debian 13's systemd 257 (sysext-signed-usr) and takes on 262: it stages them,
+the initramfs merge takes them before switch-root, each file system is mounted from the dm-verity
+device of its root hash (never from a loop partition), and the node joins with them."""
 
 import os
 import re
@@ -27,8 +33,8 @@ import time
 
 from harness.common import CURRENT, PATCH, PREVIOUS, HERE, TOP, joined, run, say, timings
 from harness.cluster import Joining
-from harness.sysext import (KUBELET_STARTED_RE, PATCH_NEVER, WORLD, Sx, World, figures,
-                            node_status, with_signal)
+from harness.sysext import (KUBELET_STARTED_RE, PATCH_NEVER, WORLD, Sx, World, ddi_partitions, figures,
+                            node_status, usr_layout, with_signal)
 from harness.vm import boot_until
 
 NAME = "sysext-initrd-262"
@@ -76,7 +82,8 @@ def prepare(s, sc):
         s.on_stop.append(WORLD["w"].stop)
     w = WORLD["w"]
     url = w.publish(sc)
-    publish(w, sc, None)  # the previous minor and the earlier patch alone
+    if not getattr(sc, "ddi", None):
+        publish(w, sc, None)  # the previous minor and the earlier patch alone
     d = s.path(sc.name + "-extra")
     os.makedirs(d)
     script, unit = os.path.join(d, "merge-report"), os.path.join(d, "nodestrap-qemu-merge-report.service")
@@ -298,3 +305,142 @@ def boots_262(s, sc, accel, boot_timeout, listener):
 
 
 SCENARIO.runner = run_262
+
+USR_NAME = "sysext-signed-usr-262"
+USR_SCENARIO = Sx(USR_NAME, "(by name only) the first boot of sysext-initrd-262 with the mirror serving the /usr-partition "
+                  "DDIs (usr, usr-verity, usr-verity-sig) that Debian 13's systemd 257 would merge unverified: on "
+                  "systemd 262 nodestrap proves and stages them, the initramfs merge takes them before switch-root "
+                  "from dm-verity devices, the node joins with them", initrd=True, trust="signed", ddi="usr",
+                  bench_only=True)
+USR_SCENARIO.kernel_image, USR_SCENARIO.initrd_image, USR_SCENARIO.node_image = SCENARIO.kernel_image, \
+    SCENARIO.initrd_image, SCENARIO.node_image
+USR_SCENARIO.tcg_single = True
+EROFS_RE = re.compile(r"erofs:? \(device ([\w-]+)\): mounted")
+DM_RE = re.compile(r"^(dm-\d+) (\S+)")
+
+
+def verity_uuid(path):
+    """The UUID (32 hex digits) of the verity superblock at the start of a DDI's verity
+    partition, as libcryptsetup puts it in the device's UUID."""
+    for _, label, first, _ in ddi_partitions(path):
+        if label.endswith("-verity"):
+            with open(path, "rb") as f:
+                f.seek(first * 512)
+                sb = f.read(32)
+            return sb[16:32].hex() if sb[:8] == b"verity\0\0" else None
+    return None
+
+
+class UsrBoot(Boots):
+    """sysext-signed-usr-262's one boot: it ends when the Node has joined (its pod running), the
+    boot check verified and the guest reported."""
+
+    def done(self, boots):
+        self.joining.poll(self.now())
+        if not (self.joining.done() and self.verified(1) and self.reported(1)):
+            return False
+        self.nodes[1] = node_status(self.cp, self.sc.name)
+        self.mark("boot 1: the Node reports %s, the boot check passed, the guest reported" % (self.nodes[1] or ("-",))[0])
+        return True
+
+    def check(self):
+        """Boot 1: the /usr DDIs served, proven and staged by nodestrap, merged by the initramfs
+        merge before switch-root, each erofs mounted from the verity device of its root hash."""
+        w, current = self.w, self.w.release[CURRENT]
+        p, hashes = usr_layout(w)
+        n1 = self.nodestrap(1)
+
+        def need(what, texts, hint):
+            if not any(what in t for t in texts):
+                p.append("boot 1: %s not found (%s): %r" % (what, hint, texts[-12:]))
+
+        for fname, rh in sorted(hashes.items()):
+            need("%s: signed DDI, root hash %s " % (fname, rh), n1, "nodestrap's proof of the /usr DDI")
+        need("merge: the initramfs's systemd-sysext-sysroot.service", n1, "nodestrap's decision")
+        need("kubernetes=%s containerd=v%s activation=merged" % (current, w.containerd), n1, "the summary")
+        need("systemd-sysext-sysroot.service merged containerd, kubernetes into /sysroot/usr before switch-root",
+             n1, "nodestrap's proof")
+        need("merged by: the initramfs merge", n1, "the boot check")
+        p += self.before_switch_root(1, True)
+        # The kernel: in the merge (from the initramfs unit's last start to switch-root), each
+        # extension's erofs mounted from a dm-verity device, none from a loop partition. systemd
+        # 262 names a verity device after the loop partition (`loop2p1-22-verity`); libcryptsetup's
+        # device UUID (`CRYPT-VERITY-<hex>-<name>`) carries the UUID of the verity superblock,
+        # which ties the device to the DDI whose usr-verity partition holds it. (Earlier erofs
+        # mounts of whole loop devices are nodestrap's own look into the data partitions.)
+        switch = [float(m.group(1)) for x in self.lines(1, "pid1:") for m in [MONO_RE.search(x[5:].strip())] if m]
+        at = lambda x: float(MONO_RE.search(x[8:].strip()).group(1)) if MONO_RE.search(x[8:].strip()) else None
+        kernel, journal = self.lines(1, "kernel:"), self.lines(1, "journal:")
+        starts = [at(x) for x in journal if "Starting systemd-sysext-sysroot.service" in x and at(x) is not None]
+        dm = {m.group(1): m.group(2) for x in self.lines(1, "dm:") for m in [DM_RE.match(x[3:].strip())] if m}
+        uuids = {d: (re.match(r"CRYPT-VERITY-([0-9a-f]{32})-", x[3:].strip().split(" ", 2)[-1]) or [None, None])[1]
+                 for d in dm for x in self.lines(1, "dm: " + d + " ")}
+        if not switch or not starts:
+            return p + ["boot 1: no start of systemd-sysext-sysroot.service (%r) or no switch-root (%r)" % (starts, switch)]
+        window = (starts[-1], switch[0])
+        mounted = [(at(x), m.group(1)) for x in kernel for m in [EROFS_RE.search(x)] if m]
+        in_merge = [(t, d) for t, d in mounted if t is not None and window[0] <= t < window[1]]
+        say("  the initramfs merge, %.1f to %.1f s (switch-root): erofs mounted from %s; device-mapper devices after "
+            "it: %s" % (window[0], window[1], ", ".join(d for _, d in in_merge) or "nothing",
+                        ", ".join("%s %s" % kv for kv in sorted(dm.items())) or "none"))
+        for line in journal + kernel:
+            if at(line) is not None and window[0] <= at(line) < window[1] and re.search(
+                    r"-verity|verity:|device-mapper|erofs|Using extensions|Merged extensions", line):
+                say("    " + line)
+        plain = [d for _, d in in_merge if not d.startswith("dm-")]
+        if plain:
+            p.append("boot 1: in the initramfs merge erofs was mounted straight from %s, through no dm-verity device: "
+                     "systemd 262 merged the /usr partitions unverified" % ", ".join(plain))
+        for fname, rh in sorted(hashes.items()):
+            sb = verity_uuid(w.image("containerd" if fname.startswith("containerd-") else "kubernetes", CURRENT, "usr"))
+            devs = [d for d, u in uuids.items() if u == sb]
+            last = [t for t, d in mounted if d in devs]
+            if not devs:
+                p.append("boot 1: no dm-verity device of %s (its verity superblock %s) after the merge: %r"
+                         % (fname, sb, sorted(self.lines(1, "dm:"))))
+            elif not last or not window[0] <= last[-1] < window[1]:
+                p.append("boot 1: %s's erofs was not mounted from %s (%s) in the initramfs merge (%.1f to %.1f s): %r"
+                         % (fname, devs[0], dm[devs[0]], window[0], window[1], mounted))
+            elif not any(dm[devs[0]] in x for x in journal if at(x) is not None and window[0] <= at(x) < window[1]):
+                p.append("boot 1: the initramfs merge's journal does not name %s's verity device %s: %r"
+                         % (fname, dm[devs[0]], journal))
+            else:
+                say("  %s (root hash %s…): erofs from %s (%s, verity superblock %s) at %.1f s" % (
+                    fname, rh[:16], devs[0], dm[devs[0]], sb, last[-1]))
+        if len(dm) != 2:
+            p.append("boot 1: %d device-mapper devices after the boot, expected the merge's 2: %r" % (len(dm), dm))
+        want = (current, "containerd://%s" % w.containerd)
+        if not self.nodes.get(1) or self.nodes[1][:2] != want:
+            p.append("boot 1: the Node reported %r, expected %r" % (self.nodes.get(1), want))
+        if self.joining.running is None:
+            p.append("boot 1: the static pod's mirror pod never ran")
+        return p
+
+
+def run_usr(s, sc, accel, boot_timeout):
+    return with_signal(sc, lambda listener: boot_usr(s, sc, accel, boot_timeout, listener))
+
+
+def boot_usr(s, sc, accel, boot_timeout, listener):
+    say("\n=== %s: %s" % (sc.name, sc.doc))
+    w, config, disk, base = prepare(s, sc)
+    t0 = time.time()
+    b = UsrBoot(sc, w, t0, listener)
+    events = []
+    boots, problems, log = boot_until(s, sc, disk, config, accel, boot_timeout + 120, base, t0, events, b.on_line,
+                                      b.done, "the join", "the join, the boot check and the report")
+    if not problems:
+        problems = b.check()
+    sc.timings = timings(events, b.started[0] if b.started else None)
+    sc.timings.update(joined(events, b.joining))
+    figures(w, sc, events)
+    sc.proof = b.nodes.get(1) and b.nodes[1][:2] or b.joining.info
+    for pr in problems:
+        say("  problem: " + pr)
+    if problems and log:
+        tail = open(log, errors="replace").read().splitlines()[-40:]
+        say("  last lines of %s:\n    %s" % (log, "\n    ".join(tail)))
+    return not problems, boots, b.started[0] if b.started else None, problems
+
+
+USR_SCENARIO.runner = run_usr

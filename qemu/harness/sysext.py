@@ -19,7 +19,12 @@ node whose bootstrap.conf says `sysext-trust=signed`: the initramfs proves and s
 installs the certificate and the strict image policy, the real root's systemd-sysext merges them
 under that policy at boot and the node joins; then another signer's image is put under the
 staged kubernetes image's name, and the second boot shows what systemd-sysext and the boot check
-make of it. sysext-initrd-signed (bench only) is its first boot with sysext-initrd's events."""
+make of it. sysext-initrd-signed (bench only) is its first boot with sysext-initrd's events.
+sysext-signed-usr (by name only) is that first boot with DDIs whose data partition is /usr itself
+(qemu/build-sysext's sysext-ddi-usr-*), as systemd-repart makes them from usr, usr-verity and
+usr-verity-sig definitions: Debian 13's systemd-sysext (257) would merge them with no dm-verity,
+so nodestrap refuses them before anything is staged (sysext-signed-usr-262, in initrd262.py, is
+the same DDIs on systemd 262, which verifies them)."""
 
 import base64
 import hashlib
@@ -33,6 +38,7 @@ import struct
 import subprocess
 import sys
 import time
+import uuid
 
 from harness.common import (
     CURRENT, GUEST_HOST, HERE, PATCH, PREVIOUS, TOP, disk_file, disk_ls, free_port, joined, run, say, timings,
@@ -121,6 +127,10 @@ ExecStart=/opt/nodestrap-qemu/trust-report
 [Install]
 WantedBy=multi-user.target
 """
+# sysext-signed-usr: nodestrap's reason for refusing a /usr-partition DDI on systemd 257.
+USR_REFUSED = ("refused: a signed DDI, but its data partition is /usr, which systemd %d merges without dm-verity, "
+               "its signature never checked (systemd 258 or later checks it): on this node only a DDI with a root "
+               "partition (systemd-repart --make-ddi=sysext) is taken")
 # sysext-signed's step between its boots (qemu/guest/sysext/swap-image), once, after the boot
 # check of the first boot passed and the report was made.
 SWAP_UNIT = """# The sysext-signed scenario (qemu/harness/sysext.py): once the boot check passed, wait for the
@@ -160,10 +170,13 @@ class Sx:
     port on the host). `bench_only`: run only when named (`qemu/run NAME`, bench/boot).
     `trust`: None, or "signed" (the mirror serves signed DDIs, the node's bootstrap.conf sets
     `sysext-trust=signed` and its certificate). `tamper`: a second boot after another signer's
-    image replaced the staged kubernetes image (sysext-signed)."""
+    image replaced the staged kubernetes image (sysext-signed). `ddi`: None, or "usr": with
+    `trust`, the mirror serves the DDIs whose data partition is /usr (sysext-signed-usr and, in
+    initrd262.py, sysext-signed-usr-262)."""
 
     def __init__(self, name, doc, initrd, mirror="good", preseed=(), links=(), expect_runtime=True, fails=None,
-                 butane=False, boots=1, events=None, bench_only=False, trust=None, tamper=False):
+                 butane=False, boots=1, events=None, bench_only=False, trust=None, tamper=False,
+                 ddi=None):
         self.__dict__.update(locals())
         del self.__dict__["self"]
         self.runner = lambda *a: (run_signed if tamper else run_verify if mirror.startswith("verify")
@@ -228,6 +241,11 @@ SCENARIOS = [
     Sx("sysext-initrd-signed", "(bench only) sysext-initrd with signed DDIs under sysext-trust=signed (the first "
        "boot of sysext-signed with one certificate and sysext-initrd's events): the cost of verity", initrd=True, trust="signed",
        events="up", bench_only=True),
+    Sx("sysext-signed-usr", "(by name only) the first boot of sysext-signed with one certificate, the mirror "
+       "serving DDIs whose data partition is /usr itself (usr, usr-verity, usr-verity-sig): Debian 13's systemd "
+       "257 would merge them with no dm-verity, so the initramfs refuses them before anything is staged, and so "
+       "does the real root's retry; nothing linked, no kubelet.env, no kubelet",
+       initrd=True, trust="signed", ddi="usr", bench_only=True, fails=USR_REFUSED % 257),
 ]
 
 
@@ -247,6 +265,8 @@ class World:
         # The signed DDIs of the same trees, the certificate a node trusts, and how nodestrap
         # names it in /etc/verity.d (the first 16 hex digits of the SHA-256 of its DER).
         self.ddis = self.images["SYSEXT_DDIS"]
+        # ... and the current release's kubernetes tree and containerd's as /usr-partition DDIs.
+        self.usr_ddis = self.images["SYSEXT_USR_DDIS"]
         self.verity_cert = os.path.join(self.ddis, "keys", "signing.crt")
         self.cert_fp = hashlib.sha256(pem_der(open(self.verity_cert).read())).hexdigest()
         self.cert_file = "nodestrap-%s.crt" % self.cert_fp[:16]
@@ -307,8 +327,9 @@ class World:
         return [json.loads(l) for l in open(self.events_log) if l.strip()]
 
     def image(self, name, which, signed=False):
-        """The plain image, or with `signed` the signed DDI of the same tree (same file name)."""
-        d = self.ddis if signed else self.ext
+        """The plain image, or with `signed` the signed DDI of the same tree (same file name);
+        with signed="usr", the /usr-partition DDI of it (the current release and containerd)."""
+        d = self.usr_ddis if signed == "usr" else self.ddis if signed else self.ext
         if name == "containerd":
             return os.path.join(d, "containerd-v%s-x86-64.raw" % self.containerd)
         return os.path.join(d, "kubernetes-%s-x86-64.raw" % self.release[which])
@@ -331,7 +352,9 @@ class World:
     def publish(self, sc):
         """The scenario's own mirror directory: images, SHA256SUMS and its binary signature."""
         releases = (PREVIOUS, PATCH) if sc.mirror in ("patch", "verify") else (PREVIOUS, CURRENT)
-        signed = sc.trust == "signed"  # the signed DDIs, under the plain images' names
+        signed = signed_as(sc)  # the signed DDIs, under the plain images' names
+        if signed == "usr":
+            releases = (CURRENT,)  # the /usr-partition DDIs: the current release alone
         offer = {"kubernetes": [("kubernetes-%s-x86-64.raw" % self.release[w], self.image("kubernetes", w, signed))
                                 for w in releases],
                  "containerd": [("containerd-v%s-x86-64.raw" % self.containerd, self.image("containerd", None, signed))]}
@@ -660,7 +683,7 @@ def prepare(s, sc):
 def run_sysext(s, sc, accel, boot_timeout):
     say("\n=== %s: %s" % (sc.name, sc.doc))
     w, config, disk, base = prepare(s, sc)
-    events, started, failures, reports, report = [], [], [], [], []
+    events, started, failures, reports, report, initramfs_failures = [], [], [], [], [], []
     joining = Joining(w.cp, sc.name)
     # The receiver's log before this scenario: its events are the lines after these.
     before = len(w.received())
@@ -675,6 +698,8 @@ def run_sysext(s, sc, accel, boot_timeout):
         m = FAIL_RE.search(line)
         if m:
             failures.append(m.group(1))
+            if not reports:
+                initramfs_failures.append(m.group(1))  # before the real root's first attempt ended
         m = REPORT_RE.search(line)
         if m:
             reports.append(m.groups())
@@ -749,7 +774,9 @@ def run_sysext(s, sc, accel, boot_timeout):
         sc.timings["nodestrap_run"] = float(run_done.group(1))
     if sc.events and not problems:
         problems = check_events(w, sc, w.received()[before:], disk)
-    if sc.trust and not problems:
+    if sc.trust and sc.fails and not problems:
+        problems = check_usr_refused(w, sc, initramfs_failures, failures, disk)
+    elif sc.trust and not problems:
         problems = check_trust_disk(w, sc, report, disk, 1)
     if sc.events:
         f = lambda k: "%.1f s" % sc.timings[k] if sc.timings.get(k) is not None else "-"
@@ -1407,10 +1434,18 @@ def figures(w, sc, events):
             if m:
                 (got if m.re is DOWNLOADED_RE else checked).setdefault(m.group(1), t)
     fig["check_s"] = round(sum(checked[u] - got[u] for u in checked if u in got), 1) if checked else None
-    signed = sc.trust == "signed"
+    signed = signed_as(sc)
     fig["images_mib"] = round(sum(os.path.getsize(w.image(n, wh, signed))
                                   for n, wh in (("kubernetes", CURRENT), ("containerd", None))) / 2 ** 20, 1)
     say("  figures %s: %s" % (sc.name, json.dumps(fig, sort_keys=True)))
+
+
+def signed_as(sc):
+    """What World.image's `signed` is for the scenario's mirror: False (plain images), True (the
+    signed DDIs) or "usr" (the /usr-partition DDIs)."""
+    if sc.trust != "signed":
+        return False
+    return getattr(sc, "ddi", None) or True
 
 
 def pem_der(pem):
@@ -1438,24 +1473,86 @@ def trust_report(lines, boot):
     return r
 
 
-def ddi_root_hash(path):
-    """The root hash a signed DDI's signature partition names (its JSON's `rootHash`), read
-    through its GPT (512-byte sectors, as systemd-repart writes them)."""
+def ddi_partitions(path):
+    """A DDI's partitions as its GPT lists them (512-byte sectors, as systemd-repart writes
+    them): [(type GUID, label, first sector, last sector)], or [] for no GPT."""
     with open(path, "rb") as f:
         f.seek(512)
         hdr = f.read(92)
         if hdr[:8] != b"EFI PART":
-            return None
+            return []
         lba, count, size = struct.unpack_from("<QII", hdr, 72)
         f.seek(lba * 512)
         table = f.read(count * size)
-        for i in range(count):
-            e = table[i * size:(i + 1) * size]
-            first, last = struct.unpack_from("<QQ", e, 32)
-            if e[56:128].decode("utf-16-le").rstrip("\0").endswith("-verity-sig"):
+    parts = []
+    for i in range(count):
+        e = table[i * size:(i + 1) * size]
+        if e[:16] == bytes(16):
+            continue
+        first, last = struct.unpack_from("<QQ", e, 32)
+        parts.append((str(uuid.UUID(bytes_le=e[:16])), e[56:128].decode("utf-16-le").rstrip("\0"), first, last))
+    return parts
+
+
+def ddi_root_hash(path):
+    """The root hash a signed DDI's signature partition names (its JSON's `rootHash`)."""
+    for _, label, first, last in ddi_partitions(path):
+        if label.endswith("-verity-sig"):
+            with open(path, "rb") as f:
                 f.seek(first * 512)
                 return json.loads(f.read((last - first + 1) * 512).rstrip(b"\0")).get("rootHash")
     return None
+
+
+# The Discoverable Partitions Specification's x86-64 /usr types, as systemd-repart labels them.
+USR_PARTITIONS = [("8484680c-9521-48c6-9c11-b0720656f69e", "usr-x86-64"),
+                  ("77ff5f63-e7b6-4633-acf4-1565b864c0e6", "usr-x86-64-verity"),
+                  ("e7bb33fb-06cf-4e81-8273-e543b413e2e2", "usr-x86-64-verity-sig")]
+
+
+def usr_layout(w):
+    """The DDIs a /usr scenario's mirror serves are /usr-partition DDIs (a usr partition, its
+    verity and signature partitions, nothing else): problems, and {file name: root hash}."""
+    p, hashes = [], {}
+    for name, which in (("kubernetes", CURRENT), ("containerd", None)):
+        path = w.image(name, which, "usr")
+        parts = [(t, label) for t, label, _, _ in ddi_partitions(path)]
+        if parts != USR_PARTITIONS:
+            p.append("%s: the served DDI's partitions are %r, expected %r" % (path, parts, USR_PARTITIONS))
+        hashes[os.path.basename(path)] = ddi_root_hash(path)
+        say("  %s (%.1f MiB): partitions %s; root hash %s" % (
+            os.path.basename(path), os.path.getsize(path) / 2 ** 20, ", ".join(label for _, label in parts),
+            hashes[os.path.basename(path)]))
+    return p, hashes
+
+
+def check_usr_refused(w, sc, initramfs_failures, failures, disk):
+    """sysext-signed-usr (systemd 257): the served DDIs are /usr-partition DDIs; the initramfs run
+    (its failure came before the real root's first attempt reported) refused one of them with
+    nodestrap's reason, and every failure after it says the same; nothing of either image is on
+    the disk, nothing linked in /etc/extensions, no kubelet.env (check() saw the kubelet, the
+    Node and the attempts' results)."""
+    p, _ = usr_layout(w)
+    refused = [f for f in initramfs_failures if sc.fails in f]
+    say("  the initramfs run: %s" % (refused[0] if refused else "-"))
+    say("  failures with that reason: %d of %d (the initramfs run and the real root's retries)"
+        % (len([f for f in failures if sc.fails in f]), len(failures)))
+    if not refused:
+        p.append("the initramfs run did not refuse a /usr DDI with %r: %r" % (sc.fails, initramfs_failures))
+    other = [f for f in failures if sc.fails not in f]
+    if other:
+        p.append("failures for another reason: %r" % other[:3])
+    files, dirs, _ = read_disk(disk, ["/etc/kubernetes/kubelet.env", "/var/lib/nodestrap/status.json"],
+                               ["/opt/extensions/kubernetes", "/opt/extensions/containerd", "/etc/extensions"])
+    for d, names in dirs.items():
+        if names:
+            p.append("%s holds %r after the refusal, expected nothing" % (d, names))
+    if files["/etc/kubernetes/kubelet.env"] is not None:
+        p.append("kubelet.env exists after the refusal")
+    rec, _ = record_of(files["/var/lib/nodestrap/status.json"], "status.json")
+    if rec:
+        say("  the last attempt's record: phase %s, chosen %r" % (rec.get("phase"), versions(rec.get("chosen"))))
+    return p
 
 
 def merged_usr(status):
@@ -1478,6 +1575,7 @@ def check_trust(w, sc, report, rec, cert, dropin, boot, trusted=None):
     extensions merged for /usr). `trusted`: the names nodestrap gave the configured
     certificates in /etc/verity.d (default: the node's certificate alone)."""
     p = []
+    kind = signed_as(sc)
     trusted = sorted(trusted or [w.cert_file])
     d = {x.get("what"): (x.get("value"), x.get("source")) for x in (rec or {}).get("decisions") or []}
     tr = d.get("sysext-trust") or ("", "")
@@ -1490,13 +1588,13 @@ def check_trust(w, sc, report, rec, cert, dropin, boot, trusted=None):
     chosen_ = {c.get("name"): c for c in (rec or {}).get("chosen") or []}
     for name, which in (("kubernetes", CURRENT), ("containerd", None)):
         v, src = d.get(name + "-trust") or ("", "")
-        f = os.path.basename(w.image(name, which, True))
+        f = os.path.basename(w.image(name, which, kind))
         if not v.startswith("signed by ") or not v.endswith(tail) or src != f:
             p.append("the record's %s-trust decision is %r, expected `signed by … %s` from %s" % (name, (v, src), tail, f))
         got = (chosen_.get(name) or {}).get("digest")
-        if got != w.digest(w.image(name, which, True)):
+        if got != w.digest(w.image(name, which, kind)):
             p.append("the record chose %s with digest %r, not the signed DDI's %s"
-                     % (name, got, w.digest(w.image(name, which, True))))
+                     % (name, got, w.digest(w.image(name, which, kind))))
     if cert is None or pem_der(cert.decode()) != pem_der(open(w.verity_cert).read()):
         p.append("/etc/verity.d/%s on the disk is not the node's certificate: %r" % (w.cert_file, (cert or b"")[:80]))
     want = "ExecStart=systemd-sysext refresh --image-policy=%s\n" % POLICY
@@ -1518,7 +1616,7 @@ def check_trust(w, sc, report, rec, cert, dropin, boot, trusted=None):
     # not know a test certificate), systemd's userspace check against /etc/verity.d accepted it,
     # and erofs was mounted from the verity device, not from the loop device.
     for name, which in (("kubernetes", CURRENT), ("containerd", None)):
-        rh = ddi_root_hash(w.image(name, which, True))
+        rh = ddi_root_hash(w.image(name, which, kind))
         kernel_no = "device-mapper: reload ioctl on %s-verity (" % rh
         if not any(l.startswith(kernel_no) and l.endswith("failed: Required key not available")
                    for l in report["journal"]):
