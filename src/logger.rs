@@ -5,21 +5,52 @@
 use std::io::Write;
 use std::os::fd::AsFd;
 
-/// `crate::debug!` for nodestrap's own lines: release builds compile every `crate::debug!` out
-/// (`release_max_level_info`, for other crates' sake); this one is filtered at run time only.
+/// nodestrap's own records: `crate::error!`, `crate::warn!`, `crate::info!` and `crate::debug!`,
+/// filtered at run time only. Release builds compile every `log` record of other crates out
+/// (`release_max_level_off`: the logger never prints them, see `Logger::enabled`), so nodestrap's
+/// own go to the logger without the `log` macros' static level.
 #[macro_export]
 macro_rules! debug {
     ($($arg:tt)+) => {
-        if log::Level::Debug <= log::max_level() {
-            log::logger().log(
-                &log::Record::builder()
-                    .args(format_args!($($arg)+))
-                    .level(log::Level::Debug)
-                    .target(module_path!())
-                    .build(),
-            );
-        }
+        $crate::logger::emit(log::Level::Debug, module_path!(), format_args!($($arg)+))
     };
+}
+
+/// See `crate::debug!`.
+#[macro_export]
+macro_rules! info {
+    ($($arg:tt)+) => {
+        $crate::logger::emit(log::Level::Info, module_path!(), format_args!($($arg)+))
+    };
+}
+
+/// See `crate::debug!`.
+#[macro_export]
+macro_rules! warn {
+    ($($arg:tt)+) => {
+        $crate::logger::emit(log::Level::Warn, module_path!(), format_args!($($arg)+))
+    };
+}
+
+/// See `crate::debug!`.
+#[macro_export]
+macro_rules! error {
+    ($($arg:tt)+) => {
+        $crate::logger::emit(log::Level::Error, module_path!(), format_args!($($arg)+))
+    };
+}
+
+/// One record of nodestrap's own, when its level is on (`crate::info!` and the others).
+pub fn emit(level: log::Level, target: &str, args: std::fmt::Arguments) {
+    if level <= log::max_level() {
+        log::logger().log(
+            &log::Record::builder()
+                .args(args)
+                .level(level)
+                .target(target)
+                .build(),
+        );
+    }
 }
 
 struct Logger {

@@ -97,7 +97,7 @@ fn options(a: &Activate) -> Result<Opts> {
 fn fresh(a: &Activate, root: &Root) -> Result<bool> {
     match nodelock::read(root)? {
         Some(m) if m.state == State::Done => {
-            log::info!(
+            crate::info!(
                 "node state done in {} ({} of cluster {}, {}): only making sure the kubelet runs",
                 root.show(nodelock::STATE_PATH),
                 m.role.as_str(),
@@ -136,7 +136,7 @@ fn fresh(a: &Activate, root: &Root) -> Result<bool> {
             )))
         }
         None => {
-            log::info!(
+            crate::info!(
                 "no node state in {}: a fresh node",
                 root.show(nodelock::STATE_PATH)
             );
@@ -154,7 +154,7 @@ fn fresh(a: &Activate, root: &Root) -> Result<bool> {
 fn import_images(ctx: &Ctx) -> Result<()> {
     if let Some(images) = &ctx.images {
         let n = images.import()?;
-        log::info!(
+        crate::info!(
             "{n} image archive(s) from --images {} in containerd",
             ctx.root.show(images.dir)
         );
@@ -170,7 +170,7 @@ fn listen(a: &Activate, root: &Root, listen: SocketAddr) -> Result<TcpListener> 
         .local_addr()
         .map(|l| l.to_string())
         .unwrap_or_else(|_| a.listen.clone());
-    log::info!(
+    crate::info!(
         "init server listening on {bound}: clients need a certificate from {}",
         root.show(&a.admin_ca)
     );
@@ -187,7 +187,7 @@ fn race(ctx: &Ctx, listener: &TcpListener) -> (Result<Side>, Result<Side>) {
         let j = s.spawn(|| racer(ctx, || join_client(ctx)));
         while !(i.is_finished() && j.is_finished()) {
             if signals::signalled() && !ctx.stop.requested() {
-                log::info!("stop signal: stopping once any init in flight has finished");
+                crate::info!("stop signal: stopping once any init in flight has finished");
                 ctx.stop.request();
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -221,7 +221,7 @@ fn verdict(ctx: &Ctx, sides: [Result<Side>; 2], rebooter: Box<dyn Rebooter>) -> 
             format_args!("{via}, cluster {cluster}"),
         );
         for e in errors {
-            log::warn!("the other side failed, after this node was activated: {e}");
+            crate::warn!("the other side failed, after this node was activated: {e}");
         }
         summary(format_args!(
             "nodestrap: activate done role={} via={via} cluster={cluster}",
@@ -230,14 +230,14 @@ fn verdict(ctx: &Ctx, sides: [Result<Side>; 2], rebooter: Box<dyn Rebooter>) -> 
         return Ok(());
     }
     let Some(e) = errors.next() else {
-        log::info!("stopped before activation: the node is still fresh");
+        crate::info!("stopped before activation: the node is still fresh");
         summary(format_args!(
             "nodestrap: activate stopped; node still fresh"
         ));
         return Ok(());
     };
     for other in errors {
-        log::error!("the other side failed too: {other}");
+        crate::error!("the other side failed too: {other}");
     }
     if !ctx.lock.is_taken() {
         // Nothing on the node changed: exit 1, and systemd starts a fresh attempt.
@@ -249,7 +249,7 @@ fn verdict(ctx: &Ctx, sides: [Result<Side>; 2], rebooter: Box<dyn Rebooter>) -> 
     // Past the lock. A racer that panicked there never recorded the reset.
     if ctx.lock.state() != Some(State::Reset) {
         if let Err(r) = ctx.lock.reset(&e.to_string()) {
-            log::error!("could not record the reset: {r}");
+            crate::error!("could not record the reset: {r}");
         }
     }
     summary(format_args!(
@@ -323,13 +323,13 @@ fn ensure_kubelet(a: &Activate, root: &Root) -> Result<()> {
                     kubeadm::last_lines(&r.tail, 3)
                 )));
             }
-            log::info!("kubelet started by --kubelet-command");
+            crate::info!("kubelet started by --kubelet-command");
         }
         None if root.is_host() => {
             let job = crate::node::dbus::systemd_start("kubelet.service")?;
-            log::info!("kubelet.service started through systemd (job {job})");
+            crate::info!("kubelet.service started through systemd (job {job})");
         }
-        None => log::info!("--root is not /: the kubelet is left alone (no --kubelet-command)"),
+        None => crate::info!("--root is not /: the kubelet is left alone (no --kubelet-command)"),
     }
     Ok(())
 }
@@ -338,6 +338,6 @@ fn ensure_kubelet(a: &Activate, root: &Root) -> Result<()> {
 /// stdout that went away is logged, and changes neither the outcome nor the exit code.
 fn summary(line: std::fmt::Arguments) {
     if let Err(e) = crate::output::line(line) {
-        log::warn!("{e}");
+        crate::warn!("{e}");
     }
 }

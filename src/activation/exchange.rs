@@ -136,7 +136,7 @@ pub fn serve<T: Send>(
     std::thread::scope(|scope| {
         let start = |tcp: TcpStream, addr: SocketAddr| {
             if in_flight.load(Ordering::SeqCst) >= MAX_UNAUTHENTICATED {
-                log::warn!(
+                crate::warn!(
                     "refused a connection from {addr}: {MAX_UNAUTHENTICATED} connections are already in their handshake"
                 );
                 return;
@@ -156,7 +156,7 @@ pub fn serve<T: Send>(
             if let Err(e) = spawned {
                 // The closure (and the connection) is dropped: nothing is left in flight.
                 in_flight.fetch_sub(1, Ordering::SeqCst);
-                log::warn!("refused a connection from {addr}: no thread for it: {e}");
+                crate::warn!("refused a connection from {addr}: no thread for it: {e}");
             }
         };
         'serving: while !stopping() {
@@ -184,7 +184,7 @@ pub fn serve<T: Send>(
             match listener.accept() {
                 Ok((tcp, addr)) => start(tcp, addr),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => log::warn!("accepting a connection: {e}"),
+                Err(e) => crate::warn!("accepting a connection: {e}"),
             }
         }
         // Stopped. The listen queue holds clients the kernel already took in: they are
@@ -198,10 +198,10 @@ pub fn serve<T: Send>(
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if failed < 8 => {
                     failed += 1;
-                    log::warn!("accepting a queued connection after the stop: {e}");
+                    crate::warn!("accepting a queued connection after the stop: {e}");
                 }
                 Err(e) => {
-                    log::error!("accepting a queued connection after the stop: {e}; the rest of the queue goes unanswered");
+                    crate::error!("accepting a queued connection after the stop: {e}; the rest of the queue goes unanswered");
                     break;
                 }
             }

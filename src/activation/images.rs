@@ -43,7 +43,7 @@ impl Images<'_> {
             let what =
                 format!("{shown}: `ctr images import` into containerd's {NAMESPACE} namespace");
             kubeadm::succeeded(&argv, IMPORT_TIMEOUT, &what)?;
-            log::info!("imported {shown} into containerd's {NAMESPACE} namespace");
+            crate::info!("imported {shown} into containerd's {NAMESPACE} namespace");
         }
         Ok(names.len())
     }
@@ -127,7 +127,7 @@ impl Images<'_> {
                 self.root.show(self.dir)
             )));
         }
-        log::info!(
+        crate::info!(
             "kubeadm init for {version} needs {} images (kubeadm config images list), all in containerd's {NAMESPACE} namespace",
             needed.len()
         );

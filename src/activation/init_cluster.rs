@@ -111,7 +111,7 @@ fn send(a: &InitCluster, asking: &Asking) -> Result<(u16, Vec<u8>)> {
             Err(CallError::Unreachable(e))
                 if start.elapsed() + RETRY < Duration::from_secs(a.wait) =>
             {
-                log::info!("{e}; trying again in {} s", RETRY.as_secs());
+                crate::info!("{e}; trying again in {} s", RETRY.as_secs());
                 std::thread::sleep(RETRY);
             }
             Err(e) => return Err(e.into_error()),
@@ -150,7 +150,7 @@ fn write_answer(asking: &Asking, status: u16, answer: &[u8]) -> Result<()> {
     let fs = Root::open(Path::new("/"))?;
     fs.write_atomic(&out.to_string_lossy(), kubeconfig.as_bytes(), 0o600)
         .map_err(|e| e.context("--out"))?;
-    log::info!("admin kubeconfig written to {}", out.display());
+    crate::info!("admin kubeconfig written to {}", out.display());
     crate::outln!(
         "nodestrap: init-cluster done cluster={} ca-cert-hash={} kubeconfig={}",
         cluster,

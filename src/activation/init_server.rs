@@ -57,7 +57,7 @@ fn answer(s: &mut exchange::ServerStream, who: &str, status: u16, body: serde_js
     // kubeadm init may have run since the request: the answer gets a full time limit.
     s.sock.restart();
     if let Err(e) = exchange::respond(s, status, &body) {
-        log::warn!("init server: answering {who}: {e}");
+        crate::warn!("init server: answering {who}: {e}");
     }
 }
 
@@ -76,7 +76,7 @@ fn init_preauth(ctx: &Ctx, tcp: TcpStream, addr: SocketAddr) -> Option<Asked> {
     let (mut s, peer) = match exchange::accept(tcp, &ctx.server, exchange::PREAUTH_TIMEOUT) {
         Ok(x) => x,
         Err(e) => {
-            log::warn!("init server: refused a connection from {addr}: {e}; node lock untouched");
+            crate::warn!("init server: refused a connection from {addr}: {e}; node lock untouched");
             return None;
         }
     };
@@ -84,7 +84,7 @@ fn init_preauth(ctx: &Ctx, tcp: TcpStream, addr: SocketAddr) -> Option<Asked> {
     match init_request(ctx, &mut s, node_ip) {
         Ok(body) => Some(Asked { s, who, body }),
         Err((status, code, m)) => {
-            log::warn!("init server: request from {who} refused, node lock untouched: {m}");
+            crate::warn!("init server: request from {who} refused, node lock untouched: {m}");
             answer(&mut s, &who, status, exchange::error_body(code, &m));
             None
         }
@@ -97,7 +97,7 @@ fn init_conn(ctx: &Ctx, asked: Asked) -> Conn {
     //    it is in containerd: a node without one stays fresh, and the admin is told which.
     if let Err((status, code, e)) = prepare_init(ctx, &body) {
         remove_or_warn(ctx.root, INIT_CONFIG, "a kubeadm config");
-        log::error!("init server: init request from {who}: {e}");
+        crate::error!("init server: init request from {who}: {e}");
         answer(
             &mut s,
             &who,
@@ -148,7 +148,7 @@ fn init_conn(ctx: &Ctx, asked: Asked) -> Conn {
         }
     };
     ctx.stop.request();
-    log::info!(
+    crate::info!(
         "init server: cluster {} initialized for {who}; answering with the admin kubeconfig",
         body.cluster_name
     );
@@ -166,7 +166,7 @@ fn init_conn(ctx: &Ctx, asked: Asked) -> Conn {
 fn refuse_taken(ctx: &Ctx, asked: Asked) {
     let Asked { mut s, who, .. } = asked;
     if !ctx.lock.is_taken() {
-        log::info!("init server: init request from {who}: stopping, node still fresh; refused");
+        crate::info!("init server: init request from {who}: stopping, node still fresh; refused");
         let b = exchange::error_body(
             "stopping",
             "the node is stopping and still fresh; ask again",
@@ -174,7 +174,7 @@ fn refuse_taken(ctx: &Ctx, asked: Asked) {
         return answer(&mut s, &who, 503, b);
     }
     let what = ctx.lock.describe();
-    log::info!(
+    crate::info!(
         "init server: init request from {who}: the node is already activating ({what}); refused"
     );
     let b = exchange::error_body(
@@ -252,7 +252,7 @@ fn init_cluster(ctx: &Ctx, r: &InitRequest) -> std::result::Result<String, (Erro
         // Its default token would be printed: nothing here may carry one.
         "--skip-token-print".into(),
     ];
-    log::info!(
+    crate::info!(
         "running kubeadm init for cluster {} ({})",
         r.cluster_name,
         r.kubernetes_version
@@ -264,7 +264,7 @@ fn init_cluster(ctx: &Ctx, r: &InitRequest) -> std::result::Result<String, (Erro
             ran.tail,
         ));
     }
-    log::info!("kubeadm init succeeded");
+    crate::info!("kubeadm init succeeded");
     let conf = ctx
         .root
         .read_text(ADMIN_CONF)

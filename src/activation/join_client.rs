@@ -16,12 +16,12 @@ const JOIN_CONFIG: &str = "/run/nodestrap/kubeadm-join.yaml";
 pub(super) fn join_client(ctx: &Ctx) -> Result<Side> {
     let interval = Duration::from_secs(ctx.a.join_interval);
     if ctx.endpoints.is_empty() {
-        log::info!("join client off: no --join-endpoints");
+        crate::info!("join client off: no --join-endpoints");
     }
     let mut asked_later: Vec<Option<Instant>> = vec![None; ctx.endpoints.len()];
     loop {
         if ctx.lock.is_taken() {
-            log::info!("join client: init has the node lock; not joining");
+            crate::info!("join client: init has the node lock; not joining");
             return Ok(Side::Lost);
         }
         if ctx.stop.requested() {
@@ -37,14 +37,14 @@ pub(super) fn join_client(ctx: &Ctx) -> Result<Side> {
             }
             match request_ticket(ctx, ep) {
                 Ok(t) => return join_with(ctx, ep, t),
-                Err((e, None)) => log::warn!(
+                Err((e, None)) => crate::warn!(
                     "join client: {e}; asking again in {:.1} s",
                     pause.as_secs_f64()
                 ),
                 Err((e, Some(after))) => {
                     let after = after.min(LONGEST_RETRY_AFTER);
                     *not_before = Some(Instant::now() + after);
-                    log::warn!(
+                    crate::warn!(
                         "join client: {e}; {} asks to wait {} s (Retry-After): asking it again \
                          in {:.1} s",
                         ep.url,
@@ -91,7 +91,7 @@ fn request_ticket(
     ticket
         .validate(&ctx.pinned)
         .map_err(|m| failed(format!("{m}; refused")))?;
-    log::info!(
+    crate::info!(
         "join client: ticket from {}: {} of cluster {} via API server {}",
         ep.url,
         ticket.role.as_str(),
@@ -112,7 +112,7 @@ fn join_with(ctx: &Ctx, ep: &Endpoint, t: Ticket) -> Result<Side> {
     ) {
         Ok(true) => {}
         Ok(false) => {
-            log::info!("join client: a ticket arrived but init has the node lock; not joining");
+            crate::info!("join client: a ticket arrived but init has the node lock; not joining");
             return Ok(Side::Lost);
         }
         Err(e) => return Err(ctx.fatal(e)),
@@ -141,7 +141,7 @@ fn join_cluster(ctx: &Ctx, t: &Ticket) -> Result<()> {
         for p in &written {
             remove_or_warn(ctx.root, p, "a cluster key or certificate from the ticket");
         }
-        log::info!(
+        crate::info!(
             "join failed: removed the {} control-plane files of the ticket from {}",
             written.len(),
             ctx.root.show(PKI)
@@ -163,7 +163,7 @@ fn place_and_join(ctx: &Ctx, t: &Ticket, written: &mut Vec<String>) -> Result<()
         ctx.root.write_atomic(&p, f.data.as_bytes(), mode)?;
     }
     if !t.control_plane_files.is_empty() {
-        log::info!(
+        crate::info!(
             "wrote {} control-plane files from the ticket into {}",
             t.control_plane_files.len(),
             ctx.root.show(PKI)
@@ -201,7 +201,7 @@ fn join_attempts(ctx: &Ctx, t: &Ticket) -> Result<()> {
         }
         n += 1;
         reset_manifests(ctx.root)?;
-        log::info!(
+        crate::info!(
             "running kubeadm join as {} via {} (attempt {n}/{}, {} s of the budget left)",
             t.role.as_str(),
             t.api_server_endpoint,
@@ -210,13 +210,13 @@ fn join_attempts(ctx: &Ctx, t: &Ticket) -> Result<()> {
         );
         last = match kubeadm::run(&argv, left.min(Duration::from_secs(ctx.a.kubeadm_timeout))) {
             Ok(r) if r.ok => {
-                log::info!("kubeadm join succeeded");
+                crate::info!("kubeadm join succeeded");
                 return Ok(());
             }
             Ok(r) => format!("{}: {}", r.status, kubeadm::last_lines(&r.tail, 3)),
             Err(e) => e.to_string(),
         };
-        log::warn!(
+        crate::warn!(
             "kubeadm join attempt {n}/{} failed: {last}",
             ctx.a.join_attempts
         );

@@ -61,7 +61,7 @@ pub fn run(a: &JoinService) -> Result<()> {
     //    SIGTERM; a request being handled finishes first.
     serve(&mut svc, &listener)?;
     svc.ledger.flush();
-    log::info!("join service stopped by signal");
+    crate::info!("join service stopped by signal");
     Ok(())
 }
 
@@ -113,7 +113,7 @@ fn load<'a>(
         ))
     })?;
     let ledger = open_ledger(a, root, instance)?;
-    log::info!(
+    crate::info!(
         "cluster CA {} gives the discovery hash {discovery_hash}",
         show(&a.cluster_ca)
     );
@@ -142,7 +142,7 @@ fn bind(a: &JoinService, svc: &Svc, listen: SocketAddr, instance: &str) -> Resul
         .local_addr()
         .map(|l| l.to_string())
         .unwrap_or_default();
-    log::info!(
+    crate::info!(
         "join service {instance} listening on {bound}: nodes need a certificate from {}; \
          tickets recorded in {}",
         show(&a.node_ca),
@@ -168,7 +168,7 @@ fn serve(svc: &mut Svc, listener: &TcpListener) -> Result<()> {
             // one once it is back).
             let b = exchange::error_body("stopping", "the join service is stopping; ask again");
             if let Err(e) = exchange::respond_later(&mut asked.s, &b, TRY_LATER) {
-                log::warn!("{}: answering: {e}", asked.who);
+                crate::warn!("{}: answering: {e}", asked.who);
             }
         },
     )
@@ -243,7 +243,7 @@ fn preauth(server: &Arc<ServerConfig>, tcp: TcpStream, addr: SocketAddr) -> Opti
     let (mut s, peer) = match exchange::accept(tcp, server, exchange::PREAUTH_TIMEOUT) {
         Ok(x) => x,
         Err(e) => {
-            log::warn!("refused a connection from {addr}: {e}");
+            crate::warn!("refused a connection from {addr}: {e}");
             return None;
         }
     };
@@ -262,12 +262,12 @@ fn preauth(server: &Arc<ServerConfig>, tcp: TcpStream, addr: SocketAddr) -> Opti
             Err(m) => (400, exchange::error_body("invalid", &m)),
         },
     };
-    log::warn!(
+    crate::warn!(
         "{who}: request refused before a ticket was spent: {}",
         refusal.1["message"].as_str().unwrap_or_default()
     );
     if let Err(e) = exchange::respond(&mut s, refusal.0, &refusal.1) {
-        log::warn!("{who}: answering: {e}");
+        crate::warn!("{who}: answering: {e}");
     }
     None
 }
@@ -278,7 +278,7 @@ impl Svc<'_> {
     fn answer(&mut self, mut asked: Asked) {
         self.ledger.flush();
         if !asked.s.sock.peer_waiting() {
-            log::warn!(
+            crate::warn!(
                 "{}: gone before its turn (it waited longer than it would); nothing spent",
                 asked.who
             );
@@ -293,15 +293,15 @@ impl Svc<'_> {
         let held = match self.ledger.claim(&peer.spki, &peer.cn, role) {
             Claim::Granted(h) => h,
             Claim::Refused(code, m) => {
-                log::warn!("{}: {m}", asked.who);
+                crate::warn!("{}: {m}", asked.who);
                 return self.reply(&mut asked, 409, exchange::error_body(code, &m));
             }
             Claim::Unavailable(m) => {
-                log::warn!("{}: {m}; told to ask again in {TRY_LATER} s", asked.who);
+                crate::warn!("{}: {m}; told to ask again in {TRY_LATER} s", asked.who);
                 let b = exchange::error_body("try_later", &format!("{m}; ask again"));
                 asked.s.sock.restart();
                 if let Err(e) = exchange::respond_later(&mut asked.s, &b, TRY_LATER) {
-                    log::warn!("{}: answering: {e}", asked.who);
+                    crate::warn!("{}: answering: {e}", asked.who);
                 }
                 return;
             }
@@ -319,7 +319,7 @@ impl Svc<'_> {
         let t = match ticket {
             Ok(t) => t,
             Err(e) => {
-                log::warn!("{}: no ticket: {e}", asked.who);
+                crate::warn!("{}: no ticket: {e}", asked.who);
                 self.ledger.settle(held, Err(short(&e)));
                 return self.reply(&mut asked, 500, exchange::error_body("internal", &e));
             }
@@ -329,7 +329,7 @@ impl Svc<'_> {
         let sent = exchange::respond(&mut asked.s, 200, &t);
         match &sent {
             Ok(()) => {
-                log::info!(
+                crate::info!(
                     "{}: ticket issued as {} (role from the certificate's organisation, attempt {}); \
                      recorded in {}",
                     asked.who,
@@ -343,7 +343,7 @@ impl Svc<'_> {
                     format_args!("its certificate's organisation, attempt {}", held.attempt()),
                 );
             }
-            Err(e) => log::warn!("{}: the ticket could not be written: {e}", asked.who),
+            Err(e) => crate::warn!("{}: the ticket could not be written: {e}", asked.who),
         }
         self.ledger.settle(
             held,
@@ -354,7 +354,7 @@ impl Svc<'_> {
     fn reply(&self, asked: &mut Asked, status: u16, body: serde_json::Value) {
         asked.s.sock.restart();
         if let Err(e) = exchange::respond(&mut asked.s, status, &body) {
-            log::warn!("{}: answering: {e}", asked.who);
+            crate::warn!("{}: answering: {e}", asked.who);
         }
     }
 
@@ -410,7 +410,7 @@ impl Svc<'_> {
                 "--token-command printed no bootstrap token ([a-z0-9]{6}.[a-z0-9]{16})",
             ));
         }
-        log::info!("bootstrap token created by --token-command");
+        crate::info!("bootstrap token created by --token-command");
         Ok(token.to_string())
     }
 }

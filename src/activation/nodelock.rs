@@ -74,13 +74,17 @@ pub fn read(root: &Root) -> Result<Option<Marker>> {
     let Some(text) = root.read_text(STATE_PATH)? else {
         return Ok(None);
     };
-    serde_json::from_str(&text).map(Some).map_err(|e| {
-        Error::config(format!(
+    // from_slice, as every other JSON read of the binary: from_str is another copy of
+    // serde_json's reader (6 KB).
+    serde_json::from_slice(text.as_bytes())
+        .map(Some)
+        .map_err(|e| {
+            Error::config(format!(
             "{}: not a node state ({e}); a marker is there, so this node is not fresh and will \
              not init or join again; reprovision it",
             root.show(STATE_PATH)
         ))
-    })
+        })
 }
 
 pub struct NodeLock<'r> {
@@ -141,7 +145,7 @@ impl<'r> NodeLock<'r> {
             reason: None,
         };
         self.write(&m)?;
-        log::info!(
+        crate::info!(
             "node lock taken: {} of cluster {cluster} ({source}); recorded as committed in {}",
             role.as_str(),
             self.root.show(STATE_PATH)
@@ -214,7 +218,7 @@ impl<'r> NodeLock<'r> {
         m.updated_at = now();
         f(m);
         self.write(m)?;
-        log::info!(
+        crate::info!(
             "node state {} recorded in {}",
             match state {
                 State::Committed => "committed",

@@ -81,13 +81,13 @@ impl<'a> Ctx<'a> {
                 show(&a.identity_cert)
             ))
         })?;
-        log::info!(
+        crate::info!(
             "node identity {} ({}) from {}",
             me.cn,
             me.spki,
             show(&a.identity_cert)
         );
-        log::info!("cluster CA pinned from {}: {pinned}", show(&a.cluster_ca));
+        crate::info!("cluster CA pinned from {}: {pinned}", show(&a.cluster_ca));
         Ok(Ctx {
             server: mtls::server_config(&id, &admin_ca, &show(&a.identity_cert))?,
             client: mtls::client_config(&cluster_ca, &id, &show(&a.identity_cert))?,
@@ -114,7 +114,7 @@ impl<'a> Ctx<'a> {
     /// Past the lock: record `reset`, stop the other side, hand the error on.
     pub(super) fn fatal(&self, e: Error) -> Error {
         if let Err(r) = self.lock.reset(&e.to_string()) {
-            log::error!("could not record the reset: {r}");
+            crate::error!("could not record the reset: {r}");
         }
         self.stop.request();
         e
@@ -124,7 +124,7 @@ impl<'a> Ctx<'a> {
 /// Remove a file we wrote for kubeadm; failing that, say so (`what` it holds) and go on.
 pub(super) fn remove_or_warn(root: &Root, node_path: &str, what: &str) {
     if let Err(e) = root.remove(node_path) {
-        log::warn!(
+        crate::warn!(
             "{}: could not remove it, and it holds {what}: {e}",
             root.show(node_path)
         );
@@ -135,7 +135,7 @@ pub(super) fn remove_or_warn(root: &Root, node_path: &str, what: &str) {
 pub(super) fn reset_manifests(root: &Root) -> Result<()> {
     let parent = root.make_dir("/etc/kubernetes")?;
     if parent.remove_dir_tree("manifests")? {
-        log::info!("emptied {}", root.show(MANIFESTS));
+        crate::info!("emptied {}", root.show(MANIFESTS));
     }
     root.make_dir(MANIFESTS)?;
     Ok(())

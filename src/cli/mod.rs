@@ -136,7 +136,7 @@ impl Common<'_> {
     /// The keyring that signs manifests, or `None` (with a warning) under --no-verify-signatures.
     pub fn keyring(&self, root: &Root) -> Result<Option<Keyring>> {
         if self.no_verify_signatures {
-            log::warn!("--no-verify-signatures: manifests will NOT be authenticated; anyone on the path can choose what runs on this node");
+            crate::warn!("--no-verify-signatures: manifests will NOT be authenticated; anyone on the path can choose what runs on this node");
             crate::node::status::signatures(false, "--no-verify-signatures");
             return Ok(None);
         }
@@ -198,7 +198,7 @@ impl Common<'_> {
             None => {}
         }
         if tls.sources.is_empty() {
-            log::warn!(
+            crate::warn!(
                 "no trust anchors: no system CA bundle found and no --ca-file; HTTPS will fail"
             );
         } else {

@@ -14,7 +14,7 @@ pub fn bootstrap(b: &Bootstrap, args: &[String], run: &dyn Fn(&Bootstrap) -> Res
         Ok(m) => m,
         Err(e) => {
             crate::logger::init(log::LevelFilter::Info);
-            log::error!("{e}");
+            crate::error!("{e}");
             crate::net::cluster::report_unknown(&e);
             // A node whose settings are wrong is one an operator asks about too.
             if !b.dry_run {
@@ -34,7 +34,7 @@ pub fn bootstrap(b: &Bootstrap, args: &[String], run: &dyn Fn(&Bootstrap) -> Res
     };
     logged(&b.verbose, || {
         for n in &merged.notes {
-            log::info!("{n}");
+            crate::info!("{n}");
         }
         // A dry run writes nothing, not even its record, and sends no events.
         if !b.dry_run {
@@ -74,14 +74,14 @@ pub fn events_target(
             match crate::net::kubeconfig::client_cert(&pem, &pem, &name) {
                 Ok(c) => Some((c, name)),
                 Err(e) => {
-                    log::warn!("events: not the node's identity: {e}");
+                    crate::warn!("events: not the node's identity: {e}");
                     None
                 }
             }
         }
         Ok(None) => None,
         Err(e) => {
-            log::warn!("events: {e}");
+            crate::warn!("events: {e}");
             None
         }
     };
@@ -106,7 +106,7 @@ pub fn events_target(
         }
         (None, None) => (None, "no credentials".to_string()),
     };
-    log::info!("events: sending each decision and phase to {shown}, as {who}");
+    crate::info!("events: sending each decision and phase to {shown}, as {who}");
     Ok(crate::net::events::Target {
         url: url.to_string(),
         shown,
@@ -176,10 +176,10 @@ fn verify_metrics_dir(v: &Verify) -> Option<String> {
 
 fn verify_events(v: &Verify) -> Option<crate::net::events::Target> {
     let root = Root::open(Path::new("/"))
-        .inspect_err(|e| log::warn!("events: {e}"))
+        .inspect_err(|e| crate::warn!("events: {e}"))
         .ok()?;
     let node = settings::events(&root).unwrap_or_else(|e| {
-        log::warn!("events: the node's settings: {e}");
+        crate::warn!("events: the node's settings: {e}");
         Vec::new()
     });
     let from_node = |key: &str| node.iter().find(|(k, _)| *k == key).map(|(_, v)| v.clone());
@@ -195,7 +195,7 @@ fn verify_events(v: &Verify) -> Option<crate::net::events::Target> {
     let token = input(&v.events_token_file, "events-token-file");
     let ca = input(&v.events_ca_file, "events-ca-file");
     events_target(&root, &url, token.as_ref(), ca.as_ref())
-        .inspect_err(|e| log::warn!("events: none sent: {e}"))
+        .inspect_err(|e| crate::warn!("events: none sent: {e}"))
         .ok()
 }
 
@@ -207,7 +207,7 @@ pub fn status(s: &Status) -> i32 {
         RecordOf::All => crate::node::status::print_all(&s.root, s.json),
     }
     .unwrap_or_else(|e| {
-        log::error!("{e}");
+        crate::error!("{e}");
         e.exit_code()
     })
 }
@@ -289,7 +289,7 @@ pub fn logged(verbose: &str, f: impl FnOnce() -> Result<()>) -> i32 {
     let code = match &r {
         Ok(()) => 0,
         Err(e) => {
-            log::error!("{e}");
+            crate::error!("{e}");
             e.exit_code()
         }
     };
@@ -301,7 +301,7 @@ pub fn logged(verbose: &str, f: impl FnOnce() -> Result<()>) -> i32 {
 
 /// The last line of every run: how long it took, whatever its end.
 fn last_line(code: i32) {
-    log::info!(
+    crate::info!(
         "run {} after {:.1} s (exit {code})",
         if code == 0 { "done" } else { "failed" },
         started().elapsed().as_secs_f64()

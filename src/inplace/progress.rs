@@ -64,9 +64,9 @@ impl Reporter {
         }
         let line = format!("progress: {phase} {status}: {message}");
         if status == "failed" {
-            log::error!("{line}");
+            crate::error!("{line}");
         } else {
-            log::info!("{line}");
+            crate::info!("{line}");
         }
         let Some((http, url, token)) = &self.target else {
             return;
@@ -87,7 +87,7 @@ impl Reporter {
                 .push(("Authorization".into(), format!("Bearer {t}")));
         }
         if let Err(e) = http.fetch(&req, 1 << 20) {
-            log::warn!("progress report not delivered (the node carries on): {e}");
+            crate::warn!("progress report not delivered (the node carries on): {e}");
         }
     }
 

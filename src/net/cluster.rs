@@ -151,7 +151,7 @@ pub fn before_join(
     } = *b;
     if !bootstrap_kubeconfig.is_empty() {
         if let Some(k) = Kube::from_kubeconfig(root, bootstrap_kubeconfig, retry)? {
-            log::info!(
+            crate::info!(
                 "no kubeconfig yet: asking the API server for its version through the kubelet's bootstrap kubeconfig {}",
                 root.show(bootstrap_kubeconfig)
             );
@@ -160,7 +160,7 @@ pub fn before_join(
     }
     if !join_config.is_empty() {
         if let Some(reached) = crate::net::join_config::kube(root, join_config, retry)? {
-            log::info!(
+            crate::info!(
                 "no kubeconfig yet: asking the API server for its version through the join configuration {}",
                 root.show(join_config)
             );
@@ -173,7 +173,7 @@ pub fn before_join(
     if api_server.is_empty() {
         return Ok(None);
     }
-    log::info!("no kubeconfig yet: asking {api_server} for its version, without credentials");
+    crate::info!("no kubeconfig yet: asking {api_server} for its version, without credentials");
     Kube::anonymous(api_server, tls()?, retry).map(|k| Some(Joining::Client(k)))
 }
 
@@ -265,7 +265,7 @@ pub fn version(root: &Root, s: &Sources) -> Result<Version> {
 
 fn find_version(root: &Root, s: &Sources) -> Result<Version> {
     if let Some(v) = s.forced {
-        log::info!("Kubernetes version {v} (from --force-kube-version)");
+        crate::info!("Kubernetes version {v} (from --force-kube-version)");
         return Ok(Version {
             value: v.to_string(),
             source: Source::Forced,
@@ -283,7 +283,7 @@ fn find_version(root: &Root, s: &Sources) -> Result<Version> {
         Some((answer, from)) => match answer {
             Ok(v) => {
                 let source = Source::ApiServer(from.clone());
-                log::info!("Kubernetes version {v} (from {source})");
+                crate::info!("Kubernetes version {v} (from {source})");
                 let value = checked_version(v, &source.to_string())?;
                 return Ok(Version { value, source });
             }
@@ -335,7 +335,7 @@ fn find_version(root: &Root, s: &Sources) -> Result<Version> {
         ))
     })?;
     let source = Source::Fallback { file, why };
-    log::warn!("Kubernetes version {value} from {source}");
+    crate::warn!("Kubernetes version {value} from {source}");
     Ok(Version { value, source })
 }
 

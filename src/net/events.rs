@@ -106,7 +106,7 @@ impl Sender {
             .name("events".into())
             .spawn(move || send_loop(&s, &t));
         if let Err(e) = spawned {
-            log::warn!("events to {shown}: no sender thread ({e}); events are spooled");
+            crate::warn!("events to {shown}: no sender thread ({e}); events are spooled");
         }
         Box::new(Sender { shared, shown })
     }
@@ -214,7 +214,7 @@ fn send_loop(s: &Shared, t: &Target) {
         let (done, answering) = match outcome {
             Ok(_) => {
                 if warned {
-                    log::info!("events to {}: the receiver answers again", t.shown);
+                    crate::info!("events to {}: the receiver answers again", t.shown);
                     warned = false;
                 }
                 q.sent += 1;
@@ -225,13 +225,13 @@ fn send_loop(s: &Shared, t: &Target) {
                 class: Failure::Final | Failure::Denied | Failure::Passed(_),
                 error: e,
             }) => {
-                log::warn!("events to {}: an event refused, dropped: {e}", t.shown);
+                crate::warn!("events to {}: an event refused, dropped: {e}", t.shown);
                 q.dropped += 1;
                 (true, true)
             }
             Err(e) => {
                 if !warned {
-                    log::warn!(
+                    crate::warn!(
                         "events to {}: {e}; events wait in memory (at most {MAX_EVENTS}, {} s each) and the run goes on",
                         t.shown,
                         MAX_AGE.as_secs()

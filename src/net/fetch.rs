@@ -441,7 +441,7 @@ impl Http {
                 Answer::Busy(Some(a)) => format!(" (Retry-After {} s)", a.as_secs()),
                 _ => String::new(),
             };
-            log::warn!(
+            crate::warn!(
                 "{what}: attempt {n} failed: {e}; retrying in {:.1}s{told}",
                 delay.as_secs_f64()
             );
@@ -627,11 +627,11 @@ impl Http {
                             "{what}: asked for the bytes from {asked} on, got Content-Range {range:?}; starting over"
                         )));
                     }
-                    log::info!("{what}: resuming at byte {asked}");
+                    crate::info!("{what}: resuming at byte {asked}");
                     asked
                 }
                 _ => {
-                    log::info!(
+                    crate::info!(
                         "{what}: HTTP {status} with the whole body, not the bytes from {asked} on; starting over"
                     );
                     sink.restart();
@@ -930,7 +930,7 @@ impl<R> Progress<R> {
             Some(t) if t > 0 => format!(" of {:.1} MiB ({}%)", mib(t), self.done * 100 / t),
             _ => String::new(),
         };
-        log::info!(
+        crate::info!(
             "{verb} {}: {:.1} MiB{pct} at {:.1} MiB/s",
             self.label,
             mib(self.done),

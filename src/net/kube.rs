@@ -52,7 +52,7 @@ impl Token {
                     match read_token(path) {
                         Ok(t) => *g = (t, std::time::Instant::now()),
                         // The one read before stays in use; the API server says if it expired.
-                        Err(e) => log::warn!("{e}; using the token read before"),
+                        Err(e) => crate::warn!("{e}; using the token read before"),
                     }
                 }
                 g.0.clone()
@@ -192,7 +192,7 @@ impl Kube {
                     format!("/{path}")
                 }
             );
-            log::info!(
+            crate::info!(
                 "{}: TLS checks the API server as {t} (tls-server-name)",
                 k.source
             );
@@ -202,7 +202,7 @@ impl Kube {
                 .http
                 .via_proxy(p)
                 .map_err(|e| e.context(format!("{}: proxy-url", k.source)))?;
-            log::info!("{}: API server reached through proxy-url {p}", k.source);
+            crate::info!("{}: API server reached through proxy-url {p}", k.source);
         }
         Ok(Some(k))
     }
@@ -421,7 +421,7 @@ impl Kube {
                     conflict.context(format!("still a conflict after {CONFLICT_TRIES} tries"))
                 );
             }
-            log::warn!("{conflict}; trying again in {}ms", delay.as_millis());
+            crate::warn!("{conflict}; trying again in {}ms", delay.as_millis());
             std::thread::sleep(delay);
             delay *= 5;
         }

@@ -274,7 +274,7 @@ fn host(url: &str, t: &Table, dir: &str, shown: &str, at: &str) -> Result<Option
         match v {
             Value::Bool(false) => {}
             Value::Bool(true) => {
-                log::warn!(
+                crate::warn!(
                     "{shown}: {at}: skip_verify = true: nodestrap does not use this host (credentials would cross an unverified connection)"
                 );
                 return Ok(None);

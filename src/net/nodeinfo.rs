@@ -106,7 +106,7 @@ pub fn ask(root: &Root, kubeconfig: &str, wait: Duration, name: &str, want: &Wan
         std::thread::sleep(PAUSE);
     }
     let Some((kubelet, runtime)) = last else {
-        log::warn!("API server not asked in time: {why}: recorded as unreached");
+        crate::warn!("API server not asked in time: {why}: recorded as unreached");
         return Answer {
             api: ApiCheck::Unreached,
             note: Some(format!(

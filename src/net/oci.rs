@@ -518,7 +518,7 @@ impl<'a> Client<'a> {
                     format!("{} ({caps})", r.ep.shown())
                 })
                 .collect();
-            log::info!(
+            crate::info!(
                 "registry {}: hosts from {file}: {}",
                 loc.host,
                 list.join(", then ")
@@ -551,9 +551,9 @@ impl<'a> Client<'a> {
                 Err(e) if r.ep.mirror => {
                     match e.class {
                         Failure::Passed(_) => {
-                            log::info!("{}: {e}; trying the next host", r.ep.shown())
+                            crate::info!("{}: {e}; trying the next host", r.ep.shown())
                         }
-                        _ => log::warn!("{}: {e}; trying the next host", r.ep.shown()),
+                        _ => crate::warn!("{}: {e}; trying the next host", r.ep.shown()),
                     }
                     last = Some(e);
                 }
@@ -602,7 +602,7 @@ impl<'a> Client<'a> {
             Challenge::Basic => "Basic credentials".to_string(),
             Challenge::Bearer { realm, .. } => format!("Bearer tokens from {realm}"),
         };
-        log::info!("{}: asks for {how} (GET {url})", r.ep.shown());
+        crate::info!("{}: asks for {how} (GET {url})", r.ep.shown());
         self.challenges.borrow_mut().push((key, c.clone()));
         Ok(c)
     }
@@ -692,7 +692,7 @@ impl<'a> Client<'a> {
             )));
         };
         let secs = t.expires_in.unwrap_or(TOKEN_DEFAULT_SECS);
-        log::info!(
+        crate::info!(
             "{}: pull token for {} from {realm}, valid {secs} s",
             r.ep.shown(),
             loc.repo
@@ -754,7 +754,7 @@ impl<'a> Client<'a> {
         let (req, bearer) = request(false)?;
         let answer = match op(http, &req) {
             Err(e) if bearer && e.class == Failure::Denied => {
-                log::info!("{}: token refused; asking for a new one", r.ep.shown());
+                crate::info!("{}: token refused; asking for a new one", r.ep.shown());
                 op(http, &request(true)?.0)
             }
             a => a,

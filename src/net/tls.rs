@@ -55,7 +55,7 @@ impl Tls {
                 Ok(pem) => tls
                     .add_pem(&pem, &b.display().to_string())
                     .map_err(|e| e.with_kind(Kind::Config))?,
-                Err(e) => log::warn!("SSL_CERT_FILE {}: {e}", b.display()),
+                Err(e) => crate::warn!("SSL_CERT_FILE {}: {e}", b.display()),
             }
             return Ok(tls);
         }

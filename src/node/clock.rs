@@ -71,7 +71,7 @@ pub fn check(root: &Root, wait: Duration) -> Result<()> {
         let now = SystemTime::now();
         if now >= f.at {
             if said {
-                log::info!(
+                crate::info!(
                     "the clock now says {}, past {} ({}): going on",
                     rfc3339(now),
                     rfc3339(f.at),
@@ -87,7 +87,7 @@ pub fn check(root: &Root, wait: Duration) -> Result<()> {
         }
         if sync.exists() {
             // A synchronised clock outranks a floor from files: their times may be wrong.
-            log::warn!(
+            crate::warn!(
                 "the clock says {}, before {} ({}), but time synchronisation vouches for it ({}): going on",
                 rfc3339(now),
                 rfc3339(f.at),
@@ -108,7 +108,7 @@ pub fn check(root: &Root, wait: Duration) -> Result<()> {
         let waited = start.elapsed();
         if !said {
             said = true;
-            log::warn!(
+            crate::warn!(
                 "the clock is wrong: it says {}, before {} ({}); waiting up to {} s for time synchronisation ({}) before anything checks a certificate or a signature",
                 rfc3339(now),
                 rfc3339(f.at),

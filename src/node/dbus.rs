@@ -149,7 +149,7 @@ fn wait_or_nudge(
     };
     match conn.wait_response(serial, Timeout::Duration(first)) {
         Err(BusError::TimedOut) if first < timeout => {
-            log::info!(
+            crate::info!(
                 "{what}: no answer within {} s; a Ping follows on the same connection",
                 first.as_secs()
             );
@@ -365,7 +365,7 @@ fn watch_update(deadline: Duration, poll: Duration) -> BusResult<Status> {
     loop {
         if status.operation != last_logged {
             let pct = status.progress * 100.0;
-            log::info!(
+            crate::info!(
                 "update_engine: {} {} ({pct:.0}%)",
                 status.operation,
                 status.new_version
@@ -454,7 +454,7 @@ fn ask_systemd<T>(ask: impl Fn(&mut RpcConn) -> BusResult<T>) -> BusResult<T> {
     loop {
         match connect_systemd().and_then(|mut conn| ask(&mut conn)) {
             Err(BusFailure::Silent(why)) if attempt < QUERY_ATTEMPTS => {
-                log::warn!(
+                crate::warn!(
                     "{why}; asking again on a new connection (attempt {} of {QUERY_ATTEMPTS})",
                     attempt + 1
                 );

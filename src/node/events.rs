@@ -150,12 +150,12 @@ pub fn close() -> Option<Delivery> {
         match spool(&left) {
             Ok(()) => d.spooled = left.len() as u64,
             Err(e) => {
-                log::warn!("events: {} undelivered, not spooled: {e}", left.len());
+                crate::warn!("events: {} undelivered, not spooled: {e}", left.len());
                 d.dropped += left.len() as u64;
             }
         }
     }
-    log::info!(
+    crate::info!(
         "events to {}: {} sent, {} dropped, {} left for the next run of this boot",
         d.url,
         d.sent,
@@ -177,13 +177,13 @@ fn take_spool() -> Vec<Vec<u8>> {
     };
     if let Err(e) = std::fs::remove_file(&path) {
         if e.kind() != std::io::ErrorKind::NotFound {
-            log::warn!("events: {}: {e}", path.display());
+            crate::warn!("events: {}: {e}", path.display());
         }
     }
     match bytes.and_then(|b| parse_spool(&b, &path.display().to_string())) {
         Ok(v) => v,
         Err(e) => {
-            log::warn!("events: {e}; its events are dropped");
+            crate::warn!("events: {e}; its events are dropped");
             Vec::new()
         }
     }

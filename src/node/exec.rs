@@ -128,8 +128,8 @@ const DRAIN: Duration = Duration::from_millis(200);
 /// `Ok` only when it exits with status 0 within its timeout.
 pub fn stream_to_log(c: &Command, label: &str) -> Result<()> {
     stream(c, label, &mut |stream, line| match stream {
-        Stream::Stdout => log::info!("{label}: {line}"),
-        Stream::Stderr => log::warn!("{label}: {line}"),
+        Stream::Stdout => crate::info!("{label}: {line}"),
+        Stream::Stderr => crate::warn!("{label}: {line}"),
     })
 }
 

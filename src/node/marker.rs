@@ -27,7 +27,7 @@ pub struct Plan<'a> {
 /// Write the marker (not in a dry run, which prints it as a plan, nor with an empty path).
 pub fn write(root: &Root, p: &Plan, dry_run: bool, undo: &mut Undo) -> Result<()> {
     if p.path.is_empty() {
-        log::info!("--kubelet-env-path is empty: not writing kubelet.env");
+        crate::info!("--kubelet-env-path is empty: not writing kubelet.env");
         return Ok(());
     }
     let name = root.show(p.template);
@@ -65,7 +65,7 @@ pub fn write(root: &Root, p: &Plan, dry_run: bool, undo: &mut Undo) -> Result<()
     )?;
     let keys: Vec<&str> = p.set.iter().map(|(k, _)| *k).collect();
     let boot = crate::node::run::since_boot();
-    log::info!(
+    crate::info!(
         "wrote {out} ({from}, setting {}) {:.1} s after boot",
         keys.join(", "),
         boot.as_secs_f64()

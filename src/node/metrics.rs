@@ -165,11 +165,11 @@ pub fn ended(e: Ended) -> Option<(&'static str, String)> {
     match write(&e) {
         Ok(None) => None,
         Ok(Some(at)) => {
-            log::info!("metrics written to {at}");
+            crate::info!("metrics written to {at}");
             Some(("written", at))
         }
         Err(err) => {
-            log::warn!("metrics not written: {err}");
+            crate::warn!("metrics not written: {err}");
             Some(("not written", err.to_string()))
         }
     }

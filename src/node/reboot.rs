@@ -43,7 +43,7 @@ pub fn wait_to_be_stopped(limit: Duration) -> Result<()> {
     let start = std::time::Instant::now();
     while start.elapsed() < limit {
         if crate::node::signals::signalled() {
-            log::info!("stopped by SIGTERM while the node reboots");
+            crate::info!("stopped by SIGTERM while the node reboots");
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -59,9 +59,9 @@ struct Systemd;
 
 impl Rebooter for Systemd {
     fn request(&self, reason: &str) -> Result<Requested> {
-        log::warn!("rebooting now: {reason}");
+        crate::warn!("rebooting now: {reason}");
         let job = crate::node::dbus::systemd_reboot()?;
-        log::info!("reboot queued as systemd job {job}; waiting to be stopped");
+        crate::info!("reboot queued as systemd job {job}; waiting to be stopped");
         Ok(Requested::Queued(job))
     }
     #[cfg(test)]
@@ -75,7 +75,7 @@ struct Decline(String);
 
 impl Rebooter for Decline {
     fn request(&self, reason: &str) -> Result<Requested> {
-        log::warn!("reboot needed ({reason}); not rebooting: {}", self.0);
+        crate::warn!("reboot needed ({reason}); not rebooting: {}", self.0);
         Ok(Requested::Declined(self.0.clone()))
     }
     #[cfg(test)]

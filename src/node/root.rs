@@ -538,7 +538,7 @@ impl Dir {
                 Ok(()) => return Ok(DirLock { _fd: fd }),
                 Err(rustix::io::Errno::WOULDBLOCK) if std::time::Instant::now() < end => {
                     if !told {
-                        log::info!(
+                        crate::info!(
                             "{} is locked by another nodestrap run: waiting up to {} s",
                             self.shown,
                             wait.as_secs()
@@ -570,7 +570,7 @@ impl Dir {
     fn sweep(&self, only: Option<&str>, links: bool) {
         let names = match self.entries() {
             Ok(n) => n,
-            Err(e) => return log::warn!("not sweeping temp files: {e}"),
+            Err(e) => return crate::warn!("not sweeping temp files: {e}"),
         };
         let prefix = only.map(|n| format!(".{n}.nodestrap-"));
         let ours = |n: &String| match &prefix {
@@ -597,11 +597,11 @@ impl Dir {
                 _ => continue,
             };
             match rustix::fs::unlinkat(&self.fd, n.as_str(), AtFlags::empty()) {
-                Ok(()) => log::info!(
+                Ok(()) => crate::info!(
                     "removed stale temp file {} (left by a killed run)",
                     self.show(n)
                 ),
-                Err(e) => log::warn!(
+                Err(e) => crate::warn!(
                     "could not remove {}, left by a killed run: {}",
                     self.show(n),
                     io::Error::from(e)

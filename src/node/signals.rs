@@ -36,7 +36,7 @@ unsafe fn install(handler: extern "C" fn(libc::c_int)) {
     let handler = handler as libc::sighandler_t;
     for sig in [libc::SIGTERM, libc::SIGINT] {
         if unsafe { libc::signal(sig, handler) } == libc::SIG_ERR {
-            log::warn!("cannot install a handler for signal {sig}");
+            crate::warn!("cannot install a handler for signal {sig}");
         }
     }
 }

@@ -50,7 +50,7 @@ fn one(root: &Root, node_path: &str) {
     match root.dir(node_path) {
         Ok(Some(d)) if !d.read_only() => d.sweep_leftovers(false),
         Ok(_) => {}
-        Err(e) => log::warn!("not sweeping {}: {e}", root.show(node_path)),
+        Err(e) => crate::warn!("not sweeping {}: {e}", root.show(node_path)),
     }
 }
 
@@ -58,11 +58,11 @@ fn each_inside(root: &Root, parent: &str) {
     let dir = match root.dir(parent) {
         Ok(Some(d)) => d,
         Ok(None) => return,
-        Err(e) => return log::warn!("not sweeping {}: {e}", root.show(parent)),
+        Err(e) => return crate::warn!("not sweeping {}: {e}", root.show(parent)),
     };
     let names = match dir.entries() {
         Ok(n) => n,
-        Err(e) => return log::warn!("not sweeping {}: {e}", root.show(parent)),
+        Err(e) => return crate::warn!("not sweeping {}: {e}", root.show(parent)),
     };
     for n in names {
         if dir.kind_of(&n) == Some(FileType::Directory) {

@@ -252,7 +252,7 @@ impl<'r> Undo<'r> {
                     };
                     // Directories are not worth a line each unless they stay.
                     if let Err(r) = r {
-                        log::error!("{r}");
+                        crate::error!("{r}");
                         e = e.context(format!("could NOT remove {}: {r}", self.root.show(&d)));
                     }
                     continue;
@@ -283,7 +283,7 @@ impl<'r> Undo<'r> {
             match r {
                 Ok(()) => back.push(what),
                 Err(r) => {
-                    log::error!("{what}: FAILED: {r}");
+                    crate::error!("{what}: FAILED: {r}");
                     e = e.context(format!("could NOT undo ({what}: {r})"));
                 }
             }
@@ -292,13 +292,13 @@ impl<'r> Undo<'r> {
             match action() {
                 Ok(()) => back.push(what.to_string()),
                 Err(r) => {
-                    log::error!("{what} after putting the node back: {r}");
+                    crate::error!("{what} after putting the node back: {r}");
                     e = e.context(format!("{what} after putting the node back failed: {r}"));
                 }
             }
         }
         for b in &back {
-            log::warn!("{b}");
+            crate::warn!("{b}");
         }
         if back.is_empty() {
             e
@@ -314,7 +314,7 @@ impl<'r> Undo<'r> {
             if let Step::Aside { aside, _held, .. } = step {
                 drop(_held);
                 if let Err(e) = self.root.remove(&aside) {
-                    log::warn!("{e} (set aside by this run; a later run removes it)");
+                    crate::warn!("{e} (set aside by this run; a later run removes it)");
                 }
             }
         }

@@ -86,7 +86,7 @@ fn decide(line: &str, unit: Result<UnitState>) -> Merge {
 pub fn record(m: &Merge) {
     let line = cmdline::read().unwrap_or_default();
     if cmdline::systemd_bool(&line, "rd.systemd.sysext") == Some(false) {
-        log::info!(
+        crate::info!(
             "rd.systemd.sysext= on the kernel command line turns off the initramfs's own extensions only (systemd-sysext-initrd.service), not the merge of the real root's"
         );
     }
@@ -98,8 +98,8 @@ pub fn record(m: &Merge) {
         Merge::Off(why) => why.clone(),
     };
     match m {
-        Merge::Off(_) => log::warn!("merge: none at this boot: {why}"),
-        _ => log::info!("merge: {why}"),
+        Merge::Off(_) => crate::warn!("merge: none at this boot: {why}"),
+        _ => crate::info!("merge: {why}"),
     }
     status::decide("merge", m.word(), why);
 }
@@ -117,7 +117,7 @@ pub fn run(sysroot: &Path, names: &[&str]) -> Result<()> {
             sysroot.display()
         )));
     }
-    log::info!(
+    crate::info!(
         "{SYSROOT_UNIT} merged {} into {}/usr before switch-root",
         merged.join(", "),
         sysroot.display()
@@ -171,14 +171,14 @@ pub fn which_took() -> Option<&'static str> {
         Ok(Some(t)) => t,
         Ok(None) => return None,
         Err(e) => {
-            log::info!("which merge took the images: unknown: {e}");
+            crate::info!("which merge took the images: unknown: {e}");
             return None;
         }
     };
     match dbus::systemd_userspace_start() {
         Ok(start) => Some(took(since, start)),
         Err(e) => {
-            log::info!("which merge took the images: unknown: {e}");
+            crate::info!("which merge took the images: unknown: {e}");
             None
         }
     }

@@ -148,7 +148,7 @@ struct NodeFacts {
 impl NodeFacts {
     fn read(root: &Root, a: &Bootstrap) -> Result<Self> {
         let host = Host::read(root)?;
-        log::info!(
+        crate::info!(
             "node ID={} VERSION_ID={} SYSEXT_LEVEL={} architecture {} (from {})",
             host.id,
             host.version_id.as_deref().unwrap_or("(none)"),
@@ -206,7 +206,7 @@ fn cluster_version(
         )),
     };
     if let Rollout::Unread(why) = &rollout {
-        log::warn!(
+        crate::warn!(
             "rollout setting unread, going on without it: {why} (apply deploy/rollout.yaml so that nodes may read it)"
         );
     }
@@ -257,7 +257,7 @@ fn node_minor(
         return Ok((version.value.clone(), want));
     }
     if let Some(r) = running.filter(|r| *r != target) {
-        log::info!("moving this node from v{r} to v{target} ({from})");
+        crate::info!("moving this node from v{r} to v{target} ({from})");
     }
     status::decide("kube-minor", format_args!("v{target}"), &from);
     if target == cluster_minor {
@@ -270,11 +270,11 @@ fn node_minor(
         version.value
     );
     if behind > 3 {
-        log::warn!(
+        crate::warn!(
             "{line}; v{target} is {behind} minors behind, outside the version-skew policy (3)"
         );
     } else {
-        log::info!("{line}");
+        crate::info!("{line}");
     }
     Ok((format!("v{target}"), choose::Want::Minor))
 }
@@ -305,7 +305,7 @@ impl Plan {
                 let (img, why) =
                     choose::kubernetes(k8s, want, &lists.offered(&list, KUBERNETES)?, &dir_url)
                         .map_err(|e| lists.below_floor(&list, KUBERNETES, k8s).unwrap_or(e))?;
-                log::info!(
+                crate::info!(
                     "{KUBERNETES} {} chosen for a {k8s} cluster ({why})",
                     img.label()
                 );
@@ -384,7 +384,7 @@ impl Plan {
             .iter()
             .map(|i| format!("{} {}", i.name, i.label()))
             .collect();
-        log::warn!(
+        crate::warn!(
             "not changing this node: {why} (it would take {})",
             next.join(", ")
         );
@@ -565,7 +565,7 @@ impl<'a> Apply<'a> {
             // new patch): /usr is left alone, nothing restarts.
             let unchanged = changed.is_empty()
                 && merge::prove(&expect)
-                    .inspect_err(|e| log::info!("merging again: {e}"))
+                    .inspect_err(|e| crate::info!("merging again: {e}"))
                     .is_ok();
             if unchanged {
                 "unchanged"
@@ -587,7 +587,9 @@ impl<'a> Apply<'a> {
         } else if let Some(boot_merge::Merge::Initramfs) = boot {
             let names: Vec<&str> = steps.iter().map(|s| s.img.name.as_str()).collect();
             if changed.is_empty() && boot_merge::holds(&self.a.root, &names) {
-                log::info!("no link changed: the initramfs merge already holds the staged images");
+                crate::info!(
+                    "no link changed: the initramfs merge already holds the staged images"
+                );
             } else {
                 // Registered before the restart: whatever fails from here on merges the
                 // previous extensions again once their links are back.
@@ -632,12 +634,12 @@ impl Apply<'_> {
     /// The boot merges what this run staged: say so, and whether anything will.
     fn left_to_the_real_root(&self) {
         if !sysext_unit_enabled(self.root) {
-            log::warn!(
+            crate::warn!(
                 "{SYSEXT_UNIT} is not enabled in {}: nothing will merge the staged images at boot (enable it, as Flatcar does)",
                 self.root.show("/etc/systemd/system/sysinit.target.wants")
             );
         }
-        log::info!("staged for the real root: its {SYSEXT_UNIT} merges them at boot");
+        crate::info!("staged for the real root: its {SYSEXT_UNIT} merges them at boot");
     }
 }
 
@@ -689,7 +691,7 @@ fn choose_runtime(
     };
     for f in FLATCAR_RUNTIMES {
         if Link::of(root, f)?.active() {
-            log::info!(
+            crate::info!(
                 "{rt} not staged: Flatcar's own {f} is active in {} and ships the same units; mask it (link {f}.raw to /dev/null) to use {rt} from {}",
                 root.show(stage::LINKS),
                 name
@@ -707,7 +709,7 @@ fn choose_runtime(
     }
     let (list, dir_url) = lists.get(rt)?;
     let img = choose::runtime_image(rt, &wanted, &lists.offered(&list, rt)?, &dir_url)?;
-    log::info!(
+    crate::info!(
         "{rt} {} chosen (mapped for Kubernetes {k8s} by {name})",
         img.label()
     );
@@ -737,7 +739,7 @@ fn node_runtime(
 ) -> Result<(&'static str, Outcome)> {
     for f in FLATCAR_RUNTIMES {
         if Link::of(root, f)?.active() {
-            log::info!(
+            crate::info!(
                 "no runtime extension staged: the node runs Flatcar's own {f} (active in {})",
                 root.show(stage::LINKS)
             );
@@ -756,7 +758,7 @@ fn node_runtime(
         .into_iter()
         .find(|p| root.exists(p));
     if let (None, Some(p)) = (staged, shipped) {
-        log::info!(
+        crate::info!(
             "no runtime extension staged: the node's OS ships {}",
             root.show(p)
         );
@@ -799,12 +801,12 @@ fn node_runtime(
 fn left_alone(root: &Root, name: &str) -> Result<Option<Outcome>> {
     let (word, why) = match Link::of(root, name)? {
         Link::Masked(why) => {
-            log::info!("{name} not staged: the user opted out ({why})");
+            crate::info!("{name} not staged: the user opted out ({why})");
             warn_lower_copies(root, name);
             ("masked", format!("the user opted out ({why})"))
         }
         Link::Foreign(why) => {
-            log::warn!("{name} not staged: {why}, which nodestrap did not make; left alone");
+            crate::warn!("{name} not staged: {why}, which nodestrap did not make; left alone");
             ("foreign", format!("{why}, not made by nodestrap"))
         }
         _ => return Ok(None),
@@ -819,7 +821,7 @@ fn warn_lower_copies(root: &Root, name: &str) {
     for d in ["/run/extensions", "/var/lib/extensions"] {
         let p = format!("{d}/{name}.raw");
         if root.exists(&p) {
-            log::warn!(
+            crate::warn!(
                 "{} exists: systemd-sysext merges it despite the opt-out in /etc/extensions",
                 root.show(&p)
             );
@@ -881,7 +883,7 @@ fn load_trust(root: &Root, a: &Bootstrap) -> Result<Trust> {
         from,
         systemd: crate::sysext::trust::systemd_version(root),
     };
-    log::info!(
+    crate::info!(
         "sysext trust {}: {} certificate(s) from {}{}",
         t.mode,
         t.certs.len(),
@@ -921,14 +923,14 @@ fn others_reported(root: &Root, steps: &[Step], trust: &Trust, arch: &str) -> Re
         match verdict {
             Ok(signer) => {
                 let root_of = trust.root_of(signer);
-                log::info!(
+                crate::info!(
                     "{}: not an extension nodestrap manages, left alone: a signed DDI, {root_of}",
                     d.show(&n)
                 );
                 status::decide(&what, format_args!("not managed: {root_of}"), d.show(&n));
             }
             Err(why) => {
-                log::warn!(
+                crate::warn!(
                     "{}: not an extension nodestrap manages, left alone; under the strict policy ({}) systemd will refuse it, and with it the boot's whole merge: {why}",
                     d.show(&n),
                     crate::sysext::trust::POLICY

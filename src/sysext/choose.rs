@@ -83,7 +83,7 @@ pub fn kubernetes(
                 "{source} offers no {major}.{minor}; {major}.{older} is {} minor(s) older than the API server, within the version-skew policy",
                 minor - older
             );
-            log::warn!("{why}");
+            crate::warn!("{why}");
             return Ok((i.clone(), why));
         }
     }
@@ -121,7 +121,7 @@ fn skew(m: u64) -> u64 {
 /// `None` when the mappings name none for it.
 pub fn runtime(m: &Mappings, cluster: &str) -> Result<Option<(String, Vec<Version>)>> {
     let Some(entries) = m.runtimes_for(cluster) else {
-        log::info!(
+        crate::info!(
             "no runtime extension: {} has no entry for Kubernetes {cluster}'s minor",
             m.source
         );
@@ -131,14 +131,14 @@ pub fn runtime(m: &Mappings, cluster: &str) -> Result<Option<(String, Vec<Versio
         .iter()
         .filter(|(w, _)| w == "containerd" || w == "docker");
     let Some((name, list)) = known.next() else {
-        log::info!(
+        crate::info!(
             "no runtime extension: {} names neither containerd nor docker for Kubernetes {cluster}",
             m.source
         );
         return Ok(None);
     };
     if let Some((other, _)) = known.next() {
-        log::info!("{}: {name} comes first, {other} is not staged", m.source);
+        crate::info!("{}: {name} comes first, {other} is not staged", m.source);
     }
     let versions = list
         .iter()

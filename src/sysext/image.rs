@@ -176,7 +176,7 @@ fn ddi_region(
             }
             let p =
                 ddi::prove(file, &d, &trust.certs).map_err(|w| refuse(Refusal::Unreadable(w)))?;
-            log::info!(
+            crate::info!(
                 "{shown}: signed DDI, root hash {} {}",
                 p.root_hash,
                 trust.root_of(p.signer)

@@ -69,7 +69,7 @@ pub fn choose(root: &Root, lists: &Lists) -> Result<Option<Update>> {
     let listed = Source::shown(&dir_url, "SHA256SUMS");
     match newest {
         Some(img) if img.version > installed => {
-            log::info!(
+            crate::info!(
                 "{NAME} {} chosen over the installed v{installed} ({listed})",
                 img.label()
             );
@@ -85,7 +85,7 @@ pub fn choose(root: &Root, lists: &Lists) -> Result<Option<Update>> {
             }))
         }
         Some(img) => {
-            log::info!(
+            crate::info!(
                 "{NAME} v{installed} installed: the newest release {listed} offers is {}",
                 img.label()
             );
@@ -97,7 +97,7 @@ pub fn choose(root: &Root, lists: &Lists) -> Result<Option<Update>> {
             Ok(None)
         }
         None => {
-            log::warn!(
+            crate::warn!(
                 "{listed} offers no {NAME} release for {}: v{installed} stays",
                 lists.arch
             );
@@ -132,7 +132,7 @@ pub fn apply(root: &Root, source: &Source, u: &Update, undo: &mut Undo) -> Resul
     let (w, from) = installed.inspect_err(|_| {
         dir.remove(&staged).ok();
     })?;
-    log::info!(
+    crate::info!(
         "{}: {NAME} {} installed over v{} ({} bytes from {from}, SHA-256 matches {sums}, runs as {}); the next run is the new release's",
         root.show(INSTALLED),
         u.img.label(),

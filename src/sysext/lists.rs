@@ -48,7 +48,7 @@ impl Lists<'_> {
     fn considered(&self, mut out: Vec<Image>, name: &str) -> Result<Vec<Image>> {
         out.retain(|i| match self.known.refusal(name, &i.digest.to_string()) {
             Some(r) => {
-                log::warn!(
+                crate::warn!(
                     "{name} {} not considered: refused by the boot check at {} ({}; {})",
                     i.label(),
                     r.at,
@@ -77,7 +77,7 @@ impl Lists<'_> {
                 )));
             }
             if out.len() < before {
-                log::info!("{name}: {why}");
+                crate::info!("{name}: {why}");
             }
         }
         Ok(out)
@@ -122,7 +122,7 @@ impl Lists<'_> {
                     .floor
                     .of(&img.name)
                     .map(|(_, f)| f.version.clone());
-                log::warn!(
+                crate::warn!(
                     "{} downgraded to {} below its floor {} (--allow-downgrade): the floor is lowered",
                     img.name,
                     img.label(),
@@ -196,9 +196,9 @@ impl Lists<'_> {
                     Err(e) => return Err(e.into()),
                 };
                 let by = k.verify_detached(&body, &sig, &url)?;
-                log::info!("{url}: good signature by {by}");
+                crate::info!("{url}: good signature by {by}");
             }
-            None => log::warn!("{url}: signature NOT checked (--no-verify-signatures)"),
+            None => crate::warn!("{url}: signature NOT checked (--no-verify-signatures)"),
         }
         let sums = Sums::parse(&body, &url)?;
         let now = std::time::SystemTime::now()

@@ -33,7 +33,7 @@ pub fn refresh(policy: Option<&str>) -> Result<()> {
         .chain(out.tail.lines())
     {
         if !l.trim().is_empty() {
-            log::info!("{SYSEXT} refresh: {l}");
+            crate::info!("{SYSEXT} refresh: {l}");
         }
     }
     if !out.exit.success() {
@@ -46,7 +46,7 @@ pub fn refresh(policy: Option<&str>) -> Result<()> {
     // Units inside the images (kubelet's, containerd's) exist for systemd only after a reload;
     // systemd 252 never reloads by itself.
     dbus::systemd_reload()?;
-    log::info!("systemd reloaded: units inside the extensions are visible");
+    crate::info!("systemd reloaded: units inside the extensions are visible");
     Ok(())
 }
 
@@ -77,13 +77,13 @@ pub fn prove(want: &[Expect]) -> Result<()> {
                     e.label,
                 )));
             }
-            log::info!(
+            crate::info!(
                 "{} merged into /usr: {} says {said}",
                 e.name,
                 argv.join(" ")
             );
         } else {
-            log::info!("{} merged into /usr ({SYSEXT} status)", e.name);
+            crate::info!("{} merged into /usr ({SYSEXT} status)", e.name);
         }
     }
     Ok(())
@@ -202,7 +202,7 @@ pub fn restart_changed(restart: &[(&'static str, String)]) -> Result<()> {
                 "{version} is merged and recorded, but {unit} still runs the previous binary: systemctl restart {unit}"
             ))
         })?;
-        log::info!("{unit} restarted (if it ran): its extension changed to {version}");
+        crate::info!("{unit} restarted (if it ran): its extension changed to {version}");
         crate::node::status::decide(
             unit,
             "restarted",

@@ -59,7 +59,7 @@ pub fn verdict(
 ) -> String {
     let r = report(record, set, ending, merged_by);
     let line = node_report::send(to.root, to.kubeconfig, to.node, &r);
-    log::info!("reported {line}");
+    crate::info!("reported {line}");
     line
 }
 

@@ -112,11 +112,11 @@ pub fn fetch_image(
             .map_err(|e| Error::from(e).context(shown.clone()))?
         {
             vouched(&image::check(&f, &img.name, host, trust, &shown)?);
-            log::info!("{shown}: already in place, SHA-256 and contents checked again");
+            crate::info!("{shown}: already in place, SHA-256 and contents checked again");
             status::staged(&image_path(img), &img.digest);
             return Ok(());
         }
-        log::warn!(
+        crate::warn!(
             "{shown}: its SHA-256 is not the one {} gives: fetching it again",
             status::signed(status::List::Sums)
         );
@@ -128,7 +128,7 @@ pub fn fetch_image(
     let mut sink = VerifiedWrite::new(&dir, &img.file, 0o644, expect, &check, Some(&mut *undo));
     let (Written { bytes: n, .. }, from) =
         source.image(dir_url, img, cap, (&dir, &img.file), &mut sink)?;
-    log::info!("{shown}: {n} bytes from {from}, SHA-256 matches {sums}, contents checked");
+    crate::info!("{shown}: {n} bytes from {from}, SHA-256 matches {sums}, contents checked");
     status::staged(&image_path(img), &img.digest);
     Ok(())
 }
@@ -167,9 +167,9 @@ pub fn relink(root: &Root, name: &str, image: &str, undo: &mut Undo) -> Result<b
     let link = format!("{LINKS}/{name}.raw");
     let changed = undo.link(&link, image)?;
     if changed {
-        log::info!("{} -> {image}", root.show(&link));
+        crate::info!("{} -> {image}", root.show(&link));
     } else {
-        log::info!("{} already links to {image}", root.show(&link));
+        crate::info!("{} already links to {image}", root.show(&link));
     }
     Ok(changed)
 }
@@ -205,7 +205,7 @@ pub fn prune(
             continue;
         }
         undo.set_aside(&dir.node_path(f))?;
-        log::info!(
+        crate::info!(
             "removing {} (more than {KEEP} versions kept): set aside, deleted once the run is done",
             dir.show(f)
         );
@@ -249,7 +249,7 @@ pub fn remove_transfers(root: &Root, name: &str, undo: &mut Undo) -> Result<()> 
             .is_some_and(|b| b.starts_with(TRANSFER_MARK.as_bytes()));
         if ours {
             undo.remove(&path)?;
-            log::info!(
+            crate::info!(
                 "removed {}: nodestrap no longer writes systemd-sysupdate files",
                 dir.show(&f)
             );

@@ -129,7 +129,7 @@ impl Sums {
             if let Some(date) = file.strip_prefix(BEST_BEFORE) {
                 match Date::parse(date) {
                     Some(d) => out.best_before.push(d),
-                    None => log::warn!(
+                    None => crate::warn!(
                         "{name}: line {n}: {file:?} is not a normalised BEST-BEFORE-YYYY-MM-DD date: ignored, as systemd-sysupdate ignores it"
                     ),
                 }

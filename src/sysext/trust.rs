@@ -157,7 +157,7 @@ impl Trust {
                 let path = format!("{dir}/{name}");
                 if root.read(&path, 64 << 10)?.as_deref() != Some(pem.as_bytes()) {
                     undo.write(&path, pem.as_bytes(), 0o644)?;
-                    log::info!("{}: certificate {} installed", root.show(&path), c.name);
+                    crate::info!("{}: certificate {} installed", root.show(&path), c.name);
                 }
             }
             let Some(d) = root.dir(dir)? else { continue };
@@ -167,7 +167,7 @@ impl Trust {
                     && !want.iter().any(|(w, _)| *w == n)
                 {
                     undo.remove(&format!("{dir}/{n}"))?;
-                    log::info!(
+                    crate::info!(
                         "{}: removed: no longer a configured certificate ({})",
                         d.show(&n),
                         self.from

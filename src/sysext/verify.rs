@@ -66,7 +66,7 @@ pub fn run(v: &Verify) -> Result<()> {
         if known.set.is_empty() {
             return Err(not_done(&record, &from));
         }
-        log::info!(
+        crate::info!(
             "{}; expecting the known-good set verified at {}",
             not_done(&record, &from),
             known.verified.as_deref().unwrap_or("?")
@@ -77,14 +77,14 @@ pub fn run(v: &Verify) -> Result<()> {
         match carried.clone() {
             // A return of an earlier check stands until a bootstrap chooses again.
             Some(r) => {
-                log::info!(
+                crate::info!(
                     "expecting the known-good set a check returned to at boot {} ({from})",
                     r.boot_id
                 );
                 Basis::Record(r.to)
             }
             None if record.chosen.is_empty() => {
-                log::info!(
+                crate::info!(
                     "{from} names no extension set (written before the boot check, or every extension left alone): nothing to verify"
                 );
                 return Ok(());
@@ -102,7 +102,7 @@ pub fn run(v: &Verify) -> Result<()> {
         node: &node,
     });
     if let Some(t) = &to {
-        log::info!("reported {}", report::checking(t, &boot_id));
+        crate::info!("reported {}", report::checking(t, &boot_id));
     }
     let (checks, lying) = local_checks(&root, &expected);
     let local_ok = checks.iter().all(|c| c.ok);
@@ -153,7 +153,7 @@ pub fn run(v: &Verify) -> Result<()> {
     let mut verification = Verification::taken(&boot_id, checks, ok, api, api_note, carried);
     verification.local_s = Some(status::millis(local_s));
     verification.merged_by = crate::sysext::boot_merge::which_took().map(|by| {
-        log::info!("merged by: the {by} merge (systemd-sysext status's since, systemd's UserspaceTimestamp)");
+        crate::info!("merged by: the {by} merge (systemd-sysext status's since, systemd's UserspaceTimestamp)");
         by.to_string()
     });
     let set = describe(&expected);
@@ -182,7 +182,7 @@ pub fn run(v: &Verify) -> Result<()> {
         if ok {
             known.verified = Some(verification.at.clone());
             known.save(&root)?;
-            log::info!("verified: the node runs the known-good set ({set})");
+            crate::info!("verified: the node runs the known-good set ({set})");
             return Ok(());
         }
         return Err(Error::failed(format!(
@@ -212,7 +212,7 @@ pub fn run(v: &Verify) -> Result<()> {
         verification.events = status::verdict_events(&verification, 0);
         after.verification = Some(verification);
         let at = status::amend(&root, &record, &after)?;
-        log::info!(
+        crate::info!(
             "verified: the node runs {set} as {from} records; now the known-good set ({}); recorded in {at}",
             root.show(crate::sysext::known_good::PATH)
         );
@@ -234,7 +234,7 @@ pub fn run(v: &Verify) -> Result<()> {
             .filter(|k| !k.ok && k.what.starts_with(&format!("{} ", c.name)))
             .map(|k| format!("{}: expected {}, found {}", k.what, k.expected, k.running))
             .collect();
-        log::warn!(
+        crate::warn!(
             "{} {} ({}) refused: never staged again on this node",
             c.name,
             c.version,
@@ -344,7 +344,7 @@ pub fn run(v: &Verify) -> Result<()> {
             v.reported = Some(told);
         }
         if let Err(e) = status::amend(&root, &record, &told_after) {
-            log::warn!("what the Node was told is not recorded: {e}");
+            crate::warn!("what the Node was told is not recorded: {e}");
         }
     }
     Err(Error::failed(format!(
@@ -597,7 +597,7 @@ fn return_to(
             let ours = format!("{}/{}/", stage::STORE, c.name);
             if root.read_link(&link).is_some_and(|t| t.starts_with(&ours)) {
                 undo.remove(&link)?;
-                log::info!(
+                crate::info!(
                     "{} removed: {} {} is not in the known-good set",
                     root.show(&link),
                     c.name,
@@ -628,7 +628,7 @@ fn return_to(
                     continue;
                 };
                 match crate::node::dbus::systemd_start(unit) {
-                    Ok(_) => log::info!(
+                    Ok(_) => crate::info!(
                         "{unit} started: {} was missing from this boot's merge, so it never ran",
                         c.name
                     ),
@@ -641,7 +641,7 @@ fn return_to(
                 }
             }
             Ok(failed.map(|e| {
-                log::error!("{e}");
+                crate::error!("{e}");
                 e.to_string()
             }))
         }

@@ -61,7 +61,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     } else {
         ""
     };
-    log::info!(
+    crate::info!(
         "OS version {} board {} (from {}{by_arch})",
         os.version,
         os.board,
@@ -76,7 +76,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     // Where torcx looks (its config.json), before anything is fetched for it.
     let layout = if torcx_on {
         let l = Layout::read(&root)?;
-        log::info!(
+        crate::info!(
             "torcx stores under {}, profiles in {}, applied profile {} (from {})",
             l.store_root(),
             l.profiles_dir(),
@@ -200,7 +200,7 @@ impl<'a> Staging<'a> {
                 runtime::stage_runtime(root, &m, &st, wanted, undo)?
             }
             _ => {
-                log::info!("torcx setup skipped (--torcx-skip-setup)");
+                crate::info!("torcx setup skipped (--torcx-skip-setup)");
                 None
             }
         };
@@ -256,7 +256,7 @@ impl<'a> Staging<'a> {
             self.next.unwrap_or("none"),
         )?;
         if reasons.is_empty() {
-            log::info!("no reboot needed");
+            crate::info!("no reboot needed");
             return Ok(());
         }
         rebooter.reboot(&reasons.join("; "))
@@ -293,7 +293,7 @@ fn runtime_versions(root: &Root, a: &Bootstrap, kube: Option<&Kube>, k8s: &str) 
         }
         other => {
             if let Some(Err(e)) = other {
-                log::warn!("runtime mappings from the API unavailable, using {name}: {e}");
+                crate::warn!("runtime mappings from the API unavailable, using {name}: {e}");
             }
             let text = root.read_text(&a.version_manifest)?.ok_or_else(|| {
                 Error::failed(format!(
@@ -311,7 +311,7 @@ fn runtime_versions(root: &Root, a: &Bootstrap, kube: Option<&Kube>, k8s: &str) 
 fn os_update(a: &Bootstrap, root: &Root) -> Result<Update> {
     let u = if a.upgrade_os && !a.dry_run {
         if !root.is_host() {
-            log::warn!("--upgrade-os with --root {}: the update_engine asked is the one on this system bus", root.show("/"));
+            crate::warn!("--upgrade-os with --root {}: the update_engine asked is the one on this system bus", root.show("/"));
         }
         // The run's deadline bounds the wait too.
         let left = a
@@ -319,7 +319,7 @@ fn os_update(a: &Bootstrap, root: &Root) -> Result<Update> {
             .run_deadline()
             .saturating_duration_since(std::time::Instant::now());
         let wait = Duration::from_secs(a.update_timeout).min(left);
-        log::info!(
+        crate::info!(
             "asking update_engine for an OS update (AttemptUpdate), waiting up to {}s (--update-timeout {}, --deadline {})",
             wait.as_secs(),
             a.update_timeout,
@@ -333,15 +333,15 @@ fn os_update(a: &Bootstrap, root: &Root) -> Result<Update> {
     let (value, source) = match &u {
         Update::Unavailable(why) => {
             let source = format!("update_engine is not on the system bus ({why})");
-            log::info!("no pending OS update: {source}");
+            crate::info!("no pending OS update: {source}");
             ("none".to_string(), source)
         }
         Update::Pending(v) => {
-            log::info!("OS update to {v} pending a reboot (from update_engine)");
+            crate::info!("OS update to {v} pending a reboot (from update_engine)");
             (v.clone(), "update_engine: pending a reboot".to_string())
         }
         Update::PendingUnknown => {
-            log::warn!(
+            crate::warn!(
                 "OS update pending a reboot, but update_engine does not say to which version"
             );
             (
@@ -350,7 +350,7 @@ fn os_update(a: &Bootstrap, root: &Root) -> Result<Update> {
             )
         }
         Update::None(op) => {
-            log::info!("no pending OS update (update_engine status {op})");
+            crate::info!("no pending OS update (update_engine status {op})");
             ("none".to_string(), format!("update_engine status {op}"))
         }
     };
@@ -398,7 +398,7 @@ fn install_cleanup<'a>(root: &'a Root, dry_run: bool, undo: &mut Undo<'a>) -> Re
         return Ok(());
     }
     store::install_cleanup_unit(undo)?;
-    log::info!(
+    crate::info!(
         "installed {} in {}: /var/lib/docker is wiped at shutdown (docker cannot downgrade its data)",
         store::CLEANUP_UNIT,
         root.show("/run/systemd/system")

@@ -110,7 +110,7 @@ fn open(a: &Hook) -> Result<Opened> {
 /// Step 1: the node's OS version and board.
 fn os_info(root: &Root) -> Result<OsInfo> {
     let os = OsInfo::read(root)?;
-    log::info!(
+    crate::info!(
         "OS version {} board {} (from {})",
         os.version,
         os.board,
@@ -128,7 +128,7 @@ fn kube_version(root: &Root) -> Result<String> {
             root.show(KUBELET_ENV)
         ))
     })?;
-    log::info!(
+    crate::info!(
         "Kubernetes version {k8s} (from KUBELET_IMAGE_TAG in {})",
         root.show(KUBELET_ENV)
     );
@@ -151,7 +151,7 @@ fn wanted(a: &Hook, pod: &Root, k8s: &str) -> Result<runtime::Wanted> {
 fn next_os() -> Result<Option<String>> {
     let next = match dbus::update_status()? {
         Update::Pending(v) => {
-            log::info!("OS update to {v} pending a reboot (from update_engine)");
+            crate::info!("OS update to {v} pending a reboot (from update_engine)");
             Some(v)
         }
         // Staging for "some version" is impossible, and annotating would let the node reboot
@@ -162,7 +162,7 @@ fn next_os() -> Result<Option<String>> {
             ))
         }
         Update::None(op) => {
-            log::info!("no pending OS update (update_engine status {op})");
+            crate::info!("no pending OS update (update_engine status {op})");
             None
         }
         // The operator labels a node only once its agent saw an update ready: an update_engine
@@ -181,7 +181,7 @@ fn next_os() -> Result<Option<String>> {
 /// Step 5's start: where torcx keeps stores and profiles on this node.
 fn layout(root: &Root) -> Result<Layout> {
     let layout = Layout::read(root)?;
-    log::info!(
+    crate::info!(
         "torcx stores under {}, profiles in {} (from {})",
         layout.store_root(),
         layout.profiles_dir(),
@@ -224,9 +224,9 @@ fn stage_and_annotate(
         let patch = serde_json::json!({"metadata": {"annotations": {&a.node_annotation: "true"}}});
         let got = kube.patch_node(node, &patch)?;
         if got["metadata"]["annotations"][&a.node_annotation] != "true" {
-            log::warn!("the API server's answer does not show the annotation");
+            crate::warn!("the API server's answer does not show the annotation");
         }
-        log::info!(
+        crate::info!(
             "Node {node}: annotation {}=true set (credentials from {})",
             a.node_annotation,
             kube.source
@@ -248,21 +248,21 @@ fn gc(root: &Root, layout: &Layout, os: &OsInfo, next: Option<&str>) {
         Some(next) => match store::gc_stores(root, layout, &os.version, next) {
             Ok(done) => {
                 for (store, e) in &done.skipped {
-                    log::warn!("old torcx store {store} not removed, skipped: {e}");
+                    crate::warn!("old torcx store {store} not removed, skipped: {e}");
                 }
                 if done.removed.is_empty() {
-                    log::info!("no torcx store older than OS {} removed", os.version)
+                    crate::info!("no torcx store older than OS {} removed", os.version)
                 } else {
-                    log::info!(
+                    crate::info!(
                         "removed torcx stores older than OS {}: {}",
                         os.version,
                         done.removed.join(", ")
                     )
                 }
             }
-            Err(e) => log::warn!("removing old torcx stores: {e}"),
+            Err(e) => crate::warn!("removing old torcx stores: {e}"),
         },
-        None => log::info!("next OS version unknown: old torcx stores kept"),
+        None => crate::info!("next OS version unknown: old torcx stores kept"),
     }
 }
 
@@ -274,7 +274,7 @@ fn summary(a: &Hook, k8s: &str, chosen: Option<&str>, next: Option<&str>) {
         next.unwrap_or("none"),
         a.node_annotation
     ) {
-        log::warn!("{e}");
+        crate::warn!("{e}");
     }
 }
 
@@ -284,7 +284,7 @@ fn idle(a: &Hook) {
         // The run is done: its record says so now, not when the pod is stopped.
         crate::node::status::finish(0, None);
         signals::exit_on_sigterm();
-        log::info!("done; idle until SIGTERM");
+        crate::info!("done; idle until SIGTERM");
         loop {
             std::thread::sleep(Duration::from_secs(a.sleep));
         }

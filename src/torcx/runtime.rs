@@ -129,7 +129,7 @@ pub fn pick_versions(mappings: &Mappings, k8s: &str) -> Result<Wanted> {
             )));
         }
     }
-    log::info!(
+    crate::info!(
         "{RUNTIME} versions for Kubernetes {k8s}: {} (from {})",
         wanted.join(", "),
         mappings.source
@@ -180,9 +180,9 @@ impl Manifests<'_> {
                     .http()
                     .fetch(&Request::get(&sig_url), SIGNATURE_CAP)?;
                 let by = k.verify_detached(&body, &sig, &url)?;
-                log::info!("manifest {url}: good signature by {by}");
+                crate::info!("manifest {url}: good signature by {by}");
             }
-            None => log::warn!("manifest {url}: signature NOT checked (--no-verify-signatures)"),
+            None => crate::warn!("manifest {url}: signature NOT checked (--no-verify-signatures)"),
         }
         PackageList::parse(&body, &url)
     }
@@ -215,7 +215,7 @@ pub fn stage_runtime(
     //    too when it offers the same version.
     let primary = next.unwrap_or(current);
     if !store::supports_remote(primary) {
-        log::warn!(
+        crate::warn!(
             "OS {primary} is older than {}: it has no torcx manifests; runtime left as shipped",
             store::MIN_REMOTE_OS
         );
@@ -237,7 +237,7 @@ pub fn stage_runtime(
                 bounded_list(offered.into_iter()),
             ))
         })?;
-    log::info!("{RUNTIME} {version} chosen for OS {primary} (first of the mapped versions the manifest offers)");
+    crate::info!("{RUNTIME} {version} chosen for OS {primary} (first of the mapped versions the manifest offers)");
     status::decide(
         RUNTIME,
         &version,
@@ -251,7 +251,7 @@ pub fn stage_runtime(
     if let Some(cur) = next.map(|_| current).filter(|c| store::supports_remote(c)) {
         match m.get(cur)?.source_for(RUNTIME, &version) {
             Some(s) => targets.push((cur.to_string(), s)),
-            None => log::info!(
+            None => crate::info!(
                 "OS {cur} does not offer {RUNTIME} {version}: staging only for {primary}"
             ),
         }
@@ -263,7 +263,7 @@ pub fn stage_runtime(
         let at = format!("{}/{file}", st.layout.user_store(os));
         match source {
             Source::Vendored(p) => {
-                log::info!("{file} for OS {os}: shipped in its /usr ({p}), nothing to download")
+                crate::info!("{file} for OS {os}: shipped in its /usr ({p}), nothing to download")
             }
             Source::Remote { digest, .. }
                 if torcx_takes_another(root, st, os, &version, &at, digest)? => {}
@@ -283,13 +283,13 @@ pub fn stage_runtime(
                 status::staged(&at, digest);
                 match staged {
                     Staged::Kept => {
-                        log::info!("{file} for OS {os}: already in the store with the right hash")
+                        crate::info!("{file} for OS {os}: already in the store with the right hash")
                     }
                     Staged::Copied(from) => {
-                        log::info!("{file} for OS {os}: copied from {from} (hash verified)")
+                        crate::info!("{file} for OS {os}: copied from {from} (hash verified)")
                     }
                     Staged::Downloaded(n) => {
-                        log::info!(
+                        crate::info!(
                             "{file} for OS {os}: downloaded {n} bytes from {url}, hash verified"
                         )
                     }
@@ -307,7 +307,7 @@ pub fn stage_runtime(
     } else {
         store::keep_known_good(root, st.layout, undo)?;
         store::set_profile_image(root, st.layout, &profile, RUNTIME, &version, undo)?;
-        log::info!(
+        crate::info!(
             "profile {profile} ({why}) now names {RUNTIME}:{version}; next-profile set (torcx paths from {})",
             st.layout.source
         );
@@ -348,7 +348,7 @@ fn above_floor(
             wanted.source
         )));
     }
-    log::info!("{why}");
+    crate::info!("{why}");
     Ok(keep)
 }
 
@@ -372,7 +372,7 @@ fn raise_floor(
     let lowered = old.as_ref().is_some_and(|(f, _)| v < *f)
         && crate::node::floor::allowed(downgrades, RUNTIME).as_ref() == Some(&v);
     if let Some((_, from)) = old.as_ref().filter(|_| lowered) {
-        log::warn!(
+        crate::warn!(
             "{RUNTIME} downgraded to {version} below its floor {from} (--allow-downgrade): the floor is lowered"
         );
         status::decide(
@@ -417,7 +417,7 @@ fn torcx_takes_another(
         None => false,
     };
     if matches {
-        log::info!(
+        crate::info!(
             "{RUNTIME}:{version} for OS {os}: torcx takes {shown}, which matches {} ({digest}): nothing to stage",
             crate::node::status::signed(crate::node::status::List::Manifest)
         );

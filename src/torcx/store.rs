@@ -203,7 +203,7 @@ pub fn stage_image(
         if w.digest.matches(f).with_ctx(|| dir.show(&file))? {
             return Ok(Staged::Kept);
         }
-        log::warn!(
+        crate::warn!(
             "{} does not match {}; replacing it",
             dir.show(&file),
             w.digest
@@ -241,7 +241,7 @@ pub fn stage_image(
                 crate::debug!("{} does not match {}", root.show(&other), w.digest)
             }
             // Another store is only a shortcut: a copy that cannot be read is downloaded.
-            Err(Staging::Read(e)) => log::warn!("not copying from {}: {e}", root.show(&other)),
+            Err(Staging::Read(e)) => crate::warn!("not copying from {}: {e}", root.show(&other)),
             Err(Staging::Write(e)) => return Err(e),
         }
     }
@@ -375,7 +375,7 @@ pub fn keep_known_good(root: &Root, layout: &Layout, undo: &mut Undo) -> Result<
     };
     Profile::parse(&b, &root.show(&applied))?;
     undo.write(&path, &b, 0o644)?;
-    log::info!(
+    crate::info!(
         "{} kept as {}: the profile this boot runs, for the boot check to return to",
         root.show(&applied),
         root.show(&path)

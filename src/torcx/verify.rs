@@ -83,7 +83,9 @@ pub fn run(v: &Verify) -> Result<()> {
                 root.show(&known_path)
             )));
         };
-        log::info!("{from}: the last bootstrap did not complete; expecting the known-good profile");
+        crate::info!(
+            "{from}: the last bootstrap did not complete; expecting the known-good profile"
+        );
         Expected {
             profile: KNOWN_GOOD.into(),
             version: v,
@@ -94,7 +96,7 @@ pub fn run(v: &Verify) -> Result<()> {
         let kubelet = kubelet.map(|(version, path)| (path, version));
         if let Some(r) = &carried {
             // A return of an earlier check stands until a bootstrap chooses again.
-            log::info!(
+            crate::info!(
                 "expecting the known-good profile a check selected at boot {} ({from})",
                 r.boot_id
             );
@@ -111,7 +113,7 @@ pub fn run(v: &Verify) -> Result<()> {
                     kubelet,
                 },
                 _ => {
-                    log::info!(
+                    crate::info!(
                         "{from}: the last bootstrap selected no torcx profile (torcx left alone): nothing to verify"
                     );
                     return Ok(());
@@ -125,7 +127,7 @@ pub fn run(v: &Verify) -> Result<()> {
         .as_ref()
         .is_some_and(|p| p.boot_id == boot_id);
     if this_boot && carried.is_none() && matches!(record.reboot, Reboot::Needed { .. }) {
-        log::info!(
+        crate::info!(
             "{from}: the bootstrap of this boot selected profile {} (docker {}) for the next boot; nothing to verify before it",
             expected.profile,
             expected.version
@@ -182,7 +184,7 @@ pub fn run(v: &Verify) -> Result<()> {
         }
         let told = tell(v, &root, &node, &expected, None);
         if record.state != State::Done {
-            log::info!("verified: the node runs its known-good {what}");
+            crate::info!("verified: the node runs its known-good {what}");
             return Ok(());
         }
         verification.reported = told;
@@ -195,7 +197,7 @@ pub fn run(v: &Verify) -> Result<()> {
         verification.events = status::verdict_events(&verification, 0);
         after.verification = Some(verification);
         let at = status::amend(&root, &record, &after)?;
-        log::info!(
+        crate::info!(
             "verified: torcx applied {what} as {from} records; kept as the known-good profile {}; recorded in {at}",
             root.show(&known_path)
         );
@@ -234,7 +236,7 @@ pub fn run(v: &Verify) -> Result<()> {
         let reason = format!(
             "the boot check selected the known-good profile {KNOWN_GOOD} (docker {v}) as next-profile: torcx applies it at the next boot, which nodestrap leaves to the operator or the update agent"
         );
-        log::warn!("reboot needed: {reason}");
+        crate::warn!("reboot needed: {reason}");
         after.reboot = Reboot::Needed {
             reason: reason.clone(),
         };
@@ -279,7 +281,7 @@ pub fn run(v: &Verify) -> Result<()> {
             t.reported = Some(told);
         }
         if let Err(e) = status::amend(&root, &record, &told_after) {
-            log::warn!("what the Node was told is not recorded: {e}");
+            crate::warn!("what the Node was told is not recorded: {e}");
         }
     }
     Err(Error::failed(format!(
@@ -336,7 +338,7 @@ fn tell(
         },
     };
     let line = node_report::send(root, &v.kubeconfig, node, &report);
-    log::info!("reported {line}");
+    crate::info!("reported {line}");
     Some(line)
 }
 

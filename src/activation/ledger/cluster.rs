@@ -220,7 +220,7 @@ impl ClusterLedger {
                 Reply::Ok(_) | Reply::Status(_, _) => {}
             }
         }
-        log::info!(
+        crate::info!(
             "ticket records: ConfigMaps in namespace {ns}, which this instance ({instance}) may \
              create, get and update ({})",
             startup.source
@@ -368,7 +368,7 @@ impl ClusterLedger {
                 entry.attempt = (old.attempt() + 1).to_string();
                 match self.replace(&name, &entry, &rv) {
                     Ok(Some(rv)) => {
-                        log::info!(
+                        crate::info!(
                             "{name}: {} ({}) asks again after a failed issuance{}; claimed again \
                              (attempt {})",
                             old.node,
@@ -441,18 +441,18 @@ impl ClusterLedger {
             Ok(Some(_)) => {}
             Ok(None) => match self.current(&name) {
                 // An earlier attempt whose answer never came landed: it is written.
-                Some(now) if now == e => log::info!(
+                Some(now) if now == e => crate::info!(
                     "{name}: the {:?} record was written by an earlier attempt",
                     e.state
                 ),
                 // A failure that landed late, and the node has been claimed again since (or
                 // this claim's lease ran out first): no ticket of this claim left, nothing lost.
-                _ if e.state == State::Failed => log::info!(
+                _ if e.state == State::Failed => crate::info!(
                     "{name}: claimed again since this instance's failed attempt {}; nothing to \
                      record",
                     e.attempt
                 ),
-                _ => log::error!(
+                _ => crate::error!(
                     "{name}: the record was changed by another instance while this one held the \
                      claim (its lease of {} s ran out); the ticket this instance wrote is not \
                      recorded as issued",
@@ -460,7 +460,7 @@ impl ClusterLedger {
                 ),
             },
             Err(err) => {
-                log::warn!(
+                crate::warn!(
                     "{name}: recording {:?} failed ({err}); kept to write when the API server \
                      answers",
                     e.state
@@ -485,7 +485,7 @@ impl ClusterLedger {
         }
         for (name, e, rv) in std::mem::take(&mut self.pending) {
             if !self.held_off() {
-                log::info!("{name}: writing the {:?} record kept before", e.state);
+                crate::info!("{name}: writing the {:?} record kept before", e.state);
             }
             self.write(name, e, rv);
         }
@@ -537,7 +537,7 @@ impl ClusterLedger {
         let (_, to) = root.parent_of(&carried)?;
         dir.rename(&file, &to)?;
         dir.fsync()?;
-        log::info!(
+        crate::info!(
             "{} identities of the file record {from} carried into namespace {}; the file is now {}",
             issued.len(),
             self.ns,

@@ -32,7 +32,9 @@ pub(crate) struct IssuedTo {
 
 /// The record file's text (`name` for messages); any flaw is an error, never an empty record.
 pub(crate) fn parse_record(text: &str, name: &str) -> Result<Issued> {
-    serde_json::from_str::<Record>(text)
+    // from_slice, as every other JSON read of the binary: from_str is another copy of
+    // serde_json's reader (6 KB).
+    serde_json::from_slice::<Record>(text.as_bytes())
         .map(|r| r.issued)
         .map_err(|e| Error::failed(format!("{name}: not a ticket record: {e}")))
 }
@@ -59,7 +61,7 @@ impl<'r> FileLedger<'r> {
             Some(t) => parse_record(&t, &root.show(path))?,
             None => Issued::new(),
         };
-        log::info!(
+        crate::info!(
             "{} node identities already have a ticket (from {})",
             issued.len(),
             root.show(path)
@@ -103,7 +105,7 @@ impl<'r> FileLedger<'r> {
             // A write that failed after its rename (the folder's fsync) left the new record in
             // place: the old one goes back, so that the file says what the answer says.
             if let Err(undo) = self.save() {
-                log::warn!(
+                crate::warn!(
                     "{}: could not put the record back without {}: {undo}",
                     self.describe(),
                     held.identity

@@ -141,7 +141,7 @@ impl<'a> Run<'a> {
         let prev = read_state(&self.s.root)?.filter(|st| {
             let same = st.target == self.target && st.flow == flow;
             if !same {
-                log::info!("state file is for another reprovision target; starting afresh");
+                crate::info!("state file is for another reprovision target; starting afresh");
             }
             same
         });
@@ -149,7 +149,7 @@ impl<'a> Run<'a> {
             return Ok(Next::Go(None));
         };
         if st.phase == Phase::Done {
-            log::info!(
+            crate::info!(
                 "node {node} was already reprovisioned for this target ({}); nothing to do",
                 st.config.as_deref().unwrap_or(flow.name())
             );
@@ -168,7 +168,7 @@ impl<'a> Run<'a> {
             // The MCD applied the config (or systemd accepted the reboot) in this boot: the
             // node is going down. Fetching, patching and running the MCD again would only
             // race it.
-            log::info!(
+            crate::info!(
                 "node {node} was handed off in this boot and is rebooting into its new configuration; nothing to do"
             );
             summary(format_args!(
@@ -188,7 +188,7 @@ impl<'a> Run<'a> {
             if !self.a.dry_run {
                 write_state(&work, &done)?;
             }
-            log::info!(
+            crate::info!(
                 "node {node} rebooted into its new configuration since the hand-off; reprovision done"
             );
             summary(format_args!(
@@ -205,7 +205,7 @@ impl<'a> Run<'a> {
     fn configure(&self, prev: Option<State>) -> Result<Next<Configured>> {
         let (node, flow) = (&self.node, self.flow);
         if flow == Flow::Rhel && prev.is_some() {
-            log::info!(
+            crate::info!(
                 "the payload's entry script already succeeded in this boot; resuming at the label"
             );
             if self.a.dry_run {
@@ -286,7 +286,7 @@ impl<'a> Run<'a> {
         // not hand off a second time, even if this process is killed before it ends.
         let pending = || {
             if let Err(e) = write_state(&work, &self.state(Phase::RebootPending, config())) {
-                log::warn!("{e}");
+                crate::warn!("{e}");
             }
         };
         let r = match &c {
@@ -358,7 +358,7 @@ fn remove_label(kube: &Kube, node: &str, label: &str) -> Result<()> {
             "Node {node}: the API server's answer still has label {label}"
         )));
     }
-    log::info!(
+    crate::info!(
         "Node {node}: label {label} removed (credentials from {})",
         kube.source
     );

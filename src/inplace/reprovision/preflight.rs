@@ -23,9 +23,9 @@ pub(super) fn check(check: &'static str, target: &str, r: Result<String>) -> Che
         Err(e) => (false, e.to_string()),
     };
     if pass {
-        log::info!("preflight {check} {target}: pass: {detail}");
+        crate::info!("preflight {check} {target}: pass: {detail}");
     } else {
-        log::error!("preflight {check} {target}: FAIL: {detail}");
+        crate::error!("preflight {check} {target}: FAIL: {detail}");
     }
     Check {
         check,
@@ -228,7 +228,7 @@ pub(super) fn print_table(checks: &[Check]) -> Result<()> {
 /// A summary line once the node's state is decided: a stdout that went away is logged only.
 pub(super) fn summary(line: std::fmt::Arguments) {
     if let Err(e) = crate::output::line(line) {
-        log::warn!("{e}");
+        crate::warn!("{e}");
     }
 }
 
@@ -251,6 +251,6 @@ pub fn preflight(a: &Reprovision) -> Result<()> {
             checks.len()
         )));
     }
-    log::info!("preflight: all {} checks passed", checks.len());
+    crate::info!("preflight: all {} checks passed", checks.len());
     Ok(())
 }

@@ -34,7 +34,7 @@ pub(super) fn rhcos_configure(
             return Err(e);
         }
     };
-    log::info!(
+    crate::info!(
         "Ignition config from {src}: spec {}, rendered config {} (from {})",
         mco::version(&cfg),
         r.name,
@@ -49,7 +49,7 @@ pub(super) fn rhcos_configure(
     let image = match (&a.mcd_binary, mco::mco_image(&cfg)) {
         (Some(_), _) => None,
         (None, Some(i)) => {
-            log::info!("machine-config-daemon comes from {i} (named by the config's MCD units)");
+            crate::info!("machine-config-daemon comes from {i} (named by the config's MCD units)");
             Some(i)
         }
         (None, None) => {
@@ -71,7 +71,7 @@ pub(super) fn rhcos_configure(
             }
         },
     };
-    log::info!("{} for the node from {from}", mco::KUBECONFIG);
+    crate::info!("{} for the node from {from}", mco::KUBECONFIG);
     mco::set_file(&mut cfg, mco::KUBECONFIG, &kubeconfig);
     mco::set_file(
         &mut cfg,
@@ -84,7 +84,7 @@ pub(super) fn rhcos_configure(
     let data = serde_json::to_vec(&mc).expect("serialisable");
     let mut mcd = None;
     if a.dry_run {
-        log::info!(
+        crate::info!(
             "dry run: would write {} ({} bytes) and run machine-config-daemon",
             s.root.show(mco::ENCAPSULATED),
             data.len()
@@ -97,7 +97,7 @@ pub(super) fn rhcos_configure(
         });
         // 0600: it carries the kubeconfig.
         s.root.write_atomic(mco::ENCAPSULATED, &data, 0o600)?;
-        log::info!(
+        crate::info!(
             "wrote {} (MachineConfig {}, {} bytes)",
             s.root.show(mco::ENCAPSULATED),
             r.name,
@@ -116,7 +116,7 @@ pub(super) fn rhcos_configure(
 /// MachineConfig and reboots the node itself.
 pub(super) fn run_mcd(a: &Reprovision, mcd: &Path) -> Result<()> {
     let root = a.root.to_string_lossy().into_owned();
-    log::info!(
+    crate::info!(
         "running {} firstboot-complete-machineconfig --root-mount {root}",
         mcd.display()
     );
@@ -145,7 +145,7 @@ pub(super) fn run_mcd(a: &Reprovision, mcd: &Path) -> Result<()> {
 pub(super) fn mcd_hand_off(a: &Reprovision, root: &Root, mcd: &Path) -> Result<()> {
     match run_mcd(a, mcd) {
         Err(e) if finished_on_disk(root, Flow::Rhcos) => {
-            log::info!(
+            crate::info!(
                 "machine-config-daemon applied the config ({} is gone) and ended while its reboot is under way: {e}",
                 root.show(mco::ENCAPSULATED)
             );
@@ -172,7 +172,7 @@ pub(super) fn extract_mcd(a: &Reprovision, work: &Dir, image: &str) -> Result<Pa
         })
         .collect();
     let (program, args) = words.split_first().expect("setup checked it is not empty");
-    log::info!("extracting machine-config-daemon from {image} with {program}");
+    crate::info!("extracting machine-config-daemon from {image} with {program}");
     exec::stream_to_log(
         &Command {
             program: PathBuf::from(program),

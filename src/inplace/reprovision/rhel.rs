@@ -25,7 +25,7 @@ pub(super) fn rhel_configure(
 ) -> Result<()> {
     let (worker, cluster, region) = s.secrets.ids.clone().expect("rhel ids");
     if a.dry_run {
-        log::info!(
+        crate::info!(
             "dry run: would download the payload, unpack it under {} and run {}",
             s.root.show(WORK),
             a.payload_entry
@@ -71,7 +71,7 @@ pub(super) fn rhel_configure(
         Some((_, says)) => format!("verified against {says}"),
         None => "no payload-sha256 to check".to_string(),
     };
-    log::info!(
+    crate::info!(
         "payload from {}: {n} bytes, sha256 {sha} ({verified})",
         s.secrets.url
     );
@@ -110,7 +110,7 @@ pub(super) fn unpack_and_run(
         &s.secrets.url,
         &crate::inplace::payload::Limits::default(),
     )?;
-    log::info!(
+    crate::info!(
         "payload unpacked into {}: {} files, {} directories, {} symlinks, {} hard links, {} bytes",
         work.show(PAYLOAD_DIR),
         sum.files,
@@ -145,7 +145,7 @@ pub(super) fn unpack_and_run(
         ("HOST_ROOT".into(), a.root.to_string_lossy().into_owned()),
         ("HOME".into(), "/root".into()),
     ]);
-    log::info!(
+    crate::info!(
         "running the payload's {} (timeout {} s)",
         a.payload_entry,
         a.entry_timeout

@@ -222,7 +222,7 @@ pub(super) fn flow(a: &Reprovision, root: &Root) -> Result<Flow> {
                 )))
             }
         };
-        log::info!("flow {} (from ID={id} in {})", f.name(), root.show(p));
+        crate::info!("flow {} (from ID={id} in {})", f.name(), root.show(p));
         return Ok(f);
     }
     Err(Error::config(format!(
@@ -289,7 +289,7 @@ impl Needs for ForPreflight {
         match client() {
             Ok(kube) => Ok(Some(Api { node, kube })),
             Err(e) => {
-                log::warn!("no Kubernetes API client: {e}");
+                crate::warn!("no Kubernetes API client: {e}");
                 Ok(None)
             }
         }

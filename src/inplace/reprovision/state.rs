@@ -41,7 +41,7 @@ pub(super) fn read_state(root: &Root) -> Result<Option<State>> {
         Ok(s) => Ok(Some(s)),
         // A state we cannot read says nothing: start over (every step is safe to repeat).
         Err(e) => {
-            log::warn!("{}: unreadable ({e}); starting over", root.show(&p));
+            crate::warn!("{}: unreadable ({e}); starting over", root.show(&p));
             Ok(None)
         }
     }

@@ -89,7 +89,7 @@ pub fn load(root: &Path, command: &str) -> Result<Option<(Record, String)>> {
     let found = match found {
         Some((r, from)) if same_root(&r.root, root) => Some((r, from)),
         Some((r, from)) => {
-            log::info!(
+            crate::info!(
                 "{from} is the record of a run on root {}, not {}: reading the record kept under {}",
                 r.root,
                 root.display(),

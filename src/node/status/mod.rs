@@ -481,12 +481,12 @@ pub fn finish(code: i32, error: Option<&Error>) {
     }
     let json = match to_json(r) {
         Ok(j) => j,
-        Err(e) => return log::error!("{e}"),
+        Err(e) => return crate::error!("{e}"),
     };
     // A record that cannot be written is a warning: the run's own error stays the last.
     let command = o.record.command.clone();
     if let Err(e) = save_run_dir(&command, &json) {
-        log::warn!("{e}");
+        crate::warn!("{e}");
     }
     let kept_at = kept(&command);
     let kept = Root::open(&o.root).and_then(|root| {
@@ -494,11 +494,11 @@ pub fn finish(code: i32, error: Option<&Error>) {
         Ok(root.show(&kept_at))
     });
     match kept {
-        Ok(at) => log::info!(
+        Ok(at) => crate::info!(
             "status record written to {} and {at}",
             run_file(&command).display()
         ),
-        Err(e) => log::warn!("status record: {e}"),
+        Err(e) => crate::warn!("status record: {e}"),
     }
 }
 
@@ -510,7 +510,7 @@ fn save_running() {
         return;
     };
     if let Err(e) = json.and_then(|j| save_run_dir(&command, &j)) {
-        log::warn!("{e}");
+        crate::warn!("{e}");
     }
 }
 

@@ -13,7 +13,7 @@ use super::*;
 /// 3 it is still running, 4 there is no record.
 pub fn print(root: &Path, command: &str, json: bool) -> Result<i32> {
     let Some((r, from)) = load(root, command)? else {
-        log::error!(
+        crate::error!(
             "no status record at {} nor {}: no {command} has run",
             run_file(command).display(),
             Root::open(root)?.show(&kept(command))
@@ -40,11 +40,11 @@ pub fn print_all(root: &Path, json: bool) -> Result<i32> {
         match load(root, c) {
             Ok(Some(x)) => found.push(x),
             Ok(None) => {}
-            Err(e) => log::error!("{e}"),
+            Err(e) => crate::error!("{e}"),
         }
     }
     if found.is_empty() {
-        log::error!(
+        crate::error!(
             "no status record of any command under {} nor {}",
             run_dir().display(),
             Root::open(root)?.show(KEPT_DIR)

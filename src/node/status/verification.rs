@@ -67,9 +67,9 @@ impl Check {
         let (expected, running) = (bounded(expected), bounded(running));
         let line = format!("check {what}: expected {expected}, found {running}");
         if ok {
-            log::info!("{line}");
+            crate::info!("{line}");
         } else {
-            log::error!("{line}");
+            crate::error!("{line}");
         }
         let c = Check {
             what,
