@@ -39,7 +39,11 @@ use state::*;
 pub fn run(a: &Reprovision) -> Result<()> {
     // 0. Options, Secret, flow and clients (exit 2 on any configuration error).
     let r = Run::setup(a)?;
-    // 1. Where a previous run got to: a finished run, or a hand-off in this boot, ends here.
+    // 1. Where a previous run got to: a finished run, or a hand-off in this boot, ends here;
+    //    a payload an earlier run could not remove goes first.
+    if !a.dry_run {
+        rhel::sweep_payload(&r.s.root)?;
+    }
     let Next::Go(prev) = r.previous()? else {
         return Ok(());
     };

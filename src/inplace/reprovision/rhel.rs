@@ -83,15 +83,40 @@ pub(super) fn rhel_configure(
         "unpacking the payload and running its entry script",
     );
     let r = unpack_and_run(a, s, &work, node, (&worker, &cluster, &region));
-    // The unpacked payload and the archive may hold credentials: neither stays.
-    let _ = work.remove_dir_tree(PAYLOAD_DIR);
-    let _ = work.remove(PAYLOAD_FILE);
+    remove_payload(&work);
     r?;
     progress.report(
         "configure",
         "succeeded",
         &format!("{} exited 0", a.payload_entry),
     );
+    Ok(())
+}
+
+/// The unpacked payload and its archive may hold credentials: neither stays. One that cannot be
+/// removed is named, and the next run (whatever its phase, `sweep_payload`) tries again.
+fn remove_payload(work: &Dir) {
+    let dir = work.remove_dir_tree(PAYLOAD_DIR).map(|_| ());
+    for (name, r) in [
+        (PAYLOAD_DIR, dir),
+        (PAYLOAD_FILE, work.remove(PAYLOAD_FILE)),
+    ] {
+        if let Err(e) = r {
+            crate::warn!(
+                "{} not removed, and it may hold credentials: the next run tries again: {e}",
+                work.show(name)
+            );
+        }
+    }
+}
+
+/// What a run that could not remove the payload left (`remove_payload`), removed at the start of
+/// every run that changes the node, before it looks at its phase: a node already handed off or
+/// done keeps no credentials either.
+pub(super) fn sweep_payload(root: &crate::node::root::Root) -> Result<()> {
+    if let Some(work) = root.dir(WORK)? {
+        remove_payload(&work);
+    }
     Ok(())
 }
 
