@@ -48,6 +48,14 @@ fn activate_args(node: &Node, port: u16) -> Vec<String> {
     a
 }
 
+/// SIGTERM, as systemd stops a unit, to nodestrap in `p`: strace blocks fatal signals (`-I3`
+/// with `-o`), so the signal goes to the process it runs.
+fn sigterm(p: &Proc) {
+    let pid = p.child.id();
+    let target = faults::tracee(pid).unwrap_or(pid);
+    unsafe { libc::kill(target as i32, libc::SIGTERM) };
+}
+
 /// The node lock's state, read whole: None on a fresh node.
 fn lock_state(root: &Path) -> Result<Option<String>, String> {
     let bytes = match std::fs::read(root.join(STATE)) {
@@ -88,10 +96,7 @@ fn one_init(cmd: Command, port: u16, admin: &Admin, root: &Path) -> (Run, Option
     let admin_run = listening(&mut act, port, 30).then(|| admin_init(admin, port));
     let refused = admin_run.as_ref().is_some_and(|r| r.code != 0);
     if refused && act.running() && matches!(lock_state(root), Ok(None)) {
-        // strace blocks fatal signals (`-I3` with `-o`): the signal goes to the one it runs.
-        let pid = act.child.id();
-        let target = faults::tracee(pid).unwrap_or(pid);
-        unsafe { libc::kill(target as i32, libc::SIGTERM) };
+        sigterm(&act);
     }
     (act.wait(60), admin_run)
 }
@@ -251,9 +256,7 @@ fn one_ticket(cmd: Command, port: u16, pki: &Pki, leaf: &Leaf) -> (Option<u16>, 
     let status = listening(&mut svc, port, 30)
         .then(|| ticket(port, &pki.cluster, leaf).ok().map(|(s, _)| s))
         .flatten();
-    let pid = svc.child.id();
-    let target = faults::tracee(pid).unwrap_or(pid);
-    unsafe { libc::kill(target as i32, libc::SIGTERM) };
+    sigterm(&svc);
     (status, svc.wait(30))
 }
 

@@ -51,7 +51,7 @@ fn strace(cmd: &Command, extra: &[String]) -> Command {
 
 /// Which processes strace follows.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Follow {
+enum Follow {
     /// Threads and children (`-f`): each counts its own calls for `when=`.
     Children,
     /// Only the process it starts: a command whose children (a daemon it hands over to) must
@@ -170,7 +170,12 @@ pub fn injected(cmd: &Command, syscall: &str, inject: &str, out: &Path) -> Run {
 /// `cmd` under strace with `inject` for `syscall`, its trace to `out`: for a command that must
 /// be talked to while it runs (a server). Check `was_injected` once it has ended.
 pub fn injecting(cmd: &Command, syscall: &str, inject: &str, out: &Path) -> Command {
-    strace(
+    injecting_in(cmd, syscall, inject, out, Follow::Children)
+}
+
+/// `injecting`, following `follow`.
+fn injecting_in(cmd: &Command, syscall: &str, inject: &str, out: &Path, follow: Follow) -> Command {
+    strace_of(
         cmd,
         &[
             "-o".into(),
@@ -180,6 +185,7 @@ pub fn injecting(cmd: &Command, syscall: &str, inject: &str, out: &Path) -> Comm
             "-e".into(),
             format!("inject={syscall}:{inject}"),
         ],
+        follow,
     )
 }
 
@@ -231,19 +237,7 @@ impl Case {
 
     /// `command`, the fault only in the process `cmd` starts (`Follow::Main`).
     pub fn command_of_main(&self, cmd: &Command, out: &Path) -> Command {
-        let s = &self.call.syscall;
-        strace_of(
-            cmd,
-            &[
-                "-o".into(),
-                out.display().to_string(),
-                "-e".into(),
-                format!("trace={s}"),
-                "-e".into(),
-                format!("inject={s}:{}", self.inject()),
-            ],
-            Follow::Main,
-        )
+        injecting_in(cmd, &self.call.syscall, &self.inject(), out, Follow::Main)
     }
 }
 
@@ -315,15 +309,21 @@ pub fn each_case(
     );
 }
 
-/// Every status record under `root`, kept (`var/lib/nodestrap/status-*.json`) and of a run
-/// (`run/nodestrap/`), is whole: a fault in its write leaves the old record or the new one,
-/// never a part of one (docs/status.md). The count of records read.
+/// Every status record, kept under `root` (`var/lib/nodestrap/status-*.json`) and of a run (the
+/// tests' `run_dir`, or `root`'s `run/nodestrap`), is whole: a fault in its write leaves the
+/// old record or the new one, never a part of one (docs/status.md). The count of records read.
 pub fn records_whole(root: &Path) -> Result<usize, String> {
     let mut n = 0;
-    for dir in ["var/lib/nodestrap", "run/nodestrap"] {
-        let Ok(rd) = std::fs::read_dir(root.join(dir)) else {
+    let dirs = [
+        root.join("var/lib/nodestrap"),
+        root.join("run/nodestrap"),
+        super::run_dir(),
+    ];
+    for path in &dirs {
+        let Ok(rd) = std::fs::read_dir(path) else {
             continue;
         };
+        let dir = path.display();
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if !(name.starts_with("status-") && name.ends_with(".json")) {

@@ -127,6 +127,12 @@ impl Run {
 
 /// nodestrap with a clean environment: the given bus address (or none that exists), no
 /// proxies, no system trust store.
+/// Where the binary under test keeps the records of its runs (`/run/nodestrap` on a node): one
+/// folder per test binary, never the host's.
+pub fn run_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("nodestrap-tests-{}/run", std::process::id()))
+}
+
 pub fn command(args: &[String], bus: Option<&str>) -> Command {
     command_as(None, args, bus)
 }
@@ -156,10 +162,7 @@ pub fn command_as(argv0: Option<&str>, args: &[String], bus: Option<&str>) -> Co
         .env("PATH", "/usr/bin:/bin")
         // Never the host's /run/nodestrap: one folder per test binary, unless a test names
         // its own.
-        .env(
-            "NODESTRAP_RUN_DIR",
-            std::env::temp_dir().join(format!("nodestrap-tests-{}/run", std::process::id())),
-        )
+        .env("NODESTRAP_RUN_DIR", run_dir())
         // Whether this machine's clock is synchronised is not the test's business.
         .env(
             "NODESTRAP_TIMESYNC_FILE",
