@@ -94,7 +94,7 @@ impl Trust {
             return Ok(());
         }
         let mut missing = Vec::new();
-        match systemd_version(root) {
+        match self.systemd {
             Some(v) if v >= MIN_POLICY_SYSTEMD => {}
             Some(v) => missing.push(format!(
                 "systemd {v} has no --image-policy (254 or later needed)"
