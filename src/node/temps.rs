@@ -19,6 +19,9 @@ pub const FOLDERS: &[&str] = &[
     // The status records, known-good.json, the floors, the node lock and the ledger's files.
     "/var/lib/nodestrap",
     "/var/lib/nodestrap/reprovision",
+    // This boot's status records; activate's kubeadm configurations, which hold the bootstrap
+    // token: a killed write must not leave one behind.
+    "/run/nodestrap",
     // sysext: the links (temp files only here), the images, nodestrap itself, trust.
     "/etc/extensions",
     "/opt/extensions/*",
