@@ -20,8 +20,14 @@ pub fn ticket_record(text: &str, name: &str) -> Result<String> {
 pub fn ticket_object(bytes: &[u8]) -> Option<String> {
     let cm: serde_json::Value = serde_json::from_slice(bytes).ok()?;
     let (e, rv) = ClusterLedger::read(&cm, "ticket-x").ok()?;
-    let _ = ledger::judge(&e, ledger::now(), 45, 900, false);
-    let _ = ledger::judge(&e, u64::MAX, u64::MAX, u64::MAX, true);
+    let asking = ledger::Asking {
+        identity: &e.identity,
+        node: "n",
+        role: crate::activation::nodelock::Role::Worker,
+        session: Some("0123456789abcdef0123456789abcdef"),
+    };
+    let _ = ledger::judge(&e, &asking, ledger::now(), 45, 900, false);
+    let _ = ledger::judge(&e, &asking, u64::MAX, u64::MAX, u64::MAX, true);
     let back = serde_json::json!({"metadata": {"resourceVersion": rv}, "data": e});
     let (again, _) = ClusterLedger::read(&back, "ticket-x").ok()?;
     assert_eq!(again, e, "a record written reads back the same");

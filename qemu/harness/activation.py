@@ -442,7 +442,7 @@ def check_cluster(sc, st, d, w):
     records = [(x["metadata"]["name"], x.get("data", {})) for x in ledger]
     if len(records) != 1 or records[0][0] != "ticket-" + identity.split(":", 1)[1] or \
             (records[0][1].get("node"), records[0][1].get("role"), records[0][1].get("state"),
-             records[0][1].get("identity")) != ("node2", "worker", "issued", identity):
+             records[0][1].get("identity")) != ("node2", "worker", "kept", identity):
         p.append("the join service's records in the cluster: %r" % records)
     cfg = ((c.get("configmap", "-n", "kube-system", "kubeadm-config") or {}).get("data") or {}).get("ClusterConfiguration", "")
     for line in ("clusterName: qemu", "kubernetesVersion: %s" % v, "controlPlaneEndpoint: %s" % c.server.split("//")[1],

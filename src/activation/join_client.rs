@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::activation::exchange::{self, Endpoint};
 use crate::activation::kubeadm::{self, JoinSpec};
 use crate::activation::racers::{remove_or_warn, reset_manifests, Ctx, Side, PKI};
-use crate::activation::wire::{Ticket, TICKET_PATH};
+use crate::activation::wire::{Ticket, TicketRequest, KEPT_PATH, TICKET_PATH};
 use crate::error::{Error, Result};
 
 /// It holds the token: in /run (tmpfs), mode 0600, only while kubeadm join runs.
@@ -19,6 +19,11 @@ pub(super) fn join_client(ctx: &Ctx) -> Result<Side> {
         crate::info!("join client off: no --join-endpoints");
     }
     let mut asked_later: Vec<Option<Instant>> = vec![None; ctx.endpoints.len()];
+    // This run's session: a run that starts after a kill asks again as another run, and the
+    // join services give it a new ticket if the one before was never kept.
+    let body = serde_json::to_vec(&TicketRequest {
+        session: Some(crate::crypto::random::run_id()),
+    })?;
     loop {
         if ctx.lock.is_taken() {
             crate::info!("join client: init has the node lock; not joining");
@@ -35,7 +40,7 @@ pub(super) fn join_client(ctx: &Ctx) -> Result<Side> {
             if not_before.is_some_and(|t| Instant::now() < t) {
                 continue;
             }
-            match request_ticket(ctx, ep) {
+            match request_ticket(ctx, ep, &body) {
                 Ok(t) => return join_with(ctx, ep, t),
                 Err((e, None)) => crate::warn!(
                     "join client: {e}; asking again in {:.1} s",
@@ -74,9 +79,10 @@ const LONGEST_RETRY_AFTER: Duration = Duration::from_secs(3600);
 fn request_ticket(
     ctx: &Ctx,
     ep: &Endpoint,
+    body: &[u8],
 ) -> std::result::Result<Ticket, (Error, Option<Duration>)> {
     let t = Duration::from_secs(ctx.a.join_timeout);
-    let a = exchange::post(&ctx.client, ep, None, TICKET_PATH, b"{}", t, t)
+    let a = exchange::post(&ctx.client, ep, None, TICKET_PATH, body, t, t)
         .map_err(|e| (e.into_error(), None))?;
     if a.status != 200 {
         let (_, msg) = exchange::answer_error(a.status, &a.body);
@@ -117,6 +123,8 @@ fn join_with(ctx: &Ctx, ep: &Endpoint, t: Ticket) -> Result<Side> {
         }
         Err(e) => return Err(ctx.fatal(e)),
     }
+    // 2. The join service's record made final.
+    tell_kept(ctx, ep);
     match join_cluster(ctx, &t).and_then(|()| ctx.lock.done(None)) {
         Ok(()) => {
             ctx.stop.request();
@@ -130,7 +138,33 @@ fn join_with(ctx: &Ctx, ep: &Endpoint, t: Ticket) -> Result<Side> {
     }
 }
 
-/// Join steps 2 to 4: control-plane keys into place; the JoinConfiguration; `kubeadm join`, up to
+/// The node lock is durable: the join service is told that this node keeps its ticket, so that
+/// its identity is refused from now on. Until then it may ask again (a node killed before its
+/// lock holds no ticket). Not told (the service gone): the join goes on; the record stays open
+/// to this identity for the service's --retry-window, and the log says so.
+fn tell_kept(ctx: &Ctx, ep: &Endpoint) {
+    let t = Duration::from_secs(ctx.a.join_timeout);
+    let told = exchange::post(&ctx.client, ep, None, KEPT_PATH, b"{}", t, t)
+        .map_err(|e| e.into_error().to_string())
+        .and_then(|a| match a.status {
+            200 => Ok(()),
+            s => Err(exchange::answer_error(s, &a.body).1),
+        });
+    match told {
+        Ok(()) => crate::info!(
+            "join client: told {} that this node keeps its ticket",
+            ep.url
+        ),
+        Err(m) => crate::warn!(
+            "join client: could not tell {} that this node keeps its ticket ({m}); joining \
+             anyway: until its retry window closes, the service would give this identity \
+             another ticket",
+            ep.url
+        ),
+    }
+}
+
+/// Join steps 3 to 5: control-plane keys into place; the JoinConfiguration; `kubeadm join`, up to
 /// `--join-attempts` times within `--join-budget`, from a fresh manifests folder each time. A
 /// join that fails for good takes the ticket's files away again: the cluster CA keys must not
 /// stay on a node that is being given up.

@@ -1,9 +1,10 @@
 //! `nodestrap join-service`: hands join tickets to nodes, in the cluster (a DaemonSet on the
 //! control-plane nodes). A node is authenticated by its client certificate, which the
 //! node-provisioning CA issued; its identity is the certificate's public key hash, its role the
-//! certificate's organisation (`nodestrap:control-plane`, else worker). Each identity gets at
+//! certificate's organisation (`nodestrap:control-plane`, else worker). Each identity keeps at
 //! most one ticket, ever, from all instances together: the ledger (ledger/) records it
-//! durably before the ticket leaves. Tokens and keys are never logged.
+//! durably before the ticket leaves, and for good once the node says it keeps it. Tokens and
+//! keys are never logged.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
@@ -13,11 +14,11 @@ use rustls::ServerConfig;
 
 use crate::activation::exchange;
 use crate::activation::kubeadm;
-use crate::activation::ledger::{self, Claim, ClusterLedger, FileLedger, Ledger};
+use crate::activation::ledger::{self, Claim, ClusterLedger, FileLedger, Keep, Ledger};
 use crate::activation::mtls::{self, Peer};
 use crate::activation::nodelock::Role;
 use crate::activation::wire::{
-    self, File, Ticket, TicketRequest, CONTROL_PLANE_FILES, TICKET_PATH,
+    self, File, Ticket, TicketRequest, CONTROL_PLANE_FILES, KEPT_PATH, TICKET_PATH,
 };
 use crate::cli::JoinService;
 use crate::error::{Error, Result};
@@ -199,7 +200,11 @@ fn instance_name(flag: Option<&str>) -> Result<String> {
 /// The ledger `--ledger` names, checked before anything is served.
 fn open_ledger<'r>(a: &JoinService, root: &'r Root, instance: &str) -> Result<Ledger<'r>> {
     match a.ledger {
-        crate::cli::Ledger::File => Ok(Ledger::File(FileLedger::open(root, &a.state)?)),
+        crate::cli::Ledger::File => Ok(Ledger::File(FileLedger::open(
+            root,
+            &a.state,
+            a.retry_window,
+        )?)),
         crate::cli::Ledger::Cluster => {
             let pod = Root::open(std::path::Path::new("/"))?;
             let client = |retry| kube::api_client(a.kubeconfig.as_deref(), &pod, retry);
@@ -228,17 +233,29 @@ fn open_ledger<'r>(a: &JoinService, root: &'r Root, instance: &str) -> Result<Le
     }
 }
 
-/// A node that passed its handshake with a well-formed ticket request.
+/// A node that passed its handshake with a well-formed request.
 struct Asked {
     s: exchange::ServerStream,
     peer: Peer,
     who: String,
+    wants: Wants,
+    /// The node's run, from its request (`TicketRequest::session`).
+    session: Option<String>,
+}
+
+/// What a node asks for.
+#[derive(Clone, Copy)]
+enum Wants {
+    /// `POST /v1/ticket`
+    Ticket,
+    /// `POST /v1/ticket/kept`: its node lock is durable, the ticket it got is final.
+    Kept,
 }
 
 /// Before anything is spent, in the connection's own thread: the handshake (the node's
 /// certificate must come from the node-provisioning CA), then the request, which must be
-/// `POST /v1/ticket` with a well-formed body. Anything else is answered here and goes no
-/// further: a malformed request never costs a ticket.
+/// `POST /v1/ticket` or `POST /v1/ticket/kept` with a well-formed body. Anything else is
+/// answered here and goes no further: a malformed request never costs a ticket.
 fn preauth(server: &Arc<ServerConfig>, tcp: TcpStream, addr: SocketAddr) -> Option<Asked> {
     let (mut s, peer) = match exchange::accept(tcp, server, exchange::PREAUTH_TIMEOUT) {
         Ok(x) => x,
@@ -248,18 +265,34 @@ fn preauth(server: &Arc<ServerConfig>, tcp: TcpStream, addr: SocketAddr) -> Opti
         }
     };
     let who = format!("node {} ({}) at {addr}", peer.cn, peer.spki);
+    let wants = |r: &exchange::Request| match (r.method.as_str(), r.path.as_str()) {
+        ("POST", TICKET_PATH) => Some(Wants::Ticket),
+        ("POST", KEPT_PATH) => Some(Wants::Kept),
+        _ => None,
+    };
     let refusal = match exchange::read_request(&mut s) {
         Err(e) => (400, exchange::error_body("bad_request", &e.to_string())),
-        Ok(r) if r.path != TICKET_PATH || r.method != "POST" => (
-            404,
-            exchange::error_body(
-                "not_found",
-                &format!("{} {}: only POST {TICKET_PATH}", r.method, r.path),
+        Ok(r) => match (wants(&r), TicketRequest::parse(&r.body)) {
+            (None, _) => (
+                404,
+                exchange::error_body(
+                    "not_found",
+                    &format!(
+                        "{} {}: only POST {TICKET_PATH} and POST {KEPT_PATH}",
+                        r.method, r.path
+                    ),
+                ),
             ),
-        ),
-        Ok(r) => match TicketRequest::parse(&r.body) {
-            Ok(TicketRequest {}) => return Some(Asked { s, peer, who }),
-            Err(m) => (400, exchange::error_body("invalid", &m)),
+            (Some(wants), Ok(TicketRequest { session })) => {
+                return Some(Asked {
+                    s,
+                    peer,
+                    who,
+                    wants,
+                    session,
+                })
+            }
+            (Some(_), Err(m)) => (400, exchange::error_body("invalid", &m)),
         },
     };
     crate::warn!(
@@ -273,10 +306,40 @@ fn preauth(server: &Arc<ServerConfig>, tcp: TcpStream, addr: SocketAddr) -> Opti
 }
 
 impl Svc<'_> {
-    /// The serialized part: one ticket at a time, claimed in the ledger before it is made and
-    /// settled there once it was written to the node.
-    fn answer(&mut self, mut asked: Asked) {
+    /// The serialized part, one node at a time.
+    fn answer(&mut self, asked: Asked) {
         self.ledger.flush();
+        match asked.wants {
+            Wants::Ticket => self.issue(asked),
+            Wants::Kept => self.keep(asked),
+        }
+    }
+
+    /// The node's word that it keeps its ticket: the ledger makes it final.
+    fn keep(&mut self, mut asked: Asked) {
+        match self.ledger.keep(&asked.peer.spki) {
+            Keep::Kept => {
+                crate::info!(
+                    "{}: keeps its ticket (its node lock is durable); recorded in {}",
+                    asked.who,
+                    self.ledger.describe()
+                );
+                self.reply(&mut asked, 200, serde_json::json!({}));
+            }
+            Keep::Refused(code, m) => {
+                crate::warn!("{}: says it keeps a ticket: {m}", asked.who);
+                self.reply(&mut asked, 409, exchange::error_body(code, &m));
+            }
+            Keep::Unavailable(m) => {
+                crate::warn!("{}: recording that it keeps its ticket: {m}", asked.who);
+                self.later(&mut asked, &format!("{m}; say it again"));
+            }
+        }
+    }
+
+    /// One ticket, claimed in the ledger before it is made and settled there once it was
+    /// written to the node.
+    fn issue(&mut self, mut asked: Asked) {
         if !asked.s.sock.peer_waiting() {
             crate::warn!(
                 "{}: gone before its turn (it waited longer than it would); nothing spent",
@@ -290,7 +353,13 @@ impl Svc<'_> {
         } else {
             Role::Worker
         };
-        let held = match self.ledger.claim(&peer.spki, &peer.cn, role) {
+        let asking = ledger::Asking {
+            identity: &peer.spki,
+            node: &peer.cn,
+            role,
+            session: asked.session.as_deref(),
+        };
+        let held = match self.ledger.claim(&asking) {
             Claim::Granted(h) => h,
             Claim::Refused(code, m) => {
                 crate::warn!("{}: {m}", asked.who);
@@ -298,12 +367,7 @@ impl Svc<'_> {
             }
             Claim::Unavailable(m) => {
                 crate::warn!("{}: {m}; told to ask again in {TRY_LATER} s", asked.who);
-                let b = exchange::error_body("try_later", &format!("{m}; ask again"));
-                asked.s.sock.restart();
-                if let Err(e) = exchange::respond_later(&mut asked.s, &b, TRY_LATER) {
-                    crate::warn!("{}: answering: {e}", asked.who);
-                }
-                return;
+                return self.later(&mut asked, &format!("{m}; ask again"));
             }
         };
         // Made, then (the file ledger) recorded, then written, each only if the node still
@@ -349,6 +413,15 @@ impl Svc<'_> {
             held,
             sent.map_err(|e| short(&format!("writing the ticket to the node: {e}"))),
         );
+    }
+
+    /// 503 `try_later` with `Retry-After`: the ledger could not be asked or written.
+    fn later(&self, asked: &mut Asked, m: &str) {
+        asked.s.sock.restart();
+        let b = exchange::error_body("try_later", m);
+        if let Err(e) = exchange::respond_later(&mut asked.s, &b, TRY_LATER) {
+            crate::warn!("{}: answering: {e}", asked.who);
+        }
     }
 
     fn reply(&self, asked: &mut Asked, status: u16, body: serde_json::Value) {

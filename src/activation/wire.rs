@@ -1,6 +1,7 @@
 //! The two JSON exchanges of activation, and the checks each side applies to what it gets:
 //! the init request (admin → init server, `POST /v1/init`) and the join ticket (join service →
-//! node, `POST /v1/ticket`). Unknown fields are refused, so a typo never passes silently.
+//! node, `POST /v1/ticket`, and the node's word that it kept it, `POST /v1/ticket/kept`).
+//! Unknown fields are refused, so a typo never passes silently.
 
 use std::net::IpAddr;
 
@@ -11,6 +12,9 @@ use crate::net::names::dns_subdomain;
 
 pub const INIT_PATH: &str = "/v1/init";
 pub const TICKET_PATH: &str = "/v1/ticket";
+/// The node's word, once its node lock is durable, that it keeps the ticket it got: from then
+/// on the identity is refused for good (docs/join-service.md, "The states").
+pub const KEPT_PATH: &str = "/v1/ticket/kept";
 
 /// What a control-plane ticket carries, written to /etc/kubernetes/pki/<name> on the node:
 /// the cluster-wide keys kubeadm would otherwise download (Constellation's list).
@@ -91,14 +95,25 @@ impl InitRequest {
     }
 }
 
-/// The body of `POST /v1/ticket`: an empty JSON object today; anything else is refused before a
-/// ticket is spent, so that a later field cannot be silently ignored by an older service.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct TicketRequest {}
+/// The body of `POST /v1/ticket` and of `POST /v1/ticket/kept`: a JSON object, with at most
+/// the node's `session`; anything else is refused before a ticket is spent, so that a later
+/// field cannot be silently ignored by an older service.
+#[derive(Serialize, Debug, Clone, PartialEq)]
+pub struct TicketRequest {
+    /// 32 lowercase hex digits, new in every run of the node's activate: a node that asks
+    /// again from a new run, before it said it keeps a ticket, lost the one it got (killed
+    /// before its node lock was durable). Asks of one run (the same session) never get two.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+}
 
-/// Largest ticket request body: `{}` with room for whitespace.
+/// Largest ticket request body: `{"session": ...}` with room for whitespace.
 pub const TICKET_REQUEST_CAP: usize = 4 << 10;
+
+/// A session: 32 lowercase hex digits.
+fn session_id(s: &str) -> bool {
+    s.len() == 32 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
 
 impl TicketRequest {
     /// The message names the limit or quotes a bounded excerpt of what was sent.
@@ -112,11 +127,24 @@ impl TicketRequest {
         // serde would take `[]` for an empty struct: the body must be a JSON object.
         let quoted = || crate::error::excerpt(&String::from_utf8_lossy(body), 64);
         match serde_json::from_slice::<serde_json::Value>(body) {
-            Ok(serde_json::Value::Object(m)) if m.is_empty() => Ok(TicketRequest {}),
-            Ok(serde_json::Value::Object(m)) => Err(format!(
-                "ticket request: unknown field {:?}",
-                crate::error::excerpt(m.keys().next().map(String::as_str).unwrap_or(""), 64)
-            )),
+            Ok(serde_json::Value::Object(m)) => {
+                if let Some(k) = m.keys().find(|k| *k != "session") {
+                    return Err(format!(
+                        "ticket request: unknown field {:?}",
+                        crate::error::excerpt(k, 64)
+                    ));
+                }
+                match m.get("session") {
+                    None => Ok(TicketRequest { session: None }),
+                    Some(serde_json::Value::String(s)) if session_id(s) => Ok(TicketRequest {
+                        session: Some(s.clone()),
+                    }),
+                    Some(v) => Err(format!(
+                        "ticket request: session \"{}\" is not 32 lowercase hex digits",
+                        crate::error::excerpt(&v.to_string(), 64)
+                    )),
+                }
+            }
             Ok(_) => Err(format!(
                 "ticket request \"{}\" is not a JSON object",
                 quoted()
@@ -415,9 +443,26 @@ mod tests {
 
     #[test]
     fn ticket_requests_are_checked_before_a_ticket_is_spent() {
-        assert_eq!(TicketRequest::parse(b"{}"), Ok(TicketRequest {}));
-        assert_eq!(TicketRequest::parse(b" { } "), Ok(TicketRequest {}));
-        for bad in [&b""[..], b"[]", b"{\"role\":\"admin\"}", b"null", b"{"] {
+        let none = TicketRequest { session: None };
+        assert_eq!(TicketRequest::parse(b"{}"), Ok(none.clone()));
+        assert_eq!(TicketRequest::parse(b" { } "), Ok(none));
+        let id = "0123456789abcdef0123456789abcdef";
+        let with = TicketRequest {
+            session: Some(id.into()),
+        };
+        let body = serde_json::to_vec(&with).unwrap();
+        assert_eq!(TicketRequest::parse(&body), Ok(with));
+        for bad in [
+            &b""[..],
+            b"[]",
+            b"{\"role\":\"admin\"}",
+            b"null",
+            b"{",
+            b"{\"session\":\"0123456789ABCDEF0123456789abcdef\"}",
+            b"{\"session\":\"0123\"}",
+            b"{\"session\":7}",
+            b"{\"session\":\"0123456789abcdef0123456789abcdef\",\"x\":1}",
+        ] {
             assert!(TicketRequest::parse(bad).is_err(), "{bad:?}");
         }
         let big = vec![b' '; TICKET_REQUEST_CAP + 1];

@@ -160,7 +160,8 @@ pub struct JoinService {
     /// this instance's name in the ticket records (default: $NODE_NAME, else the host name)
     #[argh(option)]
     pub instance: Option<String>,
-    /// seconds after a failed issuance in which the same node may ask again (default 900)
+    /// seconds after a failed issuance, or after a ticket the node has not said it keeps, in
+    /// which the same node may ask again (default 900)
     #[argh(option, default = "900")]
     pub retry_window: u64,
     /// the file record of issued tickets (--ledger file); with --ledger cluster, an existing

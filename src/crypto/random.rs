@@ -9,6 +9,15 @@ pub fn fraction() -> f64 {
     (u64::from_le_bytes(r) >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// 128 random bits as 32 lowercase hex digits, naming one run of a process (a join client's
+/// session). All zeros if the kernel cannot answer: every run is then the same one, which only
+/// ever refuses more.
+pub fn run_id() -> String {
+    let mut r = [0u8; 16];
+    rustix::rand::getrandom(&mut r, rustix::rand::GetRandomFlags::empty()).ok();
+    r.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

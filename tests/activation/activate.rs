@@ -706,8 +706,19 @@ fn join_wins_as_worker() {
     let ids: Vec<_> = issued["issued"].as_object().unwrap().values().collect();
     assert_eq!(ids.len(), 1);
     assert_eq!(
-        (ids[0]["node"].as_str(), ids[0]["role"].as_str()),
-        (Some("join-worker-node"), Some("worker"))
+        (
+            ids[0]["node"].as_str(),
+            ids[0]["role"].as_str(),
+            ids[0]["kept"].as_bool()
+        ),
+        (Some("join-worker-node"), Some("worker"), Some(true)),
+        "the node said it keeps its ticket once its lock was durable"
+    );
+    assert!(
+        run.stderr.contains("that this node keeps its ticket")
+            && !run.stderr.contains("could not tell"),
+        "{}",
+        run.stderr
     );
     assert_eq!(
         calls(&svc.bin),
@@ -1192,12 +1203,28 @@ fn post_after(
     mtls_post(port, ca, leaf, path, body, meanwhile).map(|(status, _, v)| (status, v))
 }
 
+/// POST /v1/ticket as `leaf` from the node's run `session` (one letter, repeated).
+fn ticket_in(
+    port: u16,
+    ca: &Ca,
+    leaf: &Leaf,
+    session: char,
+) -> Result<(u16, serde_json::Value), String> {
+    let body = format!("{{\"session\": \"{}\"}}", session.to_string().repeat(32));
+    post(port, ca, leaf, "/v1/ticket", &body)
+}
+
+/// POST /v1/ticket/kept as `leaf`: the node says it keeps its ticket.
+fn kept(port: u16, ca: &Ca, leaf: &Leaf) -> Result<(u16, serde_json::Value), String> {
+    post(port, ca, leaf, "/v1/ticket/kept", "{}")
+}
+
 #[test]
-fn one_ticket_per_node_identity_even_across_restarts() {
+fn one_ticket_kept_per_node_identity_even_across_restarts() {
     let pki = Pki::new();
     let mut svc = JoinSvc::new(&pki, &pki.cluster);
     let node = both_ways(&pki.nodes, "node-a", None);
-    let (status, t) = ticket(svc.port(), &pki.cluster, &node).unwrap();
+    let (status, t) = ticket_in(svc.port(), &pki.cluster, &node, 'a').unwrap();
     assert_eq!(status, 200, "{t}");
     assert_eq!(t["token"], TOKEN);
     assert_eq!(
@@ -1209,15 +1236,64 @@ fn one_ticket_per_node_identity_even_across_restarts() {
         openssl_spki_hash(&svc.root.join("etc/kubernetes/pki/ca.crt"))
     );
     assert!(t.get("control_plane_files").is_none());
+    let unkept = |svc: &JoinSvc| {
+        let v = svc.issued();
+        let e = v["issued"].as_object().unwrap().values().next().unwrap();
+        !e["kept"].as_bool().unwrap()
+    };
+    assert!(unkept(&svc), "{}", svc.issued());
 
-    let (status, again) = ticket(svc.port(), &pki.cluster, &node).unwrap();
+    // Asked again before it said it keeps the first: by the same run (at two join services
+    // at once) or a run that does not say which, refused; by a new run (the node was killed
+    // before its node lock was durable, and holds none), a new ticket, across a restart too.
+    svc.stop().assert_ok();
+    svc.start();
+    let refused = |r: Result<(u16, serde_json::Value), String>| {
+        let (status, again) = r.unwrap();
+        assert_eq!(
+            (status, again["code"].as_str()),
+            (409, Some("already_issued")),
+            "{again}"
+        );
+    };
+    refused(ticket_in(svc.port(), &pki.cluster, &node, 'a'));
+    refused(ticket(svc.port(), &pki.cluster, &node));
+    let (status, again) = ticket_in(svc.port(), &pki.cluster, &node, 'b').unwrap();
     assert_eq!(
-        (status, again["code"].as_str()),
-        (409, Some("already_issued")),
+        (status, again["token"].as_str()),
+        (200, Some(TOKEN)),
         "{again}"
     );
+    refused(ticket_in(svc.port(), &pki.cluster, &node, 'b'));
+    // Kept: final. Saying it twice is the same; an identity with no ticket has none to keep.
+    for _ in 0..2 {
+        let (status, k) = kept(svc.port(), &pki.cluster, &node).unwrap();
+        assert_eq!((status, k), (200, serde_json::json!({})));
+    }
+    assert!(!unkept(&svc), "{}", svc.issued());
+    let (status, k) = kept(
+        svc.port(),
+        &pki.cluster,
+        &both_ways(&pki.nodes, "never-asked", None),
+    )
+    .unwrap();
+    assert_eq!(
+        (status, k["code"].as_str()),
+        (409, Some("not_issued")),
+        "{k}"
+    );
+    refused(ticket_in(svc.port(), &pki.cluster, &node, 'c'));
     // Durable: a restarted service refuses too.
-    svc.stop().assert_ok();
+    let log = svc.stop();
+    log.assert_ok();
+    for line in [
+        "already got a ticket",
+        "asks again from another run after the ticket of",
+        "keeps its ticket (its node lock is durable)",
+        "no ticket for this node identity",
+    ] {
+        assert!(log.stderr.contains(line), "{line}: {}", log.stderr);
+    }
     svc.start();
     let (status, again) = ticket(svc.port(), &pki.cluster, &node).unwrap();
     assert_eq!(
@@ -1243,7 +1319,7 @@ fn one_ticket_per_node_identity_even_across_restarts() {
     .is_err());
     assert_eq!(
         calls(&svc.bin).len(),
-        2,
+        3,
         "one token per ticket issued, none for refusals"
     );
     let log = svc.stop();

@@ -706,8 +706,17 @@ fn herd(tag: &str, fault: Fault) -> Outcome {
         // the ticket left) stays; its node has its ticket and does not ask again.
         if fault == Fault::KillOne && r["state"] == "issuing" && r["instance"] == "cp-2" {
             unsettled += 1;
+        } else if fault == Fault::None || r["state"] != "issued" {
+            // A node says it keeps its ticket once its lock is durable; a fault may keep that
+            // word from the service (the node logs it and joins).
+            assert_eq!(r["state"], "kept", "{}: {r}", node.cn);
         } else {
-            assert_eq!(r["state"], "issued", "{}: {r}", node.cn);
+            assert!(
+                node.log().contains("could not tell"),
+                "{}: {r}\n{}",
+                node.cn,
+                node.log()
+            );
         }
         let from = node.ticket_from().unwrap();
         assert_eq!(
@@ -1012,6 +1021,72 @@ fn a_failed_issuance_is_retried_by_the_same_identity_within_the_window_only() {
     assert_eq!(e.token_ids().len(), 2, "one token per ticket issued");
 }
 
+/// POST `path` as `leaf` with the run `session` (one letter, repeated): (status, body).
+fn ask_as(port: u16, e: &Env, leaf: &Leaf, path: &str, session: char) -> (u16, serde_json::Value) {
+    let body = format!("{{\"session\": \"{}\"}}", session.to_string().repeat(32));
+    let (status, _, v) = mtls_post(port, &e.cluster.ca, leaf, path, &body, &|| {}).unwrap();
+    (status, v)
+}
+
+#[test]
+fn a_ticket_never_kept_goes_to_a_new_run_and_a_kept_one_is_final() {
+    let _g = serial();
+    let e = env();
+    e.clean();
+    let svc = Instance::new(e, "cp-k", &kubeadm_token_command(e), &[]);
+    let other = Instance::new(e, "cp-l", &kubeadm_token_command(e), &[]);
+    let node = identity(&e.nodes, "lost-node");
+    let id = spki_hash(&node.cert_pem);
+    let state = |e: &Env| {
+        let r = &e.records()[&id];
+        (
+            r["state"].as_str().unwrap().to_string(),
+            r["attempt"].as_str().unwrap().to_string(),
+            r["session"].as_str().unwrap_or("").chars().next(),
+        )
+    };
+    let (status, body) = ask_as(svc.port, e, &node, "/v1/ticket", 'a');
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(state(e), ("issued".into(), "1".into(), Some('a')));
+    // The same run, at another instance: refused (a node asking two at once gets one ticket).
+    let (status, body) = ask_as(other.port, e, &node, "/v1/ticket", 'a');
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("already_issued")),
+        "{body}"
+    );
+    // A new run (the node was killed before its lock): a new ticket, from any instance.
+    let (status, body) = ask_as(other.port, e, &node, "/v1/ticket", 'b');
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(state(e), ("issued".into(), "2".into(), Some('b')));
+    assert_eq!(e.token_ids().len(), 2, "one token per ticket issued");
+    // Kept, told to the first instance: final for every instance, however it asks.
+    for _ in 0..2 {
+        let (status, body) = ask_as(svc.port, e, &node, "/v1/ticket/kept", 'b');
+        assert_eq!((status, body), (200, serde_json::json!({})));
+    }
+    let r = &e.records()[&id];
+    assert_eq!(fields(r, &["state", "attempt"]), ["kept", "2"], "{r}");
+    assert!(r["kept-at"].as_str().unwrap().ends_with('Z'), "{r}");
+    for (port, run) in [(svc.port, 'c'), (other.port, 'd'), (other.port, 'b')] {
+        let (status, body) = ask_as(port, e, &node, "/v1/ticket", run);
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (409, Some("already_issued")),
+            "{body}"
+        );
+    }
+    // No record: nothing to keep.
+    let stranger = identity(&e.nodes, "stranger");
+    let (status, body) = ask_as(other.port, e, &stranger, "/v1/ticket/kept", 'a');
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("not_issued")),
+        "{body}"
+    );
+    assert_eq!(e.token_ids().len(), 2);
+}
+
 #[test]
 fn a_file_record_is_carried_into_the_cluster_once() {
     let _g = serial();
@@ -1044,7 +1119,7 @@ fn a_file_record_is_carried_into_the_cluster_once() {
     let r = &e.records()[&old_id];
     assert_eq!(
         fields(r, &["state", "node", "instance"]),
-        ["issued", "old-node", "cp-c"],
+        ["kept", "old-node", "cp-c"],
         "{r}"
     );
     assert!(

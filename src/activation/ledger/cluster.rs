@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::file::parse_record;
-use super::{now, stamp, Claim, Held};
+use super::{now, stamp, Asking, Claim, Held, Keep};
 use crate::activation::nodelock::Role;
 use crate::error::{Error, Result};
 use crate::net::fetch::FetchError;
@@ -32,8 +32,12 @@ pub const LEASE_MARGIN: u64 = 30;
 enum State {
     /// Claimed by `instance` at `claimed-at`; its ticket is being made or sent.
     Issuing,
-    /// The ticket was written to the node.
+    /// The ticket was written to the node, which has not yet said it keeps it: the same
+    /// identity may ask again until `issued-at` + --retry-window (a node killed before its node
+    /// lock was durable lost it).
     Issued,
+    /// The node said it keeps its ticket (its node lock is durable): refused for good.
+    Kept,
     /// The issuing instance failed to make or send it (`reason`): the same identity may ask
     /// again until `failed-at` + --retry-window.
     Failed,
@@ -55,6 +59,11 @@ pub(crate) struct Entry {
     claimed_at: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     issued_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kept_at: Option<String>,
+    /// The session of the run that asked for this claim's ticket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    session: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     failed_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -80,30 +89,46 @@ pub(crate) enum Verdict {
     Retry,
 }
 
-/// The rule, on the record's own times: issued or in flight is refused; a failure (or a
-/// claim whose lease ran out: its instance died) may be retried until the window closes.
+/// The rule, on the record's own times: kept or in flight is refused; a failure (or a claim
+/// whose lease ran out: its instance died), or a ticket the node never said it kept, may be
+/// claimed again until the window closes.
 /// `mine`: the claim is this instance's own, made by a call that failed (the API server
 /// acted on a request whose answer never came back) or before a restart: an instance issues
 /// one ticket at a time, so it is in flight nowhere and failed when it was made.
-pub(crate) fn judge(e: &Entry, now: u64, lease: u64, window: u64, mine: bool) -> Verdict {
+pub(crate) fn judge(
+    e: &Entry,
+    asking: &Asking,
+    now: u64,
+    lease: u64,
+    window: u64,
+    mine: bool,
+) -> Verdict {
     let at = |s: &Option<String>| {
         s.as_deref()
             .and_then(kubeconfig::rfc3339)
             .map(|t| t.max(0) as u64)
     };
     let claimed = at(&Some(e.claimed_at.clone())).unwrap_or(0);
+    let refused = |t: u64, how: &str| {
+        Verdict::Refuse(
+            "already_issued",
+            format!(
+                "this node identity already got a ticket (as {:?}, from {} at {}{how}); refused",
+                e.node,
+                e.instance,
+                stamp(t)
+            ),
+        )
+    };
     let failed_at = match e.state {
+        State::Kept => return refused(at(&e.issued_at).unwrap_or(claimed), ", kept"),
         State::Issued => {
             let t = at(&e.issued_at).unwrap_or(claimed);
-            return Verdict::Refuse(
-                "already_issued",
-                format!(
-                    "this node identity already got a ticket (as {:?}, from {} at {}); refused",
-                    e.node,
-                    e.instance,
-                    stamp(t)
-                ),
-            );
+            let again = asking.another_run_than(e.session.as_deref());
+            return match again && now < t.saturating_add(window) {
+                true => Verdict::Retry,
+                false => refused(t, ""),
+            };
         }
         State::Issuing if mine => claimed,
         State::Issuing if now < claimed.saturating_add(lease) => {
@@ -310,14 +335,14 @@ impl ClusterLedger {
         }
     }
 
-    pub(super) fn claim(&mut self, identity: &str, node: &str, role: Role) -> Claim {
+    pub(super) fn claim(&mut self, asking: &Asking) -> Claim {
         if let Some((at, why)) = self.down.as_ref().filter(|_| self.held_off()) {
             return Claim::Unavailable(format!(
                 "the ticket ledger did not answer {:.1} s ago ({why})",
                 at.elapsed().as_secs_f64()
             ));
         }
-        let c = self.claim_now(identity, node, role);
+        let c = self.claim_now(asking);
         self.down = match &c {
             Claim::Unavailable(m) => Some((std::time::Instant::now(), m.clone())),
             _ => None,
@@ -325,17 +350,19 @@ impl ClusterLedger {
         c
     }
 
-    fn claim_now(&mut self, identity: &str, node: &str, role: Role) -> Claim {
-        let name = object_name(identity);
+    fn claim_now(&mut self, asking: &Asking) -> Claim {
+        let (identity, name) = (asking.identity, object_name(asking.identity));
         let t = now();
         let mut entry = Entry {
             identity: identity.to_string(),
-            node: node.to_string(),
-            role,
+            node: asking.node.to_string(),
+            role: asking.role,
             state: State::Issuing,
             instance: self.instance.clone(),
             claimed_at: stamp(t),
             issued_at: None,
+            kept_at: None,
+            session: asking.session.map(str::to_string),
             failed_at: None,
             reason: None,
             attempt: "1".into(),
@@ -362,21 +389,25 @@ impl ClusterLedger {
         // Our own claim, unless a record of it waits to be written.
         let mine =
             old.instance == self.instance && !self.pending.iter().any(|(n, _, _)| *n == name);
-        match judge(&old, t, self.lease, self.window, mine) {
+        match judge(&old, asking, t, self.lease, self.window, mine) {
             Verdict::Refuse(code, m) => Claim::Refused(code, m),
             Verdict::Retry => {
                 entry.attempt = (old.attempt() + 1).to_string();
                 match self.replace(&name, &entry, &rv) {
                     Ok(Some(rv)) => {
+                        let after = match old.state {
+                            State::Issued => " after a ticket it never said it kept".to_string(),
+                            _ => format!(
+                                " after a failed issuance{}",
+                                old.reason
+                                    .as_deref()
+                                    .map(|r| format!(" ({r})"))
+                                    .unwrap_or_default()
+                            ),
+                        };
                         crate::info!(
-                            "{name}: {} ({}) asks again after a failed issuance{}; claimed again \
-                             (attempt {})",
+                            "{name}: {} ({identity}) asks again{after}; claimed again (attempt {})",
                             old.node,
-                            identity,
-                            old.reason
-                                .as_deref()
-                                .map(|r| format!(" ({r})"))
-                                .unwrap_or_default(),
                             entry.attempt
                         );
                         self.granted(entry, rv)
@@ -399,6 +430,7 @@ impl ClusterLedger {
             identity: entry.identity.clone(),
             node: entry.node.clone(),
             role: entry.role,
+            session: entry.session.clone(),
             record: Some(Box::new((entry, rv))),
         })
     }
@@ -423,6 +455,39 @@ impl ClusterLedger {
         self.write(name, e, rv);
     }
 
+    /// The node says it keeps the ticket it got: its record (in any state: the node's word is
+    /// the proof the ticket reached it) becomes `kept`, and the identity is refused for good.
+    pub(super) fn keep(&mut self, identity: &str) -> Keep {
+        let name = object_name(identity);
+        // An update that lost a race with another instance reads the record again.
+        for _ in 0..3 {
+            let (mut e, rv) = match self.kube.call("GET", &self.path(Some(&name)), None, &[404]) {
+                Ok(Reply::Ok(cm)) => match Self::read(&cm, &name) {
+                    Ok(x) => x,
+                    Err(m) => return Keep::Refused("not_issued", m),
+                },
+                Ok(Reply::Status(_, _)) => {
+                    return Keep::Refused(
+                        "not_issued",
+                        format!("{name}: no ticket record for this node identity"),
+                    )
+                }
+                Err(e) => return Keep::Unavailable(format!("the ticket ledger: {e}")),
+            };
+            if e.state == State::Kept {
+                return Keep::Kept;
+            }
+            e.state = State::Kept;
+            e.kept_at = Some(stamp(now()));
+            match self.replace(&name, &e, &rv) {
+                Ok(Some(_)) => return Keep::Kept,
+                Ok(None) => continue,
+                Err(m) => return Keep::Unavailable(format!("the ticket ledger: {m}")),
+            }
+        }
+        Keep::Unavailable(format!("{name} kept changing while being updated"))
+    }
+
     /// Whether the API server failed a ledger call less than `HOLD_OFF` ago.
     fn held_off(&self) -> bool {
         self.down
@@ -445,6 +510,10 @@ impl ClusterLedger {
                     "{name}: the {:?} record was written by an earlier attempt",
                     e.state
                 ),
+                // The node got its ticket and said so before this instance recorded it.
+                Some(now) if now.state == State::Kept && now.attempt == e.attempt => {
+                    crate::info!("{name}: the node said it kept its ticket first")
+                }
                 // A failure that landed late, and the node has been claimed again since (or
                 // this claim's lease ran out first): no ticket of this claim left, nothing lost.
                 _ if e.state == State::Failed => crate::info!(
@@ -507,10 +576,12 @@ impl ClusterLedger {
                 identity: identity.clone(),
                 node: r.node.clone(),
                 role: r.role,
-                state: State::Issued,
+                state: State::Kept,
                 instance: self.instance.clone(),
                 claimed_at: stamp(r.at),
                 issued_at: Some(stamp(r.at)),
+                kept_at: None,
+                session: None,
                 failed_at: None,
                 reason: None,
                 attempt: "1".into(),
@@ -525,8 +596,7 @@ impl ClusterLedger {
                 .map_err(|e| fail(e.to_string()))?;
             let Reply::Ok(cm) = got else { continue };
             let (old, rv) = Self::read(&cm, &name).map_err(&fail)?;
-            if old.state != State::Issued && self.replace(&name, &e, &rv).map_err(&fail)?.is_none()
-            {
+            if old.state != State::Kept && self.replace(&name, &e, &rv).map_err(&fail)?.is_none() {
                 return Err(fail(format!(
                     "{name} changed while being carried; start again"
                 )));
@@ -559,7 +629,9 @@ mod tests {
             state,
             instance: "cp-1".into(),
             claimed_at: stamp(claimed),
-            issued_at: (state == State::Issued).then(|| stamp(claimed + 1)),
+            issued_at: matches!(state, State::Issued | State::Kept).then(|| stamp(claimed + 1)),
+            kept_at: (state == State::Kept).then(|| stamp(claimed + 2)),
+            session: Some("a".repeat(32)),
             failed_at: failed.map(stamp),
             reason: failed.map(|_| "--token-command exit status: 1".into()),
             attempt: "1".into(),
@@ -568,53 +640,93 @@ mod tests {
     }
 
     #[test]
-    fn issued_and_in_flight_are_refused_failures_retried_within_the_window() {
+    fn kept_and_in_flight_are_refused_failures_and_lost_tickets_retried_within_the_window() {
         let t0 = 1_790_000_000;
+        let asking = |session| Asking {
+            identity: "sha256:ab",
+            node: "n1",
+            role: Role::Worker,
+            session,
+        };
+        // Another run than the one the records' tickets went to.
+        let b = "b".repeat(32);
+        let other = asking(Some(&b));
         let (lease, window) = (90, 900);
         let code = |v: Verdict| match v {
             Verdict::Refuse(c, _) => c,
             Verdict::Retry => "retry",
         };
-        // Issued: refused, however long ago.
+        // Kept: refused, however long ago.
         for now in [t0, t0 + 10, t0 + 100_000] {
+            let e = entry(State::Kept, t0, None);
             assert_eq!(
-                code(judge(
-                    &entry(State::Issued, t0, None),
-                    now,
-                    lease,
-                    window,
-                    false
-                )),
+                code(judge(&e, &other, now, lease, window, false)),
                 "already_issued"
             );
         }
+        // Issued and never said kept (a node killed before its lock): asked again within the
+        // window from the issuance, refused after it.
+        let e = entry(State::Issued, t0, None);
+        assert_eq!(
+            code(judge(&e, &other, t0 + 2, lease, window, false)),
+            "retry"
+        );
+        // ... but never to the run it went to, nor to one that does not say which it is:
+        // asks of one run (at several instances at once) get one ticket.
+        let a = "a".repeat(32);
+        for same in [asking(Some(&a)), asking(None)] {
+            assert_eq!(
+                code(judge(&e, &same, t0 + 2, lease, window, false)),
+                "already_issued"
+            );
+        }
+        assert_eq!(
+            code(judge(&e, &other, t0 + 900, lease, window, false)),
+            "retry"
+        );
+        assert_eq!(
+            code(judge(&e, &other, t0 + 901, lease, window, false)),
+            "already_issued"
+        );
         // In flight at another instance: refused until its lease runs out; then it counts as
         // failed then, and may be retried for the window after that.
         let e = entry(State::Issuing, t0, None);
         assert_eq!(
-            code(judge(&e, t0 + 89, lease, window, false)),
+            code(judge(&e, &other, t0 + 89, lease, window, false)),
             "already_issued"
         );
-        assert_eq!(code(judge(&e, t0 + 90, lease, window, false)), "retry");
         assert_eq!(
-            code(judge(&e, t0 + 90 + 899, lease, window, false)),
+            code(judge(&e, &other, t0 + 90, lease, window, false)),
             "retry"
         );
         assert_eq!(
-            code(judge(&e, t0 + 90 + 900, lease, window, false)),
+            code(judge(&e, &other, t0 + 90 + 899, lease, window, false)),
+            "retry"
+        );
+        assert_eq!(
+            code(judge(&e, &other, t0 + 90 + 900, lease, window, false)),
             "retry_window_closed"
         );
         // This instance's own claim, which it no longer holds: failed when it was made.
-        assert_eq!(code(judge(&e, t0 + 1, lease, window, true)), "retry");
         assert_eq!(
-            code(judge(&e, t0 + 900, lease, window, true)),
+            code(judge(&e, &other, t0 + 1, lease, window, true)),
+            "retry"
+        );
+        assert_eq!(
+            code(judge(&e, &other, t0 + 900, lease, window, true)),
             "retry_window_closed"
         );
         // Failed: retried from the failure on, for the window.
         let e = entry(State::Failed, t0, Some(t0 + 5));
-        assert_eq!(code(judge(&e, t0 + 6, lease, window, false)), "retry");
-        assert_eq!(code(judge(&e, t0 + 904, lease, window, false)), "retry");
-        match judge(&e, t0 + 905, lease, window, false) {
+        assert_eq!(
+            code(judge(&e, &other, t0 + 6, lease, window, false)),
+            "retry"
+        );
+        assert_eq!(
+            code(judge(&e, &other, t0 + 904, lease, window, false)),
+            "retry"
+        );
+        match judge(&e, &other, t0 + 905, lease, window, false) {
             Verdict::Refuse("retry_window_closed", m) => assert!(
                 m.contains("--token-command exit status: 1") && m.contains("deletes its record"),
                 "{m}"
@@ -626,7 +738,7 @@ mod tests {
         e.failed_at = Some("yesterday".into());
         e.claimed_at = "yesterday".into();
         assert_eq!(
-            code(judge(&e, t0, lease, window, false)),
+            code(judge(&e, &other, t0, lease, window, false)),
             "retry_window_closed"
         );
     }

@@ -8,6 +8,11 @@
 //!   by updates that carry the `resourceVersion` read (optimistic concurrency).
 //! - `file` (`--state`): one JSON file, for a join service that runs alone without a cluster.
 //!
+//! A ticket is final once the node says it keeps it (`POST /v1/ticket/kept`, after its node
+//! lock is durable). Until then the same identity may ask again from a new run (another
+//! session) for --retry-window: a node killed between the ticket's arrival and its lock holds
+//! none.
+//!
 //! docs/join-service.md ("The ledger") has the object's fields and the states.
 
 mod cluster;
@@ -46,11 +51,52 @@ pub enum Claim {
     Unavailable(String),
 }
 
+/// Who asks for a ticket.
+pub struct Asking<'a> {
+    /// `sha256:<hex>` of the node's public key.
+    pub identity: &'a str,
+    /// The certificate's common name.
+    pub node: &'a str,
+    pub role: Role,
+    /// The node's run (`TicketRequest::session`), if it said.
+    pub session: Option<&'a str>,
+}
+
+impl Asking<'_> {
+    fn held(&self) -> Held {
+        Held {
+            identity: self.identity.to_string(),
+            node: self.node.to_string(),
+            role: self.role,
+            session: self.session.map(str::to_string),
+            record: None,
+        }
+    }
+
+    /// Whether a ticket recorded for `recorded`'s session may go to this ask as well: only to
+    /// another run, which says so.
+    fn another_run_than(&self, recorded: Option<&str>) -> bool {
+        self.session.is_some() && self.session != recorded
+    }
+}
+
+/// What the ledger answers a node that says it keeps its ticket.
+pub enum Keep {
+    /// Recorded (or it was already): the identity is refused for good.
+    Kept,
+    /// No ticket of this identity to keep (409): the code and why.
+    Refused(&'static str, String),
+    /// The ledger could not be asked or written: the node may say it again (503).
+    Unavailable(String),
+}
+
 /// A claim this instance holds, until `settle`.
 pub struct Held {
     identity: String,
     node: String,
     role: Role,
+    /// The asking run's session, recorded with the ticket.
+    session: Option<String>,
     /// The cluster record as claimed, with its resourceVersion.
     record: Option<Box<(Entry, String)>>,
 }
@@ -76,11 +122,19 @@ impl Ledger<'_> {
         }
     }
 
-    /// May `identity` get a ticket now?
-    pub fn claim(&mut self, identity: &str, node: &str, role: Role) -> Claim {
+    /// May `asking` get a ticket now?
+    pub fn claim(&mut self, asking: &Asking) -> Claim {
         match self {
-            Ledger::File(f) => f.claim(identity, node, role),
-            Ledger::Cluster(c) => c.claim(identity, node, role),
+            Ledger::File(f) => f.claim(asking),
+            Ledger::Cluster(c) => c.claim(asking),
+        }
+    }
+
+    /// The node says it keeps the ticket it got (its node lock is durable).
+    pub fn keep(&mut self, identity: &str) -> Keep {
+        match self {
+            Ledger::File(f) => f.keep(identity),
+            Ledger::Cluster(c) => c.keep(identity),
         }
     }
 
