@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use crate::activation::kubeadm;
 use crate::error::{Error, Result};
-use crate::node::root::{Dir, Root};
+use crate::node::dir::Dir;
+use crate::node::root::Root;
 
 /// containerd's namespace for Kubernetes (its CRI plugin's).
 const NAMESPACE: &str = "k8s.io";

@@ -11,7 +11,7 @@ use ureq::tls::{RootCerts, TlsConfig};
 use ureq::Agent;
 
 use crate::error::{Error, Result};
-use crate::node::root::{Dir, SPACE_MARGIN};
+use crate::node::dir::{Dir, SPACE_MARGIN};
 use crate::node::verified::{BodySink, Staging, Written};
 
 use crate::net::retry::{Answer, Attempts, Load, Next, Retry};

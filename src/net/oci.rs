@@ -23,7 +23,8 @@ use crate::net::fetch::{Failure, FetchError, Http, Request};
 use crate::net::kubeconfig::client_cert;
 use crate::net::mirrors::{self, Endpoint, Scheme};
 use crate::net::retry::Retry;
-use crate::node::root::{Dir, Root};
+use crate::node::dir::Dir;
+use crate::node::root::Root;
 use crate::node::verified::{BodySink, Written};
 
 /// nodestrap's artifact type: one file of a release directory.

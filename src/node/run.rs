@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::{Context, Error, Result};
-use crate::node::root::{Durability, Root};
+use crate::node::dir::Durability;
+use crate::node::root::Root;
 
 /// `2026-11-25T01:40:00Z`: UTC, whole seconds (civil date from days since 1970, H. Hinnant);
 /// the status record's times and reprovision's progress events.

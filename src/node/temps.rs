@@ -1,4 +1,4 @@
-//! Every folder nodestrap writes its temp files into (`.NAME.nodestrap-<hex>`, root.rs's
+//! Every folder nodestrap writes its temp files into (`.NAME.nodestrap-<hex>`, dir.rs's
 //! `temp_name`), in one list, and the one rule for them: a run of any command that writes to a
 //! node sweeps, at its start, the temp files nobody holds in each of these folders that exists
 //! and is writable (a live writer holds the lock of its temp file, so only a killed run's go).

@@ -15,7 +15,8 @@ use std::os::fd::OwnedFd;
 use rustix::fs::FileType;
 
 use crate::error::{Context, Error, Result};
-use crate::node::root::{split_node_path, temp_name, Dir, DirLock, Root, CONFIG_CAP};
+use crate::node::dir::{temp_name, Dir, DirLock};
+use crate::node::root::{split_node_path, Root, CONFIG_CAP};
 
 /// What a path held before this run changed it.
 #[derive(Debug, Clone, PartialEq)]

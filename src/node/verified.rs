@@ -8,7 +8,7 @@ use std::io::{self, Read, Write};
 
 use crate::crypto::digest::{copy_hashing, Algo, CopyError, Digest, Hasher};
 use crate::error::{Error, Result};
-use crate::node::root::{Dir, TempFile};
+use crate::node::dir::{Dir, TempFile};
 use crate::node::undo::Undo;
 
 /// What the bytes must hash to.

@@ -7,8 +7,9 @@
 //! name, through the run's undo log.
 
 use crate::error::{Error, Result};
+use crate::node::dir::{temp_name, Dir};
 use crate::node::exec;
-use crate::node::root::{temp_name, Dir, Root};
+use crate::node::root::Root;
 use crate::node::status;
 use crate::node::undo::Undo;
 use crate::node::verified::{unchecked, Expect, VerifiedWrite};

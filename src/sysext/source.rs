@@ -5,7 +5,7 @@
 
 use crate::net::fetch::{FetchError, Http, Request};
 use crate::net::oci::{self, Location};
-use crate::node::root::Dir;
+use crate::node::dir::Dir;
 use crate::node::verified::BodySink;
 use crate::sysext::sums::Image;
 

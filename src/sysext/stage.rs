@@ -6,7 +6,8 @@ use crate::sysext::trust::Trust;
 use rustix::fs::FileType;
 
 use crate::error::{Error, Result};
-use crate::node::root::{Dir, Root};
+use crate::node::dir::Dir;
+use crate::node::root::Root;
 use crate::node::status;
 use crate::node::undo::Undo;
 use crate::node::verified::{Expect, VerifiedWrite, Written};

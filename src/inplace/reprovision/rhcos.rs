@@ -11,8 +11,9 @@ use crate::cli::Reprovision;
 use crate::error::{Context, Error, Result};
 use crate::inplace::mco;
 use crate::inplace::progress::Reporter;
+use crate::node::dir::Dir;
 use crate::node::exec::{self, Command, Env};
-use crate::node::root::{Dir, Root, CONFIG_CAP};
+use crate::node::root::{Root, CONFIG_CAP};
 
 /// Steps 3 and 4 for RHCOS: complete the fetched config, get the MCD (before anything on the
 /// Node changes: a failed extraction must leave the label for a retry), and persist the config

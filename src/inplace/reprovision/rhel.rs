@@ -8,8 +8,8 @@ use crate::crypto::digest::{Algo, Digest};
 use crate::error::{Error, Result};
 use crate::inplace::progress::Reporter;
 use crate::net::fetch::Request;
+use crate::node::dir::Dir;
 use crate::node::exec::{self, Command, Env};
-use crate::node::root::Dir;
 use crate::node::verified::{unchecked, Expect, VerifiedWrite};
 
 /// Steps 3 and 4 for RHEL: download and verify the payload, unpack it into a private folder,

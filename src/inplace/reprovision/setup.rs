@@ -13,8 +13,9 @@ use crate::net::kube::Kube;
 use crate::net::names::{check_key, node_name, NodeName};
 use crate::net::retry::Retry;
 use crate::net::tls::Tls;
+use crate::node::dir::Dir;
 use crate::node::envfile::EnvFile;
-use crate::node::root::{Dir, Root, CONFIG_CAP};
+use crate::node::root::{Root, CONFIG_CAP};
 
 /// Where the state file and the scratch folders live on the node.
 pub(super) const WORK: &str = "/var/lib/nodestrap/reprovision";

@@ -2,7 +2,8 @@
 
 use super::setup::*;
 use crate::error::Result;
-use crate::node::root::{Dir, Root, CONFIG_CAP};
+use crate::node::dir::Dir;
+use crate::node::root::{Root, CONFIG_CAP};
 
 /// `<root>/var/lib/nodestrap/reprovision/state.json`.
 #[derive(serde::Serialize, serde::Deserialize, Clone, PartialEq, Debug)]
