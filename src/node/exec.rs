@@ -234,6 +234,21 @@ impl Output for Capture {
 /// Start `c` and pump its output into `out` until it is done; `to_eof`: wait for the end of
 /// its output too (else only drain it briefly once the program exited, then kill its group).
 fn run(c: &Command, label: &str, out: &mut dyn Output, to_eof: bool) -> Result<Exit> {
+    // 1. Say what runs: the names of its environment, never the values.
+    log_start(c, label);
+    // 2. Start it in a process group of its own.
+    let child = spawn(c, label)?;
+    // 3. Watch its pipes and its pidfd.
+    let mut run = Running::watch(child, label, out)?;
+    // 4. Its output until it is done, its deadline passes or a capture is full; then the end
+    //    each of these calls for.
+    let pumped = run.pump(Instant::now() + c.timeout, to_eof);
+    run.settle(pumped, c, label, to_eof)?;
+    // 5. How it ended.
+    run.reap(label)
+}
+
+fn log_start(c: &Command, label: &str) {
     let (names, env) = match &c.env {
         Env::Inherit(e) => ("our environment plus", e),
         Env::Only(e) => ("only", e),
@@ -251,6 +266,13 @@ fn run(c: &Command, label: &str, out: &mut dyn Output, to_eof: bool) -> Result<E
                 .join(", ")
         }
     );
+}
+
+/// No shell, stdin from `/dev/null`, both outputs piped, a process group of its own.
+fn spawn(c: &Command, label: &str) -> Result<Child> {
+    let env = match &c.env {
+        Env::Inherit(e) | Env::Only(e) => e,
+    };
     let mut cmd = std::process::Command::new(&c.program);
     cmd.args(&c.args)
         .current_dir(&c.cwd)
@@ -262,71 +284,12 @@ fn run(c: &Command, label: &str, out: &mut dyn Output, to_eof: bool) -> Result<E
         cmd.env_clear();
     }
     cmd.envs(env.iter().map(|(k, v)| (k, v)));
-    let mut child = cmd.spawn().map_err(|e| {
+    cmd.spawn().map_err(|e| {
         Error::failed(format!(
             "{label}: cannot run it ({}): {e}",
             c.program.display()
         ))
-    })?;
-    let pipes = [
-        child.stdout.take().map(OwnedFd::from),
-        child.stderr.take().map(OwnedFd::from),
-    ];
-    let pgid = Pid::from_child(&child);
-    let pidfd = match rustix::process::pidfd_open(pgid, PidfdFlags::empty()) {
-        Ok(fd) => fd,
-        Err(e) => {
-            kill_and_reap(&mut child, pgid);
-            return Err(Error::failed(format!(
-                "{label}: watching process {}: {}",
-                pgid.as_raw_nonzero(),
-                std::io::Error::from(e)
-            )));
-        }
-    };
-    let mut run = Running {
-        pipes,
-        pidfd,
-        exited: false,
-        out,
-    };
-    let deadline = Instant::now() + c.timeout;
-    match run.pump(deadline, to_eof) {
-        Ok(true) if to_eof => {}
-        Ok(true) => {
-            // Exited: what it wrote last, then nothing it started may linger.
-            let _ = run.pump(Instant::now() + DRAIN, true);
-            kill_group(pgid);
-            run.end();
-        }
-        Ok(false) => {
-            let exited = run.exited;
-            let full = run.out.full();
-            run.stop(&mut child, pgid, c.grace);
-            if full {
-                // `capture` names the limit.
-            } else {
-                let why = if exited {
-                    " (the script exited, but processes it started kept its output open)"
-                } else {
-                    ""
-                };
-                return Err(Error::failed(format!(
-                    "{label}: timed out after {}{why}",
-                    secs(c.timeout)
-                )));
-            }
-        }
-        Err(e) => {
-            kill_and_reap(&mut child, pgid);
-            run.end();
-            return Err(Error::failed(format!("{label}: reading its output: {e}")));
-        }
-    }
-    let status = child
-        .wait()
-        .map_err(|e| Error::failed(format!("{label}: waiting for it: {e}")))?;
-    Ok(Exit::of(status))
+    })
 }
 
 struct Running<'a> {
@@ -336,9 +299,97 @@ struct Running<'a> {
     /// The child has exited (it is not reaped yet).
     exited: bool,
     out: &'a mut dyn Output,
+    child: Child,
+    /// The child's process group: its pid.
+    pgid: Pid,
 }
 
-impl Running<'_> {
+impl<'a> Running<'a> {
+    /// Take the child's pipes and open its pidfd; when that fails, the group is killed and
+    /// the child reaped.
+    fn watch(mut child: Child, label: &str, out: &'a mut dyn Output) -> Result<Running<'a>> {
+        let pipes = [
+            child.stdout.take().map(OwnedFd::from),
+            child.stderr.take().map(OwnedFd::from),
+        ];
+        let pgid = Pid::from_child(&child);
+        let pidfd = match rustix::process::pidfd_open(pgid, PidfdFlags::empty()) {
+            Ok(fd) => fd,
+            Err(e) => {
+                kill_and_reap(&mut child, pgid);
+                return Err(Error::failed(format!(
+                    "{label}: watching process {}: {}",
+                    pgid.as_raw_nonzero(),
+                    std::io::Error::from(e)
+                )));
+            }
+        };
+        Ok(Running {
+            pipes,
+            pidfd,
+            exited: false,
+            out,
+            child,
+            pgid,
+        })
+    }
+
+    /// After the first `pump`: what it wrote last once it exited, or its stop at the deadline
+    /// or a full capture, or its end when its output could not be read.
+    fn settle(
+        &mut self,
+        pumped: std::io::Result<bool>,
+        c: &Command,
+        label: &str,
+        to_eof: bool,
+    ) -> Result<()> {
+        match pumped {
+            Ok(true) if to_eof => Ok(()),
+            Ok(true) => {
+                // Exited: what it wrote last, then nothing it started may linger.
+                let _ = self.pump(Instant::now() + DRAIN, true);
+                kill_group(self.pgid);
+                self.end();
+                Ok(())
+            }
+            Ok(false) => self.timed_out(c, label),
+            Err(e) => {
+                kill_and_reap(&mut self.child, self.pgid);
+                self.end();
+                Err(Error::failed(format!("{label}: reading its output: {e}")))
+            }
+        }
+    }
+
+    /// The deadline passed or a capture is full: the group is stopped; an error for the
+    /// deadline only (`capture` names the limit).
+    fn timed_out(&mut self, c: &Command, label: &str) -> Result<()> {
+        let exited = self.exited;
+        let full = self.out.full();
+        self.stop(c.grace);
+        if full {
+            return Ok(());
+        }
+        let why = if exited {
+            " (the script exited, but processes it started kept its output open)"
+        } else {
+            ""
+        };
+        Err(Error::failed(format!(
+            "{label}: timed out after {}{why}",
+            secs(c.timeout)
+        )))
+    }
+
+    /// Its exit status (reaped here, or already by `stop`).
+    fn reap(&mut self, label: &str) -> Result<Exit> {
+        let status = self
+            .child
+            .wait()
+            .map_err(|e| Error::failed(format!("{label}: waiting for it: {e}")))?;
+        Ok(Exit::of(status))
+    }
+
     /// Read output until the child has exited and, with `to_eof`, both pipes are at EOF
     /// (`true`), or until `until` or a full capture (`false`).
     fn pump(&mut self, until: Instant, to_eof: bool) -> std::io::Result<bool> {
@@ -402,11 +453,11 @@ impl Running<'_> {
 
     /// After the timeout: SIGTERM to the group, up to `grace` for the child to go (its output
     /// still read), SIGKILL to whatever is left of the group, then reap.
-    fn stop(&mut self, child: &mut Child, pgid: Pid, grace: Duration) {
-        let _ = rustix::process::kill_process_group(pgid, Signal::TERM);
+    fn stop(&mut self, grace: Duration) {
+        let _ = rustix::process::kill_process_group(self.pgid, Signal::TERM);
         // Reading errors don't matter any more: the group is killed next.
         let _ = self.pump(Instant::now() + grace, false);
-        kill_and_reap(child, pgid);
+        kill_and_reap(&mut self.child, self.pgid);
         // What the group wrote before it died; a process outside it may hold the pipes.
         let _ = self.pump(Instant::now() + DRAIN, true);
         self.end();
