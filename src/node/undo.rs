@@ -224,88 +224,21 @@ impl<'r> Undo<'r> {
 
     /// Put the node back; the error says what was put back and what could not be.
     pub fn undo(self, e: Error) -> Error {
-        let mut e = e;
-        let mut back = Vec::new();
+        let mut played = Playback {
+            root: self.root,
+            back: Vec::new(),
+            not: Vec::new(),
+        };
+        // 1. Every step, the last one first.
         for step in self.steps.into_iter().rev() {
-            let (what, r) = match step {
-                Step::Path { path, prior, note } => {
-                    let shown = self.root.show(&path);
-                    let r = restore(self.root, &path, &prior);
-                    let what = match &prior {
-                        Prior::Absent => format!("removed {shown} again"),
-                        Prior::File { .. } => format!("restored {shown}"),
-                        Prior::Link(t) => format!("restored {shown} to {t}"),
-                    };
-                    let what = match note {
-                        Some(n) => format!("{what} {n}"),
-                        None => what,
-                    };
-                    (what, r)
-                }
-                Step::Dir(d) => {
-                    let r = match split(&d) {
-                        Ok((parent, name)) => match self.root.dir(parent) {
-                            Ok(Some(p)) => p.remove_empty_dir(name),
-                            Ok(None) => Ok(()),
-                            Err(e) => Err(e),
-                        },
-                        Err(e) => Err(e),
-                    };
-                    // Directories are not worth a line each unless they stay.
-                    if let Err(r) = r {
-                        crate::error!("{r}");
-                        e = e.context(format!("could NOT remove {}: {r}", self.root.show(&d)));
-                    }
-                    continue;
-                }
-                Step::Aside { path, aside, .. } => {
-                    let r = split(&path).and_then(|(dir, name)| {
-                        let (_, a) = split(&aside)?;
-                        match self.root.dir(dir)? {
-                            Some(d) if d.kind_of(a).is_some() => {
-                                d.rename(a, name)?;
-                                // Two names of one file: rename leaves both (POSIX).
-                                if d.kind_of(a).is_some() {
-                                    d.remove(a)?;
-                                }
-                                Ok(())
-                            }
-                            // Recorded only once it existed, and locked since: something
-                            // outside nodestrap took it.
-                            _ => Err(Error::failed(format!(
-                                "{}: the copy set aside is gone",
-                                self.root.show(&aside)
-                            ))),
-                        }
-                    });
-                    (format!("put back {}", self.root.show(&path)), r)
-                }
-            };
-            match r {
-                Ok(()) => back.push(what),
-                Err(r) => {
-                    crate::error!("{what}: FAILED: {r}");
-                    e = e.context(format!("could NOT undo ({what}: {r})"));
-                }
-            }
+            played.step(step);
         }
+        // 2. The actions registered, once everything is back.
         for (what, action) in self.then {
-            match action() {
-                Ok(()) => back.push(what.to_string()),
-                Err(r) => {
-                    crate::error!("{what} after putting the node back: {r}");
-                    e = e.context(format!("{what} after putting the node back failed: {r}"));
-                }
-            }
+            played.action(what, action);
         }
-        for b in &back {
-            crate::warn!("{b}");
-        }
-        if back.is_empty() {
-            e
-        } else {
-            e.context(format!("the node is as it was ({})", back.join("; ")))
-        }
+        // 3. What was put back, in the log and in the error.
+        played.end(e)
     }
 
     /// The run succeeded: delete the files set aside. Nothing reads them, so a deletion that
@@ -353,6 +286,117 @@ impl<'r> Undo<'r> {
                 )))
             }
         })
+    }
+}
+
+/// The undo log played back: what was put back so far, and what could not be.
+struct Playback<'r> {
+    root: &'r Root,
+    back: Vec<String>,
+    /// Each said in the error, in the order they failed.
+    not: Vec<String>,
+}
+
+impl Playback<'_> {
+    /// One step undone; a failure is logged and kept for the error. A file set aside stays
+    /// locked until its step is done (`_held` goes with `step`).
+    fn step(&mut self, step: Step) {
+        let (what, r) = match step {
+            Step::Path { path, prior, note } => self.path(&path, &prior, note),
+            Step::Dir(d) => return self.dir(&d),
+            Step::Aside { path, aside, .. } => {
+                let r = self.aside(&path, &aside);
+                (format!("put back {}", self.root.show(&path)), r)
+            }
+        };
+        match r {
+            Ok(()) => self.back.push(what),
+            Err(r) => {
+                crate::error!("{what}: FAILED: {r}");
+                self.not.push(format!("could NOT undo ({what}: {r})"));
+            }
+        }
+    }
+
+    /// `path` as it was before; what that was, for the log.
+    fn path(&self, path: &str, prior: &Prior, note: Option<&str>) -> (String, Result<()>) {
+        let shown = self.root.show(path);
+        let r = restore(self.root, path, prior);
+        let what = match prior {
+            Prior::Absent => format!("removed {shown} again"),
+            Prior::File { .. } => format!("restored {shown}"),
+            Prior::Link(t) => format!("restored {shown} to {t}"),
+        };
+        let what = match note {
+            Some(n) => format!("{what} {n}"),
+            None => what,
+        };
+        (what, r)
+    }
+
+    /// A directory this run made, removed if empty.
+    fn dir(&mut self, d: &str) {
+        let r = match split(d) {
+            Ok((parent, name)) => match self.root.dir(parent) {
+                Ok(Some(p)) => p.remove_empty_dir(name),
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        // Directories are not worth a line each unless they stay.
+        if let Err(r) = r {
+            crate::error!("{r}");
+            self.not
+                .push(format!("could NOT remove {}: {r}", self.root.show(d)));
+        }
+    }
+
+    /// The file set aside as `aside` renamed back to `path`.
+    fn aside(&self, path: &str, aside: &str) -> Result<()> {
+        let (dir, name) = split(path)?;
+        let (_, a) = split(aside)?;
+        match self.root.dir(dir)? {
+            Some(d) if d.kind_of(a).is_some() => {
+                d.rename(a, name)?;
+                // Two names of one file: rename leaves both (POSIX).
+                if d.kind_of(a).is_some() {
+                    d.remove(a)?;
+                }
+                Ok(())
+            }
+            // Recorded only once it existed, and locked since: something outside nodestrap
+            // took it.
+            _ => Err(Error::failed(format!(
+                "{}: the copy set aside is gone",
+                self.root.show(aside)
+            ))),
+        }
+    }
+
+    /// An action registered with `then_on_undo`.
+    fn action(&mut self, what: &'static str, action: Action<'_>) {
+        match action() {
+            Ok(()) => self.back.push(what.to_string()),
+            Err(r) => {
+                crate::error!("{what} after putting the node back: {r}");
+                self.not
+                    .push(format!("{what} after putting the node back failed: {r}"));
+            }
+        }
+    }
+
+    /// `e` with what could not be put back, then what was (also logged).
+    fn end(self, e: Error) -> Error {
+        let e = self.not.into_iter().fold(e, Error::context);
+        for b in &self.back {
+            crate::warn!("{b}");
+        }
+        if self.back.is_empty() {
+            e
+        } else {
+            e.context(format!("the node is as it was ({})", self.back.join("; ")))
+        }
     }
 }
 
