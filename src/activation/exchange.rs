@@ -4,7 +4,8 @@
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use rustls::pki_types::ServerName;
@@ -127,74 +128,96 @@ pub fn serve<T: Send>(
     mut handle: impl FnMut(T) -> bool,
     late: impl Fn(T),
 ) -> Result<()> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    // 1. Non-blocking: the loop waits for a connection only a short tick at a time.
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::failed(format!("listener: {e}")))?;
     let in_flight = AtomicUsize::new(0);
-    let (tx, rx) = std::sync::mpsc::channel::<T>();
+    let (tx, rx) = mpsc::channel::<T>();
     std::thread::scope(|scope| {
-        let start = |tcp: TcpStream, addr: SocketAddr| {
-            if in_flight.load(Ordering::SeqCst) >= MAX_UNAUTHENTICATED {
-                crate::warn!(
-                    "refused a connection from {addr}: {MAX_UNAUTHENTICATED} connections are already in their handshake"
-                );
-                return;
-            }
-            let _ = tcp.set_nonblocking(false);
-            in_flight.fetch_add(1, Ordering::SeqCst);
-            let (tx, preauth, in_flight) = (tx.clone(), &preauth, &in_flight);
-            let spawned = std::thread::Builder::new()
-                .name("preauth".into())
-                .spawn_scoped(scope, move || {
-                    let passed = preauth(tcp, addr);
-                    in_flight.fetch_sub(1, Ordering::SeqCst);
-                    if let Some(t) = passed {
-                        let _ = tx.send(t);
-                    }
-                });
-            if let Err(e) = spawned {
-                // The closure (and the connection) is dropped: nothing is left in flight.
-                in_flight.fetch_sub(1, Ordering::SeqCst);
-                crate::warn!("refused a connection from {addr}: no thread for it: {e}");
-            }
+        let accepting = Accepting {
+            listener,
+            scope,
+            preauth: &preauth,
+            in_flight: &in_flight,
+            tx,
         };
-        'serving: while !stopping() {
-            while let Ok(t) = rx.try_recv() {
-                if !handle(t) {
-                    break 'serving;
-                }
-                if stopping() {
-                    break 'serving;
-                }
-            }
-            // Short, so that requests that passed their pre-authentication are handled
-            // promptly.
-            let mut pfd = [rustix::event::PollFd::new(
-                &listener,
-                rustix::event::PollFlags::IN,
-            )];
-            let tick = rustix::event::Timespec {
-                tv_sec: 0,
-                tv_nsec: 20_000_000,
-            };
-            if !matches!(rustix::event::poll(&mut pfd, Some(&tick)), Ok(n) if n > 0) {
-                continue;
-            }
-            match listener.accept() {
-                Ok((tcp, addr)) => start(tcp, addr),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => crate::warn!("accepting a connection: {e}"),
-            }
+        // 2. Serve until the stop, or until `handle` says no more.
+        accepting.serve(&rx, &stopping, &mut handle);
+        // 3. Stopped: the listen queue.
+        accepting.accept_queued();
+        // 4. Every request still on its way, once the last pre-authentication has sent it.
+        drop(accepting);
+        for t in rx.iter() {
+            late(t);
         }
-        // Stopped. The listen queue holds clients the kernel already took in: they are
-        // answered too, then every request still on its way.
-        // A client that gave up while queued (ECONNABORTED) is skipped; one that cannot be
-        // taken in at all (EMFILE) stops it after a few tries.
+    });
+    Ok(())
+}
+
+/// The accept loop's state: the listener, the connections in their pre-authentication (each in
+/// a thread of `scope`) and the channel by which those that pass reach the serving thread.
+struct Accepting<'scope, 'env, T, P> {
+    listener: &'env TcpListener,
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    preauth: &'env P,
+    in_flight: &'env AtomicUsize,
+    tx: mpsc::Sender<T>,
+}
+
+impl<'scope, 'env, T, P> Accepting<'scope, 'env, T, P>
+where
+    T: Send + 'scope,
+    P: Fn(TcpStream, SocketAddr) -> Option<T> + Sync,
+{
+    /// Hand what passed its pre-authentication to `handle` and take in new connections, until
+    /// `stopping()` or until `handle` returns false.
+    fn serve(
+        &self,
+        rx: &mpsc::Receiver<T>,
+        stopping: &impl Fn() -> bool,
+        handle: &mut impl FnMut(T) -> bool,
+    ) {
+        while !stopping() {
+            while let Ok(t) = rx.try_recv() {
+                if !handle(t) || stopping() {
+                    return;
+                }
+            }
+            self.accept_one();
+        }
+    }
+
+    /// A connection taken in, if one comes within a tick.
+    fn accept_one(&self) {
+        // Short, so that requests that passed their pre-authentication are handled
+        // promptly.
+        let mut pfd = [rustix::event::PollFd::new(
+            self.listener,
+            rustix::event::PollFlags::IN,
+        )];
+        let tick = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 20_000_000,
+        };
+        if !matches!(rustix::event::poll(&mut pfd, Some(&tick)), Ok(n) if n > 0) {
+            return;
+        }
+        match self.listener.accept() {
+            Ok((tcp, addr)) => self.start(tcp, addr),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => crate::warn!("accepting a connection: {e}"),
+        }
+    }
+
+    /// After the stop. The listen queue holds clients the kernel already took in: they are
+    /// answered too. A client that gave up while queued (ECONNABORTED) is skipped; one that
+    /// cannot be taken in at all (EMFILE) stops it after a few tries.
+    fn accept_queued(&self) {
         let mut failed = 0;
         loop {
-            match listener.accept() {
-                Ok((tcp, addr)) => start(tcp, addr),
+            match self.listener.accept() {
+                Ok((tcp, addr)) => self.start(tcp, addr),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if failed < 8 => {
                     failed += 1;
@@ -206,12 +229,35 @@ pub fn serve<T: Send>(
                 }
             }
         }
-        drop(tx);
-        for t in rx.iter() {
-            late(t);
+    }
+
+    /// `preauth` of a connection in a thread of its own, unless `MAX_UNAUTHENTICATED` are in
+    /// theirs: then it is closed unanswered.
+    fn start(&self, tcp: TcpStream, addr: SocketAddr) {
+        if self.in_flight.load(Ordering::SeqCst) >= MAX_UNAUTHENTICATED {
+            crate::warn!(
+                "refused a connection from {addr}: {MAX_UNAUTHENTICATED} connections are already in their handshake"
+            );
+            return;
         }
-    });
-    Ok(())
+        let _ = tcp.set_nonblocking(false);
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let (tx, preauth, in_flight) = (self.tx.clone(), self.preauth, self.in_flight);
+        let spawned = std::thread::Builder::new()
+            .name("preauth".into())
+            .spawn_scoped(self.scope, move || {
+                let passed = preauth(tcp, addr);
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                if let Some(t) = passed {
+                    let _ = tx.send(t);
+                }
+            });
+        if let Err(e) = spawned {
+            // The closure (and the connection) is dropped: nothing is left in flight.
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+            crate::warn!("refused a connection from {addr}: no thread for it: {e}");
+        }
+    }
 }
 
 /// The TLS handshake on an accepted connection; the client's identity. `timeout` bounds the
