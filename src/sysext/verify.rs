@@ -580,71 +580,90 @@ fn return_to(
         }
     }
     let mut undo = Undo::new(root);
-    let changed = (|| -> Result<Vec<(&'static str, String)>> {
-        let mut changed = Vec::new();
-        for c in set {
-            if stage::relink(root, &c.name, &c.image, &mut undo)? {
-                if let Some(u) = merge::service_of(&c.name) {
-                    changed.push((u, c.version.clone()));
-                }
-            }
-        }
-        for c in leaving
-            .iter()
-            .filter(|c| !set.iter().any(|k| k.name == c.name))
-        {
-            let link = format!("{}/{}.raw", stage::LINKS, c.name);
-            let ours = format!("{}/{}/", stage::STORE, c.name);
-            if root.read_link(&link).is_some_and(|t| t.starts_with(&ours)) {
-                undo.remove(&link)?;
-                crate::info!(
-                    "{} removed: {} {} is not in the known-good set",
-                    root.show(&link),
-                    c.name,
-                    c.version
-                );
-            }
-        }
-        undo.then_on_undo("the extensions found at boot are merged again", move || {
-            merge::refresh(policy)
-        });
-        let expect: Vec<Expect> = set
-            .iter()
-            .map(|c| Expect {
-                name: &c.name,
-                label: c.version.clone(),
-                version: c.version.trim_start_matches('v').to_string(),
-            })
-            .collect();
-        merge::refresh(policy).and_then(|()| merge::prove(&expect))?;
-        Ok(changed)
-    })();
-    match changed {
+    match relink(root, set, leaving, policy, &mut undo) {
         Ok(changed) => {
             undo.commit();
-            let mut failed = merge::restart_changed(&changed).err();
-            for c in set.iter().filter(|c| missing.contains(&c.name)) {
-                let Some(unit) = merge::service_of(&c.name) else {
-                    continue;
-                };
-                match crate::node::dbus::systemd_start(unit) {
-                    Ok(_) => crate::info!(
-                        "{unit} started: {} was missing from this boot's merge, so it never ran",
-                        c.name
-                    ),
-                    Err(e) => {
-                        failed.get_or_insert(e.hint(format!(
-                            "{} {} is merged again, but {unit} did not start: systemctl start {unit}",
-                            c.name, c.version
-                        )));
-                    }
-                }
-            }
-            Ok(failed.map(|e| {
-                crate::error!("{e}");
-                e.to_string()
-            }))
+            Ok(restart(set, missing, &changed))
         }
         Err(e) => Err(undo.undo(e)),
     }
+}
+
+/// `set`'s links, and `leaving`'s unlinked, each step in `undo`; then the refresh and its
+/// proof. The services of the links that changed, with their versions.
+fn relink(
+    root: &Root,
+    set: &[Chosen],
+    leaving: &[Chosen],
+    policy: Option<&'static str>,
+    undo: &mut Undo,
+) -> Result<Vec<(&'static str, String)>> {
+    let mut changed = Vec::new();
+    for c in set {
+        if stage::relink(root, &c.name, &c.image, undo)? {
+            if let Some(u) = merge::service_of(&c.name) {
+                changed.push((u, c.version.clone()));
+            }
+        }
+    }
+    for c in leaving
+        .iter()
+        .filter(|c| !set.iter().any(|k| k.name == c.name))
+    {
+        let link = format!("{}/{}.raw", stage::LINKS, c.name);
+        let ours = format!("{}/{}/", stage::STORE, c.name);
+        if root.read_link(&link).is_some_and(|t| t.starts_with(&ours)) {
+            undo.remove(&link)?;
+            crate::info!(
+                "{} removed: {} {} is not in the known-good set",
+                root.show(&link),
+                c.name,
+                c.version
+            );
+        }
+    }
+    undo.then_on_undo("the extensions found at boot are merged again", move || {
+        merge::refresh(policy)
+    });
+    let expect: Vec<Expect> = set
+        .iter()
+        .map(|c| Expect {
+            name: &c.name,
+            label: c.version.clone(),
+            version: c.version.trim_start_matches('v').to_string(),
+        })
+        .collect();
+    merge::refresh(policy).and_then(|()| merge::prove(&expect))?;
+    Ok(changed)
+}
+
+/// The services of the links that `changed` restarted, and those of `missing` started: why one
+/// of them did not, logged.
+fn restart(
+    set: &[Chosen],
+    missing: &[String],
+    changed: &[(&'static str, String)],
+) -> Option<String> {
+    let mut failed = merge::restart_changed(changed).err();
+    for c in set.iter().filter(|c| missing.contains(&c.name)) {
+        let Some(unit) = merge::service_of(&c.name) else {
+            continue;
+        };
+        match crate::node::dbus::systemd_start(unit) {
+            Ok(_) => crate::info!(
+                "{unit} started: {} was missing from this boot's merge, so it never ran",
+                c.name
+            ),
+            Err(e) => {
+                failed.get_or_insert(e.hint(format!(
+                    "{} {} is merged again, but {unit} did not start: systemctl start {unit}",
+                    c.name, c.version
+                )));
+            }
+        }
+    }
+    failed.map(|e| {
+        crate::error!("{e}");
+        e.to_string()
+    })
 }
