@@ -2,6 +2,7 @@
 //! Kubernetes API client (kubeconfig as kubectl reads it, node-name rules). Uses `node` and
 //! `crypto`.
 
+pub(crate) mod boot_check;
 pub mod cluster;
 pub mod events;
 pub mod fetch;

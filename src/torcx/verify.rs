@@ -8,11 +8,10 @@
 //! operator or the update agent, never taken here (docs/verify.md, "torcx nodes").
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::path::Path;
-use std::time::{Duration, Instant};
 
 use crate::cli::Verify;
 use crate::error::{Error, Result};
+use crate::net::boot_check::{self, Opening};
 use crate::net::node_report::{
     self, label_value, Event, Report, Verdict, LABEL_KUBERNETES, LABEL_RUNTIME, LABEL_TRUST,
 };
@@ -20,9 +19,7 @@ use crate::net::nodeinfo;
 use crate::node::envfile::EnvFile;
 use crate::node::exec;
 use crate::node::root::Root;
-use crate::node::status::{
-    self, ApiCheck, Check, Chosen, Phase, Reboot, Returned, State, Verification,
-};
+use crate::node::status::{Check, Chosen, Outcome, Reboot, Record, Returned, State, Verification};
 use crate::torcx::layout::Layout;
 use crate::torcx::store::{self, Profile, KNOWN_GOOD};
 
@@ -41,305 +38,322 @@ struct Expected {
     kubelet: Option<(String, String)>,
 }
 
+impl Expected {
+    /// `profile P with docker V`, as the log, the errors and the Node say it.
+    fn what(&self) -> String {
+        format!("profile {} with docker {}", self.profile, self.version)
+    }
+}
+
 pub fn run(v: &Verify) -> Result<()> {
-    let since = Instant::now();
-    // A name that cannot be a Node's is the operator's error: exit 2 before anything.
-    let node = if v.api_wait > 0 || v.node_name.is_some() {
-        nodeinfo::node_name(v.node_name.as_deref())?
-    } else {
-        String::new()
-    };
-    let root = Root::open(Path::new("/"))?;
-    crate::node::temps::sweep(&root);
-    let (record, from) = status::last_bootstrap()?;
+    // 1. The Node's name (a wrong one exits 2 before anything), the root, the last
+    //    bootstrap's record (what killed runs left swept first), this boot.
+    let o = Opening::new(&v.kubeconfig, v.api_wait, v.node_name.as_deref())?;
+    let (record, from) = o.last_bootstrap()?;
     let boot_id = crate::node::seams::boot_id()?;
-    let layout = Layout::read(&root)?;
+    // 2. torcx's folders and the known-good profile.
+    let layout = Layout::read(&o.root)?;
     let known_path = store::known_good_path(&layout);
-    let known = read_profile(&root, &known_path)?;
+    let known = read_profile(&o.root, &known_path)?;
     // The vendor profile names `com.coreos.cl`: compared as the version it stands for.
     let known_version = known
         .as_ref()
         .and_then(|p| p.reference(RUNTIME))
-        .map(|r| store::resolved_reference(&root, RUNTIME, r));
-
-    let carried = record
-        .verification
-        .as_ref()
-        .and_then(|p| p.returned.clone())
-        .filter(|r| r.result == NEXT_BOOT);
-    let decided = |what: &str| {
-        record
-            .decisions
-            .iter()
-            .find(|d| d.what == what)
-            .map(|d| d.value.clone())
+        .map(|r| store::resolved_reference(&o.root, RUNTIME, r));
+    let carried = boot_check::carried(&record, NEXT_BOOT);
+    let c = Run {
+        o,
+        boot_id,
+        record,
+        from,
+        layout,
+        known_path,
+        known_version,
+        carried,
     };
-    let expected = if record.state != State::Done {
-        // A failed or interrupted bootstrap put the node back as it was.
-        let Some(v) = known_version.clone() else {
-            return Err(Error::failed(format!(
-                "{from}: the last bootstrap did not complete ({:?}), and the node keeps no known-good profile ({})",
-                record.state,
-                root.show(&known_path)
-            )));
+    // 3. What the node should run, unless nothing of it runs before the next boot.
+    let Some(expected) = c.expected()? else {
+        return Ok(());
+    };
+    if c.chosen_for_the_next_boot(&expected) {
+        return Ok(());
+    }
+    // 4. The checks on the node itself, then the Node's word.
+    let verification = c.judge(&expected);
+    // 5. The verdict: a match, or a mismatch and the known-good profile for the next boot.
+    if verification.outcome == Outcome::Verified {
+        return c.verified(&expected, verification);
+    }
+    c.mismatch(&expected, verification)
+}
+
+/// One check's inputs, read in steps 1 and 2.
+struct Run {
+    o: Opening,
+    boot_id: String,
+    record: Record,
+    from: String,
+    layout: Layout,
+    /// The known-good profile (a node path), and the docker version it names.
+    known_path: String,
+    known_version: Option<String>,
+    /// A return of an earlier check, which stands until a bootstrap chooses again.
+    carried: Option<Returned>,
+}
+
+impl Run {
+    /// Step 3: what the node should run, or `None` when there is nothing to verify.
+    fn expected(&self) -> Result<Option<Expected>> {
+        let (record, from) = (&self.record, &self.from);
+        let decided = |what: &str| {
+            record
+                .decisions
+                .iter()
+                .find(|d| d.what == what)
+                .map(|d| d.value.clone())
         };
-        crate::info!(
-            "{from}: the last bootstrap did not complete; expecting the known-good profile"
-        );
-        Expected {
-            profile: KNOWN_GOOD.into(),
-            version: v,
-            kubelet: None,
+        if record.state != State::Done {
+            // A failed or interrupted bootstrap put the node back as it was.
+            let Some(v) = self.known_version.clone() else {
+                return Err(Error::failed(format!(
+                    "{from}: the last bootstrap did not complete ({:?}), and the node keeps no known-good profile ({})",
+                    record.state,
+                    self.o.root.show(&self.known_path)
+                )));
+            };
+            crate::info!(
+                "{from}: the last bootstrap did not complete; expecting the known-good profile"
+            );
+            return Ok(Some(Expected {
+                profile: KNOWN_GOOD.into(),
+                version: v,
+                kubelet: None,
+            }));
         }
-    } else {
         let kubelet = decided("k8s").zip(record.kubelet_env.as_ref().map(|m| m.path.clone()));
         let kubelet = kubelet.map(|(version, path)| (path, version));
-        if let Some(r) = &carried {
+        if let Some(r) = &self.carried {
             // A return of an earlier check stands until a bootstrap chooses again.
             crate::info!(
                 "expecting the known-good profile a check selected at boot {} ({from})",
                 r.boot_id
             );
-            Expected {
+            return Ok(Some(Expected {
                 profile: KNOWN_GOOD.into(),
                 version: r.to.first().map(|c| c.version.clone()).unwrap_or_default(),
                 kubelet,
-            }
-        } else {
-            match (decided("torcx-profile"), decided(RUNTIME)) {
-                (Some(profile), Some(version)) => Expected {
-                    profile,
-                    version,
-                    kubelet,
-                },
-                _ => {
-                    crate::info!(
-                        "{from}: the last bootstrap selected no torcx profile (torcx left alone): nothing to verify"
-                    );
-                    return Ok(());
-                }
+            }));
+        }
+        match (decided("torcx-profile"), decided(RUNTIME)) {
+            (Some(profile), Some(version)) => Ok(Some(Expected {
+                profile,
+                version,
+                kubelet,
+            })),
+            _ => {
+                crate::info!(
+                    "{from}: the last bootstrap selected no torcx profile (torcx left alone): nothing to verify"
+                );
+                Ok(None)
             }
         }
-    };
-    // Chosen in this boot for the next one: nothing of it runs yet.
-    let this_boot = record
-        .process
-        .as_ref()
-        .is_some_and(|p| p.boot_id == boot_id);
-    if this_boot && carried.is_none() && matches!(record.reboot, Reboot::Needed { .. }) {
-        crate::info!(
-            "{from}: the bootstrap of this boot selected profile {} (docker {}) for the next boot; nothing to verify before it",
-            expected.profile,
-            expected.version
-        );
-        return Ok(());
     }
 
-    let (mut checks, bindir) = checks(&root, &layout, &expected);
-    let local_ok = checks.iter().all(|c| c.ok);
-    let local_s = since.elapsed();
-    let (api, api_note) = if !local_ok {
-        (
-            ApiCheck::Skipped,
-            Some("not asked: the node itself does not run the chosen set".to_string()),
-        )
-    } else if v.api_wait == 0 {
-        (ApiCheck::Skipped, Some("--api-wait 0".to_string()))
-    } else {
-        let runtime = RuntimeJudge::new(&expected.version, &bindir);
-        let judge = |got: &str| runtime.judge(got);
-        let a = nodeinfo::ask(
-            &root,
-            &v.kubeconfig,
-            Duration::from_secs(v.api_wait),
-            &node,
-            &nodeinfo::Want {
-                kubelet: expected.kubelet.as_ref().map(|(_, k)| k.clone()),
-                runtime: Some((runtime.expected(), &judge)),
-            },
-        );
-        checks.extend(a.checks);
-        (a.api, a.note)
-    };
-    let ok = local_ok && api != ApiCheck::Mismatch;
-    // Only a runtime that is not the chosen one is the profile's fault: the kubelet comes from
-    // kubelet.env, which no profile changes.
-    let profile_failed = checks.iter().any(|c| {
-        !c.ok && !c.what.ends_with("KUBELET_IMAGE_TAG") && !c.what.ends_with(".kubeletVersion")
-    });
-    let mut verification = Verification::taken(&boot_id, checks, ok, api, api_note, carried);
-    verification.local_s = Some(status::millis(local_s));
-    let mut after = record.clone();
-    let what = format!(
-        "profile {} with docker {}",
-        expected.profile, expected.version
-    );
+    /// Chosen in this boot for the next one: nothing of it runs yet.
+    fn chosen_for_the_next_boot(&self, e: &Expected) -> bool {
+        let record = &self.record;
+        let this_boot = record
+            .process
+            .as_ref()
+            .is_some_and(|p| p.boot_id == self.boot_id);
+        if this_boot && self.carried.is_none() && matches!(record.reboot, Reboot::Needed { .. }) {
+            crate::info!(
+                "{}: the bootstrap of this boot selected profile {} (docker {}) for the next boot; nothing to verify before it",
+                self.from,
+                e.profile,
+                e.version
+            );
+            return true;
+        }
+        false
+    }
 
-    if ok {
-        // The profile torcx applied is the known-good one from now on.
-        let applied = layout.applied_profile();
+    /// Step 4: the checks on the node itself, then (when they pass) the Node's nodeInfo.
+    fn judge(&self, e: &Expected) -> Verification {
+        let (checks, bindir) = checks(&self.o.root, &self.layout, e);
+        let runtime = RuntimeJudge::new(&e.version, &bindir);
+        let judge = |got: &str| runtime.judge(got);
+        let want = nodeinfo::Want {
+            kubelet: e.kubelet.as_ref().map(|(_, k)| k.clone()),
+            runtime: Some((runtime.expected(), &judge)),
+        };
+        self.o
+            .verdict(&self.boot_id, checks, &want, self.carried.clone())
+    }
+
+    /// Step 5 on a match: the profile torcx applied is the known-good one from now on.
+    fn verified(&self, e: &Expected, mut verification: Verification) -> Result<()> {
+        let root = &self.o.root;
+        let applied = self.layout.applied_profile();
         if let Some(b) = root.read(&applied, crate::node::root::CONFIG_CAP)? {
             Profile::parse(&b, &root.show(&applied))?;
-            root.write_atomic(&known_path, &b, 0o644)?;
+            root.write_atomic(&self.known_path, &b, 0o644)?;
         }
-        let told = tell(v, &root, &node, &expected, None);
-        if record.state != State::Done {
-            crate::info!("verified: the node runs its known-good {what}");
+        let told = self.tell(e, None);
+        if self.record.state != State::Done {
+            crate::info!("verified: the node runs its known-good {}", e.what());
             return Ok(());
         }
         verification.reported = told;
-        after.phase = Phase::Verified;
+        let mut after = self.record.clone();
         // The reboot an earlier check asked for has happened: nothing is pending any more.
         if verification.returned.is_some() {
             after.reboot = Reboot::No;
         }
-        verification.timed(since);
-        verification.events = status::verdict_events(&verification, 0);
-        after.verification = Some(verification);
-        let at = status::amend(&root, &record, &after)?;
+        let at = self.o.record(&self.record, &mut after, verification)?;
         crate::info!(
-            "verified: torcx applied {what} as {from} records; kept as the known-good profile {}; recorded in {at}",
-            root.show(&known_path)
+            "verified: torcx applied {} as {} records; kept as the known-good profile {}; recorded in {at}",
+            e.what(),
+            self.from,
+            root.show(&self.known_path)
         );
-        return Ok(());
+        Ok(())
     }
 
-    let first = verification.first_mismatch();
-    if record.state != State::Done {
-        let why = "nothing to return to: the node needs an operator";
-        tell(v, &root, &node, &expected, Some(&format!("{first}; {why}")));
-        return Err(Error::failed(format!(
-            "the node does not run its known-good {what}: {first}; {why}"
-        )));
+    /// Step 5 on a mismatch: the known-good profile selected for the next boot (when the
+    /// profile is to blame), the verdict recorded, then the Node told.
+    fn mismatch(&self, e: &Expected, mut verification: Verification) -> Result<()> {
+        let first = verification.first_mismatch();
+        if self.record.state != State::Done {
+            let why = "nothing to return to: the node needs an operator";
+            self.tell(e, Some(&format!("{first}; {why}")));
+            return Err(Error::failed(format!(
+                "the node does not run its known-good {}: {first}; {why}",
+                e.what()
+            )));
+        }
+        let mut after = self.record.clone();
+        let back = self.go_back(e, &mut after, &mut verification)?;
+        let at = self.o.record(&self.record, &mut after, verification)?;
+        // Told once the record holds the verdict (as the sysext check does).
+        if let Some(told) = self.tell(e, Some(&format!("{first}; {back}"))) {
+            self.o.record_told(&self.record, &after, told);
+        }
+        Err(boot_check::mismatch(&self.from, &first, &back, &at))
     }
-    // Once per boot, and never to what just failed.
-    let returned_here = record
-        .verification
-        .as_ref()
-        .and_then(|p| p.returned.as_ref())
-        .is_some_and(|r| r.boot_id == boot_id);
-    let back = if !profile_failed {
-        "nothing to return to: the kubelet comes from kubelet.env (KUBELET_IMAGE_TAG), which no torcx profile changes; the node needs an operator".to_string()
-    } else if returned_here {
-        "not returned again: this boot already selected the known-good profile once; the node needs an operator".to_string()
-    } else if expected.profile == KNOWN_GOOD {
-        "nothing to return to: the known-good profile itself did not apply".to_string()
-    } else if let (Some(v), Some(bytes)) = (
-        known_version.clone(),
-        root.read(&known_path, crate::node::root::CONFIG_CAP)?,
-    ) {
-        root.write_atomic(
-            &layout.next_profile(),
-            format!("{KNOWN_GOOD}\n").as_bytes(),
-            0o644,
-        )?;
+
+    /// The known-good profile as next-profile, the reboot it needs recorded in `after`, never
+    /// taken; what became of the return.
+    fn go_back(
+        &self,
+        e: &Expected,
+        after: &mut Record,
+        verification: &mut Verification,
+    ) -> Result<String> {
+        let root = &self.o.root;
+        // Only a runtime that is not the chosen one is the profile's fault: the kubelet comes
+        // from kubelet.env, which no profile changes.
+        let profile_failed = verification.checks.iter().any(|c| {
+            !c.ok && !c.what.ends_with("KUBELET_IMAGE_TAG") && !c.what.ends_with(".kubeletVersion")
+        });
+        // Once per boot, and never to what just failed.
+        let returned_here = self
+            .record
+            .verification
+            .as_ref()
+            .and_then(|p| p.returned.as_ref())
+            .is_some_and(|r| r.boot_id == self.boot_id);
+        if !profile_failed {
+            return Ok("nothing to return to: the kubelet comes from kubelet.env (KUBELET_IMAGE_TAG), which no torcx profile changes; the node needs an operator".to_string());
+        }
+        if returned_here {
+            return Ok("not returned again: this boot already selected the known-good profile once; the node needs an operator".to_string());
+        }
+        if e.profile == KNOWN_GOOD {
+            return Ok("nothing to return to: the known-good profile itself did not apply".into());
+        }
+        let (Some(v), Some(bytes)) = (
+            self.known_version.clone(),
+            root.read(&self.known_path, crate::node::root::CONFIG_CAP)?,
+        ) else {
+            return Ok(format!(
+                "nothing to return to: the node keeps no known-good profile ({})",
+                root.show(&self.known_path)
+            ));
+        };
+        let next = self.layout.next_profile();
+        root.write_atomic(&next, format!("{KNOWN_GOOD}\n").as_bytes(), 0o644)?;
         let reason = format!(
             "the boot check selected the known-good profile {KNOWN_GOOD} (docker {v}) as next-profile: torcx applies it at the next boot, which nodestrap leaves to the operator or the update agent"
         );
         crate::warn!("reboot needed: {reason}");
-        after.reboot = Reboot::Needed {
-            reason: reason.clone(),
-        };
+        after.reboot = Reboot::Needed { reason };
         verification.returned = Some(Returned {
             to: vec![Chosen {
                 name: RUNTIME.into(),
                 version: v.clone(),
-                image: known_path.clone(),
+                image: self.known_path.clone(),
                 digest: format!(
                     "sha256-{}",
                     crate::crypto::digest::hex(&crate::crypto::digest::sha256(&bytes))
                 ),
             }],
-            boot_id: boot_id.clone(),
+            boot_id: self.boot_id.clone(),
             result: NEXT_BOOT.into(),
         });
-        format!(
+        Ok(format!(
             "{} now selects the known-good profile {KNOWN_GOOD} (docker {v}) for the next boot; the reboot is recorded, not taken",
-            root.show(&layout.next_profile())
-        )
-    } else {
-        format!(
-            "nothing to return to: the node keeps no known-good profile ({})",
-            root.show(&known_path)
-        )
-    };
-    verification.timed(since);
-    after.phase = Phase::Done;
-    verification.events = status::verdict_events(&verification, 1);
-    after.verification = Some(verification);
-    let at = status::amend(&root, &record, &after)?;
-    // Told once the record holds the verdict (as the sysext check does).
-    if let Some(told) = tell(
-        v,
-        &root,
-        &node,
-        &expected,
-        Some(&format!("{first}; {back}")),
-    ) {
-        let mut told_after = after.clone();
-        if let Some(t) = told_after.verification.as_mut() {
-            t.reported = Some(told);
-        }
-        if let Err(e) = status::amend(&root, &record, &told_after) {
-            crate::warn!("what the Node was told is not recorded: {e}");
-        }
+            root.show(&next)
+        ))
     }
-    Err(Error::failed(format!(
-        "the node does not run what {from} chose: {first}; {back} (recorded in {at})"
-    )))
-}
 
-/// What the check tells the cluster on its Node, as the sysext check does (docs/verify.md, "On
-/// the Node"): `NodestrapVerified` True with the profile and docker that run, the labels of the
-/// kubelet and docker versions and `nodestrap.io/trust=torcx`; or False with the first failed
-/// check (`mismatch`). Only when the Node's name is known; what was told, or why not.
-fn tell(
-    v: &Verify,
-    root: &Root,
-    node: &str,
-    e: &Expected,
-    mismatch: Option<&str>,
-) -> Option<String> {
-    if node.is_empty() {
-        return None;
-    }
-    let runs = format!("profile {} with docker {}", e.profile, e.version);
-    let report = match mismatch {
-        None => Report {
-            verdict: Verdict::True,
-            reason: "Verified",
-            message: format!("runs {runs} as chosen"),
-            labels: [
-                e.kubelet
-                    .as_ref()
-                    .map(|(_, k)| (LABEL_KUBERNETES, label_value(k))),
-                Some((LABEL_RUNTIME, label_value(&format!("docker-{}", e.version)))),
-                Some((LABEL_TRUST, "torcx".to_string())),
-            ]
-            .into_iter()
-            .flatten()
-            .collect(),
-            events: vec![Event {
-                warning: false,
+    /// What the check tells the cluster on its Node, as the sysext check does (docs/verify.md,
+    /// "On the Node"): `NodestrapVerified` True with the profile and docker that run, the labels
+    /// of the kubelet and docker versions and `nodestrap.io/trust=torcx`; or False with the
+    /// first failed check (`mismatch`). Only when the Node's name is known; what was told, or
+    /// why not.
+    fn tell(&self, e: &Expected, mismatch: Option<&str>) -> Option<String> {
+        if self.o.node.is_empty() {
+            return None;
+        }
+        let runs = e.what();
+        let report = match mismatch {
+            None => Report {
+                verdict: Verdict::True,
                 reason: "Verified",
                 message: format!("runs {runs} as chosen"),
-            }],
-        },
-        Some(why) => Report {
-            verdict: Verdict::False,
-            reason: "Mismatch",
-            message: why.to_string(),
-            labels: Vec::new(),
-            events: vec![Event {
-                warning: true,
+                labels: [
+                    e.kubelet
+                        .as_ref()
+                        .map(|(_, k)| (LABEL_KUBERNETES, label_value(k))),
+                    Some((LABEL_RUNTIME, label_value(&format!("docker-{}", e.version)))),
+                    Some((LABEL_TRUST, "torcx".to_string())),
+                ]
+                .into_iter()
+                .flatten()
+                .collect(),
+                events: vec![Event {
+                    warning: false,
+                    reason: "Verified",
+                    message: format!("runs {runs} as chosen"),
+                }],
+            },
+            Some(why) => Report {
+                verdict: Verdict::False,
                 reason: "Mismatch",
-                message: format!("does not run {runs} as chosen: {why}"),
-            }],
-        },
-    };
-    let line = node_report::send(root, &v.kubeconfig, node, &report);
-    crate::info!("reported {line}");
-    Some(line)
+                message: why.to_string(),
+                labels: Vec::new(),
+                events: vec![Event {
+                    warning: true,
+                    reason: "Mismatch",
+                    message: format!("does not run {runs} as chosen: {why}"),
+                }],
+            },
+        };
+        let line = node_report::send(&self.o.root, &self.o.kubeconfig, &self.o.node, &report);
+        crate::info!("reported {line}");
+        Some(line)
+    }
 }
 
 /// The seal, the applied profile, docker's own word and kubelet.env's tag, against `e`; and
