@@ -138,71 +138,8 @@ fn pread(file: &File, buf: &mut [u8], at: u64) -> Result<(), String> {
 pub fn read(file: &File, sector: u64, size: u64, arch: &str) -> Result<Ddi, String> {
     let types =
         types(arch).ok_or_else(|| format!("no DDI partition types for architecture {arch}"))?;
-    let mut hdr = [0u8; 92];
-    pread(file, &mut hdr, sector).map_err(|e| format!("GPT header: {e}"))?;
-    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-    let u64_at = |b: &[u8], o: usize| {
-        let mut x = [0u8; 8];
-        x.copy_from_slice(&b[o..o + 8]);
-        u64::from_le_bytes(x)
-    };
-    // The header's and the entries' CRC-32, as libblkid (and so systemd) checks them.
-    let crc = |b: &[u8]| {
-        let mut c = flate2::Crc::new();
-        c.update(b);
-        c.sum()
-    };
-    let mut zeroed = hdr;
-    zeroed[16..20].fill(0);
-    if u32_at(&hdr, 12) != 92 || crc(&zeroed) != u32_at(&hdr, 16) {
-        return Err("its GPT header's size or CRC is wrong".into());
-    }
-    let (entries_lba, count, esize) = (u64_at(&hdr, 72), u32_at(&hdr, 80), u32_at(&hdr, 84));
-    if count > MAX_ENTRIES || !(128..=512).contains(&esize) || !esize.is_multiple_of(8) {
-        return Err(format!(
-            "GPT with {count} entries of {esize} bytes: not a table systemd-repart writes"
-        ));
-    }
-    let mut table = vec![0u8; (count * esize) as usize];
-    let at = entries_lba
-        .checked_mul(sector)
-        .ok_or("GPT entries beyond the file")?;
-    pread(file, &mut table, at).map_err(|e| format!("GPT entries: {e}"))?;
-    if crc(&table) != u32_at(&hdr, 88) {
-        return Err("its GPT partition entries' CRC is wrong".into());
-    }
-    let mut found: [Option<Part>; 6] = [None; 6];
-    for e in table.chunks(esize as usize) {
-        if e[..16].iter().all(|b| *b == 0) {
-            continue;
-        }
-        let t = guid_str(&guid(&e[..16]));
-        let (first, last) = (u64_at(e, 32), u64_at(e, 40));
-        let span = last
-            .checked_sub(first)
-            .and_then(|n| n.checked_add(1))
-            .and_then(|n| n.checked_mul(sector));
-        let offset = first.checked_mul(sector);
-        let (Some(len), Some(offset)) = (span, offset) else {
-            return Err(format!("partition {t}: its extent is not a range"));
-        };
-        if offset.checked_add(len).is_none_or(|end| end > size) {
-            return Err(format!("partition {t}: it extends beyond the file"));
-        }
-        let Some(i) = types.iter().position(|x| *x == t) else {
-            return Err(format!(
-                "partition type {t} is not a {arch} root or /usr with its verity and signature: the strict policy takes nothing else"
-            ));
-        };
-        if found[i].is_some() {
-            return Err(format!("two {} partitions", ROLES[i]));
-        }
-        found[i] = Some(Part {
-            offset,
-            len,
-            uuid: guid(&e[16..32]),
-        });
-    }
+    let (table, esize) = entries(file, sector)?;
+    let found = partitions(&table, esize, sector, size, &types, arch)?;
     let pick = |base: usize, d: Designator| -> Result<Option<Ddi>, String> {
         match (found[base], found[base + 1], found[base + 2]) {
             (None, None, None) => Ok(None),
@@ -229,6 +166,94 @@ pub fn read(file: &File, sector: u64, size: u64, arch: &str) -> Result<Ddi, Stri
         }
         (None, None) => Err(format!("no {arch} root or /usr partition")),
     }
+}
+
+fn le32(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+}
+
+fn le64(b: &[u8], o: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&b[o..o + 8]);
+    u64::from_le_bytes(x)
+}
+
+/// The header's and the entries' CRC-32, as libblkid (and so systemd) checks them.
+fn crc(b: &[u8]) -> u32 {
+    let mut c = flate2::Crc::new();
+    c.update(b);
+    c.sum()
+}
+
+/// The GPT header at `sector`, checked, and its partition entries (checked too) with their size.
+fn entries(file: &File, sector: u64) -> Result<(Vec<u8>, u32), String> {
+    let mut hdr = [0u8; 92];
+    pread(file, &mut hdr, sector).map_err(|e| format!("GPT header: {e}"))?;
+    let mut zeroed = hdr;
+    zeroed[16..20].fill(0);
+    if le32(&hdr, 12) != 92 || crc(&zeroed) != le32(&hdr, 16) {
+        return Err("its GPT header's size or CRC is wrong".into());
+    }
+    let (entries_lba, count, esize) = (le64(&hdr, 72), le32(&hdr, 80), le32(&hdr, 84));
+    if count > MAX_ENTRIES || !(128..=512).contains(&esize) || !esize.is_multiple_of(8) {
+        return Err(format!(
+            "GPT with {count} entries of {esize} bytes: not a table systemd-repart writes"
+        ));
+    }
+    let mut table = vec![0u8; (count * esize) as usize];
+    let at = entries_lba
+        .checked_mul(sector)
+        .ok_or("GPT entries beyond the file")?;
+    pread(file, &mut table, at).map_err(|e| format!("GPT entries: {e}"))?;
+    if crc(&table) != le32(&hdr, 88) {
+        return Err("its GPT partition entries' CRC is wrong".into());
+    }
+    Ok((table, esize))
+}
+
+/// The partitions of `table` by role (in `ROLES`' order): each within the file, of one of
+/// `arch`'s types, and no role twice.
+fn partitions(
+    table: &[u8],
+    esize: u32,
+    sector: u64,
+    size: u64,
+    types: &[&str; 6],
+    arch: &str,
+) -> Result<[Option<Part>; 6], String> {
+    let mut found: [Option<Part>; 6] = [None; 6];
+    for e in table.chunks(esize as usize) {
+        if e[..16].iter().all(|b| *b == 0) {
+            continue;
+        }
+        let t = guid_str(&guid(&e[..16]));
+        let (first, last) = (le64(e, 32), le64(e, 40));
+        let span = last
+            .checked_sub(first)
+            .and_then(|n| n.checked_add(1))
+            .and_then(|n| n.checked_mul(sector));
+        let offset = first.checked_mul(sector);
+        let (Some(len), Some(offset)) = (span, offset) else {
+            return Err(format!("partition {t}: its extent is not a range"));
+        };
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(format!("partition {t}: it extends beyond the file"));
+        }
+        let Some(i) = types.iter().position(|x| *x == t) else {
+            return Err(format!(
+                "partition type {t} is not a {arch} root or /usr with its verity and signature: the strict policy takes nothing else"
+            ));
+        };
+        if found[i].is_some() {
+            return Err(format!("two {} partitions", ROLES[i]));
+        }
+        found[i] = Some(Part {
+            offset,
+            len,
+            uuid: guid(&e[16..32]),
+        });
+    }
+    Ok(found)
 }
 
 /// The signature partition's root hash signed by one of `certs`, the partitions named by that
@@ -327,46 +352,93 @@ fn hex_bytes(s: &str) -> Option<Vec<u8>> {
 /// compared with the one stored (the tree starts one hash block after the superblock, its top
 /// level first).
 fn verity_root(file: &File, d: &Ddi) -> Result<Vec<u8>, String> {
-    let mut sb = [0u8; 512];
-    pread(file, &mut sb, d.verity.offset).map_err(|e| format!("verity superblock: {e}"))?;
-    if &sb[..8] != b"verity\0\0" {
-        return Err("its verity partition has no verity superblock".into());
-    }
-    let u32_at = |o: usize| u32::from_le_bytes([sb[o], sb[o + 1], sb[o + 2], sb[o + 3]]);
-    let (version, hash_type) = (u32_at(8), u32_at(12));
-    let alg = &sb[32..64];
-    let alg =
-        std::str::from_utf8(&alg[..alg.iter().position(|b| *b == 0).unwrap_or(32)]).unwrap_or("?");
-    let (dbs, hbs) = (u32_at(64) as u64, u32_at(68) as u64);
-    let mut x = [0u8; 8];
-    x.copy_from_slice(&sb[72..80]);
-    let blocks = u64::from_le_bytes(x);
-    let salt = &sb[88..88 + (u16::from_le_bytes([sb[80], sb[81]]) as usize).min(256)];
-    if version != 1 || hash_type != 1 || alg != "sha256" {
-        return Err(format!(
-            "verity superblock version {version}, hash type {hash_type}, {alg}: nodestrap checks version 1, type 1, sha256 (what systemd-repart writes)"
-        ));
-    }
-    let pow2 = |b: u64| b.is_power_of_two() && (512..=65536).contains(&b);
-    if !pow2(dbs) || !pow2(hbs) || blocks == 0 {
-        return Err(format!(
-            "verity superblock: blocks of {dbs} and {hbs} bytes, {blocks} data blocks"
-        ));
-    }
-    if blocks.checked_mul(dbs).is_none_or(|n| n > d.data.len) {
-        return Err(format!(
-            "verity superblock: {blocks} data blocks of {dbs} bytes, more than the data partition's {} bytes",
-            d.data.len
-        ));
-    }
-    let h = |parts: &[&[u8]]| {
-        let mut c = ring::digest::Context::new(&ring::digest::SHA256);
-        for p in parts {
-            c.update(p);
+    let sb = Superblock::read(file, d)?;
+    // Level 0: the data blocks' digests.
+    let mut level = data_digests(file, d, &sb)?;
+    // Up the tree: each level's hash blocks, kept to compare with the stored ones.
+    let per = (sb.hbs / 32) as usize;
+    // A single data block is its own root: no hash block at all.
+    let mut levels: Vec<Vec<u8>> = Vec::new();
+    while level.len() > 1 {
+        let mut stored = Vec::with_capacity(level.len().div_ceil(per) * sb.hbs as usize);
+        let mut next = Vec::with_capacity(level.len().div_ceil(per));
+        for group in level.chunks(per) {
+            let start = stored.len();
+            for g in group {
+                stored.extend_from_slice(g);
+            }
+            stored.resize(start + sb.hbs as usize, 0);
+            let mut out = [0u8; 32];
+            out.copy_from_slice(sha256(&[&sb.salt, &stored[start..]]).as_ref());
+            next.push(out);
         }
-        c.finish()
-    };
-    // Level 0: the data blocks' digests, read in large chunks.
+        levels.push(stored);
+        level = next;
+    }
+    stored_tree(file, d, sb.hbs, &levels)?;
+    Ok(level[0].to_vec())
+}
+
+/// What verity_root takes from the verity superblock: block sizes, data blocks and salt.
+struct Superblock {
+    dbs: u64,
+    hbs: u64,
+    blocks: u64,
+    salt: Vec<u8>,
+}
+
+impl Superblock {
+    /// The superblock at the verity partition's start, in the one form nodestrap checks.
+    fn read(file: &File, d: &Ddi) -> Result<Self, String> {
+        let mut sb = [0u8; 512];
+        pread(file, &mut sb, d.verity.offset).map_err(|e| format!("verity superblock: {e}"))?;
+        if &sb[..8] != b"verity\0\0" {
+            return Err("its verity partition has no verity superblock".into());
+        }
+        let (version, hash_type) = (le32(&sb, 8), le32(&sb, 12));
+        let alg = &sb[32..64];
+        let alg = std::str::from_utf8(&alg[..alg.iter().position(|b| *b == 0).unwrap_or(32)])
+            .unwrap_or("?");
+        let (dbs, hbs) = (le32(&sb, 64) as u64, le32(&sb, 68) as u64);
+        let blocks = le64(&sb, 72);
+        let salt = &sb[88..88 + (u16::from_le_bytes([sb[80], sb[81]]) as usize).min(256)];
+        if version != 1 || hash_type != 1 || alg != "sha256" {
+            return Err(format!(
+                "verity superblock version {version}, hash type {hash_type}, {alg}: nodestrap checks version 1, type 1, sha256 (what systemd-repart writes)"
+            ));
+        }
+        let pow2 = |b: u64| b.is_power_of_two() && (512..=65536).contains(&b);
+        if !pow2(dbs) || !pow2(hbs) || blocks == 0 {
+            return Err(format!(
+                "verity superblock: blocks of {dbs} and {hbs} bytes, {blocks} data blocks"
+            ));
+        }
+        if blocks.checked_mul(dbs).is_none_or(|n| n > d.data.len) {
+            return Err(format!(
+                "verity superblock: {blocks} data blocks of {dbs} bytes, more than the data partition's {} bytes",
+                d.data.len
+            ));
+        }
+        Ok(Superblock {
+            dbs,
+            hbs,
+            blocks,
+            salt: salt.to_vec(),
+        })
+    }
+}
+
+fn sha256(parts: &[&[u8]]) -> ring::digest::Digest {
+    let mut c = ring::digest::Context::new(&ring::digest::SHA256);
+    for p in parts {
+        c.update(p);
+    }
+    c.finish()
+}
+
+/// The data blocks' digests, read in large chunks.
+fn data_digests(file: &File, d: &Ddi, sb: &Superblock) -> Result<Vec<[u8; 32]>, String> {
+    let (dbs, blocks) = (sb.dbs, sb.blocks);
     let mut level: Vec<[u8; 32]> = Vec::with_capacity(blocks as usize);
     let chunk = (dbs * 256).min(blocks * dbs);
     let mut buf = vec![0u8; chunk as usize];
@@ -377,31 +449,17 @@ fn verity_root(file: &File, d: &Ddi) -> Result<Vec<u8>, String> {
         pread(file, b, d.data.offset + done * dbs).map_err(|e| format!("data partition: {e}"))?;
         for blk in b.chunks(dbs as usize) {
             let mut out = [0u8; 32];
-            out.copy_from_slice(h(&[salt, blk]).as_ref());
+            out.copy_from_slice(sha256(&[&sb.salt, blk]).as_ref());
             level.push(out);
         }
         done += n;
     }
-    // Up the tree: each level's hash blocks, kept to compare with the stored ones.
-    let per = (hbs / 32) as usize;
-    // A single data block is its own root: no hash block at all.
-    let mut levels: Vec<Vec<u8>> = Vec::new();
-    while level.len() > 1 {
-        let mut stored = Vec::with_capacity(level.len().div_ceil(per) * hbs as usize);
-        let mut next = Vec::with_capacity(level.len().div_ceil(per));
-        for group in level.chunks(per) {
-            let start = stored.len();
-            for g in group {
-                stored.extend_from_slice(g);
-            }
-            stored.resize(start + hbs as usize, 0);
-            let mut out = [0u8; 32];
-            out.copy_from_slice(h(&[salt, &stored[start..]]).as_ref());
-            next.push(out);
-        }
-        levels.push(stored);
-        level = next;
-    }
+    Ok(level)
+}
+
+/// The computed hash blocks (`levels`, bottom first) against the verity partition's, top level
+/// first from one hash block after the superblock.
+fn stored_tree(file: &File, d: &Ddi, hbs: u64, levels: &[Vec<u8>]) -> Result<(), String> {
     let mut at = d.verity.offset + hbs;
     for stored in levels.iter().rev() {
         if at + stored.len() as u64 > d.verity.offset + d.verity.len {
@@ -417,7 +475,7 @@ fn verity_root(file: &File, d: &Ddi) -> Result<Vec<u8>, String> {
         }
         at += stored.len() as u64;
     }
-    Ok(level[0].to_vec())
+    Ok(())
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! them in Flatcar's layout, and merges them live or leaves them for the boot to merge.
 //! Contract: docs/bootstrap.md ("sysext").
 
+pub(crate) mod apply;
 pub mod boot_merge;
 pub mod bootstrap;
 pub mod choose;
@@ -14,6 +15,7 @@ pub mod itself;
 pub mod known_good;
 pub mod lists;
 pub mod merge;
+pub(crate) mod plan;
 pub mod report;
 pub mod rollout;
 pub mod source;

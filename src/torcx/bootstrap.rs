@@ -9,8 +9,9 @@ use crate::cli::check::check_options;
 use crate::cli::{Bootstrap, RebootMode};
 use crate::error::{Error, Result};
 use crate::net::cluster;
-use crate::net::fetch::{Failure, FetchError};
+use crate::net::fetch::{Failure, FetchError, Http};
 use crate::net::kube::Kube;
+use crate::net::retry::Retry;
 use crate::node::clock;
 use crate::node::dbus::{self, Update};
 use crate::node::mappings::Mappings;
@@ -35,16 +36,7 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         crate::node::temps::sweep(&root);
     }
     let torcx_on = !a.torcx_skip_setup;
-    let keyring = if torcx_on {
-        a.common().keyring(&root)?
-    } else {
-        None
-    };
-    let http = if torcx_on {
-        Some(a.common().http(&root)?)
-    } else {
-        None
-    };
+    let (keyring, http) = clients(&root, a, torcx_on)?;
     let registry = match &http {
         Some(h) => Some(a.common().registry(&root, h)?),
         None => None,
@@ -53,71 +45,12 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     let rebooter = crate::node::reboot::for_run(&root, a.reboot == RebootMode::Auto, a.dry_run);
     // Before anything checks a certificate or a signature.
     clock::check(&root, Duration::from_secs(a.clock_wait))?;
-
-    // 1. OS version and board.
-    let os = OsInfo::read(&root)?;
-    let by_arch = if os.board_from_arch {
-        ", board by architecture"
-    } else {
-        ""
-    };
-    crate::info!(
-        "OS version {} board {} (from {}{by_arch})",
-        os.version,
-        os.board,
-        root.show(OS_RELEASE)
-    );
-    status::decide(
-        "os",
-        format_args!("{} board {}", os.version, os.board),
-        format_args!("{}{by_arch}", root.show(OS_RELEASE)),
-    );
-
-    // Where torcx looks (its config.json), before anything is fetched for it.
-    let layout = if torcx_on {
-        let l = Layout::read(&root)?;
-        crate::info!(
-            "torcx stores under {}, profiles in {}, applied profile {} (from {})",
-            l.store_root(),
-            l.profiles_dir(),
-            l.applied_profile(),
-            l.source
-        );
-        l
-    } else {
-        Layout::default()
-    };
-
-    // 2. Kubernetes version: forced, API server, or the installer's kubelet.env.
-    let kube = if a.force_kube_version.is_none() || torcx_on {
-        cluster::joined(&root, a.joined_kubeconfigs(), api_retry)?
-    } else {
-        None
-    };
-    // Not joined yet: the cluster's version from the kubelet's bootstrap kubeconfig or
-    // --api-server (the runtime mappings then come from the node's file).
-    let before_join = a.before_join();
-    let joining = if kube.is_none() && a.force_kube_version.is_none() {
-        cluster::before_join(&root, &before_join, api_retry, || a.common().tls(&root))?
-    } else {
-        None
-    };
-    let version = cluster::version(
-        &root,
-        &a.version_sources(kube.as_ref(), joining.as_ref(), &before_join),
-    )?;
-    let k8s = version.value.clone();
-
-    // 3. Runtime mappings: the ConfigMap, else the node's file.
-    let wanted = if torcx_on {
-        Some(runtime_versions(&root, a, kube.as_ref(), &k8s)?)
-    } else {
-        None
-    };
-    // The API server is not asked again: its idle connection goes now, not at exit, so that a
-    // herd of nodes downloading holds one connection each at the servers.
-    drop((kube, joining));
-
+    // 1. OS version and board; where torcx looks (its config.json), before anything is
+    //    fetched for it.
+    let os = read_os(&root)?;
+    let layout = read_layout(&root, torcx_on)?;
+    // 2-3. Kubernetes version and the runtime mappings.
+    let (k8s, wanted) = cluster_inputs(&root, a, torcx_on, api_retry)?;
     // 4. update_engine.
     let update = os_update(a, &root)?;
     let next = match &update {
@@ -125,14 +58,8 @@ pub fn run(a: &Bootstrap) -> Result<()> {
         _ => None,
     };
     if update == Update::PendingUnknown {
-        // Nothing can be staged for an OS whose version is unknown: boot into it first and
-        // bootstrap there. kubelet.env is not written, so the unit runs again after the reboot.
-        let why = "an OS update of unknown version is pending; bootstrapping after the reboot";
-        status::reboot(status::Reboot::Needed { reason: why.into() });
-        crate::outln!("nodestrap: bootstrap deferred k8s={k8s} reboot=needed ({why})")?;
-        return rebooter.reboot(why);
+        return defer(&k8s, &*rebooter);
     }
-
     // 5-11 change the node: every change goes through the undo log, so that a failure puts
     //    the node back as it was (the images added, the profile, next-profile, the cleanup
     //    unit and kubelet.env), and a success deletes only what it set aside.
@@ -160,6 +87,112 @@ pub fn run(a: &Bootstrap) -> Result<()> {
     }
 }
 
+/// Step 0's clients: the keyring and the HTTP client, for torcx only.
+fn clients(
+    root: &Root,
+    a: &Bootstrap,
+    torcx_on: bool,
+) -> Result<(Option<crate::crypto::openpgp::Keyring>, Option<Http>)> {
+    let keyring = if torcx_on {
+        a.common().keyring(root)?
+    } else {
+        None
+    };
+    let http = if torcx_on {
+        Some(a.common().http(root)?)
+    } else {
+        None
+    };
+    Ok((keyring, http))
+}
+
+/// Step 1: OS version and board.
+fn read_os(root: &Root) -> Result<OsInfo> {
+    let os = OsInfo::read(root)?;
+    let by_arch = if os.board_from_arch {
+        ", board by architecture"
+    } else {
+        ""
+    };
+    crate::info!(
+        "OS version {} board {} (from {}{by_arch})",
+        os.version,
+        os.board,
+        root.show(OS_RELEASE)
+    );
+    status::decide(
+        "os",
+        format_args!("{} board {}", os.version, os.board),
+        format_args!("{}{by_arch}", root.show(OS_RELEASE)),
+    );
+    Ok(os)
+}
+
+/// Where torcx looks (its config.json); the default when torcx is skipped.
+fn read_layout(root: &Root, torcx_on: bool) -> Result<Layout> {
+    if !torcx_on {
+        return Ok(Layout::default());
+    }
+    let l = Layout::read(root)?;
+    crate::info!(
+        "torcx stores under {}, profiles in {}, applied profile {} (from {})",
+        l.store_root(),
+        l.profiles_dir(),
+        l.applied_profile(),
+        l.source
+    );
+    Ok(l)
+}
+
+/// Steps 2 and 3: the Kubernetes version (forced, API server, or the installer's kubelet.env)
+/// and, for torcx, the runtime versions its mappings give.
+fn cluster_inputs(
+    root: &Root,
+    a: &Bootstrap,
+    torcx_on: bool,
+    api_retry: Retry,
+) -> Result<(String, Option<Wanted>)> {
+    let kube = if a.force_kube_version.is_none() || torcx_on {
+        cluster::joined(root, a.joined_kubeconfigs(), api_retry)?
+    } else {
+        None
+    };
+    // Not joined yet: the cluster's version from the kubelet's bootstrap kubeconfig or
+    // --api-server (the runtime mappings then come from the node's file).
+    let before_join = a.before_join();
+    let joining = if kube.is_none() && a.force_kube_version.is_none() {
+        cluster::before_join(root, &before_join, api_retry, || a.common().tls(root))?
+    } else {
+        None
+    };
+    let version = cluster::version(
+        root,
+        &a.version_sources(kube.as_ref(), joining.as_ref(), &before_join),
+    )?;
+    let k8s = version.value.clone();
+
+    // 3. Runtime mappings: the ConfigMap, else the node's file.
+    let wanted = if torcx_on {
+        Some(runtime_versions(root, a, kube.as_ref(), &k8s)?)
+    } else {
+        None
+    };
+    // The API server is not asked again: its idle connection goes now, not at exit, so that a
+    // herd of nodes downloading holds one connection each at the servers.
+    drop((kube, joining));
+    Ok((k8s, wanted))
+}
+
+/// Step 4's end when an OS update of unknown version is pending: nothing can be staged for
+/// it, so boot into it first and bootstrap there. kubelet.env is not written, so the unit runs
+/// again after the reboot.
+fn defer(k8s: &str, rebooter: &dyn crate::node::reboot::Rebooter) -> Result<()> {
+    let why = "an OS update of unknown version is pending; bootstrapping after the reboot";
+    status::reboot(status::Reboot::Needed { reason: why.into() });
+    crate::outln!("nodestrap: bootstrap deferred k8s={k8s} reboot=needed ({why})")?;
+    rebooter.reboot(why)
+}
+
 /// Steps 5 to 11, with what they need.
 struct Staging<'a> {
     root: &'a Root,
@@ -177,70 +210,15 @@ struct Staging<'a> {
 
 impl<'a> Staging<'a> {
     fn run(&self, undo: &mut Undo<'a>, rebooter: &dyn crate::node::reboot::Rebooter) -> Result<()> {
-        let (root, a, k8s) = (self.root, self.a, self.k8s);
         // 5-8. torcx: choose, fetch and verify, stage, profile.
-        let chosen = match (self.registry, self.wanted) {
-            (Some(registry), Some(wanted)) => {
-                let downgrades = crate::cli::check::downgrades(&a.allow_downgrade)?;
-                let m = Manifests {
-                    registry,
-                    template: self.template,
-                    board: &self.os.board,
-                    keyring: self.keyring,
-                };
-                let st = Stage {
-                    layout: self.layout,
-                    current: &self.os.version,
-                    next: self.next,
-                    profile_default: &a.torcx_profile,
-                    cap: a.image_max_bytes(),
-                    downgrades: &downgrades,
-                    dry_run: a.dry_run,
-                };
-                runtime::stage_runtime(root, &m, &st, wanted, undo)?
-            }
-            _ => {
-                crate::info!("torcx setup skipped (--torcx-skip-setup)");
-                None
-            }
-        };
-
+        let chosen = self.stage(undo)?;
         status::phase(status::Phase::Staged);
-
         // 9. Decide the reboot and prepare for it before the done marker exists: once
         //    kubelet.env is written this unit never runs again, so nothing that can fail may
         //    come after it but the reboot request.
-        let applied = match chosen {
-            Some(_) => store::applied_reference(root, self.layout, RUNTIME)?,
-            None => None,
-        };
-        let reasons = reboot_reasons(self.update, applied.as_ref(), chosen.as_deref());
-        status::reboot(if reasons.is_empty() {
-            status::Reboot::No
-        } else {
-            status::Reboot::Needed {
-                reason: reasons.join("; "),
-            }
-        });
-        if !reasons.is_empty() && runtime_changes(applied.as_ref(), chosen.as_deref()) {
-            install_cleanup(root, a.dry_run, undo)?;
-        }
-
+        let reasons = self.decide_reboot(chosen.as_deref(), undo)?;
         // 10. kubelet.env: the done marker.
-        let tag = k8s.replace('+', "_");
-        let set = [("KUBELET_IMAGE_TAG", tag.as_str())];
-        marker::write(
-            root,
-            &marker::Plan {
-                path: &a.kubelet_env_path,
-                template: &a.installer_kubelet_env,
-                need: marker::Template::Required,
-                set: &set,
-            },
-            a.dry_run,
-            undo,
-        )?;
-
+        self.write_marker(undo)?;
         // 11. Report, and reboot only when needed. Whatever fails here (stdout gone, the
         //     reboot refused) undoes the run, so the unit runs again rather than starting the
         //     kubelet on a half-done node.
@@ -250,8 +228,9 @@ impl<'a> Staging<'a> {
             format!("needed ({})", reasons.join("; "))
         };
         crate::outln!(
-            "nodestrap: bootstrap {} k8s={k8s} {RUNTIME}={} next-os={} reboot={reboot}",
-            if a.dry_run { "planned" } else { "done" },
+            "nodestrap: bootstrap {} k8s={} {RUNTIME}={} next-os={} reboot={reboot}",
+            if self.a.dry_run { "planned" } else { "done" },
+            self.k8s,
             chosen.as_deref().unwrap_or("unchanged"),
             self.next.unwrap_or("none"),
         )?;
@@ -260,6 +239,72 @@ impl<'a> Staging<'a> {
             return Ok(());
         }
         rebooter.reboot(&reasons.join("; "))
+    }
+
+    /// Steps 5 to 8: the runtime chosen, fetched and verified, staged and profiled; `None`
+    /// when torcx is skipped.
+    fn stage(&self, undo: &mut Undo<'a>) -> Result<Option<String>> {
+        let (Some(registry), Some(wanted)) = (self.registry, self.wanted) else {
+            crate::info!("torcx setup skipped (--torcx-skip-setup)");
+            return Ok(None);
+        };
+        let a = self.a;
+        let downgrades = crate::cli::check::downgrades(&a.allow_downgrade)?;
+        let m = Manifests {
+            registry,
+            template: self.template,
+            board: &self.os.board,
+            keyring: self.keyring,
+        };
+        let st = Stage {
+            layout: self.layout,
+            current: &self.os.version,
+            next: self.next,
+            profile_default: &a.torcx_profile,
+            cap: a.image_max_bytes(),
+            downgrades: &downgrades,
+            dry_run: a.dry_run,
+        };
+        runtime::stage_runtime(self.root, &m, &st, wanted, undo)
+    }
+
+    /// Step 9: why the node reboots (none: it does not), recorded; the cleanup unit installed
+    /// when the reboot changes the runtime.
+    fn decide_reboot(&self, chosen: Option<&str>, undo: &mut Undo<'a>) -> Result<Vec<String>> {
+        let applied = match chosen {
+            Some(_) => store::applied_reference(self.root, self.layout, RUNTIME)?,
+            None => None,
+        };
+        let reasons = reboot_reasons(self.update, applied.as_ref(), chosen);
+        status::reboot(if reasons.is_empty() {
+            status::Reboot::No
+        } else {
+            status::Reboot::Needed {
+                reason: reasons.join("; "),
+            }
+        });
+        if !reasons.is_empty() && runtime_changes(applied.as_ref(), chosen) {
+            install_cleanup(self.root, self.a.dry_run, undo)?;
+        }
+        Ok(reasons)
+    }
+
+    /// Step 10: kubelet.env, the done marker.
+    fn write_marker(&self, undo: &mut Undo<'a>) -> Result<()> {
+        let a = self.a;
+        let tag = self.k8s.replace('+', "_");
+        let set = [("KUBELET_IMAGE_TAG", tag.as_str())];
+        marker::write(
+            self.root,
+            &marker::Plan {
+                path: &a.kubelet_env_path,
+                template: &a.installer_kubelet_env,
+                need: marker::Template::Required,
+                set: &set,
+            },
+            a.dry_run,
+            undo,
+        )
     }
 }
 

@@ -221,6 +221,34 @@ pub fn stage_runtime(
         );
         return Ok(None);
     }
+    let (version, source, floors) = choose(root, m, st, wanted, primary)?;
+    let mut targets = vec![(primary.to_string(), source)];
+    if let Some(cur) = next.map(|_| current).filter(|c| store::supports_remote(c)) {
+        match m.get(cur)?.source_for(RUNTIME, &version) {
+            Some(s) => targets.push((cur.to_string(), s)),
+            None => crate::info!(
+                "OS {cur} does not offer {RUNTIME} {version}: staging only for {primary}"
+            ),
+        }
+    }
+    // 6-7. Stage each image, verified, atomically, where torcx will take it from.
+    for (os, source) in &targets {
+        stage_one(root, m, st, &version, os, source, undo)?;
+    }
+    // 8. Profile and next-profile.
+    set_profile(root, st, &version, floors, undo)?;
+    Ok(Some(version))
+}
+
+/// Step 5: the first mapped version above the floor that `primary`'s manifest offers, where it
+/// comes from, and the floors (raised in step 8).
+fn choose(
+    root: &Root,
+    m: &Manifests,
+    st: &Stage,
+    wanted: &Wanted,
+    primary: &str,
+) -> Result<(String, Source, TorcxFloor)> {
     let list = m.get(primary)?;
     let floors = TorcxFloor::load(root)?;
     let candidates = above_floor(&floors, wanted, st.downgrades)?;
@@ -247,58 +275,68 @@ pub fn stage_runtime(
         ),
     );
     status::phase(status::Phase::Chosen);
-    let mut targets = vec![(primary.to_string(), source)];
-    if let Some(cur) = next.map(|_| current).filter(|c| store::supports_remote(c)) {
-        match m.get(cur)?.source_for(RUNTIME, &version) {
-            Some(s) => targets.push((cur.to_string(), s)),
-            None => crate::info!(
-                "OS {cur} does not offer {RUNTIME} {version}: staging only for {primary}"
-            ),
-        }
-    }
+    Ok((version, source, floors))
+}
 
-    // 6-7. Stage each image, verified, atomically, where torcx will take it from.
-    for (os, source) in &targets {
-        let file = store::image_file(RUNTIME, &version);
-        let at = format!("{}/{file}", st.layout.user_store(os));
-        match source {
-            Source::Vendored(p) => {
-                crate::info!("{file} for OS {os}: shipped in its /usr ({p}), nothing to download")
-            }
-            Source::Remote { digest, .. }
-                if torcx_takes_another(root, st, os, &version, &at, digest)? => {}
-            Source::Remote { url, digest } if st.dry_run => {
-                crate::outln!("plan: fetch {url} ({digest}) into {}", root.show(&at))?
-            }
-            Source::Remote { url, digest } => {
-                let w = store::Wanted {
-                    os_version: os,
-                    name: RUNTIME,
-                    version: &version,
-                    url,
-                    digest,
-                    cap: st.cap,
-                };
-                let staged = store::stage_image(root, m.registry, st.layout, &w, undo)?;
-                status::staged(&at, digest);
-                match staged {
-                    Staged::Kept => {
-                        crate::info!("{file} for OS {os}: already in the store with the right hash")
-                    }
-                    Staged::Copied(from) => {
-                        crate::info!("{file} for OS {os}: copied from {from} (hash verified)")
-                    }
-                    Staged::Downloaded(n) => {
-                        crate::info!(
-                            "{file} for OS {os}: downloaded {n} bytes from {url}, hash verified"
-                        )
-                    }
+/// Steps 6-7 for one OS: its image staged, verified, atomically, where torcx will take it from
+/// (a plan line in a dry run; nothing when its /usr ships it or torcx takes another).
+fn stage_one(
+    root: &Root,
+    m: &Manifests,
+    st: &Stage,
+    version: &str,
+    os: &str,
+    source: &Source,
+    undo: &mut Undo,
+) -> Result<()> {
+    let file = store::image_file(RUNTIME, version);
+    let at = format!("{}/{file}", st.layout.user_store(os));
+    match source {
+        Source::Vendored(p) => {
+            crate::info!("{file} for OS {os}: shipped in its /usr ({p}), nothing to download")
+        }
+        Source::Remote { digest, .. }
+            if torcx_takes_another(root, st, os, version, &at, digest)? => {}
+        Source::Remote { url, digest } if st.dry_run => {
+            crate::outln!("plan: fetch {url} ({digest}) into {}", root.show(&at))?
+        }
+        Source::Remote { url, digest } => {
+            let w = store::Wanted {
+                os_version: os,
+                name: RUNTIME,
+                version,
+                url,
+                digest,
+                cap: st.cap,
+            };
+            let staged = store::stage_image(root, m.registry, st.layout, &w, undo)?;
+            status::staged(&at, digest);
+            match staged {
+                Staged::Kept => {
+                    crate::info!("{file} for OS {os}: already in the store with the right hash")
+                }
+                Staged::Copied(from) => {
+                    crate::info!("{file} for OS {os}: copied from {from} (hash verified)")
+                }
+                Staged::Downloaded(n) => {
+                    crate::info!(
+                        "{file} for OS {os}: downloaded {n} bytes from {url}, hash verified"
+                    )
                 }
             }
         }
     }
+    Ok(())
+}
 
-    // 8. Profile and next-profile.
+/// Step 8: the profile names `version` and is next-profile; the floor rises.
+fn set_profile(
+    root: &Root,
+    st: &Stage,
+    version: &str,
+    floors: TorcxFloor,
+    undo: &mut Undo,
+) -> Result<()> {
     let (profile, why) = store::choose_profile(root, st.layout, st.profile_default)?;
     if st.dry_run {
         crate::outln!(
@@ -306,15 +344,15 @@ pub fn stage_runtime(
         )?;
     } else {
         store::keep_known_good(root, st.layout, undo)?;
-        store::set_profile_image(root, st.layout, &profile, RUNTIME, &version, undo)?;
+        store::set_profile_image(root, st.layout, &profile, RUNTIME, version, undo)?;
         crate::info!(
             "profile {profile} ({why}) now names {RUNTIME}:{version}; next-profile set (torcx paths from {})",
             st.layout.source
         );
         status::decide("torcx-profile", &profile, why);
-        raise_floor(root, floors, &version, st.downgrades, undo)?;
+        raise_floor(root, floors, version, st.downgrades, undo)?;
     }
-    Ok(Some(version))
+    Ok(())
 }
 
 /// The mapped versions not below the floor of the runtime's image, most preferred first: below

@@ -26,52 +26,10 @@ pub(super) fn rhcos_configure(
     mut cfg: Value,
 ) -> Result<(String, Option<PathBuf>)> {
     let src = &s.secrets.url;
-    progress.report("fetch", "started", "Ignition config");
-    let r = mco::rendered(&cfg, src);
-    let r = match r {
-        Ok(r) => r,
-        Err(e) => {
-            progress.report("fetch", "failed", &e.to_string());
-            return Err(e);
-        }
-    };
-    crate::info!(
-        "Ignition config from {src}: spec {}, rendered config {} (from {})",
-        mco::version(&cfg),
-        r.name,
-        r.from
-    );
-    progress.report(
-        "fetch",
-        "succeeded",
-        &format!("Ignition spec {} for {}", mco::version(&cfg), r.name),
-    );
-
-    let image = match (&a.mcd_binary, mco::mco_image(&cfg)) {
-        (Some(_), _) => None,
-        (None, Some(i)) => {
-            crate::info!("machine-config-daemon comes from {i} (named by the config's MCD units)");
-            Some(i)
-        }
-        (None, None) => {
-            return Err(Error::failed(format!(
-                "{src}: no machine-config-operator image in its machine-config-daemon units to take machine-config-daemon from; give --mcd-binary"
-            )))
-        }
-    };
+    let r = rendered(progress, &cfg, src)?;
+    let image = mcd_image(a, &cfg, src)?;
     progress.report("configure", "started", &r.name);
-    let (kubeconfig, from) = match &s.secrets.kubeconfig {
-        Some(k) => (k.clone(), "the Secret's kubeconfig".to_string()),
-        None => match s.root.read(mco::KUBECONFIG, CONFIG_CAP)? {
-            Some(k) => (k, s.root.show(mco::KUBECONFIG)),
-            None => {
-                return Err(Error::config(format!(
-                    "no kubeconfig for the node: the Secret has no key kubeconfig and {} does not exist",
-                    s.root.show(mco::KUBECONFIG)
-                )))
-            }
-        },
-    };
+    let (kubeconfig, from) = node_kubeconfig(s)?;
     crate::info!("{} for the node from {from}", mco::KUBECONFIG);
     mco::set_file(&mut cfg, mco::KUBECONFIG, &kubeconfig);
     mco::set_file(
@@ -83,34 +41,102 @@ pub(super) fn rhcos_configure(
     mco::remove_file(&mut cfg, mco::ENCAPSULATED);
     let mc = mco::machine_config(&r, &cfg);
     let data = serde_json::to_vec(&mc).expect("serialisable");
-    let mut mcd = None;
-    if a.dry_run {
-        crate::info!(
-            "dry run: would write {} ({} bytes) and run machine-config-daemon",
-            s.root.show(mco::ENCAPSULATED),
-            data.len()
-        );
-    } else {
-        mcd = Some(match (&a.mcd_binary, image) {
-            (Some(p), _) => p.clone(),
-            (None, Some(image)) => extract_mcd(a, &work_dir(&s.root)?, &image)?,
-            (None, None) => unreachable!("checked above"),
-        });
-        // 0600: it carries the kubeconfig.
-        s.root.write_atomic(mco::ENCAPSULATED, &data, 0o600)?;
-        crate::info!(
-            "wrote {} (MachineConfig {}, {} bytes)",
-            s.root.show(mco::ENCAPSULATED),
-            r.name,
-            data.len()
-        );
-    }
+    let mcd = persist(a, s, &r, image, &data)?;
     progress.report(
         "configure",
         "succeeded",
         &format!("MachineConfig {} persisted", r.name),
     );
     Ok((r.name, mcd))
+}
+
+/// Step 3's end: the fetched config's rendered name, reported.
+fn rendered(progress: &Reporter, cfg: &Value, src: &str) -> Result<mco::Rendered> {
+    progress.report("fetch", "started", "Ignition config");
+    let r = mco::rendered(cfg, src);
+    let r = match r {
+        Ok(r) => r,
+        Err(e) => {
+            progress.report("fetch", "failed", &e.to_string());
+            return Err(e);
+        }
+    };
+    crate::info!(
+        "Ignition config from {src}: spec {}, rendered config {} (from {})",
+        mco::version(cfg),
+        r.name,
+        r.from
+    );
+    progress.report(
+        "fetch",
+        "succeeded",
+        &format!("Ignition spec {} for {}", mco::version(cfg), r.name),
+    );
+    Ok(r)
+}
+
+/// The image the MCD comes from: none with --mcd-binary, else the one the config's MCD units
+/// name.
+fn mcd_image(a: &Reprovision, cfg: &Value, src: &str) -> Result<Option<String>> {
+    match (&a.mcd_binary, mco::mco_image(cfg)) {
+        (Some(_), _) => Ok(None),
+        (None, Some(i)) => {
+            crate::info!("machine-config-daemon comes from {i} (named by the config's MCD units)");
+            Ok(Some(i))
+        }
+        (None, None) => Err(Error::failed(format!(
+            "{src}: no machine-config-operator image in its machine-config-daemon units to take machine-config-daemon from; give --mcd-binary"
+        ))),
+    }
+}
+
+/// The kubeconfig the node gets, and where it comes from: the Secret's, else the node's own.
+fn node_kubeconfig(s: &Setup) -> Result<(Vec<u8>, String)> {
+    Ok(match &s.secrets.kubeconfig {
+        Some(k) => (k.clone(), "the Secret's kubeconfig".to_string()),
+        None => match s.root.read(mco::KUBECONFIG, CONFIG_CAP)? {
+            Some(k) => (k, s.root.show(mco::KUBECONFIG)),
+            None => {
+                return Err(Error::config(format!(
+                    "no kubeconfig for the node: the Secret has no key kubeconfig and {} does not exist",
+                    s.root.show(mco::KUBECONFIG)
+                )))
+            }
+        },
+    })
+}
+
+/// Step 4's end: the MCD got, then the MachineConfig written where it reads it; the MCD (none
+/// in a dry run, which only says what it would do).
+fn persist(
+    a: &Reprovision,
+    s: &Setup,
+    r: &mco::Rendered,
+    image: Option<String>,
+    data: &[u8],
+) -> Result<Option<PathBuf>> {
+    if a.dry_run {
+        crate::info!(
+            "dry run: would write {} ({} bytes) and run machine-config-daemon",
+            s.root.show(mco::ENCAPSULATED),
+            data.len()
+        );
+        return Ok(None);
+    }
+    let mcd = match (&a.mcd_binary, image) {
+        (Some(p), _) => p.clone(),
+        (None, Some(image)) => extract_mcd(a, &work_dir(&s.root)?, &image)?,
+        (None, None) => unreachable!("checked above"),
+    };
+    // 0600: it carries the kubeconfig.
+    s.root.write_atomic(mco::ENCAPSULATED, data, 0o600)?;
+    crate::info!(
+        "wrote {} (MachineConfig {}, {} bytes)",
+        s.root.show(mco::ENCAPSULATED),
+        r.name,
+        data.len()
+    );
+    Ok(Some(mcd))
 }
 
 /// Step 6 for RHCOS: `machine-config-daemon firstboot-complete-machineconfig`, which applies the

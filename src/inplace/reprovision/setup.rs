@@ -322,6 +322,40 @@ pub(super) fn setup<N: Needs>(a: &Reprovision) -> Result<(Setup, N::Api)> {
             .until(until),
         Command::Reprovision => r.until(until),
     };
+    let limits = check_flags(a)?;
+    let node = N::node(node_name(
+        a.node_name.as_deref(),
+        std::env::var("NODE").ok().as_deref(),
+    ))?;
+    let root = Root::open(&a.root)?;
+    let flow = flow(a, &root)?;
+    let secrets = Secrets::read(&a.secret_dir, flow)?;
+    let (pinned_tls, open_tls) = tls(&root, &secrets)?;
+    let retry = bounded(Retry::exponential(
+        a.fetch_attempts,
+        Duration::from_millis(a.fetch_backoff_ms),
+    ));
+    let api = N::api(node, || {
+        let pod = Root::open(Path::new("/"))?;
+        let retry = bounded(Retry::exponential(
+            a.api_tries,
+            Duration::from_secs(a.api_retry_delay),
+        ));
+        api_client(a.kubeconfig.as_deref(), &pod, retry)
+    })?;
+    let s = Setup {
+        pinned: Http::new(&pinned_tls, retry).with_limits(limits),
+        open: Http::new(&open_tls, retry).with_limits(limits),
+        open_tls,
+        root,
+        secrets,
+    };
+    Ok((s, api))
+}
+
+/// Step 0's options that clap cannot check: bounds, the MCD's source, the label, the payload's
+/// entry; the fetch attempts' limits.
+fn check_flags(a: &Reprovision) -> Result<crate::net::fetch::AttemptLimits> {
     for (flag, v, max) in [
         ("--api-tries", a.api_tries as u64, 100),
         ("--api-retry-delay", a.api_retry_delay, 3600),
@@ -360,39 +394,19 @@ pub(super) fn setup<N: Needs>(a: &Reprovision) -> Result<(Setup, N::Api)> {
             a.payload_entry
         )));
     }
-    let node = N::node(node_name(
-        a.node_name.as_deref(),
-        std::env::var("NODE").ok().as_deref(),
-    ))?;
-    let root = Root::open(&a.root)?;
-    let flow = flow(a, &root)?;
-    let secrets = Secrets::read(&a.secret_dir, flow)?;
+    Ok(limits)
+}
+
+/// The pinned client's TLS (ca.crt of --secret-dir only) and the open one's (the system roots
+/// and ca.crt).
+fn tls(root: &Root, secrets: &Secrets) -> Result<(Tls, Tls)> {
     let mut pinned_tls = Tls::default();
     pinned_tls
         .add_pem(&secrets.ca, "ca.crt of --secret-dir")
         .map_err(|e| e.with_kind(crate::error::Kind::Config))?;
-    let mut open_tls = Tls::system(&root)?;
+    let mut open_tls = Tls::system(root)?;
     open_tls.add_pem(&secrets.ca, "ca.crt of --secret-dir")?;
-    let retry = bounded(Retry::exponential(
-        a.fetch_attempts,
-        Duration::from_millis(a.fetch_backoff_ms),
-    ));
-    let api = N::api(node, || {
-        let pod = Root::open(Path::new("/"))?;
-        let retry = bounded(Retry::exponential(
-            a.api_tries,
-            Duration::from_secs(a.api_retry_delay),
-        ));
-        api_client(a.kubeconfig.as_deref(), &pod, retry)
-    })?;
-    let s = Setup {
-        pinned: Http::new(&pinned_tls, retry).with_limits(limits),
-        open: Http::new(&open_tls, retry).with_limits(limits),
-        open_tls,
-        root,
-        secrets,
-    };
-    Ok((s, api))
+    Ok((pinned_tls, open_tls))
 }
 
 pub(super) fn work_dir(root: &Root) -> Result<Dir> {
