@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use super::reference::tag;
+use super::reference::{oci_digest, oci_name, tag};
 use super::{
     Client, Location, Op, Reference, ARTIFACT_TYPE, INDEX_TYPE, MANIFEST_CAP, MANIFEST_TYPE, TITLE,
 };
@@ -49,16 +49,6 @@ impl Descriptor {
             ))
         })
     }
-}
-
-/// A `sha256:<hex>` digest (the only algorithm registries must support).
-pub(super) fn oci_digest(s: &str) -> Option<Digest> {
-    let hex = s.strip_prefix("sha256:")?;
-    Digest::parse(&format!("sha256-{hex}"))
-}
-
-pub(super) fn oci_name(d: &Digest) -> String {
-    format!("{}:{}", d.algo_name(), d.hex)
 }
 
 impl Client<'_> {

@@ -1,7 +1,6 @@
 //! Where an artifact is: a repository as a release directory, an artifact pinned by digest,
 //! and the names the distribution spec allows.
 
-use super::manifest::oci_digest;
 use crate::crypto::digest::Digest;
 use crate::error::{Error, Result};
 
@@ -156,4 +155,14 @@ pub(super) fn tag(file: &str) -> Result<&str> {
             "{file:?} cannot be an OCI tag ([A-Za-z0-9_][A-Za-z0-9._-], at most 128): it cannot come from a registry"
         )))
     }
+}
+
+/// A `sha256:<hex>` digest (the only algorithm registries must support).
+pub(super) fn oci_digest(s: &str) -> Option<Digest> {
+    let hex = s.strip_prefix("sha256:")?;
+    Digest::parse(&format!("sha256-{hex}"))
+}
+
+pub(super) fn oci_name(d: &Digest) -> String {
+    format!("{}:{}", d.algo_name(), d.hex)
 }
