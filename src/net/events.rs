@@ -173,49 +173,95 @@ fn send_loop(s: &Shared, t: &Target) {
     let limits =
         AttemptLimits::from_options(ATTEMPT.as_secs(), 0, ATTEMPT.as_secs()).unwrap_or_default();
     let http = Http::new(&t.tls, retry).with_limits(limits);
-    let mut pause = PAUSE_FIRST;
-    let mut warned = false;
+    let mut tries = Backoff {
+        pause: PAUSE_FIRST,
+        warned: false,
+    };
     loop {
-        let (n, event) = {
-            let Ok(mut q) = s.q.lock() else { return };
-            loop {
-                // Too old to say much: dropped, and counted.
-                while q
-                    .waiting
-                    .front()
-                    .is_some_and(|(_, at, _)| at.elapsed() > MAX_AGE)
-                {
-                    q.waiting.pop_front();
-                    q.dropped += 1;
-                }
-                if let Some((n, _, e)) = q.waiting.front() {
-                    let (n, e) = (*n, e.clone());
-                    q.first_try.get_or_insert_with(Instant::now);
-                    break (n, e);
-                }
-                if q.closing {
-                    return;
-                }
-                q = match s.wake.wait(q) {
-                    Ok(q) => q,
-                    Err(_) => return,
-                };
-            }
+        let Some((n, event)) = next_event(s) else {
+            return;
         };
-        let mut req = Request::get(&t.url);
+        let outcome = http.fetch(&t.request(event), 64 << 10);
+        let Ok(mut q) = s.q.lock() else { return };
+        if tries.settled(&mut q, outcome, t) {
+            // Unless the run's end took it meanwhile.
+            if q.waiting.front().is_some_and(|(m, _, _)| *m == n) {
+                q.waiting.pop_front();
+            }
+            tries.pause = PAUSE_FIRST;
+            s.wake.notify_all();
+            continue;
+        }
+        s.wake.notify_all();
+        if q.closing {
+            return;
+        }
+        // A pause the run's end cuts short.
+        let _ = s.wake.wait_timeout(q, tries.pause);
+        tries.pause = (tries.pause * 2).min(PAUSE_CAP);
+    }
+}
+
+/// The oldest event still waiting, with its number, once there is one; `None` when the run
+/// ends with none left (or the queue's lock is poisoned).
+fn next_event(s: &Shared) -> Option<(u64, Vec<u8>)> {
+    let mut q = s.q.lock().ok()?;
+    loop {
+        // Too old to say much: dropped, and counted.
+        while q
+            .waiting
+            .front()
+            .is_some_and(|(_, at, _)| at.elapsed() > MAX_AGE)
+        {
+            q.waiting.pop_front();
+            q.dropped += 1;
+        }
+        if let Some((n, _, e)) = q.waiting.front() {
+            let (n, e) = (*n, e.clone());
+            q.first_try.get_or_insert_with(Instant::now);
+            return Some((n, e));
+        }
+        if q.closing {
+            return None;
+        }
+        q = s.wake.wait(q).ok()?;
+    }
+}
+
+impl Target {
+    /// The POST of one event.
+    fn request(&self, event: Vec<u8>) -> Request<'_> {
+        let mut req = Request::get(&self.url);
         req.method = "POST";
         req.body = Some(("application/json", event));
-        if let Some(tok) = &t.token {
+        if let Some(tok) = &self.token {
             req.headers
                 .push(("Authorization".into(), format!("Bearer {tok}")));
         }
-        let outcome = http.fetch(&req, 64 << 10);
-        let Ok(mut q) = s.q.lock() else { return };
+        req
+    }
+}
+
+/// The sender's state between attempts: its next pause, and whether it warned that the
+/// receiver does not answer.
+struct Backoff {
+    pause: Duration,
+    warned: bool,
+}
+
+impl Backoff {
+    /// Counts the attempt's outcome in `q`; whether the event is done with (sent or refused).
+    fn settled(
+        &mut self,
+        q: &mut Queue,
+        outcome: std::result::Result<Vec<u8>, FetchError>,
+        t: &Target,
+    ) -> bool {
         let (done, answering) = match outcome {
             Ok(_) => {
-                if warned {
+                if self.warned {
                     crate::info!("events to {}: the receiver answers again", t.shown);
-                    warned = false;
+                    self.warned = false;
                 }
                 q.sent += 1;
                 (true, true)
@@ -230,34 +276,19 @@ fn send_loop(s: &Shared, t: &Target) {
                 (true, true)
             }
             Err(e) => {
-                if !warned {
+                if !self.warned {
                     crate::warn!(
                         "events to {}: {e}; events wait in memory (at most {MAX_EVENTS}, {} s each) and the run goes on",
                         t.shown,
                         MAX_AGE.as_secs()
                     );
-                    warned = true;
+                    self.warned = true;
                 }
                 (false, false)
             }
         };
         q.answering = Some(answering);
-        if done {
-            // Unless the run's end took it meanwhile.
-            if q.waiting.front().is_some_and(|(m, _, _)| *m == n) {
-                q.waiting.pop_front();
-            }
-            pause = PAUSE_FIRST;
-            s.wake.notify_all();
-            continue;
-        }
-        s.wake.notify_all();
-        if q.closing {
-            return;
-        }
-        // A pause the run's end cuts short.
-        let _ = s.wake.wait_timeout(q, pause);
-        pause = (pause * 2).min(PAUSE_CAP);
+        done
     }
 }
 

@@ -42,6 +42,25 @@ pub enum Discovery {
 /// KubeletConfiguration beside it, are kubeadm's business). `name` names the file in errors.
 pub fn parse(text: &str, name: &str) -> Result<Discovery> {
     let docs = yaml::parse_all(text, name)?;
+    let doc = join_document(&docs, name)?;
+    let d = &doc["discovery"];
+    let token_d = &d["bootstrapToken"];
+    let file_d = &d["file"];
+    let set = |y: &Yaml| !matches!(y, Yaml::BadValue | Yaml::Null);
+    match (set(token_d), set(file_d)) {
+        (true, true) => Err(Error::failed(format!(
+            "{name}: discovery: bootstrapToken and file are both set (kubeadm refuses this too)"
+        ))),
+        (false, false) => Err(Error::failed(format!(
+            "{name}: discovery: neither bootstrapToken nor file is set"
+        ))),
+        (false, true) => file_discovery(file_d, name),
+        (true, false) => token_discovery(token_d, name),
+    }
+}
+
+/// The one JoinConfiguration among `docs`, of an API version kubeadm reads.
+fn join_document<'y>(docs: &'y [Yaml], name: &str) -> Result<&'y Yaml> {
     let joins: Vec<&Yaml> = docs
         .iter()
         .filter(|d| {
@@ -69,81 +88,75 @@ pub fn parse(text: &str, name: &str) -> Result<Discovery> {
             VERSIONS.join(" or ")
         )));
     }
-    let d = &doc["discovery"];
+    Ok(doc)
+}
+
+/// `discovery.file`: a kubeconfig on the node, by its absolute path.
+fn file_discovery(file_d: &Yaml, name: &str) -> Result<Discovery> {
     let field = |f: &str| format!("discovery.{f}");
-    let token_d = &d["bootstrapToken"];
-    let file_d = &d["file"];
-    let set = |y: &Yaml| !matches!(y, Yaml::BadValue | Yaml::Null);
-    match (set(token_d), set(file_d)) {
-        (true, true) => Err(Error::failed(format!(
-            "{name}: discovery: bootstrapToken and file are both set (kubeadm refuses this too)"
-        ))),
-        (false, false) => Err(Error::failed(format!(
-            "{name}: discovery: neither bootstrapToken nor file is set"
-        ))),
-        (false, true) => {
-            let p = yaml::opt_str(file_d, "kubeConfigPath", name)?.unwrap_or_default();
-            if p.starts_with("https://") || p.starts_with("http://") {
-                return Err(Error::failed(format!(
-                    "{name}: {}: {p:?}: nodestrap reads a kubeconfig on the node, not a URL",
-                    field("file.kubeConfigPath")
-                )));
-            }
-            if !p.starts_with('/') {
-                return Err(Error::failed(format!(
-                    "{name}: {}: {p:?}: expected an absolute path on the node",
-                    field("file.kubeConfigPath")
-                )));
-            }
-            Ok(Discovery::File(p))
-        }
-        (true, false) => {
-            let endpoint = yaml::opt_str(token_d, "apiServerEndpoint", name)?.unwrap_or_default();
-            if endpoint.is_empty() || endpoint.contains('/') || !endpoint.contains(':') {
-                return Err(Error::failed(format!(
-                    "{name}: {}: {endpoint:?}: expected HOST:PORT",
-                    field("bootstrapToken.apiServerEndpoint")
-                )));
-            }
-            let token = yaml::opt_str(token_d, "token", name)?.unwrap_or_default();
-            if !is_token(&token) {
-                return Err(Error::failed(format!(
-                    "{name}: {}: not a bootstrap token (6 and 16 characters of [a-z0-9] joined by a dot)",
-                    field("bootstrapToken.token")
-                )));
-            }
-            let mut pins = Vec::new();
-            for p in yaml::items(
-                &token_d["caCertHashes"],
-                name,
-                "discovery.bootstrapToken.caCertHashes",
-            )? {
-                let p = yaml::scalar(p).unwrap_or_default();
-                let hex = p.strip_prefix("sha256:").unwrap_or("");
-                if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(Error::failed(format!(
-                        "{name}: {}: {:?}: expected sha256:<64 hex digits>",
-                        field("bootstrapToken.caCertHashes"),
-                        crate::error::excerpt(&p, 80)
-                    )));
-                }
-                pins.push(format!("sha256:{}", hex.to_ascii_lowercase()));
-            }
-            if pins.is_empty() {
-                return Err(Error::failed(format!(
-                    "{name}: {}: none, so nothing proves the cluster's CA (nodestrap does not \
-                     skip that check, whatever unsafeSkipCAVerification says): add the hash \
-                     `kubeadm token create --print-join-command` prints",
-                    field("bootstrapToken.caCertHashes")
-                )));
-            }
-            Ok(Discovery::Token {
-                endpoint,
-                token,
-                pins,
-            })
-        }
+    let p = yaml::opt_str(file_d, "kubeConfigPath", name)?.unwrap_or_default();
+    if p.starts_with("https://") || p.starts_with("http://") {
+        return Err(Error::failed(format!(
+            "{name}: {}: {p:?}: nodestrap reads a kubeconfig on the node, not a URL",
+            field("file.kubeConfigPath")
+        )));
     }
+    if !p.starts_with('/') {
+        return Err(Error::failed(format!(
+            "{name}: {}: {p:?}: expected an absolute path on the node",
+            field("file.kubeConfigPath")
+        )));
+    }
+    Ok(Discovery::File(p))
+}
+
+/// `discovery.bootstrapToken`: the API server's address, the token, and the CA's pins.
+fn token_discovery(token_d: &Yaml, name: &str) -> Result<Discovery> {
+    let field = |f: &str| format!("discovery.{f}");
+    let endpoint = yaml::opt_str(token_d, "apiServerEndpoint", name)?.unwrap_or_default();
+    if endpoint.is_empty() || endpoint.contains('/') || !endpoint.contains(':') {
+        return Err(Error::failed(format!(
+            "{name}: {}: {endpoint:?}: expected HOST:PORT",
+            field("bootstrapToken.apiServerEndpoint")
+        )));
+    }
+    let token = yaml::opt_str(token_d, "token", name)?.unwrap_or_default();
+    if !is_token(&token) {
+        return Err(Error::failed(format!(
+            "{name}: {}: not a bootstrap token (6 and 16 characters of [a-z0-9] joined by a dot)",
+            field("bootstrapToken.token")
+        )));
+    }
+    let mut pins = Vec::new();
+    for p in yaml::items(
+        &token_d["caCertHashes"],
+        name,
+        "discovery.bootstrapToken.caCertHashes",
+    )? {
+        let p = yaml::scalar(p).unwrap_or_default();
+        let hex = p.strip_prefix("sha256:").unwrap_or("");
+        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Error::failed(format!(
+                "{name}: {}: {:?}: expected sha256:<64 hex digits>",
+                field("bootstrapToken.caCertHashes"),
+                crate::error::excerpt(&p, 80)
+            )));
+        }
+        pins.push(format!("sha256:{}", hex.to_ascii_lowercase()));
+    }
+    if pins.is_empty() {
+        return Err(Error::failed(format!(
+            "{name}: {}: none, so nothing proves the cluster's CA (nodestrap does not \
+             skip that check, whatever unsafeSkipCAVerification says): add the hash \
+             `kubeadm token create --print-join-command` prints",
+            field("bootstrapToken.caCertHashes")
+        )));
+    }
+    Ok(Discovery::Token {
+        endpoint,
+        token,
+        pins,
+    })
 }
 
 /// `abcdef.0123456789abcdef`: a bootstrap token's id and secret.

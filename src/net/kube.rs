@@ -107,95 +107,14 @@ impl Kube {
                 })
         };
         let kc = Kubeconfig::parse(&text, &name)?;
-        let mut tls = Tls::default();
-        match (&kc.ca_data, &kc.ca_file) {
-            (Some(d), _) => tls.add_pem(
-                &b64(d, &name, "certificate-authority-data")?,
-                &format!("{name} certificate-authority-data"),
-            )?,
-            (None, Some(f)) => {
-                tls.add_pem(&read(f)?, &format!("{name} certificate-authority {f}"))?
-            }
-            // kubectl trusts the system roots when the kubeconfig names no CA.
-            (None, None) => tls = Tls::system(root)?,
+        let mut tls = trust(&kc, root, &name, &read)?;
+        if let Some(c) = client_pair(&kc, &name, &read)? {
+            tls.client = Some(c);
         }
-        tls.fix = Some(format!(
-            "certificate-authority-data (or certificate-authority) of the cluster in {name}"
-        ));
-        let cert = match (&kc.cert_data, &kc.cert_file) {
-            (Some(d), _) => Some(b64(d, &name, "client-certificate-data")?),
-            (None, Some(f)) => Some(read(f)?),
-            _ => None,
-        };
-        let key = match (&kc.key_data, &kc.key_file) {
-            (Some(d), _) => Some(b64(d, &name, "client-key-data")?),
-            (None, Some(f)) => Some(read(f)?),
-            _ => None,
-        };
-        match (cert, key) {
-            (Some(c), Some(k)) => tls.client = Some(client_cert(&c, &k, &name)?),
-            (None, None) => {}
-            _ => {
-                return Err(Error::failed(format!(
-                    "{name}: a client certificate needs both a certificate and a key"
-                )))
-            }
-        }
-        // client-go reads tokenFile and lets it win over token.
-        let mut token = match (&kc.token_file, &kc.token) {
-            (Some(f), _) => Some(String::from_utf8_lossy(&read(f)?).trim().to_string()),
-            (None, Some(t)) => Some(t.clone()),
-            _ => None,
-        };
-        if let Some(exec) = &kc.exec {
-            // kubectl uses the plugin's credential where the kubeconfig gives none.
-            // A relative command with a slash is relative to the kubeconfig's folder.
-            let mut exec = exec.clone();
-            if exec.command.contains('/') && !exec.command.starts_with('/') {
-                exec.command = format!("{}/{}", root.show(base), exec.command);
-            }
-            match run_exec(&exec, &kc, &name)? {
-                ExecCredential::Token(t) if token.is_none() => token = Some(t),
-                ExecCredential::Cert(c, k) if tls.client.is_none() => {
-                    tls.client = Some(client_cert(&c, &k, &format!("{name} exec plugin"))?)
-                }
-                _ => crate::debug!(
-                    "{name}: exec plugin's credential not used: the kubeconfig names one"
-                ),
-            }
-        }
+        let token = credential(&kc, (root, base), &name, &read, &mut tls)?;
         let mut k = Kube::new(&kc.server, tls, token, name, retry)?;
         if let Some(t) = &kc.tls_server_name {
-            // https://HOST:PORT/... → https://NAME:PORT/..., NAME resolved as HOST.
-            let rest = k.server.strip_prefix("https://").ok_or_else(|| {
-                Error::failed(format!(
-                    "{}: tls-server-name needs an https server",
-                    k.source
-                ))
-            })?;
-            let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-            let (host, port) = match authority.find(']') {
-                // [v6] or [v6]:port
-                Some(i) => (
-                    &authority[..=i],
-                    authority[i + 1..].strip_prefix(':').unwrap_or("443"),
-                ),
-                None => authority.split_once(':').unwrap_or((authority, "443")),
-            };
-            k.http = k.http.with_server_name(t, host);
-            k.host_header = Some(authority.to_string());
-            k.server = format!(
-                "https://{t}:{port}{}",
-                if path.is_empty() {
-                    String::new()
-                } else {
-                    format!("/{path}")
-                }
-            );
-            crate::info!(
-                "{}: TLS checks the API server as {t} (tls-server-name)",
-                k.source
-            );
+            k = k.checked_as(t)?;
         }
         if let Some(p) = &kc.proxy {
             k.http = k
@@ -205,6 +124,42 @@ impl Kube {
             crate::info!("{}: API server reached through proxy-url {p}", k.source);
         }
         Ok(Some(k))
+    }
+
+    /// The server reached at its address, its certificate checked as `t` (tls-server-name):
+    /// https://HOST:PORT/... → https://NAME:PORT/..., NAME resolved as HOST.
+    fn checked_as(self, t: &str) -> Result<Kube> {
+        let mut k = self;
+        let rest = k.server.strip_prefix("https://").ok_or_else(|| {
+            Error::failed(format!(
+                "{}: tls-server-name needs an https server",
+                k.source
+            ))
+        })?;
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (host, port) = match authority.find(']') {
+            // [v6] or [v6]:port
+            Some(i) => (
+                &authority[..=i],
+                authority[i + 1..].strip_prefix(':').unwrap_or("443"),
+            ),
+            None => authority.split_once(':').unwrap_or((authority, "443")),
+        };
+        k.http = k.http.with_server_name(t, host);
+        k.host_header = Some(authority.to_string());
+        k.server = format!(
+            "https://{t}:{port}{}",
+            if path.is_empty() {
+                String::new()
+            } else {
+                format!("/{path}")
+            }
+        );
+        crate::info!(
+            "{}: TLS checks the API server as {t} (tls-server-name)",
+            k.source
+        );
+        Ok(k)
     }
 
     /// Client from the pod's service account, as client-go's in-cluster config does.
@@ -426,6 +381,89 @@ impl Kube {
             delay *= 5;
         }
     }
+}
+
+/// The trust anchors a kubeconfig names for its cluster.
+fn trust(
+    kc: &Kubeconfig,
+    root: &Root,
+    name: &str,
+    read: &dyn Fn(&str) -> Result<Vec<u8>>,
+) -> Result<Tls> {
+    let mut tls = Tls::default();
+    match (&kc.ca_data, &kc.ca_file) {
+        (Some(d), _) => tls.add_pem(
+            &b64(d, name, "certificate-authority-data")?,
+            &format!("{name} certificate-authority-data"),
+        )?,
+        (None, Some(f)) => tls.add_pem(&read(f)?, &format!("{name} certificate-authority {f}"))?,
+        // kubectl trusts the system roots when the kubeconfig names no CA.
+        (None, None) => tls = Tls::system(root)?,
+    }
+    tls.fix = Some(format!(
+        "certificate-authority-data (or certificate-authority) of the cluster in {name}"
+    ));
+    Ok(tls)
+}
+
+/// The client certificate and key a kubeconfig names, both or neither.
+fn client_pair(
+    kc: &Kubeconfig,
+    name: &str,
+    read: &dyn Fn(&str) -> Result<Vec<u8>>,
+) -> Result<Option<ureq::tls::ClientCert>> {
+    let cert = match (&kc.cert_data, &kc.cert_file) {
+        (Some(d), _) => Some(b64(d, name, "client-certificate-data")?),
+        (None, Some(f)) => Some(read(f)?),
+        _ => None,
+    };
+    let key = match (&kc.key_data, &kc.key_file) {
+        (Some(d), _) => Some(b64(d, name, "client-key-data")?),
+        (None, Some(f)) => Some(read(f)?),
+        _ => None,
+    };
+    match (cert, key) {
+        (Some(c), Some(k)) => Ok(Some(client_cert(&c, &k, name)?)),
+        (None, None) => Ok(None),
+        _ => Err(Error::failed(format!(
+            "{name}: a client certificate needs both a certificate and a key"
+        ))),
+    }
+}
+
+/// The kubeconfig's token, or its exec plugin's credential where it names none (a
+/// certificate goes into `tls`); `base` is the kubeconfig's folder.
+fn credential(
+    kc: &Kubeconfig,
+    (root, base): (&Root, &str),
+    name: &str,
+    read: &dyn Fn(&str) -> Result<Vec<u8>>,
+    tls: &mut Tls,
+) -> Result<Option<String>> {
+    // client-go reads tokenFile and lets it win over token.
+    let mut token = match (&kc.token_file, &kc.token) {
+        (Some(f), _) => Some(String::from_utf8_lossy(&read(f)?).trim().to_string()),
+        (None, Some(t)) => Some(t.clone()),
+        _ => None,
+    };
+    if let Some(exec) = &kc.exec {
+        // kubectl uses the plugin's credential where the kubeconfig gives none.
+        // A relative command with a slash is relative to the kubeconfig's folder.
+        let mut exec = exec.clone();
+        if exec.command.contains('/') && !exec.command.starts_with('/') {
+            exec.command = format!("{}/{}", root.show(base), exec.command);
+        }
+        match run_exec(&exec, kc, name)? {
+            ExecCredential::Token(t) if token.is_none() => token = Some(t),
+            ExecCredential::Cert(c, k) if tls.client.is_none() => {
+                tls.client = Some(client_cert(&c, &k, &format!("{name} exec plugin"))?)
+            }
+            _ => {
+                crate::debug!("{name}: exec plugin's credential not used: the kubeconfig names one")
+            }
+        }
+    }
+    Ok(token)
 }
 
 impl Kube {

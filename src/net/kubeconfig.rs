@@ -168,23 +168,7 @@ impl Kubeconfig {
         let clusters = named("clusters")?;
         let users = named("users")?;
         let current = yaml::opt_str(&doc, "current-context", name)?.filter(|c| !c.is_empty());
-        // client-go uses the context `current-context` names and, without one, none at all.
-        // The one difference on purpose: Tectonic's kubeconfig has a single context without a
-        // name and no current-context, and nodestrap takes that one.
-        let ctx = match (&current, contexts.as_slice()) {
-            (Some(c), _) => contexts.iter().find(|(n, _)| n == c).ok_or_else(|| {
-                Error::failed(format!(
-                    "{name}: current-context {c:?} is not among the contexts"
-                ))
-            })?,
-            (None, [only]) if only.0.is_empty() => only,
-            (None, _) => {
-                return Err(Error::failed(format!(
-                    "{name}: no current-context, so kubectl would use no context (and no server); set current-context ({} contexts)",
-                    contexts.len()
-                )))
-            }
-        };
+        let ctx = current_context(&contexts, current.as_deref(), name)?;
         let what_ctx = format!("context {:?}", ctx.0);
         only_known(&ctx.1["context"], CONTEXT_FIELDS, name, &what_ctx)?;
         let (cluster_name, user_name) = context_refs(ctx.1, name)?;
@@ -193,7 +177,20 @@ impl Kubeconfig {
             .find(|(n, _)| *n == cluster_name)
             .ok_or_else(|| Error::failed(format!("{name}: cluster {cluster_name:?} not found")))?
             .1;
-        let c = &cluster["cluster"];
+        let mut kc = Kubeconfig::cluster(&cluster["cluster"], &cluster_name, name)?;
+        if !user_name.is_empty() {
+            let user = users
+                .iter()
+                .find(|(n, _)| *n == user_name)
+                .ok_or_else(|| Error::failed(format!("{name}: user {user_name:?} not found")))?
+                .1;
+            kc.user(&user["user"], &user_name, name)?;
+        }
+        Ok(kc)
+    }
+
+    /// A kubeconfig with the server and trust of cluster entry `c`, named `cluster_name`.
+    fn cluster(c: &yaml_rust2::Yaml, cluster_name: &str, name: &str) -> Result<Kubeconfig> {
         let what_cluster = format!("cluster {cluster_name:?}");
         only_known(c, CLUSTER_FIELDS, name, &what_cluster)?;
         let server = yaml::opt_str(c, "server", name)?
@@ -232,7 +229,7 @@ impl Kubeconfig {
                 )));
             }
         }
-        let mut kc = Kubeconfig {
+        let kc = Kubeconfig {
             server,
             ca_data: yaml::opt_str(c, "certificate-authority-data", name)?,
             ca_file: yaml::opt_str(c, "certificate-authority", name)?,
@@ -247,35 +244,60 @@ impl Kubeconfig {
             name,
             &what_cluster,
         )?;
-        if !user_name.is_empty() {
-            let user = users
-                .iter()
-                .find(|(n, _)| *n == user_name)
-                .ok_or_else(|| Error::failed(format!("{name}: user {user_name:?} not found")))?
-                .1;
-            let u = &user["user"];
-            let what_user = format!("user {user_name:?}");
-            only_known(u, USER_FIELDS, name, &what_user)?;
-            kc.cert_data = yaml::opt_str(u, "client-certificate-data", name)?;
-            kc.cert_file = yaml::opt_str(u, "client-certificate", name)?;
-            kc.key_data = yaml::opt_str(u, "client-key-data", name)?;
-            kc.key_file = yaml::opt_str(u, "client-key", name)?;
-            kc.token = yaml::opt_str(u, "token", name)?.filter(|t| !t.is_empty());
-            kc.token_file = yaml::opt_str(u, "tokenFile", name)?.filter(|t| !t.is_empty());
-            not_both(
-                &kc.cert_data,
-                &kc.cert_file,
-                "client-certificate",
-                name,
-                &what_user,
-            )?;
-            not_both(&kc.key_data, &kc.key_file, "client-key", name, &what_user)?;
-            kc.exec = match &u["exec"] {
-                yaml_rust2::Yaml::BadValue | yaml_rust2::Yaml::Null => None,
-                e => Some(Exec::parse(e, name, &what_user)?),
-            };
-        }
         Ok(kc)
+    }
+
+    /// The credentials of user entry `u`, named `user_name`.
+    fn user(&mut self, u: &yaml_rust2::Yaml, user_name: &str, name: &str) -> Result<()> {
+        let what_user = format!("user {user_name:?}");
+        only_known(u, USER_FIELDS, name, &what_user)?;
+        self.cert_data = yaml::opt_str(u, "client-certificate-data", name)?;
+        self.cert_file = yaml::opt_str(u, "client-certificate", name)?;
+        self.key_data = yaml::opt_str(u, "client-key-data", name)?;
+        self.key_file = yaml::opt_str(u, "client-key", name)?;
+        self.token = yaml::opt_str(u, "token", name)?.filter(|t| !t.is_empty());
+        self.token_file = yaml::opt_str(u, "tokenFile", name)?.filter(|t| !t.is_empty());
+        not_both(
+            &self.cert_data,
+            &self.cert_file,
+            "client-certificate",
+            name,
+            &what_user,
+        )?;
+        not_both(
+            &self.key_data,
+            &self.key_file,
+            "client-key",
+            name,
+            &what_user,
+        )?;
+        self.exec = match &u["exec"] {
+            yaml_rust2::Yaml::BadValue | yaml_rust2::Yaml::Null => None,
+            e => Some(Exec::parse(e, name, &what_user)?),
+        };
+        Ok(())
+    }
+}
+
+/// The context the kubeconfig's reader uses. client-go uses the context `current-context` names
+/// and, without one, none at all. The one difference on purpose: Tectonic's kubeconfig has a
+/// single context without a name and no current-context, and nodestrap takes that one.
+fn current_context<'c, 'y>(
+    contexts: &'c [(String, &'y yaml_rust2::Yaml)],
+    current: Option<&str>,
+    name: &str,
+) -> Result<&'c (String, &'y yaml_rust2::Yaml)> {
+    match (current, contexts) {
+        (Some(c), _) => contexts.iter().find(|(n, _)| n == c).ok_or_else(|| {
+            Error::failed(format!(
+                "{name}: current-context {c:?} is not among the contexts"
+            ))
+        }),
+        (None, [only]) if only.0.is_empty() => Ok(only),
+        (None, _) => Err(Error::failed(format!(
+            "{name}: no current-context, so kubectl would use no context (and no server); set current-context ({} contexts)",
+            contexts.len()
+        ))),
     }
 }
 

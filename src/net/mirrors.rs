@@ -225,210 +225,259 @@ fn field(shown: &str, key: &str, why: &str) -> Error {
 /// One host's settings from table `t` (a `[host."URL"]`, or the file's top level for the
 /// server); `None` for a host nodestrap does not use (`skip_verify = true`).
 fn host(url: &str, t: &Table, dir: &str, shown: &str, at: &str) -> Result<Option<Endpoint>> {
-    let bad = |key: &str, why: &str| field(shown, &format!("{at} {key}"), why);
-    let full = if url.starts_with("http") || url.contains("://") {
-        url.to_string()
-    } else {
-        format!("https://{url}")
-    };
-    let (scheme, rest) = if let Some(r) = full.strip_prefix("https://") {
-        (Scheme::Https, r)
-    } else if let Some(r) = full.strip_prefix("http://") {
-        (Scheme::Http, r)
-    } else {
-        return Err(bad("", "is not an http or https URL"));
-    };
-    let (hostport, path) = match rest.find(['/', '?', '#']) {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    let host_ok = !hostport.is_empty()
-        && hostport
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b));
-    let port_ok = match hostport.rsplit_once(':') {
-        Some((h, _)) if !h.ends_with(']') && h.contains(':') => false,
-        Some((_, p)) => p.parse::<u16>().is_ok_and(|p| p > 0),
-        None => true,
-    };
-    if !host_ok || !port_ok || path.contains(['?', '#']) {
-        return Err(bad("", "is not a URL of a host and an optional path"));
-    }
-    let override_path = match t.get("override_path") {
-        None => false,
-        Some(Value::Bool(b)) => *b,
-        Some(v) => {
-            return Err(bad(
-                "override_path",
-                &format!("must be a boolean, not {}", v.kind()),
-            ))
-        }
-    };
-    let clean = clean_path(path);
+    let k = HostKeys { t, dir, shown, at };
+    let (scheme, hostport, path) = k.url(url)?;
+    let override_path = k.override_path()?;
+    let clean = clean_path(&path);
     let path = if override_path || clean.ends_with("/v2") {
         clean
     } else {
         format!("{clean}/v2")
     };
-    if let Some(v) = t.get("skip_verify") {
-        match v {
-            Value::Bool(false) => {}
-            Value::Bool(true) => {
-                crate::warn!(
-                    "{shown}: {at}: skip_verify = true: nodestrap does not use this host (credentials would cross an unverified connection)"
-                );
-                return Ok(None);
-            }
-            v => {
-                return Err(bad(
-                    "skip_verify",
-                    &format!("must be a boolean, not {}", v.kind()),
-                ))
-            }
-        }
+    if k.skip_verify()? {
+        return Ok(None);
     }
-    let caps = match t.get("capabilities") {
-        None => Caps {
-            pull: true,
-            resolve: true,
-        },
-        Some(Value::Array(a)) if !a.is_empty() => {
-            let mut c = Caps {
-                pull: false,
-                resolve: false,
-            };
-            for v in a {
-                match v {
-                    Value::String(s) => match s.to_ascii_lowercase().as_str() {
-                        "pull" => c.pull = true,
-                        "resolve" => c.resolve = true,
-                        "push" => {}
-                        _ => {
-                            return Err(bad(
-                                "capabilities",
-                                &format!("names {s:?}: one of pull, resolve, push"),
-                            ))
-                        }
-                    },
-                    v => {
-                        return Err(bad(
-                            "capabilities",
-                            &format!("holds a {}: strings only", v.kind()),
-                        ))
-                    }
-                }
-            }
-            c
-        }
-        Some(Value::Array(_)) => Caps {
-            pull: true,
-            resolve: true,
-        },
-        Some(v) => {
-            return Err(bad(
-                "capabilities",
-                &format!("must be an array, not {}", v.kind()),
-            ))
-        }
-    };
-    let abs = |p: &str| {
-        if p.starts_with('/') {
-            p.to_string()
-        } else {
-            format!("{dir}/{p}")
-        }
-    };
-    let ca = match t.get("ca") {
-        None => Vec::new(),
-        Some(Value::String(s)) => vec![abs(s)],
-        Some(Value::Array(a)) => strings(a)
-            .ok_or_else(|| bad("ca", "must hold file names only"))?
-            .iter()
-            .map(|s| abs(s))
-            .collect(),
-        Some(v) => {
-            return Err(bad(
-                "ca",
-                &format!("must be a file name or an array of them, not {}", v.kind()),
-            ))
-        }
-    };
-    let mut pairs: Vec<ClientPair> = Vec::new();
-    match t.get("client") {
-        None => {}
-        Some(Value::String(s)) => pairs.push((abs(s), None)),
-        Some(Value::Array(a)) => {
-            for v in a {
-                match v {
-                    Value::String(s) => pairs.push((abs(s), None)),
-                    Value::Array(p) => match strings(p).as_deref() {
-                        Some([c, k]) => pairs.push((abs(c), Some(abs(k)))),
-                        _ => return Err(bad("client", "pairs are [certificate file, key file]")),
-                    },
-                    v => return Err(bad("client", &format!("holds a {}", v.kind()))),
-                }
-            }
-        }
-        Some(v) => {
-            return Err(bad(
-                "client",
-                &format!("must be a file name or an array, not {}", v.kind()),
-            ))
-        }
-    }
-    if pairs.len() > 1 {
-        return Err(bad(
-            "client",
-            "names more than one certificate: nodestrap offers one per host",
-        ));
-    }
-    let mut headers = Vec::new();
-    match t.get("header") {
-        None => {}
-        Some(Value::Table(h)) => {
-            for (name, v) in &h.entries {
-                if name.is_empty()
-                    || !name
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
-                {
-                    return Err(bad("header", &format!("{name:?} is not a header name")));
-                }
-                let values = match v {
-                    Value::String(s) => vec![s.clone()],
-                    Value::Array(a) => {
-                        strings(a).ok_or_else(|| bad("header", &format!("{name}: strings only")))?
-                    }
-                    v => {
-                        return Err(bad(
-                            "header",
-                            &format!("{name}: a string or strings, not {}", v.kind()),
-                        ))
-                    }
-                };
-                for value in values {
-                    if value.bytes().any(|b| b < 0x20 && b != b'\t' || b == 0x7f) {
-                        return Err(bad(
-                            "header",
-                            &format!("{name}: control characters in its value"),
-                        ));
-                    }
-                    headers.push((name.clone(), value));
-                }
-            }
-        }
-        Some(v) => return Err(bad("header", &format!("must be a table, not {}", v.kind()))),
-    }
+    let caps = k.caps()?;
+    let ca = k.ca()?;
+    let client = k.client()?;
+    let headers = k.headers()?;
     Ok(Some(Endpoint {
         scheme,
-        host: hostport.to_string(),
+        host: hostport,
         path,
         caps,
         ca,
-        client: pairs.pop(),
+        client,
         headers,
         mirror: false,
     }))
+}
+
+/// One host table's keys, each read by its own step, in the order `host` finds their errors.
+struct HostKeys<'a> {
+    t: &'a Table,
+    /// Where relative file names (`ca`, `client`) start.
+    dir: &'a str,
+    shown: &'a str,
+    /// The table, in errors.
+    at: &'a str,
+}
+
+impl HostKeys<'_> {
+    fn bad(&self, key: &str, why: &str) -> Error {
+        field(self.shown, &format!("{} {key}", self.at), why)
+    }
+
+    fn abs(&self, p: &str) -> String {
+        if p.starts_with('/') {
+            p.to_string()
+        } else {
+            format!("{}/{p}", self.dir)
+        }
+    }
+
+    /// The host's URL (https when it names no scheme): its scheme, host and port, and path.
+    fn url(&self, url: &str) -> Result<(Scheme, String, String)> {
+        let full = if url.starts_with("http") || url.contains("://") {
+            url.to_string()
+        } else {
+            format!("https://{url}")
+        };
+        let (scheme, rest) = if let Some(r) = full.strip_prefix("https://") {
+            (Scheme::Https, r)
+        } else if let Some(r) = full.strip_prefix("http://") {
+            (Scheme::Http, r)
+        } else {
+            return Err(self.bad("", "is not an http or https URL"));
+        };
+        let (hostport, path) = match rest.find(['/', '?', '#']) {
+            Some(i) => rest.split_at(i),
+            None => (rest, ""),
+        };
+        let host_ok = !hostport.is_empty()
+            && hostport
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b));
+        let port_ok = match hostport.rsplit_once(':') {
+            Some((h, _)) if !h.ends_with(']') && h.contains(':') => false,
+            Some((_, p)) => p.parse::<u16>().is_ok_and(|p| p > 0),
+            None => true,
+        };
+        if !host_ok || !port_ok || path.contains(['?', '#']) {
+            return Err(self.bad("", "is not a URL of a host and an optional path"));
+        }
+        Ok((scheme, hostport.to_string(), path.to_string()))
+    }
+
+    fn override_path(&self) -> Result<bool> {
+        match self.t.get("override_path") {
+            None => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(v) => Err(self.bad(
+                "override_path",
+                &format!("must be a boolean, not {}", v.kind()),
+            )),
+        }
+    }
+
+    /// Whether the host is left out (`skip_verify = true`).
+    fn skip_verify(&self) -> Result<bool> {
+        match self.t.get("skip_verify") {
+            None | Some(Value::Bool(false)) => Ok(false),
+            Some(Value::Bool(true)) => {
+                crate::warn!(
+                    "{}: {}: skip_verify = true: nodestrap does not use this host (credentials would cross an unverified connection)",
+                    self.shown,
+                    self.at
+                );
+                Ok(true)
+            }
+            Some(v) => Err(self.bad(
+                "skip_verify",
+                &format!("must be a boolean, not {}", v.kind()),
+            )),
+        }
+    }
+
+    fn caps(&self) -> Result<Caps> {
+        let all = Caps {
+            pull: true,
+            resolve: true,
+        };
+        let a = match self.t.get("capabilities") {
+            None => return Ok(all),
+            Some(Value::Array(a)) if a.is_empty() => return Ok(all),
+            Some(Value::Array(a)) => a,
+            Some(v) => {
+                return Err(self.bad(
+                    "capabilities",
+                    &format!("must be an array, not {}", v.kind()),
+                ))
+            }
+        };
+        let mut c = Caps {
+            pull: false,
+            resolve: false,
+        };
+        for v in a {
+            match v {
+                Value::String(s) => match s.to_ascii_lowercase().as_str() {
+                    "pull" => c.pull = true,
+                    "resolve" => c.resolve = true,
+                    "push" => {}
+                    _ => {
+                        return Err(self.bad(
+                            "capabilities",
+                            &format!("names {s:?}: one of pull, resolve, push"),
+                        ))
+                    }
+                },
+                v => {
+                    return Err(self.bad(
+                        "capabilities",
+                        &format!("holds a {}: strings only", v.kind()),
+                    ))
+                }
+            }
+        }
+        Ok(c)
+    }
+
+    fn ca(&self) -> Result<Vec<String>> {
+        match self.t.get("ca") {
+            None => Ok(Vec::new()),
+            Some(Value::String(s)) => Ok(vec![self.abs(s)]),
+            Some(Value::Array(a)) => Ok(strings(a)
+                .ok_or_else(|| self.bad("ca", "must hold file names only"))?
+                .iter()
+                .map(|s| self.abs(s))
+                .collect()),
+            Some(v) => Err(self.bad(
+                "ca",
+                &format!("must be a file name or an array of them, not {}", v.kind()),
+            )),
+        }
+    }
+
+    /// The client certificate (and its key, if a file of its own): one at most.
+    fn client(&self) -> Result<Option<ClientPair>> {
+        let mut pairs: Vec<ClientPair> = Vec::new();
+        match self.t.get("client") {
+            None => {}
+            Some(Value::String(s)) => pairs.push((self.abs(s), None)),
+            Some(Value::Array(a)) => {
+                for v in a {
+                    match v {
+                        Value::String(s) => pairs.push((self.abs(s), None)),
+                        Value::Array(p) => match strings(p).as_deref() {
+                            Some([c, k]) => pairs.push((self.abs(c), Some(self.abs(k)))),
+                            _ => {
+                                return Err(
+                                    self.bad("client", "pairs are [certificate file, key file]")
+                                )
+                            }
+                        },
+                        v => return Err(self.bad("client", &format!("holds a {}", v.kind()))),
+                    }
+                }
+            }
+            Some(v) => {
+                return Err(self.bad(
+                    "client",
+                    &format!("must be a file name or an array, not {}", v.kind()),
+                ))
+            }
+        }
+        if pairs.len() > 1 {
+            return Err(self.bad(
+                "client",
+                "names more than one certificate: nodestrap offers one per host",
+            ));
+        }
+        Ok(pairs.pop())
+    }
+
+    /// The `[header]` table: a name and its value for each value of each name.
+    fn headers(&self) -> Result<Vec<(String, String)>> {
+        let h = match self.t.get("header") {
+            None => return Ok(Vec::new()),
+            Some(Value::Table(h)) => h,
+            Some(v) => {
+                return Err(self.bad("header", &format!("must be a table, not {}", v.kind())))
+            }
+        };
+        let mut headers = Vec::new();
+        for (name, v) in &h.entries {
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+            {
+                return Err(self.bad("header", &format!("{name:?} is not a header name")));
+            }
+            let values = match v {
+                Value::String(s) => vec![s.clone()],
+                Value::Array(a) => strings(a)
+                    .ok_or_else(|| self.bad("header", &format!("{name}: strings only")))?,
+                v => {
+                    return Err(self.bad(
+                        "header",
+                        &format!("{name}: a string or strings, not {}", v.kind()),
+                    ))
+                }
+            };
+            for value in values {
+                if value.bytes().any(|b| b < 0x20 && b != b'\t' || b == 0x7f) {
+                    return Err(self.bad(
+                        "header",
+                        &format!("{name}: control characters in its value"),
+                    ));
+                }
+                headers.push((name.clone(), value));
+            }
+        }
+        Ok(headers)
+    }
 }
 
 fn strings(a: &[Value]) -> Option<Vec<String>> {

@@ -38,111 +38,136 @@ pub struct Answer {
 /// not reported since, or no answer in that time, is `unreached`, never a pass or a mismatch.
 pub fn ask(root: &Root, kubeconfig: &str, wait: Duration, name: &str, want: &Want) -> Answer {
     let until = Instant::now() + wait;
-    // The boot's start in the node's wall clock, to the second the API stores; taken at each
-    // answer, as the clock may be set meanwhile (a node that booted with its clock behind).
-    let booted = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64)
-            - crate::node::run::since_boot().as_secs() as i64
-            - 1
+    let mut asking = Asking {
+        last: None,
+        why: String::new(),
     };
-
-    let agrees = |got: &(String, String)| {
-        want.kubelet
-            .as_ref()
-            .is_none_or(|w| same_version(w, &got.0))
-            && want.runtime.as_ref().is_none_or(|(_, judge)| judge(&got.1))
-    };
-    let mut last: Option<(String, String)> = None;
-    let mut why = String::new();
     loop {
         let left = until.saturating_duration_since(Instant::now());
         let retry = Retry::exponential(1, Duration::from_millis(500))
             .within(left.max(Duration::from_secs(1)));
-        match Kube::from_kubeconfig(root, kubeconfig, retry)
-            .and_then(|k| {
-                k.ok_or_else(|| {
-                    Error::failed(format!("{} does not exist yet", root.show(kubeconfig)))
-                })
-            })
-            .and_then(|k| k.get_node(name))
-        {
+        match get_node(root, kubeconfig, name, retry) {
             Ok(node) => {
-                let beat = heartbeat(&node);
-                if beat
-                    .as_ref()
-                    .and_then(|b| crate::net::kubeconfig::rfc3339(b))
-                    < Some(booted())
-                {
-                    why = format!(
-                        "Node {name} has not reported since this boot began (its Ready heartbeat: {})",
-                        beat.as_deref().unwrap_or("none")
-                    );
-                    if Instant::now() + PAUSE >= until {
-                        break;
-                    }
-                    std::thread::sleep(PAUSE);
-                    continue;
-                }
-                let info = |k: &str| {
-                    node.pointer(&format!("/status/nodeInfo/{k}"))
-                        .and_then(|x| x.as_str())
-                        .unwrap_or("")
-                        .to_string()
-                };
-                let got = (info("kubeletVersion"), info("containerRuntimeVersion"));
-                let done = agrees(&got);
-                last = Some(got);
-                if done {
+                if asking.agrees(&node, name, want) {
                     break;
                 }
             }
-            Err(e) => why = e.to_string(),
+            Err(e) => asking.why = e.to_string(),
         }
         if Instant::now() + PAUSE >= until {
             break;
         }
         std::thread::sleep(PAUSE);
     }
-    let Some((kubelet, runtime)) = last else {
-        crate::warn!("API server not asked in time: {why}: recorded as unreached");
-        return Answer {
-            api: ApiCheck::Unreached,
-            note: Some(format!(
-                "no answer within --api-wait {} s: {why}",
-                wait.as_secs()
-            )),
-            checks: Vec::new(),
+    asking.answer(root, kubeconfig, wait, name, want)
+}
+
+/// Node `name` as the API server behind `kubeconfig` has it.
+fn get_node(root: &Root, kubeconfig: &str, name: &str, retry: Retry) -> Result<serde_json::Value> {
+    Kube::from_kubeconfig(root, kubeconfig, retry)
+        .and_then(|k| {
+            k.ok_or_else(|| Error::failed(format!("{} does not exist yet", root.show(kubeconfig))))
+        })
+        .and_then(|k| k.get_node(name))
+}
+
+/// The boot's start in the node's wall clock, to the second the API stores; taken at each
+/// answer, as the clock may be set meanwhile (a node that booted with its clock behind).
+fn booted() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+        - crate::node::run::since_boot().as_secs() as i64
+        - 1
+}
+
+/// What the questions so far learned: the last versions a Node of this boot reported, and why
+/// there is none yet.
+struct Asking {
+    last: Option<(String, String)>,
+    why: String,
+}
+
+impl Asking {
+    /// Whether `node` reported in this boot and agrees with `want`.
+    fn agrees(&mut self, node: &serde_json::Value, name: &str, want: &Want) -> bool {
+        let beat = heartbeat(node);
+        if beat
+            .as_ref()
+            .and_then(|b| crate::net::kubeconfig::rfc3339(b))
+            < Some(booted())
+        {
+            self.why = format!(
+                "Node {name} has not reported since this boot began (its Ready heartbeat: {})",
+                beat.as_deref().unwrap_or("none")
+            );
+            return false;
+        }
+        let info = |k: &str| {
+            node.pointer(&format!("/status/nodeInfo/{k}"))
+                .and_then(|x| x.as_str())
+                .unwrap_or("")
+                .to_string()
         };
-    };
-    let mut checks = Vec::new();
-    if let Some(w) = &want.kubelet {
-        let ok = same_version(w, &kubelet);
-        checks.push(Check::judged(
-            format!("Node {name} nodeInfo.kubeletVersion"),
-            w.clone(),
-            kubelet,
-            ok,
-        ));
+        let got = (info("kubeletVersion"), info("containerRuntimeVersion"));
+        let done = want
+            .kubelet
+            .as_ref()
+            .is_none_or(|w| same_version(w, &got.0))
+            && want.runtime.as_ref().is_none_or(|(_, judge)| judge(&got.1));
+        self.last = Some(got);
+        done
     }
-    if let Some((w, judge)) = &want.runtime {
-        let ok = judge(&runtime);
-        checks.push(Check::judged(
-            format!("Node {name} nodeInfo.containerRuntimeVersion"),
-            w.clone(),
-            runtime,
-            ok,
-        ));
-    }
-    Answer {
-        api: if checks.iter().all(|c| c.ok) {
-            ApiCheck::Confirmed
-        } else {
-            ApiCheck::Mismatch
-        },
-        note: Some(format!("from {}", root.show(kubeconfig))),
-        checks,
+
+    /// The verdict on the last versions reported, or `unreached` without any.
+    fn answer(
+        self,
+        root: &Root,
+        kubeconfig: &str,
+        wait: Duration,
+        name: &str,
+        want: &Want,
+    ) -> Answer {
+        let why = self.why;
+        let Some((kubelet, runtime)) = self.last else {
+            crate::warn!("API server not asked in time: {why}: recorded as unreached");
+            return Answer {
+                api: ApiCheck::Unreached,
+                note: Some(format!(
+                    "no answer within --api-wait {} s: {why}",
+                    wait.as_secs()
+                )),
+                checks: Vec::new(),
+            };
+        };
+        let mut checks = Vec::new();
+        if let Some(w) = &want.kubelet {
+            let ok = same_version(w, &kubelet);
+            checks.push(Check::judged(
+                format!("Node {name} nodeInfo.kubeletVersion"),
+                w.clone(),
+                kubelet,
+                ok,
+            ));
+        }
+        if let Some((w, judge)) = &want.runtime {
+            let ok = judge(&runtime);
+            checks.push(Check::judged(
+                format!("Node {name} nodeInfo.containerRuntimeVersion"),
+                w.clone(),
+                runtime,
+                ok,
+            ));
+        }
+        Answer {
+            api: if checks.iter().all(|c| c.ok) {
+                ApiCheck::Confirmed
+            } else {
+                ApiCheck::Mismatch
+            },
+            note: Some(format!("from {}", root.show(kubeconfig))),
+            checks,
+        }
     }
 }
 
