@@ -41,7 +41,7 @@ use argh::FromArgs;
 use nodestrap::cli::Bootstrap;
 use nodestrap::net::cluster::Fallback;
 use nodestrap::net::fetch::Failure;
-use nodestrap::net::retry::{Answer, Attempts, Load, Next, Retry};
+use nodestrap::net::retry::{After, Answer, Attempts, Load, Next, Retry};
 
 const REQUESTS: u8 = 5;
 /// The first two requests go to the API server.
@@ -232,7 +232,8 @@ fn simulate(m: &Model, api: Retry, fetch: Retry, fallback: Fallback) -> Outcome 
                 n.refused = after.map(|a| (t, a.as_secs_f64()));
                 // The answer reaches the node after its half of the round trip; it decides then.
                 let now = t + m.client / 2.0;
-                let pause = match n.tries.next(Answer::Busy(after), at(now), rng.fraction()) {
+                let busy = Answer::Busy(after.map(After::Delay));
+                let pause = match n.tries.next(busy, at(now), rng.fraction()) {
                     Next::Pause(d) => d.as_secs_f64(),
                     _ => {
                         // Out of time: the API server's answer may give way to the node's

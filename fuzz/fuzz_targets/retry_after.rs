@@ -7,6 +7,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use libfuzzer_sys::fuzz_target;
 use nodestrap::net::fetch::retry_after;
+use nodestrap::net::retry::After;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(v) = std::str::from_utf8(data) else {
@@ -14,17 +15,18 @@ fuzz_target!(|data: &[u8]| {
     };
     // Sun, 06 Nov 1994 08:49:37 GMT: dates on either side of it are in the corpus.
     let now = UNIX_EPOCH + Duration::from_secs(784_111_777);
-    let Some(wait) = retry_after(v, now) else {
+    let Some(after) = retry_after(v, now) else {
         return;
     };
     let t = v.trim();
-    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
-        assert_eq!(
+    match after {
+        After::Delay(wait) => assert_eq!(
             Some(wait.as_secs()),
             t.parse::<u64>().ok().or(Some(u64::MAX))
-        );
-    } else {
-        let at = httpdate::parse_http_date(t).expect("a wait from something not a date");
-        assert_eq!(wait, at.duration_since(now).unwrap_or_default());
+        ),
+        After::Date(wait) => {
+            let at = httpdate::parse_http_date(t).expect("a wait from something not a date");
+            assert_eq!(wait, at.duration_since(now).unwrap_or_default());
+        }
     }
 });

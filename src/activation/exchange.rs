@@ -13,6 +13,7 @@ use rustls::{ClientConfig, ServerConfig, StreamOwned};
 
 use crate::activation::mtls::{peer, Peer};
 use crate::error::{Error, Result};
+use crate::net::retry::After;
 
 /// Largest request or answer body read (a ticket with control-plane keys is a few KiB).
 const BODY_CAP: usize = 1 << 20;
@@ -294,7 +295,7 @@ pub struct Request {
 pub(crate) struct Message {
     pub(crate) first: String,
     pub(crate) body: Vec<u8>,
-    pub(crate) retry_after: Option<Duration>,
+    pub(crate) retry_after: Option<After>,
 }
 
 /// Status line or request line, headers, and a Content-Length body of at most `BODY_CAP`.
@@ -302,7 +303,7 @@ pub(crate) fn read_message(r: &mut impl BufRead, to_eof: bool) -> io::Result<Mes
     let mut head = Vec::new();
     let mut first = String::new();
     let mut len: Option<usize> = None;
-    let mut retry_after = None;
+    let (mut retry_after, mut date) = (None, None);
     loop {
         let mut line = Vec::new();
         r.by_ref()
@@ -329,7 +330,10 @@ pub(crate) fn read_message(r: &mut impl BufRead, to_eof: bool) -> io::Result<Mes
         }
         if let Some((k, v)) = text.split_once(':') {
             if k.trim().eq_ignore_ascii_case("retry-after") {
-                retry_after = crate::net::fetch::retry_after(v, std::time::SystemTime::now());
+                retry_after = Some(v.to_string());
+            }
+            if k.trim().eq_ignore_ascii_case("date") {
+                date = Some(v.to_string());
             }
             if k.trim().eq_ignore_ascii_case("content-length") {
                 len = Some(
@@ -354,6 +358,9 @@ pub(crate) fn read_message(r: &mut impl BufRead, to_eof: bool) -> io::Result<Mes
         None if to_eof => crate::node::root::read_capped(r, BODY_CAP as u64)?,
         None => Vec::new(),
     };
+    // A Retry-After date is measured on the server's clock, from its Date.
+    let now = crate::net::fetch::server_now(date.as_deref());
+    let retry_after = retry_after.and_then(|v| crate::net::fetch::retry_after(&v, now));
     Ok(Message {
         first,
         body,
@@ -383,6 +390,21 @@ pub fn respond(s: &mut impl Write, status: u16, body: &serde_json::Value) -> io:
 /// 503 Service Unavailable with `Retry-After: secs`: ask again, not sooner.
 pub fn respond_later(s: &mut impl Write, body: &serde_json::Value, secs: u64) -> io::Result<()> {
     respond_with(s, 503, body, &format!("Retry-After: {secs}\r\n"))
+}
+
+/// `503` with an appointment: `Retry-After` the moment `at` (an HTTP-date, which clients keep
+/// to the second), and `Date` now, so that a node measures the wait on the server's clock.
+pub fn respond_at(
+    s: &mut impl Write,
+    body: &serde_json::Value,
+    at: std::time::SystemTime,
+) -> io::Result<()> {
+    let extra = format!(
+        "Retry-After: {}\r\nDate: {}\r\n",
+        httpdate::fmt_http_date(at),
+        httpdate::fmt_http_date(std::time::SystemTime::now())
+    );
+    respond_with(s, 503, body, &extra)
 }
 
 fn respond_with(
@@ -560,7 +582,7 @@ pub struct Answer {
     pub status: u16,
     pub body: Vec<u8>,
     /// Its `Retry-After` (seconds or an HTTP date), if it sent one: ask again, not sooner.
-    pub retry_after: Option<Duration>,
+    pub retry_after: Option<After>,
 }
 
 /// The `error` (and `code`) of a JSON error answer, or its first line.

@@ -9,6 +9,7 @@ use crate::activation::kubeadm::{self, JoinSpec};
 use crate::activation::racers::{remove_or_warn, reset_manifests, Ctx, Side, PKI};
 use crate::activation::wire::{Ticket, TicketRequest, KEPT_PATH, TICKET_PATH};
 use crate::error::{Error, Result};
+use crate::net::retry::After;
 
 /// It holds the token: in /run (tmpfs), mode 0600, only while kubeadm join runs.
 const JOIN_CONFIG: &str = "/run/nodestrap/kubeadm-join.yaml";
@@ -18,7 +19,7 @@ pub(super) fn join_client(ctx: &Ctx) -> Result<Side> {
     if ctx.endpoints.is_empty() {
         crate::info!("join client off: no --join-endpoints");
     }
-    let mut asked_later: Vec<Option<Instant>> = vec![None; ctx.endpoints.len()];
+    let mut asked_later: Vec<Option<Later>> = vec![None; ctx.endpoints.len()];
     // This run's session: a run that starts after a kill asks again as another run, and the
     // join services give it a new ticket if the one before was never kept.
     let body = serde_json::to_vec(&TicketRequest {
@@ -35,9 +36,10 @@ pub(super) fn join_client(ctx: &Ctx) -> Result<Side> {
         // Each pause is random between half and one and a half intervals: a fleet that boots
         // together does not come back to the join services in waves.
         let pause = interval.mul_f64(0.5 + crate::crypto::random::fraction());
-        for (ep, not_before) in ctx.endpoints.iter().zip(asked_later.iter_mut()) {
+        for i in round_order(&asked_later) {
+            let (ep, not_before) = (&ctx.endpoints[i], &mut asked_later[i]);
             // A join service that said when to ask again (Retry-After) is not asked sooner.
-            if not_before.is_some_and(|t| Instant::now() < t) {
+            if not_before.is_some_and(|l| Instant::now() < l.at) {
                 continue;
             }
             match request_ticket(ctx, ep, &body) {
@@ -47,15 +49,24 @@ pub(super) fn join_client(ctx: &Ctx) -> Result<Side> {
                     pause.as_secs_f64()
                 ),
                 Err((e, Some(after))) => {
-                    let after = after.min(LONGEST_RETRY_AFTER);
-                    *not_before = Some(Instant::now() + after);
+                    let later = Later::new(after);
+                    *not_before = Some(later);
+                    let again = match later.appointment {
+                        true => "its slot: asking it again then".to_string(),
+                        false => format!(
+                            "asking it again in {:.1} s",
+                            pause.max(after.wait()).as_secs_f64()
+                        ),
+                    };
                     crate::warn!(
-                        "join client: {e}; {} asks to wait {} s (Retry-After): asking it again \
-                         in {:.1} s",
+                        "join client: {e}; {} asks to wait {} s (Retry-After): {again}",
                         ep.url,
-                        after.as_secs(),
-                        pause.max(after).as_secs_f64()
-                    )
+                        later.wait.as_secs(),
+                    );
+                    // One slot at a time: the others are not asked while it holds one.
+                    if later.appointment {
+                        break;
+                    }
                 }
             }
             if ctx.lock.is_taken() || ctx.stop.requested() {
@@ -65,9 +76,55 @@ pub(super) fn join_client(ctx: &Ctx) -> Result<Side> {
         if ctx.endpoints.is_empty() {
             ctx.stop.sleep(Duration::from_secs(3600));
         } else {
-            ctx.stop.sleep(pause);
+            ctx.stop.sleep(until_next_round(&asked_later, pause));
         }
     }
+}
+
+/// When a join service said to ask again.
+#[derive(Debug, Clone, Copy)]
+struct Later {
+    at: Instant,
+    wait: Duration,
+    /// A slot it holds for this node (a `Retry-After` date): kept to the second.
+    appointment: bool,
+}
+
+impl Later {
+    fn new(after: After) -> Later {
+        let wait = after.wait().min(LONGEST_RETRY_AFTER);
+        Later {
+            at: Instant::now() + wait,
+            wait,
+            appointment: matches!(after, After::Date(_)),
+        }
+    }
+}
+
+/// The pause before the next round: up to the slot a join service holds for this node, plus
+/// under a second of jitter (docs/join-service.md, "Appointments"), else the usual one.
+fn until_next_round(later: &[Option<Later>], pause: Duration) -> Duration {
+    let now = Instant::now();
+    let slot = later
+        .iter()
+        .flatten()
+        .filter(|l| l.appointment && l.at > now)
+        .map(|l| l.at - now)
+        .min();
+    match slot {
+        Some(s) => s + Duration::from_secs(1).mul_f64(crate::crypto::random::fraction()),
+        None => pause,
+    }
+}
+
+/// The join services in the order a round asks them: one whose slot for this node has come
+/// first, then the others in their order.
+fn round_order(later: &[Option<Later>]) -> Vec<usize> {
+    let now = Instant::now();
+    let due = |i: &usize| later[*i].is_some_and(|l| l.appointment && l.at <= now);
+    let (mut first, rest): (Vec<usize>, Vec<usize>) = (0..later.len()).partition(due);
+    first.extend(rest);
+    first
 }
 
 /// A join service's `Retry-After` is honoured up to this: a value beyond it (a misconfigured
@@ -80,7 +137,7 @@ fn request_ticket(
     ctx: &Ctx,
     ep: &Endpoint,
     body: &[u8],
-) -> std::result::Result<Ticket, (Error, Option<Duration>)> {
+) -> std::result::Result<Ticket, (Error, Option<After>)> {
     let t = Duration::from_secs(ctx.a.join_timeout);
     let a = exchange::post(&ctx.client, ep, None, TICKET_PATH, body, t, t)
         .map_err(|e| (e.into_error(), None))?;
@@ -140,29 +197,53 @@ fn join_with(ctx: &Ctx, ep: &Endpoint, t: Ticket) -> Result<Side> {
 
 /// The node lock is durable: the join service is told that this node keeps its ticket, so that
 /// its identity is refused from now on. Until then it may ask again (a node killed before its
-/// lock holds no ticket). Not told (the service gone): the join goes on; the record stays open
-/// to this identity for the service's --retry-window, and the log says so.
+/// lock holds no ticket). A service busy with a herd may turn the call away (its handshakes
+/// full, or `503`): it is tried up to `KEPT_TRIES` times within --join-timeout, a second or so
+/// apart. Not told (the service gone): the join goes on; the record stays open to this
+/// identity for the service's --retry-window, and the log says so.
 fn tell_kept(ctx: &Ctx, ep: &Endpoint) {
-    let t = Duration::from_secs(ctx.a.join_timeout);
-    let told = exchange::post(&ctx.client, ep, None, KEPT_PATH, b"{}", t, t)
-        .map_err(|e| e.into_error().to_string())
-        .and_then(|a| match a.status {
-            200 => Ok(()),
-            s => Err(exchange::answer_error(s, &a.body).1),
-        });
-    match told {
-        Ok(()) => crate::info!(
-            "join client: told {} that this node keeps its ticket",
-            ep.url
-        ),
-        Err(m) => crate::warn!(
-            "join client: could not tell {} that this node keeps its ticket ({m}); joining \
-             anyway: until its retry window closes, the service would give this identity \
-             another ticket",
-            ep.url
-        ),
+    let end = Instant::now() + Duration::from_secs(ctx.a.join_timeout);
+    let mut last = String::new();
+    for n in 1..=KEPT_TRIES {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let after = match exchange::post(&ctx.client, ep, None, KEPT_PATH, b"{}", left, left) {
+            Ok(a) if a.status == 200 => {
+                return crate::info!(
+                    "join client: told {} that this node keeps its ticket",
+                    ep.url
+                )
+            }
+            Ok(a) => {
+                last = exchange::answer_error(a.status, &a.body).1;
+                a.retry_after.map(After::wait).unwrap_or_default()
+            }
+            Err(e) => {
+                last = e.into_error().to_string();
+                Duration::ZERO
+            }
+        };
+        // Its Retry-After is honoured, as every other answer's.
+        if n < KEPT_TRIES {
+            let pause = Duration::from_millis(500)
+                .mul_f64(1.0 + 2.0 * crate::crypto::random::fraction())
+                .max(after);
+            ctx.stop
+                .sleep(pause.min(end.saturating_duration_since(Instant::now())));
+        }
     }
+    crate::warn!(
+        "join client: could not tell {} that this node keeps its ticket ({last}); joining \
+         anyway: until its retry window closes, the service would give this identity another \
+         ticket",
+        ep.url
+    )
 }
+
+/// Calls saying the node keeps its ticket, at most.
+const KEPT_TRIES: u32 = 5;
 
 /// Join steps 3 to 5: control-plane keys into place; the JoinConfiguration; `kubeadm join`, up to
 /// `--join-attempts` times within `--join-budget`, from a fresh manifests folder each time. A

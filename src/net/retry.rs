@@ -17,6 +17,11 @@ const SPREAD_GROWTH: u32 = 2;
 /// trade-off it sets between requests and time).
 const SPREAD_OF_DEADLINE: u32 = 6;
 
+/// An appointment (a `Retry-After` that is an HTTP-date, or delay-seconds that differ from the
+/// answer before) is kept within this: the server sized it for this node, and more spread
+/// would only miss the slot it holds.
+const APPOINTMENT_JITTER: Duration = Duration::from_secs(1);
+
 /// No retry starts with less than this left of the request's budget or the run (nor with less
 /// than a tenth of the budget): an attempt that short can only time out, and its timeout would
 /// hide the answer the server last gave.
@@ -104,7 +109,26 @@ pub enum Answer {
     /// No answer, or a broken one: counts against the attempts.
     Nothing,
     /// 408, 429 or 5xx, with the server's `Retry-After` if it sent one.
-    Busy(Option<Duration>),
+    Busy(Option<After>),
+}
+
+/// A server's `Retry-After`, in the form it came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum After {
+    /// Delay-seconds: an appointment only when it differs from the answer before.
+    Delay(Duration),
+    /// An HTTP-date, as the wait until it (on the server's clock where it sent its `Date`): a
+    /// moment the server named, always an appointment.
+    Date(Duration),
+}
+
+impl After {
+    /// How long the server asked to wait.
+    pub fn wait(self) -> Duration {
+        match self {
+            After::Delay(d) | After::Date(d) => d,
+        }
+    }
 }
 
 /// What to do after a failed attempt.
@@ -129,7 +153,7 @@ pub struct Load {
     /// before (or none again); the spread window grows with it.
     streak: u32,
     /// The last busy answer's `Retry-After` (`None`: no busy answer yet).
-    last_after: Option<Option<Duration>>,
+    last_after: Option<Option<After>>,
 }
 
 /// One request's attempts: the counts and the last busy answer, with the decisions taken
@@ -196,13 +220,15 @@ impl Attempts {
     ///
     /// Without word from the server: full jitter, below `initial × 2^(attempts so far)`, at
     /// most `cap`. A busy answer with a `Retry-After` is waited out in full (never sooner),
-    /// plus a spread. A first `Retry-After`, or one that differs from the one before (the
-    /// server sizing its queue), is spread over one more such interval (at least 1 s). The
-    /// same `Retry-After` again, or none at all (then `initial` stands for it), says nothing of
-    /// how many nodes are waiting: the window doubles with each such answer in a row, up to
-    /// `spread`, so a herd larger than the server's capacity comes back over a window that
-    /// grows to its size rather than in waves. A pause that would end past the deadline, or
-    /// leave the next attempt under [`LEAST_ATTEMPT`], ends the request instead.
+    /// plus a spread. An appointment (an HTTP-date, or delay-seconds that differ from the
+    /// answer before: the server sizing its queue) is kept: the spread is under
+    /// [`APPOINTMENT_JITTER`]. A first delay-seconds is spread over one more such interval
+    /// (at least 1 s): it may be the same for the whole herd. The same `Retry-After` again, or
+    /// none at all (then `initial` stands for it), says nothing of how many nodes are waiting:
+    /// the window doubles with each such answer in a row, up to `spread`, so a herd larger than
+    /// the server's capacity comes back over a window that grows to its size rather than in
+    /// waves. A pause that would end past the deadline, or leave the next attempt under
+    /// [`LEAST_ATTEMPT`], ends the request instead.
     pub fn next(&mut self, answer: Answer, now: Instant, jitter: f64) -> Next {
         let jitter = jitter.clamp(0.0, 1.0);
         self.made += 1;
@@ -222,8 +248,9 @@ impl Attempts {
             }
             Answer::Busy(after) => {
                 self.busy += 1;
-                let streak = match self.learned.last_after {
-                    Some(before) if before == after => self.learned.streak + 1,
+                let before = self.learned.last_after;
+                let streak = match before {
+                    Some(b) if b == after => self.learned.streak + 1,
                     _ => 0,
                 };
                 self.learned = Load {
@@ -233,13 +260,22 @@ impl Attempts {
                 if self.busy >= self.retry.busy_attempts {
                     return Next::OutOfAttempts;
                 }
-                let floor = after.unwrap_or_default();
+                let floor = after.map(After::wait).unwrap_or_default();
                 if floor > self.retry.longest {
                     return Next::AskedTooLong(floor);
                 }
-                // The server's own scale where it gave one, else the client's.
+                let appointment = match after {
+                    Some(After::Date(_)) => true,
+                    Some(After::Delay(_)) => {
+                        matches!(before, Some(Some(After::Delay(_)))) && streak == 0
+                    }
+                    None => false,
+                };
+                // The server's own scale where it gave one, else the client's; an appointment
+                // is kept within a second.
                 let base = match after {
-                    Some(a) => a.max(Duration::from_secs(1)),
+                    _ if appointment => APPOINTMENT_JITTER,
+                    Some(a) => a.wait().max(Duration::from_secs(1)),
                     None => self.retry.initial,
                 };
                 let window = base.saturating_mul(SPREAD_GROWTH.saturating_pow(streak.min(20)));
@@ -268,6 +304,11 @@ mod tests {
     use super::*;
 
     const S: fn(u64) -> Duration = Duration::from_secs;
+
+    /// A busy answer with delay-seconds.
+    fn delay(d: Duration) -> Answer {
+        Answer::Busy(Some(After::Delay(d)))
+    }
 
     fn draws(r: Retry, answers: &[Answer], n: usize) -> Vec<Duration> {
         let now = Instant::now();
@@ -302,7 +343,7 @@ mod tests {
     fn retry_after_is_a_floor_never_cut() {
         let r = Retry::exponential(3, S(2)).within(S(7200));
         for after in [S(5), S(90), S(3600)] {
-            let d = draws(r, &[Answer::Busy(Some(after))], 100);
+            let d = draws(r, &[delay(after)], 100);
             assert!(d.iter().all(|d| *d >= after), "{after:?}");
             // A first Retry-After is spread over one more such interval, up to the window.
             let spread = after.min(S(300));
@@ -315,7 +356,7 @@ mod tests {
     fn the_same_retry_after_again_doubles_the_spread_up_to_the_window() {
         // A 600 s deadline: the window's ceiling is 100 s.
         let r = Retry::exponential(3, S(2)).until(crate::node::status::started() + S(600));
-        let same = |n| vec![Answer::Busy(Some(S(5))); n];
+        let same = |n| vec![delay(S(5)); n];
         let width = |v: Vec<Duration>| *v.iter().max().unwrap() - *v.iter().min().unwrap();
         // 5 s (the Retry-After), then 10, 20, 40, 80, 100 (the ceiling).
         for (n, w) in [
@@ -331,14 +372,44 @@ mod tests {
             assert!(d.iter().all(|d| *d >= S(5) && *d < S(5 + w)), "{n}");
             assert!(width(d) > S(w).mul_f64(0.9), "{n}");
         }
-        // A Retry-After that changes is the server's estimate: the streak starts again.
+        // A Retry-After that changes is the server's estimate, an appointment: the streak
+        // starts again, and the client comes back within a second of it.
         let mut changing = same(3);
-        changing.push(Answer::Busy(Some(S(40))));
+        changing.push(delay(S(40)));
         let d = draws(r, &changing, 200);
-        assert!(d.iter().all(|d| *d >= S(40) && *d < S(80)));
+        assert!(d.iter().all(|d| *d >= S(40) && *d < S(41)));
+        assert!(width(d) > Duration::from_millis(900));
+        // ... and the same one again after it is a fixed one again: spread, then doubling.
+        changing.push(delay(S(40)));
+        let d = draws(r, &changing, 200);
+        assert!(d.iter().all(|d| *d >= S(40) && *d < S(120)) && width(d) > S(70));
         // No Retry-After at all says as little as the same one again, from `initial`: 2, 4, 8 s.
         let d = draws(r, &[Answer::Busy(None); 3], 200);
         assert!(d.iter().all(|d| *d < S(8)) && width(d) > S(7));
+    }
+
+    #[test]
+    fn an_http_date_is_an_appointment_kept_within_a_second_never_before_it() {
+        let r = Retry::exponential(3, S(2)).within(S(7200));
+        let date = |d| Answer::Busy(Some(After::Date(d)));
+        for after in [S(0), S(7), S(3000)] {
+            // The first answer, and after others of any kind: never sooner, at most 1 s later.
+            for answers in [
+                vec![date(after)],
+                vec![delay(S(5)), delay(S(5)), date(after)],
+                vec![date(after + S(3)), date(after)],
+            ] {
+                let d = draws(r, &answers, 100);
+                assert!(
+                    d.iter().all(|d| *d >= after && *d < after + S(1)),
+                    "{answers:?}: {d:?}"
+                );
+            }
+        }
+        // A date past the deadline ends the request, as any Retry-After.
+        let now = Instant::now();
+        let mut a = Attempts::new(r.within(S(60)), now, Load::default());
+        assert_eq!(a.next(date(S(61)), now, 0.0), Next::OutOfTime);
     }
 
     #[test]
@@ -347,15 +418,9 @@ mod tests {
         let r = Retry::exponential(3, S(2)).until(start + S(6000));
         let late = start + S(5900);
         let mut a = Attempts::new(r, late, Load::default());
-        assert_eq!(
-            a.next(Answer::Busy(Some(S(100))), late, 0.0),
-            Next::OutOfTime
-        );
+        assert_eq!(a.next(delay(S(100)), late, 0.0), Next::OutOfTime);
         let mut a = Attempts::new(r, late, Load::default());
-        assert_eq!(
-            a.next(Answer::Busy(Some(S(20))), late, 0.5),
-            Next::Pause(S(30))
-        );
+        assert_eq!(a.next(delay(S(20)), late, 0.5), Next::Pause(S(30)));
     }
 
     #[test]
@@ -364,7 +429,7 @@ mod tests {
         // time out and hide the server's busy answer; a pause of 8.5 s leaves it 1.5 s.
         let now = Instant::now();
         let r = Retry::exponential(3, S(2)).within(S(10));
-        let busy = Answer::Busy(Some(S(5)));
+        let busy = delay(S(5));
         let mut a = Attempts::new(r, now, Load::default());
         assert_eq!(a.next(busy, now, 0.9), Next::OutOfTime);
         let mut a = Attempts::new(r, now, Load::default());
@@ -384,10 +449,7 @@ mod tests {
         let now = Instant::now();
         let mut a = Attempts::new(r, now, Load::default());
         for _ in 0..5 {
-            assert_eq!(
-                a.next(Answer::Busy(Some(S(1))), now, 0.9),
-                Next::Pause(S(1))
-            );
+            assert_eq!(a.next(delay(S(1)), now, 0.9), Next::Pause(S(1)));
         }
         assert_eq!(
             a.next(Answer::Busy(None), now, 0.9),
@@ -401,20 +463,20 @@ mod tests {
         let now = Instant::now();
         let mut a = Attempts::new(r, now, Load::default());
         for _ in 0..4 {
-            a.next(Answer::Busy(Some(S(5))), now, 0.5);
+            a.next(delay(S(5)), now, 0.5);
         }
         // Four of the same: the window was 5 × 2³ = 40 s. Answered at last: the next request
         // of this client starts a step lower, and its first refusal (the same Retry-After
         // again) widens it back to 40 s, not to the Retry-After.
         let mut b = Attempts::new(r, now, a.load(true));
         assert_eq!(
-            b.next(Answer::Busy(Some(S(5))), now, 0.999),
+            b.next(delay(S(5)), now, 0.999),
             Next::Pause(S(5) + S(40).mul_f64(0.999))
         );
         // Not answered: the same step.
         let mut c = Attempts::new(r, now, a.load(false));
         assert_eq!(
-            c.next(Answer::Busy(Some(S(5))), now, 0.999),
+            c.next(delay(S(5)), now, 0.999),
             Next::Pause(S(5) + S(80).mul_f64(0.999))
         );
     }
@@ -425,10 +487,7 @@ mod tests {
         let now = Instant::now();
         let mut a = Attempts::new(r, now, Load::default());
         for _ in 0..100 {
-            assert!(matches!(
-                a.next(Answer::Busy(Some(S(0))), now, 0.0),
-                Next::Pause(_)
-            ));
+            assert!(matches!(a.next(delay(S(0)), now, 0.0), Next::Pause(_)));
         }
         assert_eq!(
             a.next(Answer::Nothing, now, 0.0),
@@ -438,7 +497,7 @@ mod tests {
         assert_eq!(a.next(Answer::Nothing, now, 0.5), Next::OutOfAttempts);
         // A Retry-After past the budget ends the request now, not at the budget.
         let mut a = Attempts::new(r, now, Load::default());
-        assert_eq!(a.next(Answer::Busy(Some(S(60))), now, 0.0), Next::OutOfTime);
+        assert_eq!(a.next(delay(S(60)), now, 0.0), Next::OutOfTime);
         assert!(a.left(now + S(50)).is_zero());
         let at = Attempts::new(
             Retry::exponential(2, S(1)).until(now + S(10)),
@@ -453,18 +512,12 @@ mod tests {
         let r = Retry::exponential(3, S(1)).capped_at(S(3)).busy_attempts(2);
         let now = Instant::now();
         let mut a = Attempts::new(r, now, Load::default());
-        assert_eq!(
-            a.next(Answer::Busy(Some(S(30))), now, 0.5),
-            Next::AskedTooLong(S(30))
-        );
+        assert_eq!(a.next(delay(S(30)), now, 0.5), Next::AskedTooLong(S(30)));
         let mut a = Attempts::new(r, now, Load::default());
-        let Next::Pause(d) = a.next(Answer::Busy(Some(S(2))), now, 0.99) else {
+        let Next::Pause(d) = a.next(delay(S(2)), now, 0.99) else {
             panic!()
         };
         assert!(d >= S(2) && d < S(3));
-        assert_eq!(
-            a.next(Answer::Busy(Some(S(2))), now, 0.5),
-            Next::OutOfAttempts
-        );
+        assert_eq!(a.next(delay(S(2)), now, 0.5), Next::OutOfAttempts);
     }
 }

@@ -3,8 +3,9 @@
 use std::io;
 use std::time::Duration;
 
-use super::{retry_after, Attempt};
+use super::{retry_after, server_now, Attempt};
 use crate::error::Error;
+use crate::net::retry::After;
 use crate::net::tls::Tls;
 
 /// ureq's own words for a timeout ("timeout: global") say too little to an operator.
@@ -73,7 +74,7 @@ pub(super) fn classify_transport<T>(
 /// own message.
 pub(super) struct Refusal {
     pub(super) status: u16,
-    pub(super) retry_after: Option<Duration>,
+    pub(super) retry_after: Option<After>,
     pub(super) error: Error,
 }
 
@@ -86,11 +87,9 @@ pub(super) fn status_failure(
     if status.is_success() {
         return None;
     }
-    let retry_after = resp
-        .headers()
-        .get("retry-after")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| retry_after(v, std::time::SystemTime::now()));
+    let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok());
+    let retry_after =
+        header("retry-after").and_then(|v| retry_after(v, server_now(header("date"))));
     let body = resp
         .body_mut()
         .with_config()

@@ -72,7 +72,7 @@ impl Http {
             let (n, failed) = tries.made();
             let (delay, e) = tally.pause(what, (n, failed), next, e, failure)?;
             let told = match answer {
-                Answer::Busy(Some(a)) => format!(" (Retry-After {} s)", a.as_secs()),
+                Answer::Busy(Some(a)) => format!(" (Retry-After {} s)", a.wait().as_secs()),
                 _ => String::new(),
             };
             crate::warn!(
@@ -132,7 +132,7 @@ impl Tally {
             Attempt::Busy(e, status, after) => {
                 crate::node::metrics::busy();
                 self.busy_word = match after {
-                    Some(a) => format!("busy: {status}, Retry-After {}; ", a.as_secs()),
+                    Some(a) => format!("busy: {status}, Retry-After {}; ", a.wait().as_secs()),
                     None => format!("busy: {status}; "),
                 };
                 (e, Failure::Busy, Answer::Busy(after))

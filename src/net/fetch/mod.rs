@@ -12,7 +12,7 @@ use ureq::Agent;
 
 use crate::error::{Error, Result};
 
-use crate::net::retry::{Load, Retry};
+use crate::net::retry::{After, Load, Retry};
 use crate::net::tls::{tls_provider, Check, Tls};
 
 mod answer;
@@ -73,15 +73,26 @@ impl std::fmt::Display for FetchError {
     }
 }
 
-/// The `Retry-After` of a 429 or 503 answer: delay-seconds or an HTTP-date (RFC 9110 §10.2.3).
-/// A date in the past means now; a value that is neither is ignored.
-pub fn retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+/// The `Retry-After` of a 429 or 503 answer: delay-seconds or an HTTP-date (RFC 9110 §10.2.3),
+/// the date as the wait from `now` (the server's clock: [`server_now`]). A date in the past
+/// means now; a value that is neither is ignored.
+pub fn retry_after(value: &str, now: std::time::SystemTime) -> Option<After> {
     let v = value.trim();
     if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
-        return Some(Duration::from_secs(v.parse().unwrap_or(u64::MAX)));
+        return Some(After::Delay(Duration::from_secs(
+            v.parse().unwrap_or(u64::MAX),
+        )));
     }
     let at = httpdate::parse_http_date(v).ok()?;
-    Some(at.duration_since(now).unwrap_or_default())
+    Some(After::Date(at.duration_since(now).unwrap_or_default()))
+}
+
+/// The moment an answer was sent, on the server's clock: its `Date` where it sent one that
+/// reads, else this node's clock. A `Retry-After` date is measured from it, so that a node
+/// whose clock is off (an initramfs before time sync) waits what the server meant.
+pub fn server_now(date: Option<&str>) -> std::time::SystemTime {
+    date.and_then(|d| httpdate::parse_http_date(d.trim()).ok())
+        .unwrap_or_else(std::time::SystemTime::now)
 }
 
 /// Bounds on one attempt, so that a server that trickles bytes cannot hold a run for ever
@@ -180,7 +191,7 @@ enum Attempt<T> {
     /// No answer, or a broken one: counts against the attempts.
     Retry(Error),
     /// 408, 429 or 5xx (the status), with the server's `Retry-After`: bounded by time only.
-    Busy(Error, u16, Option<Duration>),
+    Busy(Error, u16, Option<After>),
     Final(Error),
     /// 401 or 403.
     Denied(Error),
@@ -452,8 +463,9 @@ mod tests {
     #[test]
     fn retry_after_takes_seconds_and_the_three_http_date_forms() {
         let now = std::time::UNIX_EPOCH + Duration::from_secs(784_111_777); // Sun, 06 Nov 1994 08:49:37 GMT
-        assert_eq!(retry_after("120", now), Some(Duration::from_secs(120)));
-        assert_eq!(retry_after(" 0 ", now), Some(Duration::ZERO));
+        let secs = |s| Some(After::Delay(Duration::from_secs(s)));
+        assert_eq!(retry_after("120", now), secs(120));
+        assert_eq!(retry_after(" 0 ", now), secs(0));
         for later in [
             "Sun, 06 Nov 1994 08:50:07 GMT",
             "Sunday, 06-Nov-94 08:50:07 GMT",
@@ -461,15 +473,19 @@ mod tests {
         ] {
             assert_eq!(
                 retry_after(later, now),
-                Some(Duration::from_secs(30)),
+                Some(After::Date(Duration::from_secs(30))),
                 "{later}"
             );
         }
         // A date already past means now; what is neither form is ignored.
         assert_eq!(
             retry_after("Sat, 05 Nov 1994 08:49:37 GMT", now),
-            Some(Duration::ZERO)
+            Some(After::Date(Duration::ZERO))
         );
+        // The server's clock where it sent its Date, else this node's.
+        assert_eq!(server_now(Some(" Sun, 06 Nov 1994 08:49:37 GMT")), now);
+        let ours = std::time::SystemTime::now();
+        assert!(server_now(Some("yesterday")) >= ours && server_now(None) >= ours);
         for bad in ["", "-5", "1.5", "soon", "Sun, 06 Nov 1994 25:00:00 GMT"] {
             assert_eq!(retry_after(bad, now), None, "{bad:?}");
         }
