@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use rustls::ServerConfig;
 
+use crate::activation::appointments::{Book, Turn};
 use crate::activation::exchange;
 use crate::activation::kubeadm;
 use crate::activation::ledger::{self, Claim, ClusterLedger, FileLedger, Keep, Ledger};
@@ -47,6 +48,8 @@ struct Svc<'a> {
     discovery_hash: String,
     token_cmd: Vec<String>,
     ledger: Ledger<'a>,
+    /// Slots for the nodes that come faster than tickets are made.
+    book: Book,
 }
 
 pub fn run(a: &JoinService) -> Result<()> {
@@ -131,6 +134,7 @@ fn load<'a>(
         discovery_hash,
         token_cmd,
         ledger,
+        book: Book::default(),
     })
 }
 
@@ -241,6 +245,8 @@ struct Asked {
     wants: Wants,
     /// The node's run, from its request (`TicketRequest::session`).
     session: Option<String>,
+    /// When it was through its pre-authentication, ready for its turn.
+    ready: std::time::Instant,
 }
 
 /// What a node asks for.
@@ -290,6 +296,7 @@ fn preauth(server: &Arc<ServerConfig>, tcp: TcpStream, addr: SocketAddr) -> Opti
                     who,
                     wants,
                     session,
+                    ready: std::time::Instant::now(),
                 })
             }
             (Some(_), Err(m)) => (400, exchange::error_body("invalid", &m)),
@@ -331,21 +338,71 @@ impl Svc<'_> {
                 self.reply(&mut asked, 409, exchange::error_body(code, &m));
             }
             Keep::Unavailable(m) => {
-                crate::warn!("{}: recording that it keeps its ticket: {m}", asked.who);
+                crate::warn!(
+                    "{}: recording that it keeps its ticket: {m}; told to say it again in \
+                     {TRY_LATER} s",
+                    asked.who
+                );
                 self.later(&mut asked, &format!("{m}; say it again"));
             }
         }
     }
 
-    /// One ticket, claimed in the ledger before it is made and settled there once it was
-    /// written to the node.
+    /// A node's turn: now, or a slot to come back at (docs/join-service.md, "Appointments").
     fn issue(&mut self, mut asked: Asked) {
+        let now = std::time::SystemTime::now();
+        let secs = now
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        match self
+            .book
+            .turn(&asked.peer.spki, secs, asked.ready.elapsed())
+        {
+            Turn::Now => {
+                let started = std::time::Instant::now();
+                if self.issue_now(&mut asked) {
+                    self.book.served(started.elapsed());
+                }
+            }
+            Turn::At { at, booked } => {
+                let at = now + Duration::from_secs_f64((at - secs).max(0.0));
+                self.appoint(&mut asked, at, booked)
+            }
+        }
+    }
+
+    /// `503` with the node's slot as `Retry-After` (a date), or the book's end when it is full.
+    fn appoint(&self, asked: &mut Asked, at: std::time::SystemTime, booked: bool) {
+        let when = crate::node::status::rfc3339(at);
+        let m = match booked {
+            true => format!(
+                "the join service makes tickets more slowly than nodes ask ({} waiting, {:.2} s \
+                 a ticket): this node's slot is at {when}; ask again then",
+                self.book.waiting(),
+                self.book.ticket_secs()
+            ),
+            false => format!(
+                "the join service's appointment book is full: ask again at {when}, when it ends"
+            ),
+        };
+        crate::info!("{}: {m}", asked.who);
+        asked.s.sock.restart();
+        let b = exchange::error_body("try_later", &m);
+        if let Err(e) = exchange::respond_at(&mut asked.s, &b, at) {
+            crate::warn!("{}: answering: {e}", asked.who);
+        }
+    }
+
+    /// One ticket, claimed in the ledger before it is made and settled there once it was
+    /// written to the node: whether it was written.
+    fn issue_now(&mut self, asked: &mut Asked) -> bool {
         if !asked.s.sock.peer_waiting() {
             crate::warn!(
                 "{}: gone before its turn (it waited longer than it would); nothing spent",
                 asked.who
             );
-            return;
+            return false;
         }
         let peer = &asked.peer;
         let role = if peer.orgs.iter().any(|o| o == CONTROL_PLANE_ORG) {
@@ -363,11 +420,13 @@ impl Svc<'_> {
             Claim::Granted(h) => h,
             Claim::Refused(code, m) => {
                 crate::warn!("{}: {m}", asked.who);
-                return self.reply(&mut asked, 409, exchange::error_body(code, &m));
+                self.reply(asked, 409, exchange::error_body(code, &m));
+                return false;
             }
             Claim::Unavailable(m) => {
                 crate::warn!("{}: {m}; told to ask again in {TRY_LATER} s", asked.who);
-                return self.later(&mut asked, &format!("{m}; ask again"));
+                self.later(asked, &format!("{m}; ask again"));
+                return false;
             }
         };
         // Made, then (the file ledger) recorded, then written, each only if the node still
@@ -385,7 +444,8 @@ impl Svc<'_> {
             Err(e) => {
                 crate::warn!("{}: no ticket: {e}", asked.who);
                 self.ledger.settle(held, Err(short(&e)));
-                return self.reply(&mut asked, 500, exchange::error_body("internal", &e));
+                self.reply(asked, 500, exchange::error_body("internal", &e));
+                return false;
             }
         };
         // The token command had its own time limit: the answer gets a full one.
@@ -409,10 +469,12 @@ impl Svc<'_> {
             }
             Err(e) => crate::warn!("{}: the ticket could not be written: {e}", asked.who),
         }
+        let written = sent.is_ok();
         self.ledger.settle(
             held,
             sent.map_err(|e| short(&format!("writing the ticket to the node: {e}"))),
         );
+        written
     }
 
     /// 503 `try_later` with `Retry-After`: the ledger could not be asked or written.

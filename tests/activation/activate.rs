@@ -139,6 +139,7 @@ join)
   ;;
 token)
   [ -f "$d/fail-token" ] && {{ echo "failed to create token: stand-in" >&2; exit 1; }}
+  [ -f "$d/sleep-token" ] && sleep "$(cat "$d/sleep-token")"
   if [ -f "$d/gate" ]; then
     touch "$d/waiting"
     while [ ! -f "$d/go" ]; do sleep 0.002; done
@@ -1562,6 +1563,122 @@ fn connections_beyond_the_bound_are_refused_not_queued() {
             .contains("128 connections are already in their handshake"),
         "{}",
         log.stderr
+    );
+    let _ = std::fs::remove_dir_all(&svc.dir);
+}
+
+/// POST /v1/ticket as `leaf` from run `session`: (status, the wait its `Retry-After` asks on
+/// the server's clock, from its `Date`, when it is an HTTP-date).
+fn ask_for_turn(port: u16, ca: &Ca, leaf: &Leaf, session: char) -> (u16, Option<Duration>) {
+    let body = format!("{{\"session\": \"{}\"}}", session.to_string().repeat(32));
+    let (status, head, _) = mtls_post(port, ca, leaf, "/v1/ticket", &body, &|| {}).unwrap();
+    let header = |name: &str| {
+        head.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| httpdate::parse_http_date(v.trim()).unwrap())
+    };
+    let wait = match (header("Retry-After:"), header("Date:")) {
+        (Some(at), Some(date)) => Some(at.duration_since(date).unwrap_or_default()),
+        (None, None) => None,
+        other => panic!("a Retry-After date without a Date, or the other way: {other:?}\n{head}"),
+    };
+    (status, wait)
+}
+
+/// The join service's appointments (docs/join-service.md, "Appointments"): nodes that come at
+/// once, faster than tickets are made, are served as far as no one waits long, and the rest are
+/// each given a slot, later ones later; a node that comes back at its slot is served, while a
+/// newcomer asking then is given a slot after the last one.
+#[test]
+fn a_herd_gets_appointments_and_a_node_on_time_goes_before_newcomers() {
+    let pki = Pki::new();
+    let mut svc = JoinSvc::new(&pki, &pki.cluster);
+    write(&svc.bin.join("sleep-token"), "0.3");
+    let port = svc.port();
+    let herd: Vec<Leaf> = (0..12)
+        .map(|i| both_ways(&pki.nodes, &format!("herd-{i}"), None))
+        .collect();
+    let first: Vec<(u16, Option<Duration>, Instant)> = std::thread::scope(|sc| {
+        let go = Arc::new(std::sync::Barrier::new(herd.len()));
+        let hs: Vec<_> = herd
+            .iter()
+            .map(|l| {
+                let go = go.clone();
+                let ca = &pki.cluster;
+                sc.spawn(move || {
+                    go.wait();
+                    let (status, wait) = ask_for_turn(port, ca, l, 'a');
+                    (status, wait, Instant::now())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let served = first.iter().filter(|(s, _, _)| *s == 200).count();
+    let mut slots: Vec<Duration> = first
+        .iter()
+        .filter(|(s, _, _)| *s == 503)
+        .map(|(_, w, _)| w.expect("a 503 of the book carries a Retry-After date"))
+        .collect();
+    assert_eq!(served + slots.len(), herd.len(), "{first:?}");
+    assert!((1..=5).contains(&served), "served at once: {first:?}");
+    // One slot each: no second holds more than a ticket of 0.3 s allows (the dates are whole
+    // seconds), and the last within the time the herd needs.
+    slots.sort();
+    let per_second = slots.chunk_by(|a, b| a.as_secs() == b.as_secs());
+    assert!(per_second.into_iter().all(|c| c.len() <= 4), "{slots:?}");
+    assert!(
+        *slots.last().unwrap() < Duration::from_secs(20),
+        "{slots:?}"
+    );
+    // Each comes back at its slot (half a second after the wait it was told, as the client's
+    // jitter would), a newcomer with the first of them: they are served, the newcomer is given
+    // a slot after theirs.
+    let booked: Vec<(&Leaf, Instant)> = herd
+        .iter()
+        .zip(&first)
+        .filter(|(_, (s, _, _))| *s == 503)
+        .map(|(l, (_, w, at))| (l, *at + w.unwrap() + Duration::from_millis(500)))
+        .collect();
+    let earliest = booked.iter().map(|(_, t)| *t).min().unwrap();
+    let latest = booked.iter().map(|(_, t)| *t).max().unwrap();
+    let results: Vec<(u16, Option<Duration>)> = std::thread::scope(|sc| {
+        let mut hs: Vec<_> = booked
+            .iter()
+            .map(|(l, t)| {
+                let (l, t, ca) = (*l, *t, &pki.cluster);
+                sc.spawn(move || {
+                    std::thread::sleep(t.saturating_duration_since(Instant::now()));
+                    ask_for_turn(port, ca, l, 'a')
+                })
+            })
+            .collect();
+        let newcomer = both_ways(&pki.nodes, "newcomer", None);
+        let ca = &pki.cluster;
+        hs.push(sc.spawn(move || {
+            std::thread::sleep(earliest.saturating_duration_since(Instant::now()));
+            ask_for_turn(port, ca, &newcomer, 'b')
+        }));
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let (newcomer, kept) = results.split_last().unwrap();
+    assert!(kept.iter().all(|(s, _)| *s == 200), "{results:?}");
+    assert_eq!(newcomer.0, 503, "{newcomer:?}");
+    // (Both dates are whole seconds: two seconds of slack.)
+    assert!(
+        earliest + newcomer.1.unwrap() + Duration::from_secs(2) >= latest,
+        "the newcomer's slot comes after every booked one: {results:?}"
+    );
+    let log = svc.stop();
+    assert!(
+        log.stderr.contains("this node's slot is at"),
+        "{}",
+        log.stderr
+    );
+    assert_eq!(
+        calls(&svc.bin).len(),
+        herd.len(),
+        "one token per ticket: none for an appointment"
     );
     let _ = std::fs::remove_dir_all(&svc.dir);
 }
