@@ -1211,7 +1211,7 @@ fn ticket_in(
     leaf: &Leaf,
     session: char,
 ) -> Result<(u16, serde_json::Value), String> {
-    let body = format!("{{\"session\": \"{}\"}}", session.to_string().repeat(32));
+    let body = session_body(session);
     post(port, ca, leaf, "/v1/ticket", &body)
 }
 
@@ -1570,7 +1570,7 @@ fn connections_beyond_the_bound_are_refused_not_queued() {
 /// POST /v1/ticket as `leaf` from run `session`: (status, the wait its `Retry-After` asks on
 /// the server's clock, from its `Date`, when it is an HTTP-date).
 fn ask_for_turn(port: u16, ca: &Ca, leaf: &Leaf, session: char) -> (u16, Option<Duration>) {
-    let body = format!("{{\"session\": \"{}\"}}", session.to_string().repeat(32));
+    let body = session_body(session);
     let (status, head, _) = mtls_post(port, ca, leaf, "/v1/ticket", &body, &|| {}).unwrap();
     let header = |name: &str| {
         head.lines()

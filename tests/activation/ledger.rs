@@ -1056,7 +1056,7 @@ fn a_failed_issuance_is_retried_by_the_same_identity_within_the_window_only() {
 
 /// POST `path` as `leaf` with the run `session` (one letter, repeated): (status, body).
 fn ask_as(port: u16, e: &Env, leaf: &Leaf, path: &str, session: char) -> (u16, serde_json::Value) {
-    let body = format!("{{\"session\": \"{}\"}}", session.to_string().repeat(32));
+    let body = session_body(session);
     let (status, _, v) = mtls_post(port, &e.cluster.ca, leaf, path, &body, &|| {}).unwrap();
     (status, v)
 }

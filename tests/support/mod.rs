@@ -195,6 +195,11 @@ impl From<Output> for Run {
     }
 }
 
+/// A ticket request's body from the node's run `session`: that letter 32 times (lowercase hex).
+pub fn session_body(session: char) -> String {
+    format!("{{\"session\": \"{}\"}}", session.to_string().repeat(32))
+}
+
 /// POST `body` to `path` on 127.0.0.1:`port` over mutual TLS as `leaf`, trusting `ca`, with
 /// `meanwhile` run between the handshake and the request: (status, head, JSON body).
 pub fn mtls_post(
