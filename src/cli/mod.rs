@@ -15,7 +15,7 @@ use crate::net::tls::Tls;
 use crate::node::root::Root;
 
 mod activation;
-mod argv;
+pub mod argv;
 mod bootstrap;
 pub mod check;
 pub mod help;
@@ -227,7 +227,8 @@ impl Common<'_> {
         self.limits().map(|_| ())
     }
 
-    fn limits(&self) -> Result<AttemptLimits> {
+    /// Each attempt's limits: `--fetch-timeout`, `--fetch-min-rate` and its window.
+    pub fn limits(&self) -> Result<AttemptLimits> {
         AttemptLimits::from_options(
             self.fetch_timeout,
             self.fetch_min_rate,

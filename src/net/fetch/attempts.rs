@@ -1,11 +1,14 @@
-//! The attempts of one request and the rule that decides whether to try again.
+//! The attempts of one request and the rule that decides whether to try again: [`Retrying`],
+//! the request loop without its I/O. `Http` drives it with the real clock and network;
+//! bench/herd's simulator (bench/herd_sim.rs) with a virtual clock and a server model, so that
+//! a busy answer, a reset or a timeout there reaches the same decisions as in the binary.
 
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use super::{Attempt, Failure, FetchError, Http};
 use crate::error::Error;
-use crate::net::retry::{Answer, Attempts, Next};
+use crate::net::retry::{Answer, Attempts, Load, Next, Retry};
 
 impl Http {
     /// Run `op` until it is done, fails for good, or attempts or time run out. `op` gets the
@@ -25,10 +28,122 @@ impl Http {
         op: &mut dyn FnMut(Duration) -> Attempt<T>,
     ) -> std::result::Result<T, FetchError> {
         let learned = self.load.lock().map(|l| *l).unwrap_or_default();
-        let mut tries = Attempts::new(self.retry, Instant::now(), learned);
-        let out = self.attempts(what, &mut tries, op);
-        // What the next request of this client starts from: a step lower if the server
-        // answered at last (a 404 or a 403 is an answer too).
+        let mut req = Retrying::new(
+            what,
+            self.retry,
+            self.limits.deadline,
+            learned,
+            Instant::now(),
+        );
+        let out = loop {
+            let given = match req.begin(Instant::now()) {
+                Ok(given) => given,
+                Err(e) => break Err(e),
+            };
+            crate::node::metrics::request();
+            match req.end(op(given), Instant::now(), crate::crypto::random::fraction()) {
+                ControlFlow::Break(out) => break out,
+                ControlFlow::Continue(pause) => {
+                    self.renew();
+                    std::thread::sleep(pause);
+                }
+            }
+        };
+        if let Ok(mut l) = self.load.lock() {
+            *l = req.learned(&out);
+        }
+        out
+    }
+}
+
+/// One request's loop without its I/O: asked when an attempt may start and told how it ended
+/// and when, it says how long to pause before the next, or how the request ended.
+pub struct Retrying<'w> {
+    what: &'w str,
+    tries: Attempts,
+    /// The per-attempt deadline (`--fetch-timeout`).
+    per_attempt: Duration,
+    /// The current attempt's start and the time it was given.
+    began: Instant,
+    given: Duration,
+    left: Duration,
+    tally: Tally,
+}
+
+impl<'w> Retrying<'w> {
+    /// A request named `what` (for its errors and warnings) under `retry`, each attempt at most
+    /// `per_attempt`, from what the client's earlier requests learned.
+    pub fn new(
+        what: &'w str,
+        retry: Retry,
+        per_attempt: Duration,
+        learned: Load,
+        now: Instant,
+    ) -> Retrying<'w> {
+        Retrying {
+            what,
+            tries: Attempts::new(retry, now, learned),
+            per_attempt,
+            began: now,
+            given: Duration::ZERO,
+            left: Duration::ZERO,
+            tally: Tally {
+                busy_word: String::new(),
+                last: Failure::Unreachable,
+            },
+        }
+    }
+
+    /// An attempt starts at `now`: the time it may take, or the request's error when the
+    /// deadline has passed.
+    pub fn begin(&mut self, now: Instant) -> std::result::Result<Duration, FetchError> {
+        self.left = self.tries.left(now);
+        if self.left.is_zero() {
+            return Err(self.tally.deadline_passed(self.what, &self.tries));
+        }
+        self.began = now;
+        self.given = self.per_attempt.min(self.left);
+        Ok(self.given)
+    }
+
+    /// The attempt ended at `now` as `attempt`: `Break` with the request's result, or
+    /// `Continue` with the pause before the next attempt. `jitter` is a uniform draw from
+    /// [0, 1).
+    pub fn end<T>(
+        &mut self,
+        attempt: Attempt<T>,
+        now: Instant,
+        jitter: f64,
+    ) -> ControlFlow<std::result::Result<T, FetchError>, Duration> {
+        // An attempt the run's deadline cut short says nothing new of the server: the busy
+        // answer before it stays the reason.
+        let cut_short =
+            self.left < self.per_attempt && now.saturating_duration_since(self.began) >= self.given;
+        let (e, failure, answer) = match self.tally.failed(attempt, cut_short) {
+            ControlFlow::Break(out) => return ControlFlow::Break(out),
+            ControlFlow::Continue(f) => f,
+        };
+        let next = self.tries.next(answer, now, jitter);
+        let (n, failed) = self.tries.made();
+        let (pause, e) = match self.tally.pause(self.what, (n, failed), next, e, failure) {
+            Ok(p) => p,
+            Err(e) => return ControlFlow::Break(Err(e)),
+        };
+        let told = match answer {
+            Answer::Busy(Some(a)) => format!(" (Retry-After {} s)", a.wait().as_secs()),
+            _ => String::new(),
+        };
+        crate::warn!(
+            "{}: attempt {n} failed: {e}; retrying in {:.1}s{told}",
+            self.what,
+            pause.as_secs_f64()
+        );
+        ControlFlow::Continue(pause)
+    }
+
+    /// What the client's next request starts from, once this one ended in `out`: a step lower
+    /// if the server answered at last (a 404 or a 403 is an answer too).
+    pub fn learned<T>(&self, out: &std::result::Result<T, FetchError>) -> Load {
         let answered = !matches!(
             out,
             Err(FetchError {
@@ -36,52 +151,7 @@ impl Http {
                 ..
             })
         );
-        if let Ok(mut l) = self.load.lock() {
-            *l = tries.load(answered);
-        }
-        out
-    }
-
-    /// The attempts of one request, each decided by `tries`.
-    fn attempts<T>(
-        &self,
-        what: &str,
-        tries: &mut Attempts,
-        op: &mut dyn FnMut(Duration) -> Attempt<T>,
-    ) -> std::result::Result<T, FetchError> {
-        let mut tally = Tally {
-            busy_word: String::new(),
-            last: Failure::Unreachable,
-        };
-        loop {
-            let left = tries.left(Instant::now());
-            if left.is_zero() {
-                return Err(tally.deadline_passed(what, tries));
-            }
-            // An attempt the run's deadline cuts short says nothing new of the server: the
-            // busy answer before it stays the reason.
-            let given = self.limits.deadline.min(left);
-            let began = Instant::now();
-            let cut_short = || left < self.limits.deadline && began.elapsed() >= given;
-            crate::node::metrics::request();
-            let (e, failure, answer) = match tally.failed(op(given), cut_short) {
-                ControlFlow::Break(out) => return out,
-                ControlFlow::Continue(f) => f,
-            };
-            let next = tries.next(answer, Instant::now(), crate::crypto::random::fraction());
-            let (n, failed) = tries.made();
-            let (delay, e) = tally.pause(what, (n, failed), next, e, failure)?;
-            let told = match answer {
-                Answer::Busy(Some(a)) => format!(" (Retry-After {} s)", a.wait().as_secs()),
-                _ => String::new(),
-            };
-            crate::warn!(
-                "{what}: attempt {n} failed: {e}; retrying in {:.1}s{told}",
-                delay.as_secs_f64()
-            );
-            self.renew();
-            std::thread::sleep(delay);
-        }
+        self.tries.load(answered)
     }
 }
 
@@ -109,7 +179,7 @@ impl Tally {
     fn failed<T>(
         &mut self,
         attempt: Attempt<T>,
-        cut_short: impl Fn() -> bool,
+        cut_short: bool,
     ) -> ControlFlow<std::result::Result<T, FetchError>, (Error, Failure, Answer)> {
         let (e, failure, answer) = match attempt {
             Attempt::Done(t) => return ControlFlow::Break(Ok(t)),
@@ -122,7 +192,7 @@ impl Tally {
             Attempt::Passed(status, e) => {
                 return ControlFlow::Break(Err(FetchError::new(Failure::Passed(status), e)))
             }
-            Attempt::Retry(e) if self.last == Failure::Busy && cut_short() => {
+            Attempt::Retry(e) if self.last == Failure::Busy && cut_short => {
                 (e, Failure::Busy, Answer::Nothing)
             }
             Attempt::Retry(e) => {

@@ -22,6 +22,7 @@ mod stream;
 
 pub use answer::server_message;
 use answer::{capped, classify_transport, over_limit, read_failure, status_failure, verdict};
+pub use attempts::Retrying;
 use reader::RateFloor;
 pub use stream::content_range;
 
@@ -186,7 +187,7 @@ fn new_agent(config: &ureq::config::Config, alias: &Option<Alias>) -> Agent {
 }
 
 /// What one attempt says about trying again.
-enum Attempt<T> {
+pub enum Attempt<T> {
     Done(T),
     /// No answer, or a broken one: counts against the attempts.
     Retry(Error),
