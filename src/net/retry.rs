@@ -234,8 +234,10 @@ impl Attempts {
         self.made += 1;
         let pause = match answer {
             Answer::Nothing => {
+                // What the busy answers before it taught stays: a reset or a time-out from a
+                // server that sheds load says nothing of how many nodes wait for it, and a
+                // node that forgot would come back with the herd's first wave.
                 self.failed += 1;
-                self.learned = Load::default();
                 if self.failed >= self.retry.attempts {
                     return Next::OutOfAttempts;
                 }
@@ -477,6 +479,22 @@ mod tests {
         let mut c = Attempts::new(r, now, a.load(false));
         assert_eq!(
             c.next(delay(S(5)), now, 0.999),
+            Next::Pause(S(5) + S(80).mul_f64(0.999))
+        );
+    }
+
+    #[test]
+    fn an_attempt_without_an_answer_keeps_what_the_busy_ones_taught() {
+        let r = Retry::exponential(5, S(1)).within(S(7200));
+        let now = Instant::now();
+        let mut a = Attempts::new(r, now, Load::default());
+        for _ in 0..4 {
+            a.next(delay(S(5)), now, 0.5);
+        }
+        assert!(matches!(a.next(Answer::Nothing, now, 0.5), Next::Pause(_)));
+        // The same Retry-After after the reset: a window of 5 × 2⁴ = 80 s, not 5 s again.
+        assert_eq!(
+            a.next(delay(S(5)), now, 0.999),
             Next::Pause(S(5) + S(80).mul_f64(0.999))
         );
     }
