@@ -98,9 +98,11 @@ impl Book {
         }
     }
 
-    /// A ticket was made in `took`: the slots given from now on follow what tickets cost.
+    /// A ticket was made in `took`: the slots given from now on follow what tickets cost (at
+    /// least 0.1 ms: a server of several slots books at its throughput, one slot's time over
+    /// their number).
     pub fn served(&mut self, took: Duration) {
-        let t = took.as_secs_f64().clamp(0.01, 600.0);
+        let t = took.as_secs_f64().clamp(0.000_1, 600.0);
         self.ticket += FOLLOW * (t - self.ticket);
     }
 

@@ -4,7 +4,7 @@
 //! docs/join-service.md, docs/init-cluster.md.
 
 pub mod activate;
-mod appointments;
+pub mod appointments;
 pub mod exchange;
 pub mod images;
 pub mod init_cluster;
