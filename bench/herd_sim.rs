@@ -1,57 +1,94 @@
 //! bench/herd's simulator (a benchmark, not a test): NODES nodes booting at once against one
-//! server, in virtual time, each deciding when to try again with nodestrap's own retry code.
+//! server, in virtual time, each running nodestrap's own request loop.
 //!
 //!   cargo run --release --example herd-sim -- [OPTIONS]      (bench/herd runs it too)
 //!
-//! Each node makes the five requests of a torcx bootstrap (docs/bootstrap.md): the API
+//! **The nodes.** Each makes the five requests of a torcx bootstrap (docs/bootstrap.md): the API
 //! server's `/version` and the runtime mappings ConfigMap with the API client's retry rule,
-//! then the manifest, its signature and the image with the fetcher's. Both rules come from the
-//! options parser and builders the binary uses (`cli::Bootstrap`, `Common::api_retry`,
-//! `Common::fetch_retry`), and every pause is `net::retry::Attempts::next`, the state machine
-//! `fetch::Http` drives with the real clock; here its clock is virtual (the run's start is
-//! `node::status::started()`, as in the binary). A request that runs out of time goes through
-//! `--version-fallback`'s own decision (`cli::Fallback::allows`).
+//! then the manifest, its signature and the image with the fetcher's. Every request is
+//! `net::fetch::Retrying`, the loop `fetch::Http` drives with the real clock and network: here
+//! the clock is virtual and each attempt's outcome comes from the server model, so a busy
+//! answer, a reset or a timeout reaches the same decisions (and the same `Attempts::next`) as in
+//! the binary. The rules come from the options parser and builders the binary uses
+//! (`cli::Bootstrap`, `Common::api_retry`, `Common::fetch_retry`, `Common::limits`); an API
+//! request that fails goes through `--version-fallback`'s own decision (`Fallback::allows`).
 //!
-//! The server: at most SLOTS requests in service, each SERVICE_MS long (its capacity is
-//! SLOTS / SERVICE_MS per second); a request that finds every slot taken is answered 503 at
-//! once, with a `Retry-After` as `--retry-after` says:
-//!   fixed:N   N seconds, whatever the load (a load balancer's or a proxy's constant);
-//!   backlog   the time the server needs to serve every node it turned away and has not served
-//!             since, at capacity (at least 1 s): what an API server with Priority and Fairness
-//!             or a load balancer that sizes its queue may send;
-//!   none      no `Retry-After`;
-//!   random:P  P % of the requests turned away at random with `Retry-After: 1`, the server never
-//!             full (bench/herd's `random-503`: load shed by chance, not by a herd).
-//! CLIENT_MS is each request's time on the client's side (connecting, TLS), added before it
-//! reaches the server. Nodes start at random within START seconds.
+//! **The whole boot.** A node's first run is the initramfs unit's, with the options of its
+//! shipped `ExecStart=` (dracut/50nodestrap/nodestrap-initrd.service: `--deadline=840`). A run
+//! that ends without its five answers hands over: SWITCH seconds later the real root's
+//! k8s-node-bootstrap.service runs `nodestrap bootstrap` with its shipped options (the default
+//! `--deadline`), and systemd starts it again RestartSec (its shipped 10 s) after each failed
+//! run, each a new process that starts over and has learned nothing. A node gives up only when
+//! HORIZON passes.
+//!
+//! **The server.** At most SLOTS requests in service, each SERVICE_MS long plus TLS_MS of
+//! handshake: its capacity is SLOTS / (SERVICE_MS + TLS_MS). Every attempt is a new connection
+//! (the client drops its pool after a failure), so a refused one costs the server a handshake
+//! too: the refusals' handshakes of the second before take their share of the slots' time, and
+//! service slows by it. Connections beyond what the server can handshake in one second
+//! (SLOTS / TLS_MS) are reset. A request that finds every slot taken is answered at once, as
+//! `--retry-after` says:
+//!   fixed:N       503 with `Retry-After: N`, whatever the load (a proxy's constant);
+//!   none          503 with no `Retry-After`;
+//!   backlog       503 with the time the server needs to serve every node it turned away and has
+//!                 not served since, at capacity (at least 1 s);
+//!   appointments  nodestrap's own server rule, `activation::appointments::Book` as join-service
+//!                 runs it: a node turned away gets its own slot as a `Retry-After` date (whole
+//!                 seconds, as `httpdate` writes it), and a node that comes back on time is queued
+//!                 for the next free slot ahead of newcomers (a queued request still times out
+//!                 at its attempt's deadline);
+//!   apf           kube-apiserver's API Priority and Fairness, one priority level with SLOTS
+//!                 seats and no queue: 429 with delay-seconds from its dropped-requests tracker
+//!                 (k8s.io/apiserver v0.37.2: between 1 and 32, doubled when the last N seconds
+//!                 dropped 3×N requests, one less per second while drops go on);
+//!   random:P      P % of the requests turned away at random with `Retry-After: 1`, the server
+//!                 never full (bench/herd's `random-503`: load shed by chance, not by a herd).
+//! RTT_MS is each attempt's round trip. Nodes start at random within START seconds.
 //!
 //! Prints one line per run, or with `--table` the matrix of docs/bootstrap.md ("Retries at
-//! scale"): nodes done, failed, on the fallback version, the time the last finished against the
-//! minimum (requests ÷ capacity), requests per node against the minimum 5, p50/p99 seconds,
-//! the peak offered load over capacity once every node has started and the seconds it was over
-//! twice the capacity, and the pauses shorter than the server's Retry-After (0: the rule's
-//! floor, checked here).
+//! scale"): nodes done; initramfs runs that handed over; real-root runs that failed; nodes that
+//! gave up (not done at HORIZON); runs that took the fallback version; the time the last node
+//! finished against the minimum (requests ÷ capacity); requests per node against the minimum 5;
+//! p50/p99 seconds; resets and timeouts; the peak offered load over capacity once every node has
+//! started and the seconds it was over twice the capacity; and the pauses shorter than the
+//! server's Retry-After (0: the rule's floor, checked here).
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use argh::FromArgs;
 
+use nodestrap::activation::appointments::{Book, Turn};
 use nodestrap::cli::Bootstrap;
+use nodestrap::error::Error;
 use nodestrap::net::cluster::Fallback;
-use nodestrap::net::fetch::Failure;
-use nodestrap::net::retry::{After, Answer, Attempts, Load, Next, Retry};
+use nodestrap::net::fetch::{Attempt, Retrying};
+use nodestrap::net::retry::{After, Load, Retry};
 
-const REQUESTS: u8 = 5;
+/// The five requests, as the binary names them in its errors.
+const REQUESTS: [&str; 5] = [
+    "GET /version",
+    "GET configmap runtime-mappings",
+    "GET manifest",
+    "GET manifest signature",
+    "GET image",
+];
 /// The first two requests go to the API server.
-const API_REQUESTS: u8 = 2;
+const API_REQUESTS: usize = 2;
+
+/// The shipped units whose options and restart the whole boot takes.
+const INITRD_UNIT: &str = include_str!("../dracut/50nodestrap/nodestrap-initrd.service");
+const REAL_ROOT_UNIT: &str = include_str!("../ignition/units/k8s-node-bootstrap.service");
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Server {
     Fixed(u64),
-    Backlog,
     None,
+    Backlog,
+    Appointments,
+    Apf,
     /// A share of the requests (per cent) turned away at random with `Retry-After: 1`,
     /// whatever the load (bench/herd's `random-503`): the server is not full.
     Random(u32),
@@ -59,32 +96,37 @@ enum Server {
 
 impl Server {
     fn parse(s: &str) -> Result<Server, String> {
+        let bad = || {
+            format!(
+                "--retry-after: fixed:N, none, backlog, appointments, apf or random:P, not {s:?}"
+            )
+        };
         match s {
             "backlog" => Ok(Server::Backlog),
             "none" => Ok(Server::None),
+            "appointments" => Ok(Server::Appointments),
+            "apf" => Ok(Server::Apf),
             _ if s.starts_with("random:") => s[7..]
                 .parse()
                 .ok()
                 .filter(|p| *p < 100)
                 .map(Server::Random)
-                .ok_or_else(|| {
-                    format!("--retry-after random:P takes a per cent under 100, not {s:?}")
-                }),
+                .ok_or_else(bad),
             _ => s
                 .strip_prefix("fixed:")
                 .and_then(|n| n.parse().ok())
                 .map(Server::Fixed)
-                .ok_or_else(|| {
-                    format!("--retry-after: fixed:N, backlog, none or random:P, not {s:?}")
-                }),
+                .ok_or_else(bad),
         }
     }
 
     fn word(self) -> String {
         match self {
             Server::Fixed(n) => format!("fixed {n} s"),
-            Server::Backlog => "backlog".into(),
             Server::None => "none".into(),
+            Server::Backlog => "backlog".into(),
+            Server::Appointments => "appointments".into(),
+            Server::Apf => "APF".into(),
             Server::Random(p) => format!("{p} % at random, 1 s"),
         }
     }
@@ -94,23 +136,37 @@ struct Model {
     nodes: usize,
     slots: usize,
     service: f64,
+    tls: f64,
     server: Server,
-    client: f64,
+    rtt: f64,
     start: f64,
+    switch: f64,
+    restart: f64,
+    horizon: f64,
     seed: u64,
 }
 
 impl Model {
+    /// Requests per second the server completes at most: each holds a slot for its service
+    /// and its handshake.
     fn capacity(&self) -> f64 {
-        self.slots as f64 / self.service
+        self.slots as f64 / (self.service + self.tls)
     }
 }
 
-/// xorshift64*: reproducible draws for start times and jitter (the binary draws its jitter
-/// from the kernel; the rule takes it as an argument).
+/// xorshift64*, seeded through splitmix64 so that every seed is a run of its own: reproducible
+/// draws for start times and jitter (the binary draws its jitter from the kernel; the rule takes
+/// it as an argument).
 struct Rng(u64);
 
 impl Rng {
+    fn new(seed: u64) -> Rng {
+        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        Rng((z ^ (z >> 31)).max(1))
+    }
+
     fn fraction(&mut self) -> f64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
@@ -119,151 +175,496 @@ impl Rng {
     }
 }
 
+/// The options of a shipped unit's `nodestrap bootstrap` command line.
+fn unit_options(unit: &str) -> Vec<&str> {
+    unit.lines()
+        .filter_map(|l| l.split_once('=').filter(|(k, _)| k.starts_with("Exec")))
+        .filter_map(|(_, cmd)| cmd.split_once("nodestrap bootstrap"))
+        .flat_map(|(_, opts)| opts.split_whitespace())
+        .collect()
+}
+
+/// A shipped unit's `key=` seconds.
+fn unit_seconds(unit: &str, key: &str) -> Option<f64> {
+    unit.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The retry rules of one kind of run: its API client's, its fetcher's, each attempt's limit,
+/// its deadline and its fallback.
+#[derive(Clone, Copy)]
+struct Rules {
+    api: Retry,
+    fetch: Retry,
+    per_attempt: Duration,
+    deadline: Duration,
+    fallback: Fallback,
+}
+
+impl Rules {
+    fn of(b: &Bootstrap, ceiling: Option<Duration>) -> Rules {
+        let c = b.common();
+        let (mut api, mut fetch) = (c.api_retry(), c.fetch_retry());
+        if let Some(w) = ceiling {
+            api.spread = w;
+            fetch.spread = w;
+        }
+        let per_attempt = match c.limits() {
+            Ok(l) => l.deadline,
+            Err(e) => fail(format_args!("--bootstrap: {e}")),
+        };
+        Rules {
+            api,
+            fetch,
+            per_attempt,
+            deadline: Duration::from_secs(b.deadline),
+            fallback: b.version_fallback,
+        }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
-    /// The service of a node's request ends: its slot is free and the node goes on.
-    Served(u32),
-    /// A node's request reaches the server.
-    Arrives(u32),
+    /// A node's next attempt starts (its first, or after a pause), or its next run does.
+    Begin(u32),
+    /// Its attempt `.1` reaches the server.
+    Arrives(u32, u32),
+    /// The server ends its service of attempt `.1`: a slot is free.
+    Served(u32, u32),
+    /// The server's answer (`Node::answer`) to attempt `.1` reaches the node.
+    Reply(u32, u32),
+    /// Attempt `.1`'s deadline: unanswered by now, the node gives it up.
+    Expires(u32, u32),
+}
+
+#[derive(Clone, Copy)]
+enum Heard {
+    Done,
+    Busy(u16, Option<After>),
+    Reset,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Phase {
+    Initramfs,
+    RealRoot,
 }
 
 struct Node {
-    step: u8,
-    tries: Attempts,
-    /// What each of the node's two clients learned (the API client's, the fetcher's): the
-    /// binary keeps it in each `fetch::Http`.
+    phase: Phase,
+    /// A new run starts at the next `Begin`.
+    fresh: bool,
+    run_start: f64,
+    step: usize,
+    req: Option<Retrying<'static>>,
+    /// What each of the node's two clients learned in this run (the API client's, the
+    /// fetcher's): the binary keeps it in each `fetch::Http`.
     learned: [Load; 2],
+    /// The attempt in flight (attempts of the node are numbered); the ones before are over.
+    attempt: u32,
+    answer: Heard,
+    /// Turned away and not served since (the backlog server's count).
     waiting: bool,
-    /// When the server last turned it away, and the Retry-After it gave.
-    refused: Option<(f64, f64)>,
+    /// The last busy answer: when it came and the wait it asked for.
+    told: Option<(f64, f64)>,
 }
 
 #[derive(Default)]
 struct Outcome {
     done: Vec<f64>,
-    failed: usize,
+    handed_over: usize,
+    failed_runs: usize,
     fallback: usize,
     requests: u64,
+    resets: u64,
+    timeouts: u64,
     sooner: u64,
     per_second: Vec<u64>,
 }
 
-/// Which of a node's clients makes request `step`: 0 the API client, 1 the fetcher.
-fn client(step: u8) -> usize {
-    usize::from(step >= API_REQUESTS)
+/// kube-apiserver's dropped-requests tracker for one priority level: its `Retry-After`.
+struct Apf {
+    retry_after: u64,
+    updated: u64,
+    drops: Vec<u64>,
 }
 
-fn simulate(m: &Model, api: Retry, fetch: Retry, fallback: Fallback) -> Outcome {
-    // The virtual clock: the run starts where the binary's does, so `--deadline` (an
-    // `Instant` built from `started()`) means the same here.
-    let base = nodestrap::node::status::started();
-    let at = |t: f64| base + Duration::from_secs_f64(t);
-    let ns = |t: f64| (t * 1e9) as u64;
-    let mut rng = Rng(m.seed | 1);
-    let mut heap = BinaryHeap::new();
-    let mut nodes = Vec::with_capacity(m.nodes);
-    for i in 0..m.nodes {
-        let t = rng.fraction() * m.start;
-        nodes.push(Node {
-            step: 0,
-            tries: Attempts::new(api, at(t), Load::default()),
-            learned: [Load::default(); 2],
-            waiting: false,
-            refused: None,
-        });
-        heap.push(Reverse((ns(t + m.client), Event::Arrives(i as u32))));
+impl Apf {
+    fn dropped(&mut self, sec: u64) -> u64 {
+        let s = sec as usize;
+        if self.drops.len() <= s {
+            self.drops.resize(s + 1, 0);
+        }
+        self.drops[s] += 1;
+        let from = s.saturating_sub(self.retry_after as usize - 1);
+        let recent: u64 = self.drops[from..=s].iter().sum();
+        if recent >= 3 * self.retry_after {
+            self.retry_after = (self.retry_after * 2).min(32);
+            self.updated = sec;
+        } else if sec > self.updated {
+            self.retry_after = (self.retry_after - 1).max(1);
+            self.updated = sec;
+        }
+        self.retry_after
     }
-    let mut out = Outcome::default();
-    let (mut busy, mut waiting) = (0usize, 0usize);
-    while let Some(Reverse((t, ev))) = heap.pop() {
-        let t = t as f64 / 1e9;
-        match ev {
-            Event::Served(i) => {
-                busy -= 1;
-                let n = &mut nodes[i as usize];
-                n.learned[client(n.step)] = n.tries.load(true);
-                n.step += 1;
-                if n.step == REQUESTS {
-                    out.done.push(t);
-                    continue;
-                }
-                let rule = if n.step < API_REQUESTS { api } else { fetch };
-                n.tries = Attempts::new(rule, at(t), n.learned[client(n.step)]);
-                heap.push(Reverse((ns(t + m.client), Event::Arrives(i))));
+}
+
+struct Sim<'m> {
+    m: &'m Model,
+    initrd: Rules,
+    real: Rules,
+    base: Instant,
+    rng: Rng,
+    heap: BinaryHeap<Reverse<(u64, Event)>>,
+    nodes: Vec<Node>,
+    ids: Vec<String>,
+    out: Outcome,
+    in_service: usize,
+    /// Requests waiting their turn (appointments: join-service's line), with their arrival.
+    queue: VecDeque<(u32, u32, f64)>,
+    waiting: usize,
+    book: Book,
+    apf: Apf,
+    /// Handshake seconds spent on refused and reset connections, per second.
+    refused_cpu: Vec<f64>,
+}
+
+impl<'m> Sim<'m> {
+    fn at(&self, t: f64) -> Instant {
+        self.base + Duration::from_secs_f64(t)
+    }
+
+    fn push(&mut self, t: f64, ev: Event) {
+        self.heap.push(Reverse(((t * 1e9) as u64, ev)));
+    }
+
+    fn rules(&self, i: usize) -> Rules {
+        match self.nodes[i].phase {
+            Phase::Initramfs => self.initrd,
+            Phase::RealRoot => self.real,
+        }
+    }
+
+    /// Node `i`'s request `step` starts at `t`, from what its client learned.
+    fn request(&mut self, i: usize, t: f64) {
+        let r = self.rules(i);
+        let n = &self.nodes[i];
+        let client = usize::from(n.step >= API_REQUESTS);
+        let mut retry = if client == 0 { r.api } else { r.fetch };
+        // The run's deadline counts from its own start, as `--deadline` does in each process.
+        retry.until = Some(self.at(n.run_start) + r.deadline);
+        let req = Retrying::new(
+            REQUESTS[n.step],
+            retry,
+            r.per_attempt,
+            n.learned[client],
+            self.at(t),
+        );
+        self.nodes[i].req = Some(req);
+        self.begin(i, t);
+    }
+
+    fn begin(&mut self, i: usize, t: f64) {
+        if self.nodes[i].fresh {
+            let n = &mut self.nodes[i];
+            n.fresh = false;
+            n.run_start = t;
+            n.step = 0;
+            n.learned = [Load::default(); 2];
+            return self.request(i, t);
+        }
+        if let Some((when, wait)) = self.nodes[i].told.take() {
+            if t + 1e-6 < when + wait {
+                self.out.sooner += 1;
             }
-            Event::Arrives(i) => {
-                let n = &mut nodes[i as usize];
-                if let Some((when, after)) = n.refused.take() {
-                    if t + 1e-6 < when + after {
-                        out.sooner += 1;
-                    }
+        }
+        let now = self.at(t);
+        let Some(req) = self.nodes[i].req.as_mut() else {
+            return;
+        };
+        match req.begin(now) {
+            Ok(given) => {
+                let n = &mut self.nodes[i];
+                n.attempt += 1;
+                let a = n.attempt;
+                self.push(t + self.m.rtt / 2.0, Event::Arrives(i as u32, a));
+                self.push(t + given.as_secs_f64(), Event::Expires(i as u32, a));
+            }
+            Err(e) => self.request_failed(i, t, e.class),
+        }
+    }
+
+    fn arrives(&mut self, i: u32, a: u32, t: f64) {
+        let sec = t as usize;
+        if self.out.per_second.len() <= sec {
+            self.out.per_second.resize(sec + 1, 0);
+            self.refused_cpu.resize(sec + 1, 0.0);
+        }
+        self.out.per_second[sec] += 1;
+        self.out.requests += 1;
+        let m = self.m;
+        // More connections than the server can handshake in a second: reset.
+        if self.out.per_second[sec] as f64 * m.tls > m.slots as f64 {
+            self.refused_cpu[sec] += m.tls;
+            self.out.resets += 1;
+            return self.reply(i, a, t + m.rtt / 2.0, Heard::Reset);
+        }
+        if m.server == Server::Appointments {
+            self.queue.push_back((i, a, t));
+            return self.next_in_line(t);
+        }
+        let full = self.in_service >= m.slots;
+        let turned_away = match m.server {
+            Server::Random(p) => self.rng.fraction() * 100.0 < p as f64,
+            _ => full,
+        };
+        if turned_away {
+            let after = self.retry_after(t);
+            self.refused_cpu[t as usize] += m.tls;
+            return self.refuse(i, a, t + m.tls, after);
+        }
+        self.admitted(i);
+        self.serve(i, a, t);
+    }
+
+    fn admitted(&mut self, i: u32) {
+        let n = &mut self.nodes[i as usize];
+        if n.waiting {
+            n.waiting = false;
+            self.waiting -= 1;
+        }
+    }
+
+    /// join-service's order: requests wait their turn in line; at its turn, one whose node is
+    /// gone is skipped, and the book decides for the others by how long they waited. A refusal
+    /// holds the slot for its handshake.
+    fn next_in_line(&mut self, t: f64) {
+        while self.in_service < self.m.slots {
+            let Some((i, a, arrived)) = self.queue.pop_front() else {
+                return;
+            };
+            if self.nodes[i as usize].attempt != a {
+                continue;
+            }
+            let waited = Duration::from_secs_f64(t - arrived);
+            match self.book.turn(&self.ids[i as usize], t, waited) {
+                Turn::Now => {
+                    self.admitted(i);
+                    self.serve(i, a, t);
                 }
-                let sec = t as usize;
-                if out.per_second.len() <= sec {
-                    out.per_second.resize(sec + 1, 0);
+                Turn::At { at, .. } => {
+                    // The date and the server's `Date` in whole seconds, as `httpdate` writes them.
+                    let wait = (at.floor() - t.floor()).max(0.0);
+                    let after = After::Date(Duration::from_secs_f64(wait));
+                    self.in_service += 1;
+                    self.push(t + self.m.tls, Event::Served(i, 0));
+                    self.refuse(i, a, t + self.m.tls, Some(after));
                 }
-                out.per_second[sec] += 1;
-                out.requests += 1;
-                let shed = match m.server {
-                    Server::Random(p) => rng.fraction() * 100.0 < p as f64,
-                    _ => busy >= m.slots,
-                };
-                if !shed {
-                    busy += 1;
-                    if n.waiting {
-                        n.waiting = false;
-                        waiting -= 1;
-                    }
-                    heap.push(Reverse((ns(t + m.service), Event::Served(i))));
-                    continue;
-                }
-                if !n.waiting {
-                    n.waiting = true;
-                    waiting += 1;
-                }
-                let after = match m.server {
-                    Server::Fixed(s) => Some(Duration::from_secs(s)),
-                    Server::Backlog => Some(Duration::from_secs(
-                        ((waiting as f64 / m.capacity()).ceil() as u64).max(1),
-                    )),
-                    Server::None => None,
-                    Server::Random(_) => Some(Duration::from_secs(1)),
-                };
-                n.refused = after.map(|a| (t, a.as_secs_f64()));
-                // The answer reaches the node after its half of the round trip; it decides then.
-                let now = t + m.client / 2.0;
-                let busy = Answer::Busy(after.map(After::Delay));
-                let pause = match n.tries.next(busy, at(now), rng.fraction()) {
-                    Next::Pause(d) => d.as_secs_f64(),
-                    _ => {
-                        // Out of time: the API server's answer may give way to the node's
-                        // files; a download has no stand-in.
-                        if n.waiting {
-                            n.waiting = false;
-                            waiting -= 1;
-                        }
-                        if n.step < API_REQUESTS && fallback.allows(Failure::Busy) {
-                            out.fallback += 1;
-                            n.learned[0] = n.tries.load(false);
-                            n.step = API_REQUESTS;
-                            n.tries = Attempts::new(fetch, at(now), n.learned[1]);
-                            heap.push(Reverse((ns(now + m.client), Event::Arrives(i))));
-                        } else {
-                            out.failed += 1;
-                        }
-                        continue;
-                    }
-                };
-                // `next` ends the request rather than pause past the deadline.
-                heap.push(Reverse((
-                    ns(now + pause + m.client / 2.0),
-                    Event::Arrives(i),
-                )));
             }
         }
     }
-    out.done.sort_by(f64::total_cmp);
-    out
+
+    fn retry_after(&mut self, t: f64) -> Option<After> {
+        let m = self.m;
+        let secs = |s: u64| Some(After::Delay(Duration::from_secs(s)));
+        match m.server {
+            Server::Fixed(s) => secs(s),
+            Server::None => None,
+            Server::Backlog => secs(((self.waiting as f64 / m.capacity()).ceil() as u64).max(1)),
+            Server::Apf => secs(self.apf.dropped(t as u64)),
+            Server::Random(_) | Server::Appointments => secs(1),
+        }
+    }
+
+    /// Node `i`'s attempt `a` is turned away; the answer leaves the server at `t`.
+    fn refuse(&mut self, i: u32, a: u32, t: f64, after: Option<After>) {
+        let m = self.m;
+        let n = &mut self.nodes[i as usize];
+        if !n.waiting {
+            n.waiting = true;
+            self.waiting += 1;
+        }
+        let status = if m.server == Server::Apf { 429 } else { 503 };
+        self.reply(i, a, t + m.rtt / 2.0, Heard::Busy(status, after));
+    }
+
+    /// A slot takes the request: its handshake and service, slowed by the share of the
+    /// server's time the refused connections' handshakes took in the second before.
+    fn serve(&mut self, i: u32, a: u32, t: f64) {
+        let m = self.m;
+        self.in_service += 1;
+        let before = (t as usize)
+            .checked_sub(1)
+            .map_or(0.0, |s| self.refused_cpu[s]);
+        let share = (before / m.slots as f64).min(0.95);
+        let took = (m.service + m.tls) / (1.0 - share);
+        if m.server == Server::Appointments {
+            self.book
+                .served(Duration::from_secs_f64(took / m.slots as f64));
+        }
+        self.push(t + took, Event::Served(i, a));
+    }
+
+    /// A slot is free at `t`: attempt `a` (0: a refusal's handshake) was served.
+    fn served(&mut self, i: u32, a: u32, t: f64) {
+        self.in_service -= 1;
+        if a != 0 {
+            self.reply(i, a, t + self.m.rtt / 2.0, Heard::Done);
+        }
+        if self.m.server == Server::Appointments {
+            self.next_in_line(t);
+        }
+    }
+
+    fn reply(&mut self, i: u32, a: u32, t: f64, heard: Heard) {
+        let n = &mut self.nodes[i as usize];
+        if n.attempt == a {
+            n.answer = heard;
+            self.push(t, Event::Reply(i, a));
+        }
+    }
+
+    /// Attempt `a` of node `i` ended at `t` (answered, or its deadline came): the product's
+    /// loop decides.
+    fn ended(&mut self, i: usize, a: u32, t: f64, timed_out: bool) {
+        if self.nodes[i].attempt != a {
+            return;
+        }
+        self.nodes[i].attempt += 1;
+        let attempt = if timed_out {
+            self.out.timeouts += 1;
+            Attempt::Retry(Error::failed("timed out"))
+        } else {
+            match self.nodes[i].answer {
+                Heard::Done => Attempt::Done(()),
+                Heard::Busy(status, after) => {
+                    if let Some(after) = after {
+                        self.nodes[i].told = Some((t, after.wait().as_secs_f64()));
+                    }
+                    Attempt::Busy(Error::failed("busy"), status, after)
+                }
+                Heard::Reset => Attempt::Retry(Error::failed("connection reset")),
+            }
+        };
+        let jitter = self.rng.fraction();
+        let now = self.at(t);
+        let Some(req) = self.nodes[i].req.as_mut() else {
+            return;
+        };
+        match req.end(attempt, now, jitter) {
+            ControlFlow::Continue(pause) => {
+                self.push(t + pause.as_secs_f64(), Event::Begin(i as u32))
+            }
+            ControlFlow::Break(Ok(())) => {
+                let n = &mut self.nodes[i];
+                let client = usize::from(n.step >= API_REQUESTS);
+                n.learned[client] = req_learned(n, &Ok(()));
+                n.step += 1;
+                if n.step == REQUESTS.len() {
+                    n.req = None;
+                    self.out.done.push(t);
+                } else {
+                    self.request(i, t);
+                }
+            }
+            ControlFlow::Break(Err(e)) => self.request_failed(i, t, e.class),
+        }
+    }
+
+    /// Node `i`'s request ended without its answer at `t`: the version's fallback, or the run
+    /// ends and the next one takes over.
+    fn request_failed(&mut self, i: usize, t: f64, class: nodestrap::net::fetch::Failure) {
+        let r = self.rules(i);
+        let m = self.m;
+        let n = &mut self.nodes[i];
+        if n.waiting {
+            n.waiting = false;
+            self.waiting -= 1;
+        }
+        if n.step < API_REQUESTS && r.fallback.allows(class) {
+            self.out.fallback += 1;
+            n.step = API_REQUESTS;
+            return self.request(i, t);
+        }
+        n.req = None;
+        n.fresh = true;
+        let next = match n.phase {
+            Phase::Initramfs => {
+                self.out.handed_over += 1;
+                n.phase = Phase::RealRoot;
+                t + m.switch
+            }
+            Phase::RealRoot => {
+                self.out.failed_runs += 1;
+                t + m.restart
+            }
+        };
+        if next < m.horizon {
+            self.push(next, Event::Begin(i as u32));
+        }
+    }
+}
+
+fn req_learned(n: &Node, out: &Result<(), nodestrap::net::fetch::FetchError>) -> Load {
+    n.req.as_ref().map(|r| r.learned(out)).unwrap_or_default()
+}
+
+fn simulate(m: &Model, initrd: Rules, real: Rules) -> Outcome {
+    let mut sim = Sim {
+        m,
+        initrd,
+        real,
+        // The virtual clock: runs start where the binary's does, so `--deadline` (an `Instant`
+        // built from `started()`) means the same here.
+        base: nodestrap::node::status::started(),
+        rng: Rng::new(m.seed),
+        heap: BinaryHeap::new(),
+        nodes: Vec::with_capacity(m.nodes),
+        ids: (0..m.nodes).map(|i| format!("node-{i}")).collect(),
+        out: Outcome::default(),
+        in_service: 0,
+        queue: VecDeque::new(),
+        waiting: 0,
+        book: Book::default(),
+        apf: Apf {
+            retry_after: 1,
+            updated: 0,
+            drops: Vec::new(),
+        },
+        refused_cpu: Vec::new(),
+    };
+    for i in 0..m.nodes {
+        let t = sim.rng.fraction() * m.start;
+        sim.nodes.push(Node {
+            phase: Phase::Initramfs,
+            fresh: true,
+            run_start: t,
+            step: 0,
+            req: None,
+            learned: [Load::default(); 2],
+            attempt: 0,
+            answer: Heard::Reset,
+            waiting: false,
+            told: None,
+        });
+        sim.push(t, Event::Begin(i as u32));
+    }
+    while let Some(Reverse((t, ev))) = sim.heap.pop() {
+        let t = t as f64 / 1e9;
+        if t > m.horizon {
+            break;
+        }
+        match ev {
+            Event::Begin(i) => sim.begin(i as usize, t),
+            Event::Arrives(i, a) => sim.arrives(i, a, t),
+            Event::Served(i, a) => sim.served(i, a, t),
+            Event::Reply(i, a) => sim.ended(i as usize, a, t, false),
+            Event::Expires(i, a) => sim.ended(i as usize, a, t, true),
+        }
+    }
+    sim.out.done.sort_by(f64::total_cmp);
+    sim.out
 }
 
 fn pct(xs: &[f64], q: f64) -> f64 {
@@ -276,28 +677,17 @@ fn pct(xs: &[f64], q: f64) -> f64 {
 struct Row {
     nodes: usize,
     server: String,
-    done: usize,
-    failed: usize,
-    fallback: usize,
+    o: Outcome,
     last: f64,
     minimum: f64,
     per_node: f64,
-    p50: f64,
-    p99: f64,
     peak: f64,
     over: usize,
-    sooner: u64,
 }
 
-fn run(m: &Model, b: &Bootstrap, ceiling: Option<Duration>) -> Row {
-    let c = b.common();
-    let (mut api, mut fetch) = (c.api_retry(), c.fetch_retry());
-    if let Some(w) = ceiling {
-        api.spread = w;
-        fetch.spread = w;
-    }
-    let o = simulate(m, api, fetch, b.version_fallback);
-    let minimum = m.nodes as f64 * REQUESTS as f64 / m.capacity();
+fn run(m: &Model, initrd: Rules, real: Rules) -> Row {
+    let o = simulate(m, initrd, real);
+    let minimum = m.nodes as f64 * REQUESTS.len() as f64 / m.capacity();
     // After the start: every node's first request lands within `start`, whatever the rule.
     let after_start = o.per_second.iter().skip(m.start.ceil() as usize + 1);
     let peak = after_start.clone().copied().max().unwrap_or(0) as f64 / m.capacity();
@@ -307,45 +697,44 @@ fn run(m: &Model, b: &Bootstrap, ceiling: Option<Duration>) -> Row {
     Row {
         nodes: m.nodes,
         server: m.server.word(),
-        done: o.done.len(),
-        failed: o.failed,
-        fallback: o.fallback,
         last: o.done.last().copied().unwrap_or(f64::NAN),
         minimum,
         per_node: o.requests as f64 / m.nodes as f64,
-        p50: pct(&o.done, 0.5),
-        p99: pct(&o.done, 0.99),
         peak,
         over,
-        sooner: o.sooner,
+        o,
     }
 }
 
-const HEAD: &str = "| nodes | Retry-After | done | failed | fallback | all done s (minimum) | time/min | requests/node | requests/min | p50 s | p99 s | peak offered/capacity | s over 2× capacity | sooner than Retry-After |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
+const HEAD: &str = "| nodes | server | done | initramfs handed over | real-root runs failed | gave up | fallback | all done s (minimum) | time/min | requests/min | p50 s | p99 s | resets | timeouts | peak offered/capacity | s over 2× capacity | sooner than Retry-After |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
 
 fn line(r: &Row) -> String {
+    let o = &r.o;
     format!(
-        "| {} | {} | {} | {} | {} | {:.0} ({:.0}) | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:.1} | {} | {} |",
+        "| {} | {} | {} | {} | {} | {} | {} | {:.0} ({:.0}) | {:.2} | {:.2} | {:.0} | {:.0} | {} | {} | {:.1} | {} | {} |",
         r.nodes,
         r.server,
-        r.done,
-        r.failed,
-        r.fallback,
+        o.done.len(),
+        o.handed_over,
+        o.failed_runs,
+        r.nodes - o.done.len(),
+        o.fallback,
         r.last,
         r.minimum,
         r.last / r.minimum,
-        r.per_node,
-        r.per_node / REQUESTS as f64,
-        r.p50,
-        r.p99,
+        r.per_node / REQUESTS.len() as f64,
+        pct(&o.done, 0.5),
+        pct(&o.done, 0.99),
+        o.resets,
+        o.timeouts,
         r.peak,
         r.over,
-        r.sooner
+        o.sooner
     )
 }
 
 #[derive(FromArgs)]
-/// Simulate a herd of nodes against one server with nodestrap's own retry rule.
+/// Simulate a herd of nodes booting against one server with nodestrap's own request loop.
 struct Args {
     /// nodes (default 10000)
     #[argh(option, default = "10000")]
@@ -353,22 +742,33 @@ struct Args {
     /// requests the server serves at once (default 10)
     #[argh(option, default = "10")]
     slots: usize,
-    /// milliseconds each request takes in service (default 20: 10 slots serve 500 per second)
-    #[argh(option, default = "20.0")]
+    /// milliseconds each request takes in service (default 19: with the handshake, 10 slots
+    /// serve 500 per second)
+    #[argh(option, default = "19.0")]
     service_ms: f64,
-    /// the server's Retry-After when full: fixed:N, backlog, none or random:P (default fixed:5)
+    /// milliseconds of the server's time each new connection's TLS handshake takes (default 1)
+    #[argh(option, default = "1.0")]
+    tls_ms: f64,
+    /// the server when full: fixed:N, none, backlog, appointments, apf or random:P (default
+    /// fixed:5)
     #[argh(option, default = "String::from(\"fixed:5\")")]
     retry_after: String,
-    /// milliseconds of each request on the client's side (connecting, TLS; default 5)
+    /// milliseconds of each attempt's round trip (default 5)
     #[argh(option, default = "5.0")]
-    client_ms: f64,
+    rtt_ms: f64,
     /// seconds over which the nodes start (default 2)
     #[argh(option, default = "2.0")]
     start: f64,
+    /// seconds from the initramfs run's end to the real root's unit (default 15)
+    #[argh(option, default = "15.0")]
+    switch: f64,
+    /// seconds after which a node not done has given up (default 14400)
+    #[argh(option, default = "14400.0")]
+    horizon: f64,
     /// seed of the draws (default 1)
     #[argh(option, default = "1")]
     seed: u64,
-    /// the matrix: 10,000 and 100,000 nodes, each server behaviour (the other options apply)
+    /// the matrix: 500, 10,000 and 100,000 nodes, each server (the other options apply)
     #[argh(switch)]
     table: bool,
     /// the trade-off curve: 10,000 and 100,000 nodes against a fixed Retry-After and none, for
@@ -377,15 +777,21 @@ struct Args {
     #[argh(option)]
     curve: Option<String>,
     /// a bootstrap option the retry rules read (--deadline, --api-retry-delay,
-    /// --fetch-backoff-ms, --version-fallback, ...), as NAME=VALUE; repeatable
+    /// --fetch-backoff-ms, --version-fallback, ...), as NAME=VALUE, for both units' runs;
+    /// repeatable
     #[argh(option)]
     bootstrap: Vec<String>,
 }
 
-fn main() {
-    let a: Args = argh::from_env();
-    let mut opts = Vec::new();
-    for o in &a.bootstrap {
+fn fail(what: std::fmt::Arguments) -> ! {
+    eprintln!("herd-sim: {what}");
+    std::process::exit(2);
+}
+
+/// A unit's runs: its own options, then the ones given here.
+fn bootstrap(unit: &[&str], extra: &[String]) -> Bootstrap {
+    let mut opts: Vec<String> = unit.iter().map(|s| s.to_string()).collect();
+    for o in extra {
         match o.split_once('=') {
             Some((k, v)) => {
                 opts.push(format!("--{}", k.trim_start_matches('-')));
@@ -394,51 +800,61 @@ fn main() {
             None => opts.push(format!("--{}", o.trim_start_matches('-'))),
         }
     }
+    // As the binary reads its argv: Go-style `--flag=value` first rewritten.
+    let opts = nodestrap::cli::argv::normalize(&opts);
     let opts: Vec<&str> = opts.iter().map(String::as_str).collect();
-    let b = match Bootstrap::from_args(&["bootstrap"], &opts) {
+    match Bootstrap::from_args(&["bootstrap"], &opts) {
         Ok(b) => b,
-        Err(e) => {
-            eprintln!("herd-sim: --bootstrap: {}", e.output);
-            std::process::exit(2);
-        }
+        Err(e) => fail(format_args!("--bootstrap: {}", e.output)),
+    }
+}
+
+fn main() {
+    let a: Args = argh::from_env();
+    let initrd = bootstrap(&unit_options(INITRD_UNIT), &a.bootstrap);
+    let real = bootstrap(&unit_options(REAL_ROOT_UNIT), &a.bootstrap);
+    let Some(restart) = unit_seconds(REAL_ROOT_UNIT, "RestartSec") else {
+        fail(format_args!(
+            "k8s-node-bootstrap.service has no RestartSec="
+        ));
     };
-    let server = match Server::parse(&a.retry_after) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("herd-sim: {e}");
-            std::process::exit(2);
-        }
-    };
+    let server = Server::parse(&a.retry_after).unwrap_or_else(|e| fail(format_args!("{e}")));
     let model = |nodes, server| Model {
         nodes,
         slots: a.slots,
         service: a.service_ms / 1000.0,
+        tls: a.tls_ms / 1000.0,
         server,
-        client: a.client_ms / 1000.0,
+        rtt: a.rtt_ms / 1000.0,
         start: a.start,
+        switch: a.switch,
+        restart,
+        horizon: a.horizon,
         seed: a.seed,
     };
     let started = Instant::now();
+    let rules = |ceiling| (Rules::of(&initrd, ceiling), Rules::of(&real, ceiling));
     if let Some(c) = &a.curve {
-        println!("| window's ceiling s | nodes | Retry-After | failed | all done s (minimum) | time/min | requests/min |");
-        println!("|---|---|---|---|---|---|---|");
+        println!("| window's ceiling s | nodes | server | handed over | gave up | all done s (minimum) | time/min | requests/min |");
+        println!("|---|---|---|---|---|---|---|---|");
         for w in c.split(',') {
             let Ok(w) = w.trim().parse::<u64>() else {
-                eprintln!("herd-sim: --curve: seconds, comma-separated, not {w:?}");
-                std::process::exit(2);
+                fail(format_args!("--curve: seconds, comma-separated, not {w:?}"));
             };
+            let (i, r) = rules(Some(Duration::from_secs(w)));
             for n in [10_000, 100_000] {
                 for s in [Server::Fixed(5), Server::None] {
-                    let r = run(&model(n, s), &b, Some(Duration::from_secs(w)));
+                    let row = run(&model(n, s), i, r);
                     println!(
-                        "| {w} | {} | {} | {} | {:.0} ({:.0}) | {:.2} | {:.2} |",
-                        r.nodes,
-                        r.server,
-                        r.failed,
-                        r.last,
-                        r.minimum,
-                        r.last / r.minimum,
-                        r.per_node / REQUESTS as f64
+                        "| {w} | {} | {} | {} | {} | {:.0} ({:.0}) | {:.2} | {:.2} |",
+                        row.nodes,
+                        row.server,
+                        row.o.handed_over,
+                        row.nodes - row.o.done.len(),
+                        row.last,
+                        row.minimum,
+                        row.last / row.minimum,
+                        row.per_node / REQUESTS.len() as f64
                     );
                 }
             }
@@ -446,30 +862,37 @@ fn main() {
         return;
     }
     let runs: Vec<Model> = if a.table {
-        [10_000, 100_000]
+        let servers = [
+            Server::Fixed(5),
+            Server::None,
+            Server::Backlog,
+            Server::Appointments,
+            Server::Apf,
+        ];
+        [500, 10_000, 100_000]
             .into_iter()
-            .flat_map(|n| {
-                [Server::Fixed(5), Server::Backlog, Server::None]
-                    .into_iter()
-                    .map(move |s| (n, s))
-            })
+            .flat_map(|n| servers.into_iter().map(move |s| (n, s)))
             .map(|(n, s)| model(n, s))
             .collect()
     } else {
         vec![model(a.nodes, server)]
     };
     println!(
-        "herd-sim: capacity {:.0} requests/s ({} slots × {} ms), nodes start within {} s, client {} ms, deadline {} s",
+        "herd-sim: capacity {:.0} requests/s ({} slots × ({} + {} TLS) ms), nodes start within {} s, round trip {} ms; initramfs run --deadline {} s, then the real root's after {} s, again {} s after each failure",
         runs[0].capacity(),
         a.slots,
         a.service_ms,
+        a.tls_ms,
         a.start,
-        a.client_ms,
-        b.deadline
+        a.rtt_ms,
+        initrd.deadline,
+        a.switch,
+        restart,
     );
     println!("{HEAD}");
+    let (i, r) = rules(None);
     for m in &runs {
-        println!("{}", line(&run(m, &b, None)));
+        println!("{}", line(&run(m, i, r)));
     }
     eprintln!(
         "herd-sim: {} runs in {:.1} s",
