@@ -153,6 +153,7 @@ impl Common<'_> {
     pub fn api_retry(&self) -> Retry {
         Retry::exponential(self.api_tries, Duration::from_secs(self.api_retry_delay))
             .until(self.run_deadline())
+            .handed_over_as("api")
     }
 
     /// The moment `--deadline` ends the run's network attempts.
@@ -215,6 +216,7 @@ impl Common<'_> {
             Duration::from_millis(self.fetch_backoff_ms),
         )
         .until(self.run_deadline())
+        .handed_over_as("downloads")
     }
 
     /// The fetch options' own checks (exit 2), shared by every payload family.

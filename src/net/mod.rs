@@ -6,6 +6,7 @@ pub(crate) mod boot_check;
 pub mod cluster;
 pub mod events;
 pub mod fetch;
+pub mod handover;
 pub mod join_config;
 pub mod kube;
 pub mod kubeconfig;

@@ -4,7 +4,7 @@
 //! bench/herd's simulator (bench/herd_sim.rs) with a virtual one, so that the simulator runs
 //! this code rather than a model of it.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// How much the spread window grows with each busy answer that says nothing new (the same
 /// `Retry-After` again, or none). Twofold: a server that turns away a share of requests at
@@ -50,6 +50,9 @@ pub struct Retry {
     pub budget: Duration,
     /// Nor after this moment: the run's deadline.
     pub until: Option<Instant>,
+    /// The name under which what the client learned is handed to the next run
+    /// (`net::handover`), if it is.
+    pub handover: Option<&'static str>,
 }
 
 impl Retry {
@@ -66,7 +69,16 @@ impl Retry {
             spread: Duration::from_secs(300),
             budget: Duration::from_secs(600),
             until: None,
+            handover: None,
         }
+    }
+
+    /// What the client learns is handed to the next run as `key` (`net::handover`): a run that
+    /// ends while its server sheds load leaves the next one its streak and the server's last
+    /// `Retry-After`, which the next run waits out before its first attempt.
+    pub fn handed_over_as(mut self, key: &'static str) -> Retry {
+        self.handover = Some(key);
+        self
     }
 
     /// At most `n` busy answers too: for reports that must not hold the node up.
@@ -154,6 +166,69 @@ pub struct Load {
     streak: u32,
     /// The last busy answer's `Retry-After` (`None`: no busy answer yet).
     last_after: Option<Option<After>>,
+    /// The moment that `Retry-After` named: no attempt of the client's next request starts
+    /// before it, even in the next run. Cleared once an answer came through.
+    not_before: Option<Instant>,
+}
+
+impl Load {
+    /// Whether there is anything to hand to the next run: a streak, or a moment to wait for.
+    pub fn is_learned(&self) -> bool {
+        self.streak > 0 || self.not_before.is_some()
+    }
+
+    /// As JSON for the next run, its moment on the wall clock (`now` is the same moment on both).
+    pub fn to_json(&self, now: (Instant, SystemTime)) -> serde_json::Value {
+        let after = |a: Option<After>| match a {
+            None => serde_json::json!("none"),
+            Some(After::Delay(d)) => serde_json::json!({ "delay": d.as_secs_f64() }),
+            Some(After::Date(d)) => serde_json::json!({ "date": d.as_secs_f64() }),
+        };
+        let not_before = self.not_before.map(|t| {
+            let at = now.1 + t.saturating_duration_since(now.0);
+            at.duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64())
+        });
+        serde_json::json!({
+            "streak": self.streak,
+            "last": self.last_after.map(after),
+            "not-before": not_before,
+        })
+    }
+
+    /// What `to_json` wrote; `None` for anything else.
+    pub fn from_json(v: &serde_json::Value, now: (Instant, SystemTime)) -> Option<Load> {
+        let secs = |v: &serde_json::Value| {
+            v.as_f64()
+                .filter(|s| s.is_finite() && (0.0..=1e7).contains(s))
+                .map(Duration::from_secs_f64)
+        };
+        let last_after = match v.get("last")? {
+            serde_json::Value::Null => None,
+            serde_json::Value::String(s) if s == "none" => Some(None),
+            l => Some(Some(match (l.get("delay"), l.get("date")) {
+                (Some(d), None) => After::Delay(secs(d)?),
+                (None, Some(d)) => After::Date(secs(d)?),
+                _ => return None,
+            })),
+        };
+        let not_before = match v.get("not-before")? {
+            serde_json::Value::Null => None,
+            t => {
+                let s = t
+                    .as_f64()
+                    .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e11)?;
+                let at = std::time::UNIX_EPOCH + Duration::from_secs_f64(s);
+                // Already past: nothing to wait for.
+                at.duration_since(now.1).ok().map(|d| now.0 + d)
+            }
+        };
+        Some(Load {
+            streak: u32::try_from(v.get("streak")?.as_u64()?).ok()?.min(64),
+            last_after,
+            not_before,
+        })
+    }
 }
 
 /// One request's attempts: the counts and the last busy answer, with the decisions taken
@@ -186,14 +261,32 @@ impl Attempts {
     /// window steps back once (a half), so that the next request of a node the server just
     /// served is not held back as long as one still waiting for its first answer.
     pub fn load(&self, answered: bool) -> Load {
-        let Load { streak, last_after } = self.learned;
-        Load {
-            streak: if answered {
-                streak.saturating_sub(1)
-            } else {
-                streak
-            },
+        let Load {
+            streak,
             last_after,
+            not_before,
+        } = self.learned;
+        match answered {
+            true => Load {
+                streak: streak.saturating_sub(1),
+                last_after,
+                not_before: None,
+            },
+            false => Load {
+                streak,
+                last_after,
+                not_before,
+            },
+        }
+    }
+
+    /// How long the request's first attempt must still wait at `now`: the moment the server
+    /// named in the client's last busy answer (of an earlier request, or of the run before).
+    pub fn held_back(&self, now: Instant) -> Option<Duration> {
+        match self.learned.not_before {
+            // Under a millisecond is no wait (and a clock's rounding cannot make one for ever).
+            Some(t) if self.made == 0 && t > now + Duration::from_millis(1) => Some(t - now),
+            _ => None,
         }
     }
 
@@ -258,6 +351,7 @@ impl Attempts {
                 self.learned = Load {
                     streak,
                     last_after: Some(after),
+                    not_before: after.map(|a| now + a.wait()),
                 };
                 if self.busy >= self.retry.busy_attempts {
                     return Next::OutOfAttempts;
@@ -497,6 +591,61 @@ mod tests {
             a.next(delay(S(5)), now, 0.999),
             Next::Pause(S(5) + S(80).mul_f64(0.999))
         );
+    }
+
+    #[test]
+    fn the_moment_a_server_named_holds_the_next_request_back_until_an_answer_comes() {
+        let r = Retry::exponential(3, S(1)).within(S(7200));
+        let now = Instant::now();
+        let mut a = Attempts::new(r, now, Load::default());
+        assert_eq!(a.held_back(now), None);
+        a.next(delay(S(30)), now, 0.5);
+        // The request ended there (a deadline): the client's next one waits for the moment.
+        let b = Attempts::new(r, now + S(10), a.load(false));
+        assert_eq!(b.held_back(now + S(10)), Some(S(20)));
+        assert_eq!(b.held_back(now + S(31)), None);
+        // Answered: nothing holds it.
+        let c = Attempts::new(r, now + S(10), a.load(true));
+        assert_eq!(c.held_back(now + S(10)), None);
+    }
+
+    #[test]
+    fn what_a_client_learned_survives_its_json_for_the_next_run() {
+        let now = (Instant::now(), SystemTime::now());
+        let r = Retry::exponential(3, S(1)).within(S(7200));
+        for answers in [
+            vec![delay(S(5)), delay(S(5)), delay(S(5))],
+            vec![Answer::Busy(Some(After::Date(S(40))))],
+            vec![Answer::Busy(None), Answer::Busy(None)],
+        ] {
+            let mut a = Attempts::new(r, now.0, Load::default());
+            for ans in &answers {
+                a.next(*ans, now.0, 0.5);
+            }
+            let load = a.load(false);
+            let json = load.to_json(now);
+            let back = Load::from_json(&json, now).unwrap();
+            assert_eq!(back.streak, load.streak, "{json}");
+            assert_eq!(back.last_after, load.last_after, "{json}");
+            let (x, y) = (back.not_before, load.not_before);
+            assert_eq!(x.is_some(), y.is_some(), "{json}");
+            if let (Some(x), Some(y)) = (x, y) {
+                let d = if x > y { x - y } else { y - x };
+                assert!(d < Duration::from_millis(1), "{json}");
+            }
+        }
+        // A moment already past waits for nothing; anything not ours is refused.
+        let past = serde_json::json!({"streak": 2, "last": "none", "not-before": 1.0});
+        assert_eq!(Load::from_json(&past, now).unwrap().not_before, None);
+        for bad in [
+            serde_json::json!({"streak": -1, "last": null, "not-before": null}),
+            serde_json::json!({"streak": 1, "last": {"delay": "5"}, "not-before": null}),
+            serde_json::json!({"streak": 1, "last": {"delay": 5, "date": 5}, "not-before": null}),
+            serde_json::json!({"streak": 1, "last": null, "not-before": 1e300}),
+            serde_json::json!({"streak": 1}),
+        ] {
+            assert_eq!(Load::from_json(&bad, now), None, "{bad}");
+        }
     }
 
     #[test]

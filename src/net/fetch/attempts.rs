@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::{Attempt, Failure, FetchError, Http};
 use crate::error::Error;
+use crate::net::handover;
 use crate::net::retry::{Answer, Attempts, Load, Next, Retry};
 
 impl Http {
@@ -16,18 +17,37 @@ impl Http {
     pub(super) fn retrying<T>(
         &self,
         what: &str,
+        url: &str,
         mut op: impl FnMut(Duration) -> Attempt<T>,
     ) -> std::result::Result<T, FetchError> {
         // One copy of the retry loop per result type, not per caller (the size budget).
-        self.retrying_dyn(what, &mut op)
+        self.retrying_dyn(what, &handover::server_of(url), &mut op)
+    }
+
+    /// What this client knows of `server`'s load: its own, or at its first request to that
+    /// server, what the run before left of it (`net::handover`).
+    fn learned(&self, server: &str) -> Load {
+        let mut load = self.load.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(key) = self.retry.handover {
+            let mut seen = self.handed.lock().unwrap_or_else(|e| e.into_inner());
+            if seen.as_deref() != Some(server) {
+                *seen = Some(server.to_string());
+                let left = handover::take(key, server);
+                if left.is_learned() {
+                    *load = left;
+                }
+            }
+        }
+        *load
     }
 
     fn retrying_dyn<T>(
         &self,
         what: &str,
+        server: &str,
         op: &mut dyn FnMut(Duration) -> Attempt<T>,
     ) -> std::result::Result<T, FetchError> {
-        let learned = self.load.lock().map(|l| *l).unwrap_or_default();
+        let learned = self.learned(server);
         let mut req = Retrying::new(
             what,
             self.retry,
@@ -37,7 +57,15 @@ impl Http {
         );
         let out = loop {
             let given = match req.begin(Instant::now()) {
-                Ok(given) => given,
+                Ok(Start::Attempt(given)) => given,
+                Ok(Start::Wait(d)) => {
+                    crate::info!(
+                        "{what}: waiting {:.1}s first: the server's last Retry-After named that moment",
+                        d.as_secs_f64()
+                    );
+                    std::thread::sleep(d);
+                    continue;
+                }
                 Err(e) => break Err(e),
             };
             crate::node::metrics::request();
@@ -49,11 +77,27 @@ impl Http {
                 }
             }
         };
-        if let Ok(mut l) = self.load.lock() {
-            *l = req.learned(&out);
+        let load = req.learned(&out);
+        let before = self
+            .load
+            .lock()
+            .map(|mut l| std::mem::replace(&mut *l, load));
+        if let (Some(key), Ok(before)) = (self.retry.handover, before) {
+            if before != load && (before.is_learned() || load.is_learned()) {
+                handover::keep(key, server, &load);
+            }
         }
         out
     }
+}
+
+/// How an attempt may start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Now, taking at most this long.
+    Attempt(Duration),
+    /// Not before this wait: the moment the server named in its last busy answer.
+    Wait(Duration),
 }
 
 /// One request's loop without its I/O: asked when an attempt may start and told how it ended
@@ -94,16 +138,29 @@ impl<'w> Retrying<'w> {
         }
     }
 
-    /// An attempt starts at `now`: the time it may take, or the request's error when the
-    /// deadline has passed.
-    pub fn begin(&mut self, now: Instant) -> std::result::Result<Duration, FetchError> {
+    /// An attempt would start at `now`: the time it may take, the wait before it, or the
+    /// request's error when the deadline has passed or the wait would reach past it.
+    pub fn begin(&mut self, now: Instant) -> std::result::Result<Start, FetchError> {
         self.left = self.tries.left(now);
         if self.left.is_zero() {
             return Err(self.tally.deadline_passed(self.what, &self.tries));
         }
+        if let Some(wait) = self.tries.held_back(now) {
+            if wait >= self.left {
+                return Err(FetchError::new(
+                    Failure::Busy,
+                    Error::failed(format!(
+                        "{}: the server's last Retry-After (before this request) names a moment {} s away, past the deadline",
+                        self.what,
+                        wait.as_secs()
+                    )),
+                ));
+            }
+            return Ok(Start::Wait(wait));
+        }
         self.began = now;
         self.given = self.per_attempt.min(self.left);
-        Ok(self.given)
+        Ok(Start::Attempt(self.given))
     }
 
     /// The attempt ended at `now` as `attempt`: `Break` with the request's result, or

@@ -22,7 +22,7 @@ mod stream;
 
 pub use answer::server_message;
 use answer::{capped, classify_transport, over_limit, read_failure, status_failure, verdict};
-pub use attempts::Retrying;
+pub use attempts::{Retrying, Start};
 use reader::RateFloor;
 pub use stream::content_range;
 
@@ -210,6 +210,8 @@ pub struct Http {
     retry: Retry,
     /// What this client's requests learned of their server's load (`retry::Load`).
     load: std::sync::Mutex<Load>,
+    /// The server whose load the run before left (`net::handover`) was last taken for.
+    handed: std::sync::Mutex<Option<String>>,
     limits: AttemptLimits,
     /// Kept to build the same client through another proxy.
     tls: Tls,
@@ -319,6 +321,7 @@ impl Http {
             alias,
             retry,
             load: std::sync::Mutex::new(Load::default()),
+            handed: std::sync::Mutex::new(None),
             limits: AttemptLimits::default(),
             tls: tls.clone(),
         }
@@ -396,7 +399,7 @@ impl Http {
         pass: &[u16],
     ) -> std::result::Result<Vec<u8>, FetchError> {
         let what = format!("{} {}", req.method, req.url);
-        self.retrying(&what, |deadline| {
+        self.retrying(&what, req.url, |deadline| {
             let mut resp = match self.call(req, deadline, 0) {
                 Ok(r) => r,
                 Err(e) => return classify_transport(&what, e, deadline, &self.tls),
@@ -435,7 +438,7 @@ impl Http {
         header: &'static str,
     ) -> std::result::Result<(u16, Option<String>), FetchError> {
         let what = format!("{} {}", req.method, req.url);
-        self.retrying(&what, |deadline| {
+        self.retrying(&what, req.url, |deadline| {
             let mut resp = match self.call(req, deadline, 0) {
                 Ok(r) => r,
                 Err(e) => return classify_transport(&what, e, deadline, &self.tls),

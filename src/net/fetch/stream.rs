@@ -45,7 +45,7 @@ impl Http {
         sink: &mut dyn BodySink<T>,
     ) -> std::result::Result<T, FetchError> {
         let what = format!("{} {}", req.method, req.url);
-        self.retrying(&what, |deadline| {
+        self.retrying(&what, req.url, |deadline| {
             self.stream_attempt(req, &what, (cap, target), sink, deadline)
         })
     }
