@@ -933,6 +933,50 @@ fn a_busy_api_server_is_waited_for_and_its_version_used() {
 }
 
 #[test]
+fn a_run_that_ends_on_a_busy_server_hands_its_retry_after_to_the_next() {
+    let mut w = World::new();
+    let (api, _ca) = w.with_api("v1.10.2+coreos.0", None);
+    // A Retry-After past the run's deadline ends the run at once, busy (the initramfs unit's
+    // run, cut short by its --deadline).
+    api.queue("/version", Reply::busy(503, "6"));
+    w.extra.push("--deadline=3".into());
+    let r = w.run();
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert_eq!(api.requests("GET", "/version").len(), 1, "{}", r.stderr);
+    // The next run (the real root's unit) waits for the moment the server named, then asks.
+    w.extra.pop();
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        r.stderr
+            .contains("starts from what the run before learned of its load"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr
+            .contains("the server's last Retry-After named that moment"),
+        "{}",
+        r.stderr
+    );
+    let asked = api.requests("GET", "/version");
+    assert_eq!(asked.len(), 2, "{}", r.stderr);
+    let waited = asked[1].at - asked[0].at;
+    assert!(
+        waited >= std::time::Duration::from_millis(5900),
+        "asked again after {waited:?}"
+    );
+    // Answered: nothing is left for a third run, which asks at once.
+    let r = w.run();
+    r.assert_ok();
+    assert!(
+        !r.stderr.contains("starts from what the run before"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
 fn an_api_server_busy_until_the_deadline_is_not_guessed_past_by_default() {
     let mut w = World::new();
     let (api, _ca) = w.with_api("v1.10.2+coreos.0", None);
