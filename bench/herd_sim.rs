@@ -64,7 +64,7 @@ use nodestrap::activation::appointments::{Book, Turn};
 use nodestrap::cli::Bootstrap;
 use nodestrap::error::Error;
 use nodestrap::net::cluster::Fallback;
-use nodestrap::net::fetch::{Attempt, Retrying};
+use nodestrap::net::fetch::{Attempt, FetchError, Retrying, Start};
 use nodestrap::net::retry::{After, Load, Retry};
 
 /// The five requests, as the binary names them in its errors.
@@ -266,8 +266,9 @@ struct Node {
     answer: Heard,
     /// Turned away and not served since (the backlog server's count).
     waiting: bool,
-    /// The last busy answer: when it came and the wait it asked for.
-    told: Option<(f64, f64)>,
+    /// Each client's last busy answer: when it came and the wait it asked for (in the binary,
+    /// the API server and the mirror are two servers; here one server plays both).
+    told: [Option<(f64, f64)>; 2],
 }
 
 #[derive(Default)]
@@ -371,27 +372,28 @@ impl<'m> Sim<'m> {
             n.fresh = false;
             n.run_start = t;
             n.step = 0;
-            n.learned = [Load::default(); 2];
             return self.request(i, t);
-        }
-        if let Some((when, wait)) = self.nodes[i].told.take() {
-            if t + 1e-6 < when + wait {
-                self.out.sooner += 1;
-            }
         }
         let now = self.at(t);
         let Some(req) = self.nodes[i].req.as_mut() else {
             return;
         };
         match req.begin(now) {
-            Ok(given) => {
+            Ok(Start::Wait(d)) => self.push(t + d.as_secs_f64(), Event::Begin(i as u32)),
+            Ok(Start::Attempt(given)) => {
                 let n = &mut self.nodes[i];
+                let client = usize::from(n.step >= API_REQUESTS);
+                if let Some((when, wait)) = n.told[client].take() {
+                    if t + 1e-6 < when + wait {
+                        self.out.sooner += 1;
+                    }
+                }
                 n.attempt += 1;
                 let a = n.attempt;
                 self.push(t + self.m.rtt / 2.0, Event::Arrives(i as u32, a));
                 self.push(t + given.as_secs_f64(), Event::Expires(i as u32, a));
             }
-            Err(e) => self.request_failed(i, t, e.class),
+            Err(e) => self.request_failed(i, t, e),
         }
     }
 
@@ -540,7 +542,9 @@ impl<'m> Sim<'m> {
                 Heard::Done => Attempt::Done(()),
                 Heard::Busy(status, after) => {
                     if let Some(after) = after {
-                        self.nodes[i].told = Some((t, after.wait().as_secs_f64()));
+                        let n = &mut self.nodes[i];
+                        n.told[usize::from(n.step >= API_REQUESTS)] =
+                            Some((t, after.wait().as_secs_f64()));
                     }
                     Attempt::Busy(Error::failed("busy"), status, after)
                 }
@@ -568,16 +572,20 @@ impl<'m> Sim<'m> {
                     self.request(i, t);
                 }
             }
-            ControlFlow::Break(Err(e)) => self.request_failed(i, t, e.class),
+            ControlFlow::Break(Err(e)) => self.request_failed(i, t, e),
         }
     }
 
     /// Node `i`'s request ended without its answer at `t`: the version's fallback, or the run
-    /// ends and the next one takes over.
-    fn request_failed(&mut self, i: usize, t: f64, class: nodestrap::net::fetch::Failure) {
+    /// ends and the next one takes over, from what this one learned (`net::handover`: the
+    /// binary leaves it in the run folder, which switch-root keeps).
+    fn request_failed(&mut self, i: usize, t: f64, e: FetchError) {
         let r = self.rules(i);
         let m = self.m;
         let n = &mut self.nodes[i];
+        let client = usize::from(n.step >= API_REQUESTS);
+        let class = e.class;
+        n.learned[client] = req_learned(n, &Err(e));
         if n.waiting {
             n.waiting = false;
             self.waiting -= 1;
@@ -606,7 +614,7 @@ impl<'m> Sim<'m> {
     }
 }
 
-fn req_learned(n: &Node, out: &Result<(), nodestrap::net::fetch::FetchError>) -> Load {
+fn req_learned(n: &Node, out: &Result<(), FetchError>) -> Load {
     n.req.as_ref().map(|r| r.learned(out)).unwrap_or_default()
 }
 
@@ -646,7 +654,7 @@ fn simulate(m: &Model, initrd: Rules, real: Rules) -> Outcome {
             attempt: 0,
             answer: Heard::Reset,
             waiting: false,
-            told: None,
+            told: [None; 2],
         });
         sim.push(t, Event::Begin(i as u32));
     }
