@@ -261,22 +261,14 @@ impl Attempts {
     /// window steps back once (a half), so that the next request of a node the server just
     /// served is not held back as long as one still waiting for its first answer.
     pub fn load(&self, answered: bool) -> Load {
-        let Load {
-            streak,
-            last_after,
-            not_before,
-        } = self.learned;
+        let l = self.learned;
         match answered {
             true => Load {
-                streak: streak.saturating_sub(1),
-                last_after,
+                streak: l.streak.saturating_sub(1),
                 not_before: None,
+                ..l
             },
-            false => Load {
-                streak,
-                last_after,
-                not_before,
-            },
+            false => l,
         }
     }
 
