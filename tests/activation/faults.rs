@@ -112,12 +112,15 @@ fn settled(node: &Node, verb: &str) -> Result<(), String> {
 }
 
 /// The admin's init-cluster, giving up on an unreachable node after 2 s (a killed node does
-/// not come back within the case).
+/// not come back within the case). Its records go to a run folder of its own, as on the
+/// admin's machine: in the node's, its temp files would meet the node's sweeps.
 fn admin_init(admin: &Admin, port: u16) -> Run {
     let mut a = admin.args(port);
     let w = a.iter().position(|x| x == "--wait").unwrap();
     a[w + 1] = "2".into();
-    Proc::start(a).wait(90)
+    let mut cmd = command(&a, None);
+    cmd.env("NODESTRAP_RUN_DIR", admin.dir.join("run"));
+    Proc::spawn(cmd, "init-cluster").wait(90)
 }
 
 /// One init: the node started as `cmd` (on `port`), and the admin's request once it listens.

@@ -67,10 +67,16 @@ fn strace_of(cmd: &Command, extra: &[String], follow: Follow) -> Command {
     c.args(["-qq", "-s", "256"]).args(extra);
     c.arg("--").arg(cmd.get_program()).args(cmd.get_args());
     c.env_clear();
+    // The shared run folder becomes the thread's own, for this run and every later one.
+    let shared = super::shared_run_dir();
     for (k, v) in cmd.get_envs() {
-        if let Some(v) = v {
-            c.env(k, v);
-        }
+        match v {
+            Some(v) if k == "NODESTRAP_RUN_DIR" && Path::new(v) == shared => {
+                c.env(k, super::own_run_dir())
+            }
+            Some(v) => c.env(k, v),
+            None => &mut c,
+        };
     }
     if let Some(d) = cmd.get_current_dir() {
         c.current_dir(d);

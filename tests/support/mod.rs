@@ -125,14 +125,40 @@ impl Run {
     }
 }
 
-/// nodestrap with a clean environment: the given bus address (or none that exists), no
-/// proxies, no system trust store.
+thread_local! {
+    /// This thread's own run folder, once it has one (`own_run_dir`).
+    static OWN_RUN_DIR: std::cell::RefCell<Option<PathBuf>> = const { std::cell::RefCell::new(None) };
+}
+
 /// Where the binary under test keeps the records of its runs (`/run/nodestrap` on a node): one
-/// folder per test binary, never the host's.
+/// folder per test binary, never the host's, or the thread's own (`own_run_dir`).
 pub fn run_dir() -> PathBuf {
+    OWN_RUN_DIR
+        .with_borrow(|d| d.clone())
+        .unwrap_or_else(shared_run_dir)
+}
+
+/// The run folder the test binary's tests share.
+pub fn shared_run_dir() -> PathBuf {
     std::env::temp_dir().join(format!("nodestrap-tests-{}/run", std::process::id()))
 }
 
+/// A run folder for this thread alone, from now on (`run_dir`). A fault matrix needs one: in a
+/// shared folder the other tests' runs of the same command sweep and take its temp files, and
+/// each retry moves the numbered calls its cases name.
+pub fn own_run_dir() -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    OWN_RUN_DIR.with_borrow_mut(|d| {
+        d.get_or_insert_with(|| {
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            shared_run_dir().with_file_name(format!("run-{n}"))
+        })
+        .clone()
+    })
+}
+
+/// nodestrap with a clean environment: the given bus address (or none that exists), no
+/// proxies, no system trust store.
 pub fn command(args: &[String], bus: Option<&str>) -> Command {
     command_as(None, args, bus)
 }
@@ -160,8 +186,8 @@ pub fn command_as(argv0: Option<&str>, args: &[String], bus: Option<&str>) -> Co
     c.args(args)
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
-        // Never the host's /run/nodestrap: one folder per test binary, unless a test names
-        // its own.
+        // Never the host's /run/nodestrap: one folder per test binary (or thread), unless a
+        // test names its own.
         .env("NODESTRAP_RUN_DIR", run_dir())
         // Whether this machine's clock is synchronised is not the test's business.
         .env(
