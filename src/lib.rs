@@ -11,6 +11,10 @@
 //! - the ground, usable by all: `error`, `logger`, `output`, `yaml`; it imports only itself.
 //! - `cli` (every command's options) sits over the floors; families read their options from it.
 //! - `fuzz`: the fuzz crate's one way in, over everything (like this file and main.rs).
+//!
+//! A module no other crate reaches (main.rs, tests, fuzz, bench) is `pub(crate)`, and so is
+//! everything in it; the lint below keeps it so.
+#![warn(unreachable_pub)]
 
 /// This build's version: Cargo.toml's, or `NODESTRAP_VERSION` at build time (build.rs).
 pub const VERSION: &str = env!("NODESTRAP_VERSION");
@@ -35,6 +39,6 @@ pub mod fuzz;
 
 // The ground.
 pub mod error;
-pub mod logger;
-pub mod output;
+pub(crate) mod logger;
+pub(crate) mod output;
 pub mod yaml;

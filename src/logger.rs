@@ -41,7 +41,7 @@ macro_rules! error {
 }
 
 /// One record of nodestrap's own, when its level is on (`crate::info!` and the others).
-pub fn emit(level: log::Level, target: &str, args: std::fmt::Arguments) {
+pub(crate) fn emit(level: log::Level, target: &str, args: std::fmt::Arguments) {
     if level <= log::max_level() {
         log::logger().log(
             &log::Record::builder()
@@ -91,7 +91,7 @@ impl log::Log for Logger {
 /// sequence's ESC, C1 controls) and Unicode's line and paragraph separators are written as
 /// escapes (`\n`, `\u{1b}`), so that text from outside (a certificate's subject, a server's
 /// body, a file) can never start a line of its own in the log, the journal or a terminal.
-pub fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
     let unsafe_char = |c: char| c.is_control() || c == '\u{2028}' || c == '\u{2029}';
     if !s.chars().any(unsafe_char) {
         return std::borrow::Cow::Borrowed(s);
@@ -121,7 +121,7 @@ fn stderr_is_journal() -> bool {
     dev.parse::<u64>().ok() == Some(st.st_dev) && ino.parse::<u64>().ok() == Some(st.st_ino)
 }
 
-pub fn init(level: log::LevelFilter) {
+pub(crate) fn init(level: log::LevelFilter) {
     let _ = log::set_boxed_logger(Box::new(Logger {
         journal: stderr_is_journal(),
     }));
@@ -130,7 +130,7 @@ pub fn init(level: log::LevelFilter) {
 
 /// `--verbose` as logrus's `ParseLevel` (the original Go tool's) reads it: any case; `panic` and
 /// `fatal` are quieter than `error`, and nodestrap has nothing quieter than its errors.
-pub fn parse_level(s: &str) -> Option<log::LevelFilter> {
+pub(crate) fn parse_level(s: &str) -> Option<log::LevelFilter> {
     Some(match s.to_ascii_lowercase().as_str() {
         "panic" | "fatal" | "error" => log::LevelFilter::Error,
         "warn" | "warning" => log::LevelFilter::Warn,

@@ -7,7 +7,7 @@ use std::io::Write;
 use crate::error::{Error, Result};
 
 /// Write one line (with its newline) and flush it.
-pub fn line(args: std::fmt::Arguments) -> Result<()> {
+pub(crate) fn line(args: std::fmt::Arguments) -> Result<()> {
     let mut out = std::io::stdout().lock();
     out.write_fmt(args)
         .and_then(|()| out.write_all(b"\n"))

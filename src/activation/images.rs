@@ -22,7 +22,7 @@ const LIST_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_ARCHIVES: usize = 64;
 
 /// Where the images come from and how containerd is reached.
-pub struct Images<'a> {
+pub(crate) struct Images<'a> {
     pub root: &'a Root,
     /// The folder of OCI or Docker image archives (`*.tar`), a node path.
     pub dir: &'a str,
@@ -34,7 +34,7 @@ pub struct Images<'a> {
 impl Images<'_> {
     /// Imports every `*.tar` of the folder, in name order; an archive containerd refuses is an
     /// error naming it. containerd keeps what it already has: importing again changes nothing.
-    pub fn import(&self) -> Result<usize> {
+    pub(crate) fn import(&self) -> Result<usize> {
         let (dir, names) = self.archives()?;
         for name in &names {
             let shown = dir.show(name);
@@ -114,7 +114,7 @@ impl Images<'_> {
     /// Every image `kubeadm init` needs under `config` (for `version`) is in containerd; when
     /// one is not, the folder is imported once more (an archive may have come since) and looked
     /// at again.
-    pub fn ready_for_init(&self, config: &str, version: &str) -> Result<()> {
+    pub(crate) fn ready_for_init(&self, config: &str, version: &str) -> Result<()> {
         let needed = self.needed(config, version)?;
         let mut lacking = missing(&needed, &self.present()?);
         if !lacking.is_empty() {

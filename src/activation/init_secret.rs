@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 const MIN_ROUNDS: u32 = 1000;
 const MAX_ROUNDS: u32 = 10_000_000;
 
-pub struct SecretHash {
+pub(crate) struct SecretHash {
     rounds: NonZeroU32,
     salt: Vec<u8>,
     key: Vec<u8>,
@@ -24,7 +24,7 @@ pub struct SecretHash {
 
 impl SecretHash {
     /// `name` says where the text came from, for the error.
-    pub fn parse(text: &str, name: &str) -> Result<SecretHash> {
+    pub(crate) fn parse(text: &str, name: &str) -> Result<SecretHash> {
         let bad = |why: &str| {
             Error::config(format!(
                 "{name}: {why} (expected pbkdf2_sha256$ROUNDS$SALT$BASE64)"
@@ -62,7 +62,7 @@ impl SecretHash {
         })
     }
 
-    pub fn matches(&self, secret: &[u8]) -> bool {
+    pub(crate) fn matches(&self, secret: &[u8]) -> bool {
         ring::pbkdf2::verify(
             ring::pbkdf2::PBKDF2_HMAC_SHA256,
             self.rounds,

@@ -14,7 +14,7 @@ use crate::node::exec::{self, Command};
 const STDOUT_CAP: usize = 1 << 20;
 
 #[derive(Debug)]
-pub struct Ran {
+pub(crate) struct Ran {
     pub ok: bool,
     /// `exit status 1`, `killed by signal SIGKILL (9)`…
     pub status: String,
@@ -26,7 +26,7 @@ pub struct Ran {
 /// Run `argv` (no shell; the program looked up in PATH, our environment) for at most
 /// `timeout`. An error only when it cannot be started or runs too long; a failing exit is
 /// `Ran { ok: false, .. }`.
-pub fn run(argv: &[String], timeout: Duration) -> Result<Ran> {
+pub(crate) fn run(argv: &[String], timeout: Duration) -> Result<Ran> {
     let c = Command::new(argv, timeout)?;
     let label = match argv {
         [prog, sub, ..] if !sub.starts_with('-') => format!("{prog} {sub}"),
@@ -48,7 +48,7 @@ pub fn run(argv: &[String], timeout: Duration) -> Result<Ran> {
 }
 
 /// `argv`'s stdout when it exits 0; else an error saying `what`, how it ended and its last lines.
-pub fn succeeded(argv: &[String], timeout: Duration, what: &str) -> Result<Vec<u8>> {
+pub(crate) fn succeeded(argv: &[String], timeout: Duration, what: &str) -> Result<Vec<u8>> {
     let ran = run(argv, timeout)?;
     if !ran.ok {
         return Err(Error::failed(format!(
@@ -63,7 +63,7 @@ pub fn succeeded(argv: &[String], timeout: Duration, what: &str) -> Result<Vec<u
 /// kubeadm's own judgement of a config file (`kubeadm config validate`: strict fields, and the
 /// versions this kubeadm can deploy), asked before anything on the node changes. `kubeadm` is
 /// one program, as for init and join.
-pub fn validate(kubeadm: &str, config: &str) -> Result<()> {
+pub(crate) fn validate(kubeadm: &str, config: &str) -> Result<()> {
     let argv = [kubeadm, "config", "validate", "--config", config].map(String::from);
     succeeded(
         &argv,
@@ -74,7 +74,7 @@ pub fn validate(kubeadm: &str, config: &str) -> Result<()> {
 }
 
 /// Split a configured command line on white space (no shell, no quoting).
-pub fn argv(cmd: &str, flag: &str) -> Result<Vec<String>> {
+pub(crate) fn argv(cmd: &str, flag: &str) -> Result<Vec<String>> {
     let v: Vec<String> = cmd.split_whitespace().map(str::to_string).collect();
     if v.is_empty() {
         return Err(Error::config(format!("{flag}: empty command")));
@@ -84,7 +84,7 @@ pub fn argv(cmd: &str, flag: &str) -> Result<Vec<String>> {
 
 /// The last `n` non-empty lines of a command's output tail, on one line: enough to say why it
 /// failed in a log line or an error.
-pub fn last_lines(text: &str, n: usize) -> String {
+pub(crate) fn last_lines(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     lines[lines.len().saturating_sub(n)..].join(" | ")
 }
@@ -96,14 +96,14 @@ fn token_char(b: u8) -> bool {
     b.is_ascii_lowercase() || b.is_ascii_digit()
 }
 
-pub fn valid_token(t: &str) -> bool {
+pub(crate) fn valid_token(t: &str) -> bool {
     let b = t.as_bytes();
     b.len() == 23 && b[6] == b'.' && b[..6].iter().chain(&b[7..]).all(|&c| token_char(c))
 }
 
 /// Replace anything shaped like a bootstrap token: command output can carry one (kubeadm
 /// prints join commands), and neither logs nor answers may.
-pub fn scrub(text: &str) -> String {
+pub(crate) fn scrub(text: &str) -> String {
     let b = text.as_bytes();
     let mut out = String::with_capacity(text.len());
     let mut i = 0;
@@ -139,7 +139,7 @@ fn api_version(k8s: Option<&str>) -> &'static str {
     }
 }
 
-pub struct InitSpec<'a> {
+pub(crate) struct InitSpec<'a> {
     pub cluster_name: &'a str,
     pub kubernetes_version: &'a str,
     pub pod_cidr: &'a str,
@@ -153,7 +153,7 @@ pub struct InitSpec<'a> {
 
 /// The node's side of kubeadm's image names: they must match what its archives hold.
 #[derive(Debug, Default)]
-pub struct ImageNames {
+pub(crate) struct ImageNames {
     pub repository: Option<String>,
     pub etcd_tag: Option<String>,
     pub skip: Addons,
@@ -161,7 +161,7 @@ pub struct ImageNames {
 
 impl ImageNames {
     /// Addons can be left out only from kubeadm's v1beta4 config on (Kubernetes 1.31).
-    pub fn check_version(&self, k8s: &str) -> std::result::Result<(), String> {
+    pub(crate) fn check_version(&self, k8s: &str) -> std::result::Result<(), String> {
         if self.skip.any() && api_version(Some(k8s)) != "kubeadm.k8s.io/v1beta4" {
             return Err(format!(
                 "kubernetes_version {k8s}: --skip-addons needs kubeadm's v1beta4 config, from Kubernetes 1.31"
@@ -173,7 +173,7 @@ impl ImageNames {
 
 /// InitConfiguration + ClusterConfiguration. Every value was validated (names, CIDRs,
 /// versions, image names), so double-quoted scalars are enough.
-pub fn init_config(s: &InitSpec) -> String {
+pub(crate) fn init_config(s: &InitSpec) -> String {
     let api = api_version(Some(s.kubernetes_version));
     let mut y = format!(
         "apiVersion: {api}\nkind: InitConfiguration\n---\napiVersion: {api}\nkind: ClusterConfiguration\n\
@@ -205,7 +205,7 @@ pub fn init_config(s: &InitSpec) -> String {
     y
 }
 
-pub struct JoinSpec<'a> {
+pub(crate) struct JoinSpec<'a> {
     pub api_server_endpoint: &'a str,
     pub token: &'a str,
     pub ca_cert_hash: &'a str,
@@ -216,7 +216,7 @@ pub struct JoinSpec<'a> {
 /// JoinConfiguration with bootstrap-token discovery: the token stays in a 0600 file, out of
 /// argv (where `ps` shows it). A control-plane join uses the certificates placed in
 /// /etc/kubernetes/pki beforehand, so nothing is downloaded.
-pub fn join_config(s: &JoinSpec) -> String {
+pub(crate) fn join_config(s: &JoinSpec) -> String {
     let mut y = format!(
         "apiVersion: {}\nkind: JoinConfiguration\ndiscovery:\n  bootstrapToken:\n    apiServerEndpoint: \"{}\"\n    \
          token: \"{}\"\n    caCertHashes:\n    - \"{}\"\n",

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::node::root::Root;
 
 /// The durable marker (a node path).
-pub const STATE_PATH: &str = "/var/lib/nodestrap/node-state.json";
+pub(crate) const STATE_PATH: &str = "/var/lib/nodestrap/node-state.json";
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
@@ -34,7 +34,7 @@ impl Role {
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum State {
+pub(crate) enum State {
     Committed,
     Done,
     Reset,
@@ -42,7 +42,7 @@ pub enum State {
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct Marker {
+pub(crate) struct Marker {
     pub state: State,
     pub role: Role,
     /// The cluster's name, as the init request or the ticket gave it.
@@ -70,7 +70,7 @@ fn now() -> u64 {
 /// The marker left by an earlier run, if any. One that does not parse is still a marker: the
 /// lock was taken once, so the node is not fresh (exit 2, as for any other state; a restart
 /// cannot fix it).
-pub fn read(root: &Root) -> Result<Option<Marker>> {
+pub(crate) fn read(root: &Root) -> Result<Option<Marker>> {
     let Some(text) = root.read_text(STATE_PATH)? else {
         return Ok(None);
     };
@@ -87,14 +87,14 @@ pub fn read(root: &Root) -> Result<Option<Marker>> {
         })
 }
 
-pub struct NodeLock<'r> {
+pub(crate) struct NodeLock<'r> {
     root: &'r Root,
     taken: AtomicBool,
     marker: Mutex<Option<Marker>>,
 }
 
 impl<'r> NodeLock<'r> {
-    pub fn new(root: &'r Root) -> Self {
+    pub(crate) fn new(root: &'r Root) -> Self {
         NodeLock {
             root,
             taken: AtomicBool::new(false),
@@ -102,12 +102,12 @@ impl<'r> NodeLock<'r> {
         }
     }
 
-    pub fn is_taken(&self) -> bool {
+    pub(crate) fn is_taken(&self) -> bool {
         self.taken.load(Ordering::SeqCst)
     }
 
     /// The state last recorded by this lock (`None`: not taken, or its marker never written).
-    pub fn state(&self) -> Option<State> {
+    pub(crate) fn state(&self) -> Option<State> {
         self.marker
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -119,7 +119,7 @@ impl<'r> NodeLock<'r> {
     /// ours, and the `committed` marker is on disk. `Err`: ours, but the marker could not be
     /// written; the lock stays taken (the other side must not start either) and the caller
     /// treats it like any failure after the lock.
-    pub fn try_lock(
+    pub(crate) fn try_lock(
         &self,
         role: Role,
         cluster: &str,
@@ -156,7 +156,7 @@ impl<'r> NodeLock<'r> {
 
     /// What the lock says of the node, for a refused init request: `worker of cluster demo
     /// (ticket from https://…), committed`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self
             .marker
             .lock()
@@ -179,7 +179,7 @@ impl<'r> NodeLock<'r> {
     }
 
     /// `committed` → `done`.
-    pub fn done(&self, ca_cert_hash: Option<String>) -> Result<()> {
+    pub(crate) fn done(&self, ca_cert_hash: Option<String>) -> Result<()> {
         self.update(State::Done, |m| {
             if ca_cert_hash.is_some() {
                 m.ca_cert_hash = ca_cert_hash;
@@ -188,7 +188,7 @@ impl<'r> NodeLock<'r> {
     }
 
     /// `committed` → `reset`: the node is spent and must be reprovisioned.
-    pub fn reset(&self, reason: &str) -> Result<()> {
+    pub(crate) fn reset(&self, reason: &str) -> Result<()> {
         self.update(State::Reset, |m| m.reason = Some(reason.to_string()))
     }
 

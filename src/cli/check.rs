@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::node::root::plain_name;
 
 /// Options only the torcx payload acts on, by their settings key.
-pub const TORCX_ONLY: &[&str] = &[
+pub(crate) const TORCX_ONLY: &[&str] = &[
     "torcx-manifest-url",
     "torcx-profile",
     "torcx-skip-setup",
@@ -15,7 +15,7 @@ pub const TORCX_ONLY: &[&str] = &[
     "reboot",
 ];
 /// Options only the sysext payload acts on.
-pub const SYSEXT_ONLY: &[&str] = &[
+pub(crate) const SYSEXT_ONLY: &[&str] = &[
     "sysext-url",
     "sysext-trust",
     "sysext-verity-certs",
@@ -25,7 +25,7 @@ pub const SYSEXT_ONLY: &[&str] = &[
 
 /// Step 0 for the merged options: each value, then the rules between options; returns the
 /// manifest URL template.
-pub fn check_options(a: &Bootstrap) -> Result<ManifestUrl> {
+pub(crate) fn check_options(a: &Bootstrap) -> Result<ManifestUrl> {
     let template = check_values(a)?;
     // Between options, so only once all sources are merged (a config file may name the payload
     // on one line and its source on the next).
@@ -49,7 +49,7 @@ pub fn check_options(a: &Bootstrap) -> Result<ManifestUrl> {
 
 /// Each option's value on its own; also how each config file and kernel command line value is
 /// checked (`settings::check_value`). Returns the manifest URL template.
-pub fn check_values(a: &Bootstrap) -> Result<ManifestUrl> {
+pub(crate) fn check_values(a: &Bootstrap) -> Result<ManifestUrl> {
     let template = check_common(&a.common())?;
     if let Some(u) = &a.events_url {
         crate::net::events::check_url(u, "--events-url")?;
@@ -118,7 +118,7 @@ pub fn check_values(a: &Bootstrap) -> Result<ManifestUrl> {
 }
 
 /// Checks of the options the hook shares; returns the manifest URL template.
-pub fn check_common(a: &Common) -> Result<ManifestUrl> {
+pub(crate) fn check_common(a: &Common) -> Result<ManifestUrl> {
     if !plain_name(a.torcx_profile) {
         return Err(Error::config(format!(
             "--torcx-profile {:?} is not a plain name",
@@ -139,23 +139,23 @@ pub fn check_common(a: &Common) -> Result<ManifestUrl> {
 /// `--torcx-manifest-url`: an http(s) URL with placeholders for the board and the OS version
 /// (Go template or shell spelling, as tectonic-torcx took them), and nothing else to fill in.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ManifestUrl(String);
+pub(crate) struct ManifestUrl(String);
 
 impl ManifestUrl {
     /// Checked by rendering it once: an unknown placeholder or another scheme is refused here,
     /// before anything is fetched.
-    pub fn parse(template: &str) -> Result<ManifestUrl> {
+    pub(crate) fn parse(template: &str) -> Result<ManifestUrl> {
         render_url(template, "amd64-usr", "1.0.0")?;
         Ok(ManifestUrl(template.to_string()))
     }
 
     /// The template as given, for messages.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 
     /// The manifest's URL for `board` and `os_version`.
-    pub fn render(&self, board: &str, os_version: &str) -> Result<String> {
+    pub(crate) fn render(&self, board: &str, os_version: &str) -> Result<String> {
         render_url(&self.0, board, os_version)
     }
 }
@@ -233,7 +233,7 @@ fn is_example_host(host: &str) -> bool {
 }
 
 /// `--allow-downgrade`: `NAME=VERSION` pairs, comma-separated; a name at most once.
-pub fn downgrades(v: &str) -> Result<Vec<(String, String)>> {
+pub(crate) fn downgrades(v: &str) -> Result<Vec<(String, String)>> {
     let mut out: Vec<(String, String)> = Vec::new();
     for pair in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let bad = |why: &str| {
@@ -265,10 +265,10 @@ pub fn downgrades(v: &str) -> Result<Vec<(String, String)>> {
 /// and the images, or an OCI repository standing for one (`oci://HOST[:PORT]/REPO`,
 /// docs/oci.md), with the extension's name as its one placeholder.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SysextUrl(String);
+pub(crate) struct SysextUrl(String);
 
 impl SysextUrl {
-    pub fn parse(template: &str) -> Result<SysextUrl> {
+    pub(crate) fn parse(template: &str) -> Result<SysextUrl> {
         if template.is_empty() {
             return Err(Error::config(
                 "--payload sysext needs --sysext-url (the directory holding SHA256SUMS and the images)",
@@ -280,7 +280,7 @@ impl SysextUrl {
     }
 
     /// The directory's URL for extension `name`, with a trailing slash.
-    pub fn dir(&self, name: &str) -> Result<String> {
+    pub(crate) fn dir(&self, name: &str) -> Result<String> {
         let mut u = render_template(
             "--sysext-url",
             &self.0,

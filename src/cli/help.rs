@@ -8,7 +8,7 @@ use argh::FromArgs;
 use crate::cli::check::{SYSEXT_ONLY, TORCX_ONLY};
 
 /// Options about the network: the API server's and the downloads' retries and limits.
-pub const NETWORK: &[&str] = &[
+pub(crate) const NETWORK: &[&str] = &[
     "ca-file",
     "registry-auth",
     "registry-config-path",
@@ -25,7 +25,7 @@ pub const NETWORK: &[&str] = &[
 
 /// bootstrap's help with its options in groups: common, torcx, sysext, network (every option
 /// not in a later group is common). Any other text passes unchanged.
-pub fn grouped(text: &str) -> String {
+pub(crate) fn grouped(text: &str) -> String {
     let Some((head, rest)) = text.split_once("\nOptions:\n") else {
         return text.to_string();
     };
@@ -101,7 +101,10 @@ pub(crate) fn entries(block: &str) -> Vec<(String, String)> {
 
 /// The closest of `candidates` to `word` (typos: at most a third of its letters wrong, and 3),
 /// for a did-you-mean.
-pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+pub(crate) fn closest<'a>(
+    word: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
     let limit = (word.chars().count() / 3).clamp(1, 3);
     candidates
         .into_iter()
@@ -129,7 +132,7 @@ fn distance(a: &str, b: &str) -> usize {
 
 /// argh's "Unrecognized argument: X" for `args` (normalised, subcommand first), with the
 /// option or command it was probably meant to be.
-pub fn did_you_mean(output: &str, args: &[String]) -> Option<String> {
+pub(crate) fn did_you_mean(output: &str, args: &[String]) -> Option<String> {
     let arg = output
         .lines()
         .next()?

@@ -2,11 +2,11 @@
 //! The certificate walks (activation's peer names) and the PKCS#7 signatures read through it.
 
 /// A DER reader over definite lengths and one-byte tags: what PKCS#7 and X.509 use.
-pub struct Der<'a>(pub &'a [u8]);
+pub(crate) struct Der<'a>(pub &'a [u8]);
 
 impl<'a> Der<'a> {
     /// The next element: (tag, content, the whole element).
-    pub fn tlv(&mut self) -> Option<(u8, &'a [u8], &'a [u8])> {
+    pub(crate) fn tlv(&mut self) -> Option<(u8, &'a [u8], &'a [u8])> {
         let b = self.0;
         let tag = *b.first()?;
         if tag & 0x1f == 0x1f {
@@ -37,7 +37,7 @@ impl<'a> Der<'a> {
     }
 
     /// The next element's content, if its tag is `tag`.
-    pub fn expect(&mut self, tag: u8) -> Option<&'a [u8]> {
+    pub(crate) fn expect(&mut self, tag: u8) -> Option<&'a [u8]> {
         match self.tlv()? {
             (t, content, _) if t == tag => Some(content),
             _ => None,
@@ -46,7 +46,7 @@ impl<'a> Der<'a> {
 }
 
 impl Der<'_> {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 }

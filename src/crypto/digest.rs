@@ -96,7 +96,7 @@ impl Hasher {
     }
 }
 
-pub enum CopyError {
+pub(crate) enum CopyError {
     Read(io::Error),
     Write(io::Error),
 }
@@ -113,7 +113,7 @@ const CHUNKS: usize = 3;
 /// reading and writing: SHA-512 costs as much as decrypting, copying and writing together, so
 /// a download is hashed at the speed of one of the two rather than their sum (bench/fetch).
 /// A thread that cannot be started is a read error (a download is tried again).
-pub fn copy_hashing(
+pub(crate) fn copy_hashing(
     r: &mut impl Read,
     h: &mut Hasher,
     w: &mut impl Write,
@@ -193,7 +193,7 @@ fn fill(r: &mut impl Read, chunk: &mut Vec<u8>) -> (usize, Option<io::Error>) {
 }
 
 /// Lowercase hex.
-pub fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
@@ -203,7 +203,7 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 /// SHA-256 of a whole buffer.
-pub fn sha256(b: &[u8]) -> [u8; 32] {
+pub(crate) fn sha256(b: &[u8]) -> [u8; 32] {
     let mut out = [0u8; 32];
     out.copy_from_slice(digest::digest(&digest::SHA256, b).as_ref());
     out

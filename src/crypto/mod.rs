@@ -2,9 +2,9 @@
 //! hashes, random spreads, certificate pins. Imports nothing of
 //! ours but the ground.
 
-pub mod der;
-pub mod digest;
+pub(crate) mod der;
+pub(crate) mod digest;
 pub mod openpgp;
 pub mod pkcs7;
-pub mod random;
+pub(crate) mod random;
 pub mod x509;

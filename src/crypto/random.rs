@@ -3,7 +3,7 @@
 
 /// A uniform fraction in [0, 1) from the kernel's random source (0 if it cannot answer, which
 /// only takes the spread away).
-pub fn fraction() -> f64 {
+pub(crate) fn fraction() -> f64 {
     let mut r = [0u8; 8];
     rustix::rand::getrandom(&mut r, rustix::rand::GetRandomFlags::empty()).ok();
     (u64::from_le_bytes(r) >> 11) as f64 / (1u64 << 53) as f64
@@ -12,7 +12,7 @@ pub fn fraction() -> f64 {
 /// 128 random bits as 32 lowercase hex digits, naming one run of a process (a join client's
 /// session). All zeros if the kernel cannot answer: every run is then the same one, which only
 /// ever refuses more.
-pub fn run_id() -> String {
+pub(crate) fn run_id() -> String {
     let mut r = [0u8; 16];
     rustix::rand::getrandom(&mut r, rustix::rand::GetRandomFlags::empty()).ok();
     r.iter().map(|b| format!("{b:02x}")).collect()

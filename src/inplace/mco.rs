@@ -10,9 +10,9 @@ use serde_json::{json, Map, Value};
 use crate::error::{Error, Result};
 
 /// What the machine-config-daemon's first-boot path consumes (renamed to `.bak` when done).
-pub const ENCAPSULATED: &str = "/etc/ignition-machine-config-encapsulated.json";
-pub const NODE_ANNOTATIONS: &str = "/etc/machine-config-daemon/node-annotations.json";
-pub const KUBECONFIG: &str = "/etc/kubernetes/kubeconfig";
+pub(crate) const ENCAPSULATED: &str = "/etc/ignition-machine-config-encapsulated.json";
+pub(crate) const NODE_ANNOTATIONS: &str = "/etc/machine-config-daemon/node-annotations.json";
+pub(crate) const KUBECONFIG: &str = "/etc/kubernetes/kubeconfig";
 /// The full served MachineConfig, a debugging aid the MCS appends; a second source of the name.
 const MCS_CONTENT: &str = "/etc/mcs-machine-config-content.json";
 const ANN: &str = "machineconfiguration.openshift.io";
@@ -32,7 +32,7 @@ const MCD_UNITS: &[&str] = &[
 ];
 
 /// Parse a served config: JSON, spec 3.x (RHCOS 4.6 and later; spec 2 is refused by name).
-pub fn parse(data: &[u8], src: &str) -> Result<Value> {
+pub(crate) fn parse(data: &[u8], src: &str) -> Result<Value> {
     let v: Value = serde_json::from_slice(data)
         .map_err(|e| Error::failed(format!("{src}: not an Ignition config: invalid JSON: {e}")))?;
     let version = v
@@ -61,7 +61,7 @@ pub fn parse(data: &[u8], src: &str) -> Result<Value> {
     Ok(v)
 }
 
-pub fn version(cfg: &Value) -> &str {
+pub(crate) fn version(cfg: &Value) -> &str {
     cfg.pointer("/ignition/version")
         .and_then(Value::as_str)
         .unwrap_or("?")
@@ -85,7 +85,7 @@ fn files(cfg: &Value) -> impl Iterator<Item = &Value> {
 }
 
 /// The contents of the file entry for `path`, when it is inline (a data URL, maybe gzip'ed).
-pub fn file_contents(cfg: &Value, path: &str, src: &str) -> Result<Option<Vec<u8>>> {
+pub(crate) fn file_contents(cfg: &Value, path: &str, src: &str) -> Result<Option<Vec<u8>>> {
     let Some(f) = files(cfg).find(|f| f["path"].as_str().is_some_and(|p| same_path(p, path)))
     else {
         return Ok(None);
@@ -111,7 +111,7 @@ pub fn file_contents(cfg: &Value, path: &str, src: &str) -> Result<Option<Vec<u8
 }
 
 /// RFC 2397 `data:[<mediatype>][;base64],<data>`.
-pub fn decode_data_url(s: &str) -> Option<Vec<u8>> {
+pub(crate) fn decode_data_url(s: &str) -> Option<Vec<u8>> {
     let rest = s.strip_prefix("data:")?;
     let (meta, data) = rest.split_once(',')?;
     let bytes = percent_decode(data)?;
@@ -145,7 +145,7 @@ fn percent_decode(s: &str) -> Option<Vec<u8>> {
 
 /// What the served config says about the MachineConfig it was rendered from.
 #[derive(Debug)]
-pub struct Rendered {
+pub(crate) struct Rendered {
     /// `rendered-<pool>-<hash>`.
     pub name: String,
     /// Where the name was found, for the log.
@@ -156,7 +156,7 @@ pub struct Rendered {
 
 /// The rendered config's name and spec fields: from the encapsulated MachineConfig the MCS
 /// appends, else its full copy, else the node annotations it appends.
-pub fn rendered(cfg: &Value, src: &str) -> Result<Rendered> {
+pub(crate) fn rendered(cfg: &Value, src: &str) -> Result<Rendered> {
     for path in [ENCAPSULATED, MCS_CONTENT] {
         let Some(data) = file_contents(cfg, path, src)? else {
             continue;
@@ -217,7 +217,7 @@ fn check_name(name: &str, src: &str, path: &str) -> Result<String> {
 
 /// The machine-config-operator image the MCD units run (`--entrypoint machine-config-daemon
 /// '<image>'`, or the image the pull unit pulls).
-pub fn mco_image(cfg: &Value) -> Option<String> {
+pub(crate) fn mco_image(cfg: &Value) -> Option<String> {
     let units = cfg.pointer("/systemd/units").and_then(Value::as_array)?;
     for u in units {
         let name = u.get("name").and_then(Value::as_str).unwrap_or("");
@@ -251,7 +251,7 @@ pub fn mco_image(cfg: &Value) -> Option<String> {
 
 /// A plausible pull spec: registry/path[:tag][@digest], nothing a shell or flag parser could
 /// read as more.
-pub fn image_ref(s: &str) -> bool {
+pub(crate) fn image_ref(s: &str) -> bool {
     s.contains('/')
         && !s.starts_with('-')
         && s.bytes()
@@ -260,7 +260,7 @@ pub fn image_ref(s: &str) -> bool {
 
 /// Put `path` into storage.files as an inline file (mode 420, overwrite), replacing every
 /// entry for the same path instead of adding a second one.
-pub fn set_file(cfg: &mut Value, path: &str, data: &[u8]) {
+pub(crate) fn set_file(cfg: &mut Value, path: &str, data: &[u8]) {
     let source = format!(
         "data:;base64,{}",
         base64::engine::general_purpose::STANDARD.encode(data)
@@ -271,7 +271,7 @@ pub fn set_file(cfg: &mut Value, path: &str, data: &[u8]) {
     files_mut(cfg).push(entry);
 }
 
-pub fn remove_file(cfg: &mut Value, path: &str) {
+pub(crate) fn remove_file(cfg: &mut Value, path: &str) {
     files_mut(cfg).retain(|f| !f["path"].as_str().is_some_and(|p| same_path(p, path)));
 }
 
@@ -294,7 +294,7 @@ fn files_mut(cfg: &mut Value) -> &mut Vec<Value> {
 
 /// The node annotations the in-cluster MCD adopts when the Node has none yet: the node is
 /// taken to be at `name` already, state Done.
-pub fn node_annotations(name: &str) -> Vec<u8> {
+pub(crate) fn node_annotations(name: &str) -> Vec<u8> {
     let mut m = Map::new();
     m.insert(format!("{ANN}/currentConfig"), json!(name));
     m.insert(format!("{ANN}/desiredConfig"), json!(name));
@@ -305,7 +305,7 @@ pub fn node_annotations(name: &str) -> Vec<u8> {
 /// The MachineConfig the MCD's first-boot path reads: the full config (not the emptied one
 /// the MCS encapsulates; the MCD writes every file because its old config is empty) plus the
 /// spec fields it applies before the kubelet.
-pub fn machine_config(r: &Rendered, cfg: &Value) -> Value {
+pub(crate) fn machine_config(r: &Rendered, cfg: &Value) -> Value {
     let mut spec = r.spec.clone();
     spec.insert("config".into(), cfg.clone());
     json!({

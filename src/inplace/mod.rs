@@ -2,7 +2,7 @@
 //! verified payload, applies it through the machine-config daemon or the payload's own script,
 //! and reboots once. Contract: docs/reprovision.md.
 
-pub mod mco;
+pub(crate) mod mco;
 pub mod payload;
-pub mod progress;
+pub(crate) mod progress;
 pub mod reprovision;

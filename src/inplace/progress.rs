@@ -11,7 +11,7 @@ use crate::net::retry::Retry;
 use crate::net::tls::Tls;
 use crate::node::status::rfc3339;
 
-pub struct Reporter {
+pub(crate) struct Reporter {
     target: Option<(Http, String, Option<String>)>,
     node: String,
     flow: &'static str,
@@ -21,7 +21,7 @@ pub struct Reporter {
 
 impl Reporter {
     /// `url` and `token` from the Secret; no URL means nothing is reported.
-    pub fn new(
+    pub(crate) fn new(
         tls: &Tls,
         url: Option<&str>,
         token: Option<&str>,
@@ -47,7 +47,7 @@ impl Reporter {
     }
 
     /// A reporter that only logs (preflight, dry runs).
-    pub fn silent(node: &str, flow: &'static str) -> Reporter {
+    pub(crate) fn silent(node: &str, flow: &'static str) -> Reporter {
         Reporter {
             target: None,
             node: node.to_string(),
@@ -58,7 +58,7 @@ impl Reporter {
 
     /// `phase` is preflight, fetch, configure or reboot; `status` started, succeeded or failed
     /// (and, for a reboot this run was told not to make, skipped).
-    pub fn report(&self, phase: &str, status: &str, message: &str) {
+    pub(crate) fn report(&self, phase: &str, status: &str, message: &str) {
         if status == "failed" {
             self.failed.set(true);
         }
@@ -92,7 +92,7 @@ impl Reporter {
     }
 
     /// Report `phase` failed unless a failure was reported already.
-    pub fn fail_once(&self, phase: &str, message: &str) {
+    pub(crate) fn fail_once(&self, phase: &str, message: &str) {
         if !self.failed.get() {
             self.report(phase, "failed", message);
         }

@@ -19,12 +19,12 @@ const ATTEMPT: Duration = Duration::from_secs(5);
 const PAUSE_FIRST: Duration = Duration::from_millis(250);
 const PAUSE_CAP: Duration = Duration::from_secs(8);
 /// An event not delivered within this is dropped (it says little any more).
-pub const MAX_AGE: Duration = Duration::from_secs(600);
+pub(crate) const MAX_AGE: Duration = Duration::from_secs(600);
 /// At the run's end, how long it waits for the queue to drain while the receiver answers.
-pub const FLUSH: Duration = Duration::from_secs(2);
+pub(crate) const FLUSH: Duration = Duration::from_secs(2);
 /// ... and, when no attempt has been answered yet, how long from the first attempt's start it
 /// waits for that answer (a receiver that is down answers nothing and costs nothing).
-pub const FIRST_ANSWER: Duration = Duration::from_secs(1);
+pub(crate) const FIRST_ANSWER: Duration = Duration::from_secs(1);
 
 /// Where events go and as whom.
 pub struct Target {
@@ -41,7 +41,7 @@ pub struct Target {
 }
 
 /// `url` checked as an events receiver: https only (a token may travel with it).
-pub fn check_url(url: &str, flag: &str) -> crate::error::Result<String> {
+pub(crate) fn check_url(url: &str, flag: &str) -> crate::error::Result<String> {
     let rest = url.strip_prefix("https://").ok_or_else(|| {
         crate::error::Error::config(format!(
             "{flag} {url:?}: not an https URL (events may carry a token and the node's names)"
@@ -80,14 +80,14 @@ struct Shared {
     wake: Condvar,
 }
 
-pub struct Sender {
+pub(crate) struct Sender {
     shared: Arc<Shared>,
     shown: String,
 }
 
 impl Sender {
     /// Start the sending thread.
-    pub fn start(t: Target) -> Box<dyn Sink> {
+    pub(crate) fn start(t: Target) -> Box<dyn Sink> {
         let shared = Arc::new(Shared {
             q: Mutex::new(Queue {
                 waiting: VecDeque::new(),

@@ -512,7 +512,7 @@ impl Kube {
 }
 
 /// The API client: `--kubeconfig` (a pod path), else the pod's service account.
-pub fn api_client(kubeconfig: Option<&Path>, pod: &Root, retry: Retry) -> Result<Kube> {
+pub(crate) fn api_client(kubeconfig: Option<&Path>, pod: &Root, retry: Retry) -> Result<Kube> {
     match kubeconfig {
         Some(p) => {
             let p = p.to_string_lossy();

@@ -18,11 +18,11 @@ use crate::net::toml::{self, Table, Value};
 use crate::node::root::Root;
 
 /// containerd's `config_path` as its docs and most distributions set it.
-pub const DEFAULT_CONFIG_PATH: &str = "/etc/containerd/certs.d";
+pub(crate) const DEFAULT_CONFIG_PATH: &str = "/etc/containerd/certs.d";
 const HOSTS_FILE_CAP: u64 = 64 << 10;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scheme {
+pub(crate) enum Scheme {
     Https,
     /// Only a mirror may be plain http (Spegel listens so on the node): no credentials are ever
     /// sent there, and what it serves is checked against the signed digests as any download.
@@ -30,18 +30,18 @@ pub enum Scheme {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Caps {
+pub(crate) struct Caps {
     pub pull: bool,
     /// Resolving a tag is trusted: a host without it is never asked for a manifest by tag.
     pub resolve: bool,
 }
 
 /// Client certificate and key files; the key in the certificate's file when `None`.
-pub type ClientPair = (String, Option<String>);
+pub(crate) type ClientPair = (String, Option<String>);
 
 /// One host a registry's content may come from.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     pub scheme: Scheme,
     /// `host[:port]`: what credentials are looked up by.
     pub host: String,
@@ -58,7 +58,7 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// The registry itself, as containerd reaches it with no hosts.toml.
-    pub fn registry(host: &str) -> Endpoint {
+    pub(crate) fn registry(host: &str) -> Endpoint {
         Endpoint {
             scheme: Scheme::Https,
             host: host.to_string(),
@@ -75,7 +75,7 @@ impl Endpoint {
     }
 
     /// `scheme://host/path`, the API root without its slash.
-    pub fn root(&self) -> String {
+    pub(crate) fn root(&self) -> String {
         let scheme = match self.scheme {
             Scheme::Https => "https",
             Scheme::Http => "http",
@@ -87,7 +87,7 @@ impl Endpoint {
     /// `registry` on this host: `?ns=` when the host is not the registry, written as
     /// containerd writes it (`isProxy` and `addNamespace` in its `remotes/docker`: Go's
     /// `url.Values.Encode`, so a port's colon is `%3A`).
-    pub fn url(&self, registry: &str, repo: &str, rest: &str) -> String {
+    pub(crate) fn url(&self, registry: &str, repo: &str, rest: &str) -> String {
         let base = format!("{}/{repo}/{rest}", self.root());
         if self.host == registry || (registry == "docker.io" && self.host == "registry-1.docker.io")
         {
@@ -99,7 +99,7 @@ impl Endpoint {
     }
 
     /// What the log calls it.
-    pub fn shown(&self) -> String {
+    pub(crate) fn shown(&self) -> String {
         if self.mirror {
             format!("mirror {}", self.root())
         } else {
@@ -108,14 +108,14 @@ impl Endpoint {
     }
 
     /// TLS settings of its own (else the run's client serves it as is).
-    pub fn own_tls(&self) -> bool {
+    pub(crate) fn own_tls(&self) -> bool {
         !self.ca.is_empty() || self.client.is_some()
     }
 }
 
 /// `--registry-config-path`: empty (none), or absolute node folders separated by `:`. An empty
 /// or relative one is refused: containerd would look it up relative to its working directory.
-pub fn check_config_path(config_path: &str) -> Result<()> {
+pub(crate) fn check_config_path(config_path: &str) -> Result<()> {
     if config_path.is_empty() {
         return Ok(());
     }
@@ -133,7 +133,7 @@ pub fn check_config_path(config_path: &str) -> Result<()> {
 /// The hosts of registry `registry` (`host[:port]`), mirrors first, and the file they came from:
 /// from `config_path` on the node (folders separated by `:`, checked by `check_config_path`;
 /// empty: none), else the registry alone.
-pub fn endpoints(
+pub(crate) fn endpoints(
     root: &Root,
     config_path: &str,
     registry: &str,
@@ -172,7 +172,12 @@ pub fn endpoints(
 
 /// The hosts a parsed hosts.toml names, for registry `registry`; relative file paths are
 /// relative to `dir`, the host's directory.
-pub fn parse_hosts(doc: &Table, dir: &str, registry: &str, shown: &str) -> Result<Vec<Endpoint>> {
+pub(crate) fn parse_hosts(
+    doc: &Table,
+    dir: &str,
+    registry: &str,
+    shown: &str,
+) -> Result<Vec<Endpoint>> {
     let mut out = Vec::new();
     match doc.get("host") {
         None => {}

@@ -4,17 +4,17 @@
 
 pub(crate) mod boot_check;
 pub mod cluster;
-pub mod events;
+pub(crate) mod events;
 pub mod fetch;
 pub mod handover;
 pub mod join_config;
-pub mod kube;
+pub(crate) mod kube;
 pub mod kubeconfig;
-pub mod mirrors;
-pub mod names;
-pub mod node_report;
-pub mod nodeinfo;
-pub mod oci;
+pub(crate) mod mirrors;
+pub(crate) mod names;
+pub(crate) mod node_report;
+pub(crate) mod nodeinfo;
+pub(crate) mod oci;
 pub mod retry;
-pub mod tls;
-pub mod toml;
+pub(crate) mod tls;
+pub(crate) mod toml;

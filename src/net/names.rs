@@ -6,10 +6,10 @@ use crate::error::{Error, Result};
 /// A node's name as the API addresses it: a DNS subdomain (RFC 1123), since it goes into
 /// request paths.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeName(String);
+pub(crate) struct NodeName(String);
 
 impl NodeName {
-    pub fn parse(s: &str) -> Option<NodeName> {
+    pub(crate) fn parse(s: &str) -> Option<NodeName> {
         dns_subdomain(s).then(|| NodeName(s.to_string()))
     }
 }
@@ -28,7 +28,7 @@ impl std::fmt::Display for NodeName {
 }
 
 /// `--node-name`, else `NODE` (the downward API's spec.nodeName).
-pub fn node_name(flag: Option<&str>, env: Option<&str>) -> Result<NodeName> {
+pub(crate) fn node_name(flag: Option<&str>, env: Option<&str>) -> Result<NodeName> {
     let (n, from) = match (
         flag.filter(|n| !n.is_empty()),
         env.filter(|n| !n.is_empty()),
@@ -49,11 +49,11 @@ pub fn node_name(flag: Option<&str>, env: Option<&str>) -> Result<NodeName> {
 }
 
 /// A namespace's name: an RFC 1123 label (at most 63, no dots).
-pub fn dns_label(s: &str) -> bool {
+pub(crate) fn dns_label(s: &str) -> bool {
     s.len() <= 63 && !s.contains('.') && dns_subdomain(s)
 }
 
-pub fn dns_subdomain(s: &str) -> bool {
+pub(crate) fn dns_subdomain(s: &str) -> bool {
     s.len() <= 253
         && s.split('.').all(|l| {
             !l.is_empty()
@@ -67,7 +67,7 @@ pub fn dns_subdomain(s: &str) -> bool {
 
 /// A Kubernetes annotation or label key: `[prefix/]name`, prefix a DNS subdomain, name at most 63
 /// alphanumerics, `-`, `_`, `.`, beginning and ending alphanumeric.
-pub fn check_key(flag: &str, key: &str) -> Result<()> {
+pub(crate) fn check_key(flag: &str, key: &str) -> Result<()> {
     let (prefix, name) = match key.rsplit_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, key),

@@ -14,20 +14,20 @@ use crate::net::kube::{Kube, Reply};
 use crate::net::retry::Retry;
 use crate::node::root::Root;
 
-pub const CONDITION: &str = "NodestrapVerified";
-pub const LABEL_KUBERNETES: &str = "nodestrap.io/kubernetes";
-pub const LABEL_RUNTIME: &str = "nodestrap.io/runtime";
-pub const LABEL_TRUST: &str = "nodestrap.io/trust";
+pub(crate) const CONDITION: &str = "NodestrapVerified";
+pub(crate) const LABEL_KUBERNETES: &str = "nodestrap.io/kubernetes";
+pub(crate) const LABEL_RUNTIME: &str = "nodestrap.io/runtime";
+pub(crate) const LABEL_TRUST: &str = "nodestrap.io/trust";
 /// The whole report, every call included: a boot check never waits longer for the cluster.
 const DEADLINE: Duration = Duration::from_secs(20);
 /// Events one report sends at most.
-pub const MAX_EVENTS: usize = 8;
+pub(crate) const MAX_EVENTS: usize = 8;
 /// The namespace a Node's events live in (the kubelet's).
 const EVENTS_NS: &str = "default";
 
 /// The condition's status: verified, not, or being checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     True,
     False,
     Unknown,
@@ -45,14 +45,14 @@ impl Verdict {
 
 /// One event on the Node: `Normal` or `Warning`, a CamelCase reason, a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Event {
+pub(crate) struct Event {
     pub warning: bool,
     pub reason: &'static str,
     pub message: String,
 }
 
 /// What a boot check reports.
-pub struct Report {
+pub(crate) struct Report {
     pub verdict: Verdict,
     /// CamelCase, as conditions' reasons are (`Verified`, `Mismatch`, `ReturnedToKnownGood`).
     pub reason: &'static str,
@@ -64,7 +64,7 @@ pub struct Report {
 
 /// A label value from free text: at most 63 characters of `[A-Za-z0-9._-]`, beginning and
 /// ending with an alphanumeric (`containerd://1.7.24` becomes `containerd-1.7.24`).
-pub fn label_value(text: &str) -> String {
+pub(crate) fn label_value(text: &str) -> String {
     let mapped: String = text
         .chars()
         .map(|c| {
@@ -83,7 +83,7 @@ pub fn label_value(text: &str) -> String {
 
 /// Sends `report` for Node `node` through the kubeconfig at `kubeconfig` (a node path); what
 /// was done or why not, one line for the status record and the log.
-pub fn send(root: &Root, kubeconfig: &str, node: &str, report: &Report) -> String {
+pub(crate) fn send(root: &Root, kubeconfig: &str, node: &str, report: &Report) -> String {
     let until = Instant::now() + DEADLINE;
     // Every call, and an attempt in flight, ends at the report's deadline.
     let retry = Retry::exponential(2, Duration::from_millis(500)).until(until);

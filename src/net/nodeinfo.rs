@@ -14,10 +14,10 @@ use crate::node::status::{ApiCheck, Check};
 const PAUSE: Duration = Duration::from_secs(2);
 
 /// Whether a `containerRuntimeVersion` the Node reports is the expected runtime.
-pub type Judge<'a> = &'a dyn Fn(&str) -> bool;
+pub(crate) type Judge<'a> = &'a dyn Fn(&str) -> bool;
 
 /// What the Node should report.
-pub struct Want<'a> {
+pub(crate) struct Want<'a> {
     /// `nodeInfo.kubeletVersion`, compared by `same_version`.
     pub kubelet: Option<String>,
     /// `nodeInfo.containerRuntimeVersion`: how the check names it, and the judge of an answer.
@@ -25,7 +25,7 @@ pub struct Want<'a> {
 }
 
 /// The API server's verdict, its note (why not asked, or from where), and its checks.
-pub struct Answer {
+pub(crate) struct Answer {
     pub api: ApiCheck,
     pub note: Option<String>,
     pub checks: Vec<Check>,
@@ -36,7 +36,13 @@ pub struct Answer {
 /// reported in this boot is judged: its `Ready` condition's `lastHeartbeatTime` (the node's own
 /// clock) not before the boot began; a kubelet posts its status as it starts. A Node that has
 /// not reported since, or no answer in that time, is `unreached`, never a pass or a mismatch.
-pub fn ask(root: &Root, kubeconfig: &str, wait: Duration, name: &str, want: &Want) -> Answer {
+pub(crate) fn ask(
+    root: &Root,
+    kubeconfig: &str,
+    wait: Duration,
+    name: &str,
+    want: &Want,
+) -> Answer {
     let until = Instant::now() + wait;
     let mut asking = Asking {
         last: None,
@@ -184,7 +190,7 @@ fn heartbeat(node: &serde_json::Value) -> Option<String> {
 
 /// Whether two versions as the Node reports them are the same: `containerd://v1.7.24` (an
 /// upstream build says its tag) is `containerd://1.7.24`, `v1.32.3` is `1.32.3`.
-pub fn same_version(a: &str, b: &str) -> bool {
+pub(crate) fn same_version(a: &str, b: &str) -> bool {
     let bare = |s: &str| -> (String, String) {
         let (scheme, v) = s.split_once("://").unwrap_or(("", s));
         (scheme.to_string(), v.trim_start_matches('v').to_string())
@@ -194,7 +200,7 @@ pub fn same_version(a: &str, b: &str) -> bool {
 
 /// `given` (`--node-name`), else the host name as the kubelet registers it (lower case). Not a
 /// DNS subdomain: a configuration error.
-pub fn node_name(given: Option<&str>) -> Result<String> {
+pub(crate) fn node_name(given: Option<&str>) -> Result<String> {
     let n = match given {
         Some(n) => n.to_string(),
         None => std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -106,7 +106,7 @@ impl Tls {
 /// algorithms and AES-GCM suites (TLS 1.3 and 1.2), without ChaCha20-Poly1305. Every TLS server
 /// offers AES-GCM, and the ChaCha20 code (for CPUs without AES instructions) costs about 30 KB of
 /// the 4 MiB budget; built field by field so the default suite list is never linked.
-pub fn tls_provider() -> Arc<CryptoProvider> {
+pub(crate) fn tls_provider() -> Arc<CryptoProvider> {
     use rustls::crypto::ring::cipher_suite as cs;
     Arc::new(CryptoProvider {
         cipher_suites: vec![

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 const MAX_DEPTH: u32 = 16;
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum Value {
+pub(crate) enum Value {
     String(String),
     Bool(bool),
     /// An integer, float or date-time: its kind ("integer", "float", "date-time").
@@ -26,7 +26,7 @@ pub enum Value {
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Table {
+pub(crate) struct Table {
     /// In the order the document first names each key.
     pub entries: Vec<(String, Value)>,
     how: Defined,
@@ -48,7 +48,7 @@ enum Defined {
 }
 
 impl Value {
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Value::String(_) => "string",
             Value::Bool(_) => "boolean",
@@ -60,13 +60,13 @@ impl Value {
 }
 
 impl Table {
-    pub fn get(&self, key: &str) -> Option<&Value> {
+    pub(crate) fn get(&self, key: &str) -> Option<&Value> {
         self.entries.iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
 }
 
 /// The document `text`; errors name `name`, the line and the reason.
-pub fn parse(text: &str, name: &str) -> Result<Table> {
+pub(crate) fn parse(text: &str, name: &str) -> Result<Table> {
     let source = Source::new(text);
     let tokens = source.lex().into_vec();
     let mut events: Vec<Event> = Vec::new();

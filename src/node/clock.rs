@@ -27,13 +27,13 @@ const POLL: Duration = Duration::from_millis(500);
 
 /// The newest time the clock cannot be before, and where it comes from.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Floor {
+pub(crate) struct Floor {
     pub at: SystemTime,
     pub source: String,
 }
 
 /// The floor: the newest of the build date and the node's stamps (whole seconds).
-pub fn floor(root: &Root) -> Floor {
+pub(crate) fn floor(root: &Root) -> Floor {
     let build = BUILD_EPOCH.parse::<u64>().unwrap_or(0);
     let mut f = Floor {
         at: UNIX_EPOCH + Duration::from_secs(build),
@@ -62,7 +62,7 @@ fn synchronized_file() -> PathBuf {
 
 /// Go on when the clock is at or past the floor; else wait up to `wait` for it to get there
 /// or for time synchronisation to vouch for it, then fail saying the clock is wrong.
-pub fn check(root: &Root, wait: Duration) -> Result<()> {
+pub(crate) fn check(root: &Root, wait: Duration) -> Result<()> {
     let f = floor(root);
     let sync = synchronized_file();
     let start = std::time::Instant::now();

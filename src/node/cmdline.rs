@@ -8,7 +8,7 @@ use crate::node::root::read_host_file;
 const CAP: u64 = 64 << 10;
 
 /// /proc/cmdline as text.
-pub fn read() -> Result<String> {
+pub(crate) fn read() -> Result<String> {
     let p = crate::node::seams::Seam::ProcCmdline.path();
     let bytes = read_host_file(&p, CAP, "kernel command line")?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
@@ -16,7 +16,7 @@ pub fn read() -> Result<String> {
 
 /// The value of the first `key=value` argument, the line split on blanks without unquoting
 /// (as torcx reads `torcx_config=`: `strings.Fields`, first match).
-pub fn first_value<'a>(cmdline: &'a str, key: &str) -> Option<&'a str> {
+pub(crate) fn first_value<'a>(cmdline: &'a str, key: &str) -> Option<&'a str> {
     cmdline
         .split_whitespace()
         .find_map(|a| a.strip_prefix(key)?.strip_prefix('='))
@@ -25,7 +25,7 @@ pub fn first_value<'a>(cmdline: &'a str, key: &str) -> Option<&'a str> {
 /// A boolean kernel argument as systemd reads it (`proc_cmdline_get_bool`): the last `key=value`
 /// wins, `-` and `_` in the key are the same, a bare `key` is true; `None` when absent or not
 /// a boolean (systemd then keeps its default).
-pub fn systemd_bool(cmdline: &str, key: &str) -> Option<bool> {
+pub(crate) fn systemd_bool(cmdline: &str, key: &str) -> Option<bool> {
     let same = |a: &str| a.replace('_', "-") == key.replace('_', "-");
     let mut found = None;
     for w in cmdline.split_whitespace() {

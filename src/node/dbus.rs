@@ -262,11 +262,11 @@ fn call_systemd(member: &str, args: &[&str]) -> Result<String> {
     run().map_err(|e| Error::failed(e.text()))
 }
 
-pub const NEED_REBOOT: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
-pub const IDLE: &str = "UPDATE_STATUS_IDLE";
+pub(crate) const NEED_REBOOT: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
+pub(crate) const IDLE: &str = "UPDATE_STATUS_IDLE";
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Status {
+pub(crate) struct Status {
     pub operation: String,
     pub new_version: String,
     pub progress: f64,
@@ -311,7 +311,7 @@ fn verdict(s: &Status) -> Result<Option<Update>> {
 }
 
 /// One `GetStatus`: the next version if an update waits for a reboot.
-pub fn update_status() -> Result<Update> {
+pub(crate) fn update_status() -> Result<Update> {
     match connect().and_then(|mut conn| get_status(&mut conn)) {
         Ok(s) => Ok(verdict(&s)?.unwrap_or(Update::None(s.operation))),
         Err(e) => classify(e),
@@ -321,7 +321,7 @@ pub fn update_status() -> Result<Update> {
 /// `AttemptUpdate` and wait until update_engine settles (reboot needed, or idle), at most
 /// `deadline`. Signals are subscribed to before the call so no transition is missed, and
 /// `GetStatus` is polled every `poll` in case a signal is lost.
-pub fn attempt_update(deadline: Duration, poll: Duration) -> Result<Update> {
+pub(crate) fn attempt_update(deadline: Duration, poll: Duration) -> Result<Update> {
     let last = match watch_update(deadline, poll) {
         Ok(s) => s,
         Err(e) => return classify(e),
@@ -390,28 +390,28 @@ fn watch_update(deadline: Duration, poll: Duration) -> BusResult<Status> {
 }
 
 /// `daemon-reload` through systemd on the system bus.
-pub fn systemd_reload() -> Result<()> {
+pub(crate) fn systemd_reload() -> Result<()> {
     call_systemd("Reload", &[]).map(drop)
 }
 
 /// Queue `reboot.target`; the job cannot be cancelled by later jobs.
-pub fn systemd_reboot() -> Result<String> {
+pub(crate) fn systemd_reboot() -> Result<String> {
     call_systemd("StartUnit", &["reboot.target", "replace-irreversibly"])
 }
 
 /// Restart `unit` if it runs (systemctl try-restart); a unit that does not run stays stopped.
-pub fn systemd_try_restart(unit: &str) -> Result<String> {
+pub(crate) fn systemd_try_restart(unit: &str) -> Result<String> {
     call_systemd("TryRestartUnit", &[unit, "replace"])
 }
 
 /// Start (or keep running) `unit` through systemd on the system bus.
-pub fn systemd_start(unit: &str) -> Result<String> {
+pub(crate) fn systemd_start(unit: &str) -> Result<String> {
     call_systemd("StartUnit", &[unit, "replace"])
 }
 
 /// What systemd says of a unit: whether it exists and is enabled, how its last run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnitState {
+pub(crate) struct UnitState {
     /// `loaded`, `not-found`, `masked`, ...
     pub load: String,
     /// `enabled`, `disabled`, `static`, ... (empty when systemd does not know)
@@ -442,7 +442,7 @@ where
 
 /// When the running system's systemd started (`UserspaceTimestamp`: after switch-root, the real
 /// root's), in microseconds since the epoch.
-pub fn systemd_userspace_start() -> Result<u64> {
+pub(crate) fn systemd_userspace_start() -> Result<u64> {
     ask_systemd(|conn| property(conn, SD_PATH, SD_IFACE, "UserspaceTimestamp"))
         .map_err(|e| Error::failed(e.text()))
 }
@@ -506,13 +506,13 @@ fn unit_state(conn: &mut RpcConn, unit: &str) -> BusResult<UnitState> {
 }
 
 /// What systemd says of `unit` now.
-pub fn systemd_unit(unit: &str) -> Result<UnitState> {
+pub(crate) fn systemd_unit(unit: &str) -> Result<UnitState> {
     ask_systemd(|conn| unit_state(conn, unit)).map_err(|e| Error::failed(e.text()))
 }
 
 /// `systemctl restart unit`: queue the restart, wait (at most `deadline`) until its job is
 /// done, and say how the unit ended.
-pub fn systemd_restart_wait(unit: &str, deadline: Duration) -> Result<UnitState> {
+pub(crate) fn systemd_restart_wait(unit: &str, deadline: Duration) -> Result<UnitState> {
     let job = call_systemd("RestartUnit", &[unit, "replace"])?;
     let run = || -> BusResult<UnitState> {
         let end = Instant::now() + deadline;

@@ -16,7 +16,7 @@ use crate::crypto::digest::hex;
 use crate::error::{Context, Error, Result};
 
 /// Bytes a download leaves free on its target file system, beyond its own size.
-pub const SPACE_MARGIN: u64 = 32 << 20;
+pub(crate) const SPACE_MARGIN: u64 = 32 << 20;
 
 /// A directory inside the root, resolved once; files are created relative to it.
 pub struct Dir {
@@ -32,7 +32,7 @@ pub struct DirLock {
 }
 
 /// `.<name>.nodestrap-<hex>`: the names of nodestrap's temp files and links.
-pub fn temp_name(name: &str) -> String {
+pub(crate) fn temp_name(name: &str) -> String {
     let mut rnd = [0u8; 6];
     rustix::rand::getrandom(&mut rnd, rustix::rand::GetRandomFlags::empty()).ok();
     format!(".{name}.nodestrap-{}", hex(&rnd))

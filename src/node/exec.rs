@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 
 /// A program to run, with everything it gets from us.
 #[derive(Debug, Clone)]
-pub struct Command {
+pub(crate) struct Command {
     /// Looked up in `PATH` when it has no `/`.
     pub program: PathBuf,
     pub args: Vec<String>,
@@ -37,7 +37,7 @@ pub struct Command {
 
 /// The environment a program gets. Values are never logged.
 #[derive(Debug, Clone)]
-pub enum Env {
+pub(crate) enum Env {
     /// Ours, plus these.
     Inherit(Vec<(String, String)>),
     /// Only these (a payload's script must not see the pod's secrets).
@@ -47,7 +47,7 @@ pub enum Env {
 impl Command {
     /// `argv[0]` with the rest as arguments; our environment, `/` as working directory, and a
     /// grace of 5 s after `timeout`.
-    pub fn new(argv: &[String], timeout: Duration) -> Result<Command> {
+    pub(crate) fn new(argv: &[String], timeout: Duration) -> Result<Command> {
         let (program, args) = argv
             .split_first()
             .ok_or_else(|| Error::config("empty command"))?;
@@ -63,14 +63,14 @@ impl Command {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stream {
+pub(crate) enum Stream {
     Stdout,
     Stderr,
 }
 
 /// How a program ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
+pub(crate) enum Exit {
     Code(i32),
     Signal { number: i32, core: bool },
 }
@@ -86,7 +86,7 @@ impl Exit {
         }
     }
 
-    pub fn success(self) -> bool {
+    pub(crate) fn success(self) -> bool {
         self == Exit::Code(0)
     }
 }
@@ -108,7 +108,7 @@ impl std::fmt::Display for Exit {
 
 /// What `capture` keeps of a run.
 #[derive(Debug)]
-pub struct Captured {
+pub(crate) struct Captured {
     pub exit: Exit,
     /// Stdout, at most the cap given.
     pub stdout: Vec<u8>,
@@ -117,7 +117,7 @@ pub struct Captured {
 }
 
 /// How much of each stream `capture` keeps for messages (its end).
-pub const TAIL: usize = 16 << 10;
+pub(crate) const TAIL: usize = 16 << 10;
 /// Longer lines are streamed in pieces of this many bytes.
 const MAX_LINE: usize = 4096;
 /// How long the output is still read once the program exited (`capture`) or its group was
@@ -126,7 +126,7 @@ const DRAIN: Duration = Duration::from_millis(200);
 
 /// Run `c`, logging each line of its stdout (info) and stderr (warn) as `{label}: {line}`.
 /// `Ok` only when it exits with status 0 within its timeout.
-pub fn stream_to_log(c: &Command, label: &str) -> Result<()> {
+pub(crate) fn stream_to_log(c: &Command, label: &str) -> Result<()> {
     stream(c, label, &mut |stream, line| match stream {
         Stream::Stdout => crate::info!("{label}: {line}"),
         Stream::Stderr => crate::warn!("{label}: {line}"),
@@ -135,7 +135,7 @@ pub fn stream_to_log(c: &Command, label: &str) -> Result<()> {
 
 /// Run `c`, handing each output line to `sink`. It runs until it exits and its output ends:
 /// processes it leaves behind holding its output count against its timeout.
-pub fn stream(c: &Command, label: &str, sink: &mut dyn FnMut(Stream, &str)) -> Result<()> {
+pub(crate) fn stream(c: &Command, label: &str, sink: &mut dyn FnMut(Stream, &str)) -> Result<()> {
     let mut out = LineSink {
         lines: [Lines::new(Stream::Stdout), Lines::new(Stream::Stderr)],
         sink,
@@ -151,7 +151,7 @@ pub fn stream(c: &Command, label: &str, sink: &mut dyn FnMut(Stream, &str)) -> R
 /// of both streams. Once it exits, what it started is killed with its group. An error only
 /// when it cannot be started, runs too long or writes too much; a failing exit is in
 /// `Captured::exit`.
-pub fn capture(c: &Command, label: &str, stdout_cap: usize) -> Result<Captured> {
+pub(crate) fn capture(c: &Command, label: &str, stdout_cap: usize) -> Result<Captured> {
     let mut out = Capture {
         stdout: Vec::new(),
         cap: stdout_cap,
@@ -551,7 +551,7 @@ fn signal_name(sig: i32) -> &'static str {
 }
 
 /// What `argv` (a `--version` probe) prints first, or why it printed nothing.
-pub fn version_line(argv: &[String]) -> std::result::Result<String, String> {
+pub(crate) fn version_line(argv: &[String]) -> std::result::Result<String, String> {
     let run = || -> Result<String> {
         let c = Command::new(argv, Duration::from_secs(30))?;
         let out = capture(&c, &argv[0], 64 << 10)?;
@@ -568,7 +568,7 @@ pub fn version_line(argv: &[String]) -> std::result::Result<String, String> {
 
 /// Whether a `--version` line names `version` as a whole word (`v` before it, a `-`, `+` or
 /// `~` suffix after it allowed, as Debian's `1.7.24~ds1`): `1.7.2` is not `1.7.24`.
-pub fn says_version(line: &str, version: &str) -> bool {
+pub(crate) fn says_version(line: &str, version: &str) -> bool {
     line.split(|c: char| c.is_whitespace() || c == ',' || c == '"')
         .map(|w| w.trim_start_matches('v'))
         .any(|w| {
@@ -579,7 +579,7 @@ pub fn says_version(line: &str, version: &str) -> bool {
 }
 
 /// `1 s`, `1.5 s`: how a log line says a duration.
-pub fn secs(d: Duration) -> String {
+pub(crate) fn secs(d: Duration) -> String {
     if d.subsec_millis() == 0 {
         format!("{} s", d.as_secs())
     } else {

@@ -11,13 +11,13 @@ use crate::node::undo::Undo;
 /// Whether the template must exist: torcx nodes always had one from the installer; a sysext
 /// node (Flatcar) may have none, and then the marker holds only what this run sets.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Template {
+pub(crate) enum Template {
     Required,
     IfPresent,
 }
 
 /// What to write: `path` from `template`, with `set` applied.
-pub struct Plan<'a> {
+pub(crate) struct Plan<'a> {
     pub path: &'a str,
     pub template: &'a str,
     pub need: Template,
@@ -25,7 +25,7 @@ pub struct Plan<'a> {
 }
 
 /// Write the marker (not in a dry run, which prints it as a plan, nor with an empty path).
-pub fn write(root: &Root, p: &Plan, dry_run: bool, undo: &mut Undo) -> Result<()> {
+pub(crate) fn write(root: &Root, p: &Plan, dry_run: bool, undo: &mut Undo) -> Result<()> {
     if p.path.is_empty() {
         crate::info!("--kubelet-env-path is empty: not writing kubelet.env");
         return Ok(());

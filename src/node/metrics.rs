@@ -19,27 +19,27 @@ static WAITED_MS: AtomicU64 = AtomicU64::new(0);
 static TARGET: Mutex<Option<(std::path::PathBuf, String)>> = Mutex::new(None);
 
 /// One HTTP attempt made (every request, every retry).
-pub fn request() {
+pub(crate) fn request() {
     REQUESTS.fetch_add(1, Ordering::Relaxed);
 }
 
 /// One busy answer (408, 429, 5xx).
-pub fn busy() {
+pub(crate) fn busy() {
     BUSY.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Body bytes received.
-pub fn fetched(n: u64) {
+pub(crate) fn fetched(n: u64) {
     FETCHED.fetch_add(n, Ordering::Relaxed);
 }
 
 /// A pause before another attempt.
-pub fn waited(d: std::time::Duration) {
+pub(crate) fn waited(d: std::time::Duration) {
     WAITED_MS.fetch_add(d.as_millis() as u64, Ordering::Relaxed);
 }
 
 /// This run writes its metrics into `dir` (a node path under `root`).
-pub fn write_to(root: &std::path::Path, dir: &str) {
+pub(crate) fn write_to(root: &std::path::Path, dir: &str) {
     if let Ok(mut t) = TARGET.lock() {
         *t = Some((root.to_path_buf(), dir.to_string()));
     }
@@ -61,7 +61,7 @@ const FAMILIES: &[(&str, &str)] = &[
 ];
 
 /// What a run ended with, for its file.
-pub struct Ended<'a> {
+pub(crate) struct Ended<'a> {
     pub command: &'a str,
     pub started: std::time::SystemTime,
     pub exit_code: i32,
@@ -72,7 +72,7 @@ pub struct Ended<'a> {
 }
 
 /// The file's text.
-pub fn render(e: &Ended, now: std::time::SystemTime) -> String {
+pub(crate) fn render(e: &Ended, now: std::time::SystemTime) -> String {
     let epoch = |t: std::time::SystemTime| {
         t.duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64())
@@ -161,7 +161,7 @@ fn label(v: &str) -> String {
 
 /// Write the run's file where `write_to` said, if it did, best effort: a line either way, and
 /// what happened, for the run's record (`metrics`: `written` or `not written`, and where or why).
-pub fn ended(e: Ended) -> Option<(&'static str, String)> {
+pub(crate) fn ended(e: Ended) -> Option<(&'static str, String)> {
     match write(&e) {
         Ok(None) => None,
         Ok(Some(at)) => {

@@ -3,25 +3,25 @@
 //! one signal module, the clock's floor, the run's status record, the undo log that puts the
 //! node back after a failure, and the one verified write of a payload. Uses only `crypto`.
 
-pub mod clock;
-pub mod cmdline;
-pub mod dbus;
+pub(crate) mod clock;
+pub(crate) mod cmdline;
+pub(crate) mod dbus;
 pub(crate) mod dir;
 pub mod envfile;
 pub mod events;
-pub mod exec;
+pub(crate) mod exec;
 pub mod floor;
 pub mod mappings;
-pub mod marker;
-pub mod metrics;
-pub mod privilege;
-pub mod reboot;
+pub(crate) mod marker;
+pub(crate) mod metrics;
+pub(crate) mod privilege;
+pub(crate) mod reboot;
 pub mod root;
-pub mod run;
-pub mod seams;
-pub mod signals;
+pub(crate) mod run;
+pub(crate) mod seams;
+pub(crate) mod signals;
 pub mod state_file;
 pub mod status;
 pub mod temps;
-pub mod undo;
-pub mod verified;
+pub(crate) mod undo;
+pub(crate) mod verified;

@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 
 /// A capability of capabilities(7), by its bit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cap {
+pub(crate) enum Cap {
     /// `mount(2)`: each sysext image is mounted read-only and checked as systemd-sysext will.
     SysAdmin,
 }
@@ -36,7 +36,7 @@ fn effective(status: &str) -> Option<u64> {
 
 /// `Ok` when this process holds `cap`, else exit 2 naming the command, the capability, what
 /// it is for and the fix.
-pub fn require(cap: Cap, command: &str, what_for: &str) -> Result<()> {
+pub(crate) fn require(cap: Cap, command: &str, what_for: &str) -> Result<()> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     match effective(&status) {
         Some(set) if set & (1 << cap.bit()) == 0 => Err(Error::config(format!(

@@ -10,14 +10,14 @@ use crate::node::root::Root;
 
 /// What became of a reboot request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Requested {
+pub(crate) enum Requested {
     /// systemd accepted it: the node is going down (the job's path).
     Queued(String),
     /// Not done here, and why (`--dry-run`, `--reboot=never`, another root).
     Declined(String),
 }
 
-pub trait Rebooter {
+pub(crate) trait Rebooter {
     /// Ask for the reboot; `Queued` once systemd accepted the job.
     fn request(&self, reason: &str) -> Result<Requested>;
 
@@ -38,7 +38,7 @@ pub trait Rebooter {
 }
 
 /// After a queued reboot: until SIGTERM (then `Ok`, promptly) or `limit` (then an error).
-pub fn wait_to_be_stopped(limit: Duration) -> Result<()> {
+pub(crate) fn wait_to_be_stopped(limit: Duration) -> Result<()> {
     crate::node::signals::catch_sigterm();
     let start = std::time::Instant::now();
     while start.elapsed() < limit {
@@ -84,7 +84,7 @@ impl Rebooter for Decline {
     }
 }
 
-pub fn for_run(root: &Root, allow: bool, dry_run: bool) -> Box<dyn Rebooter> {
+pub(crate) fn for_run(root: &Root, allow: bool, dry_run: bool) -> Box<dyn Rebooter> {
     if dry_run {
         Box::new(Decline("--dry-run".into()))
     } else if !allow {
@@ -100,7 +100,7 @@ pub fn for_run(root: &Root, allow: bool, dry_run: bool) -> Box<dyn Rebooter> {
 
 /// For a pod that has the host's root mounted and the host's system bus reachable
 /// (`DBUS_SYSTEM_BUS_ADDRESS`): the caller says explicitly that rebooting means the host.
-pub fn for_host_mount(dry_run: bool) -> Box<dyn Rebooter> {
+pub(crate) fn for_host_mount(dry_run: bool) -> Box<dyn Rebooter> {
     if dry_run {
         Box::new(Decline("--dry-run".into()))
     } else {

@@ -33,7 +33,7 @@ pub fn rfc3339(t: SystemTime) -> String {
 
 /// Time since the kernel started (CLOCK_BOOTTIME: the same as now less /proc/stat's btime, but
 /// immune to the wall clock being set meanwhile): how long the node waited for its kubelet.
-pub fn since_boot() -> std::time::Duration {
+pub(crate) fn since_boot() -> std::time::Duration {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
     std::time::Duration::new(
         t.tv_sec.max(0) as u64,
@@ -42,7 +42,7 @@ pub fn since_boot() -> std::time::Duration {
 }
 
 /// Field 22 of /proc/PID/stat (after the command name, which may hold spaces and parentheses).
-pub fn start_ticks(pid: u32) -> Option<u64> {
+pub(crate) fn start_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (_, rest) = stat.rsplit_once(')')?;
     rest.split_whitespace().nth(19)?.parse().ok()
@@ -50,18 +50,18 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
 
 /// The running system's copy (a host path: in the initramfs, the /run that switch-root carries
 /// over).
-pub fn run_dir() -> PathBuf {
+pub(crate) fn run_dir() -> PathBuf {
     crate::node::seams::Seam::RunDir.path()
 }
 
 /// A file of the running system's run folder.
-pub fn run_file_named(name: &str) -> PathBuf {
+pub(crate) fn run_file_named(name: &str) -> PathBuf {
     run_dir().join(name)
 }
 
 /// Replace `name` in the running system's run folder atomically, without fsync: /run is a
 /// tmpfs, gone at the next boot anyway, and a run should not wait on a disk for its reports.
-pub fn save_run_file(name: &str, bytes: &[u8]) -> Result<()> {
+pub(crate) fn save_run_file(name: &str, bytes: &[u8]) -> Result<()> {
     let dir = run_dir();
     let at = dir.join(name);
     let save = || -> Result<()> {

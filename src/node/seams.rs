@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Seam {
+pub(crate) enum Seam {
     /// The kernel command line (`/proc/cmdline`).
     ProcCmdline,
     /// The pod's service account folder (token, ca.crt).
@@ -42,7 +42,7 @@ impl Seam {
     }
 
     /// The host path: the running system's, or where a test moved it.
-    pub fn path(self) -> PathBuf {
+    pub(crate) fn path(self) -> PathBuf {
         std::env::var_os(self.var())
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
@@ -51,7 +51,7 @@ impl Seam {
 }
 
 /// This boot's ID (a test moves it with `NODESTRAP_BOOT_ID`).
-pub fn boot_id() -> crate::error::Result<String> {
+pub(crate) fn boot_id() -> crate::error::Result<String> {
     let p = Seam::BootId.path();
     std::fs::read_to_string(&p)
         .map(|s| s.trim().to_string())

@@ -10,7 +10,7 @@ use std::time::Duration;
 static SIGNALLED: AtomicBool = AtomicBool::new(false);
 
 /// Route SIGTERM and SIGINT to `signalled()`.
-pub fn catch_sigterm() {
+pub(crate) fn catch_sigterm() {
     extern "C" fn on_signal(_: libc::c_int) {
         SIGNALLED.store(true, Ordering::SeqCst);
     }
@@ -21,7 +21,7 @@ pub fn catch_sigterm() {
 /// Exit 0 on SIGTERM and SIGINT. As PID 1 of a container (the hook) the default action of
 /// SIGTERM is to ignore it; install this only once the work is done, so that a signal never
 /// ends a half-done run as a success.
-pub fn exit_on_sigterm() {
+pub(crate) fn exit_on_sigterm() {
     extern "C" fn on_signal(_: libc::c_int) {
         // Async-signal-safe; stdout is line-buffered and the summary line is already out.
         unsafe { libc::_exit(0) }
@@ -41,20 +41,20 @@ unsafe fn install(handler: extern "C" fn(libc::c_int)) {
     }
 }
 
-pub fn signalled() -> bool {
+pub(crate) fn signalled() -> bool {
     SIGNALLED.load(Ordering::SeqCst)
 }
 
 /// A stop request plus a wake-up for threads sleeping between attempts.
 #[derive(Default)]
-pub struct Stop {
+pub(crate) struct Stop {
     /// (stop requested, wake-ups so far)
     state: Mutex<(bool, u64)>,
     cv: Condvar,
 }
 
 impl Stop {
-    pub fn request(&self) {
+    pub(crate) fn request(&self) {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         s.0 = true;
         s.1 += 1;
@@ -62,19 +62,19 @@ impl Stop {
     }
 
     /// Wake sleepers without asking them to stop (they re-check what they wait for).
-    pub fn wake(&self) {
+    pub(crate) fn wake(&self) {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         s.1 += 1;
         self.cv.notify_all();
     }
 
-    pub fn requested(&self) -> bool {
+    pub(crate) fn requested(&self) -> bool {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).0
     }
 
     /// Sleep up to `d`, less if a stop is requested or someone wakes us (callers then check
     /// `requested()` and what else they wait for).
-    pub fn sleep(&self, d: Duration) {
+    pub(crate) fn sleep(&self, d: Duration) {
         let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let seen = s.1;
         let _ = self

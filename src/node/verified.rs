@@ -13,7 +13,7 @@ use crate::node::undo::Undo;
 
 /// What the bytes must hash to.
 #[derive(Clone, Copy)]
-pub enum Expect<'a> {
+pub(crate) enum Expect<'a> {
     /// This digest, which `from` says (`the signed manifest`): a mismatch names both.
     Digest(&'a Digest, &'a str),
     /// Nothing known beforehand: the digest in this algorithm is only computed and returned.
@@ -81,7 +81,7 @@ impl<T, F: FnMut(&mut dyn Read) -> std::result::Result<T, Staging>> BodySink<T> 
 /// Copy `r` into `w` while hashing (on a second thread), then judge the digest against
 /// `expect`. `w` has all the bytes either way: a caller writing a final name must not let
 /// them become visible before this returns `Ok` (`write_verified` does that).
-pub fn copy_verified(
+pub(crate) fn copy_verified(
     r: &mut dyn Read,
     w: &mut dyn Write,
     expect: &Expect,
@@ -102,7 +102,7 @@ pub fn copy_verified(
 /// and renamed to `name`, the folder fsynced, recorded in `undo` first when the name is part
 /// of the node (whatever held it is set aside, and comes back if the run fails). Otherwise the
 /// temp file is removed and `name` is untouched.
-pub fn write_verified(
+pub(crate) fn write_verified(
     dir: &Dir,
     name: &str,
     mode: u32,
@@ -115,14 +115,14 @@ pub fn write_verified(
 }
 
 /// The check of a file whose digest says all.
-pub fn unchecked(_: &std::fs::File) -> Result<()> {
+pub(crate) fn unchecked(_: &std::fs::File) -> Result<()> {
     Ok(())
 }
 
 /// `write_verified` as a download's sink: the temp file and the hash state outlive a broken
 /// attempt, so the next one appends the rest. The temp file goes with the sink unless it
 /// became `name`.
-pub struct VerifiedWrite<'a, 'u> {
+pub(crate) struct VerifiedWrite<'a, 'u> {
     dir: &'a Dir,
     name: &'a str,
     mode: u32,
@@ -134,7 +134,7 @@ pub struct VerifiedWrite<'a, 'u> {
 }
 
 impl<'a, 'u> VerifiedWrite<'a, 'u> {
-    pub fn new(
+    pub(crate) fn new(
         dir: &'a Dir,
         name: &'a str,
         mode: u32,

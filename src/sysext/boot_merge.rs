@@ -15,14 +15,14 @@ use crate::node::dbus::{self, UnitState};
 use crate::node::{cmdline, status};
 use crate::sysext::merge;
 
-pub const SYSROOT_UNIT: &str = "systemd-sysext-sysroot.service";
+pub(crate) const SYSROOT_UNIT: &str = "systemd-sysext-sysroot.service";
 /// The unit's own `TimeoutStartSec` is systemd's default (90 s); a merge of two images takes
 /// seconds.
 const MERGE_DEADLINE: Duration = Duration::from_secs(120);
 
 /// Who merges the staged images at this boot.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Merge {
+pub(crate) enum Merge {
     /// The initramfs's `systemd-sysext-sysroot.service`: this run restarts it after staging.
     Initramfs,
     /// The real root's `systemd-sysext.service`; why not the initramfs.
@@ -32,7 +32,7 @@ pub enum Merge {
 }
 
 impl Merge {
-    pub fn word(&self) -> &'static str {
+    pub(crate) fn word(&self) -> &'static str {
         match self {
             Merge::Initramfs => "initramfs",
             Merge::RealRoot(_) => "real-root",
@@ -42,7 +42,7 @@ impl Merge {
 }
 
 /// Who will merge what this run stages into `/sysroot` from the initramfs.
-pub fn plan() -> Merge {
+pub(crate) fn plan() -> Merge {
     let line = cmdline::read().unwrap_or_default();
     let unit = dbus::systemd_unit(SYSROOT_UNIT);
     decide(&line, unit)
@@ -83,7 +83,7 @@ fn decide(line: &str, unit: Result<UnitState>) -> Merge {
 
 /// Logs and records the plan; `rd.systemd.sysext=0` named when it is set, since it does not do
 /// what its name suggests for the real root's extensions.
-pub fn record(m: &Merge) {
+pub(crate) fn record(m: &Merge) {
     let line = cmdline::read().unwrap_or_default();
     if cmdline::systemd_bool(&line, "rd.systemd.sysext") == Some(false) {
         crate::info!(
@@ -106,7 +106,7 @@ pub fn record(m: &Merge) {
 
 /// Restarts the initramfs's merge so that it takes what this run linked, and proves it holds
 /// `names` (`systemd-sysext --root /sysroot status`).
-pub fn run(sysroot: &Path, names: &[&str]) -> Result<()> {
+pub(crate) fn run(sysroot: &Path, names: &[&str]) -> Result<()> {
     again()?;
     let (merged, missing) = merged_and_missing(sysroot, names)?;
     if !missing.is_empty() {
@@ -137,12 +137,12 @@ fn merged_and_missing(sysroot: &Path, names: &[&str]) -> Result<(Vec<String>, Ve
 }
 
 /// Whether the initramfs merge of `sysroot` already holds every extension of `names`.
-pub fn holds(sysroot: &Path, names: &[&str]) -> bool {
+pub(crate) fn holds(sysroot: &Path, names: &[&str]) -> bool {
     merged_and_missing(sysroot, names).is_ok_and(|(_, missing)| missing.is_empty())
 }
 
 /// Restarts the initramfs merge and waits for it: it must end active, its conditions met.
-pub fn again() -> Result<()> {
+pub(crate) fn again() -> Result<()> {
     let u = dbus::systemd_restart_wait(SYSROOT_UNIT, MERGE_DEADLINE)?;
     if u.active != "active" || !u.condition {
         return Err(Error::failed(format!(
@@ -166,7 +166,7 @@ pub fn again() -> Result<()> {
 /// Which merge made the running system's /usr: the initramfs's when systemd-sysext's `since`
 /// for /usr is older than the real root's systemd (`UserspaceTimestamp`), else the real
 /// root's. `None` when nothing is merged or either time is unknown (the reason logged).
-pub fn which_took() -> Option<&'static str> {
+pub(crate) fn which_took() -> Option<&'static str> {
     let since = match merge::since_usr() {
         Ok(Some(t)) => t,
         Ok(None) => return None,

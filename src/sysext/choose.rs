@@ -10,7 +10,7 @@ const SHOWN: usize = 12;
 
 /// What the version asks of the Kubernetes image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Want {
+pub(crate) enum Want {
     /// The cluster's version (from the API server or the node's files): its minor, with the
     /// version-skew policy's older minors when the source has none.
     Cluster,
@@ -25,7 +25,7 @@ pub enum Want {
 /// none, the newest patch of the newest older minor the version-skew policy allows (3 minors
 /// older, 2 below 1.25); never a newer minor than the API server's. Returns the image and the
 /// sentence that says why.
-pub fn kubernetes(
+pub(crate) fn kubernetes(
     cluster: &str,
     want: Want,
     offered: &[Image],
@@ -119,7 +119,7 @@ fn skew(m: u64) -> u64 {
 
 /// The runtime the mappings name for the cluster's minor: (name, preferred versions, source).
 /// `None` when the mappings name none for it.
-pub fn runtime(m: &Mappings, cluster: &str) -> Result<Option<(String, Vec<Version>)>> {
+pub(crate) fn runtime(m: &Mappings, cluster: &str) -> Result<Option<(String, Vec<Version>)>> {
     let Some(entries) = m.runtimes_for(cluster) else {
         crate::info!(
             "no runtime extension: {} has no entry for Kubernetes {cluster}'s minor",
@@ -155,7 +155,7 @@ pub fn runtime(m: &Mappings, cluster: &str) -> Result<Option<(String, Vec<Versio
 }
 
 /// The newest offered image in the first preferred version stream that has one.
-pub fn runtime_image(
+pub(crate) fn runtime_image(
     name: &str,
     wanted: &[Version],
     offered: &[Image],

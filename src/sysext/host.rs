@@ -8,7 +8,7 @@ use crate::node::root::Root;
 const OS_RELEASE: [&str; 2] = ["/etc/os-release", "/usr/lib/os-release"];
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Host {
+pub(crate) struct Host {
     pub id: String,
     pub version_id: Option<String>,
     pub sysext_level: Option<String>,
@@ -19,7 +19,7 @@ pub struct Host {
 }
 
 impl Host {
-    pub fn read(root: &Root) -> Result<Host> {
+    pub(crate) fn read(root: &Root) -> Result<Host> {
         for p in OS_RELEASE {
             let name = root.show(p);
             let Some(text) = root.read_text(p)? else {
@@ -44,7 +44,7 @@ impl Host {
 }
 
 /// This binary's architecture in systemd's spelling.
-pub fn arch() -> Result<&'static str> {
+pub(crate) fn arch() -> Result<&'static str> {
     match std::env::consts::ARCH {
         "x86_64" => Ok("x86-64"),
         "aarch64" => Ok("arm64"),

@@ -22,7 +22,7 @@ const RELEASE_DIR: &str = "lib/extension-release.d";
 const RELEASE_CAP: u64 = 64 << 10;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum FsType {
+pub(crate) enum FsType {
     Squashfs,
     Erofs,
     Ext4,
@@ -38,7 +38,7 @@ impl FsType {
     }
 
     /// By magic number, as blkid (and so systemd-dissect) finds it.
-    pub fn probe(head: &[u8]) -> Option<FsType> {
+    pub(crate) fn probe(head: &[u8]) -> Option<FsType> {
         let at = |o: usize, m: &[u8]| head.get(o..o + m.len()) == Some(m);
         if at(0, b"hsqs") {
             Some(FsType::Squashfs)
@@ -55,7 +55,7 @@ impl FsType {
 /// Why an image is refused. `Unreadable` ones would make systemd-sysext merge nothing at all;
 /// `Incompatible` ones it would skip.
 #[derive(Debug)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     Unreadable(String),
     Incompatible(String),
     Ours(String),
@@ -76,19 +76,17 @@ impl std::fmt::Display for Refusal {
     }
 }
 
-/// What a good image says of itself; for a signed DDI, the certificate that signed it.
+/// A good image: for a signed DDI, the certificate that signed it.
 #[derive(Debug)]
-pub struct Checked {
-    pub fs: FsType,
-    pub release: EnvFile,
-    pub signer: Option<usize>,
+pub(crate) struct Checked {
+    pub(crate) signer: Option<usize>,
 }
 
 /// Check the image in `file` that will be merged as extension `name` on `host` under `trust`.
 /// A bare file system is taken in `plain` mode; a signed DDI (a GPT disk image) when its root
 /// hash signature, layout and hash tree are proven against the configured certificates, then
 /// its file system is checked as a bare one's. `shown` names it in errors.
-pub fn check(
+pub(crate) fn check(
     file: &File,
     name: &str,
     host: &Host,
@@ -134,11 +132,7 @@ pub fn check(
         )));
     }
     validate(&release, name, host).map_err(|w| refuse(Refusal::Incompatible(w)))?;
-    Ok(Checked {
-        fs,
-        release,
-        signer,
-    })
+    Ok(Checked { signer })
 }
 
 /// Where the file system is: the whole file (a bare one, `None`), or a signed DDI's data
@@ -289,7 +283,7 @@ fn lenient_release(mnt: &OwnedFd, usr: &str) -> Option<(String, OwnedFd)> {
 
 /// systemd's `extension_release_validate`, in its order, for the scope `system` (v252-v257;
 /// v258 also takes a word of the host's ID_LIKE, which nodestrap does not yet).
-pub fn validate(r: &EnvFile, name: &str, host: &Host) -> std::result::Result<(), String> {
+pub(crate) fn validate(r: &EnvFile, name: &str, host: &Host) -> std::result::Result<(), String> {
     if r.vars.is_empty() {
         return Err(format!("its extension-release.{name} is empty"));
     }
@@ -425,7 +419,7 @@ struct LoopConfig {
 /// (LOOP_GET_STATUS64): every image systemd-sysext merged is one of them while it is merged.
 /// Compared by identity, not by name: `backing_file` in sysfs names the file relative to the
 /// mount it was opened through, which a bind mount changes.
-pub fn loop_backings() -> Vec<(u32, u32, u64)> {
+pub(crate) fn loop_backings() -> Vec<(u32, u32, u64)> {
     let Ok(rd) = std::fs::read_dir("/sys/block") else {
         return Vec::new();
     };

@@ -18,14 +18,14 @@ use crate::sysext::source::Source;
 use crate::sysext::sums::{Image, Version};
 
 /// The name of nodestrap's folder in the source and of its floor.
-pub const NAME: &str = "nodestrap";
+pub(crate) const NAME: &str = "nodestrap";
 /// Where Ignition puts it (the units run it from there).
-pub const INSTALLED: &str = "/opt/bin/nodestrap";
+pub(crate) const INSTALLED: &str = "/opt/bin/nodestrap";
 /// A release binary is under 4 MiB (docs/build.md): a larger file is not one.
 const CAP: u64 = 16 << 20;
 
 /// A newer release to install over the installed copy.
-pub struct Update {
+pub(crate) struct Update {
     pub img: Image,
     pub dir_url: String,
     installed: Version,
@@ -60,7 +60,7 @@ fn version_of(line: &str) -> Option<Version> {
 }
 
 /// Step 3: the release to move to, if the source lists one newer than the installed copy.
-pub fn choose(root: &Root, lists: &Lists) -> Result<Option<Update>> {
+pub(crate) fn choose(root: &Root, lists: &Lists) -> Result<Option<Update>> {
     let installed = installed_version(root)?;
     let (list, dir_url) = lists.get(NAME)?;
     let newest = lists
@@ -114,7 +114,7 @@ pub fn choose(root: &Root, lists: &Lists) -> Result<Option<Update>> {
 
 /// Step 6: the release beside the installed copy, verified, proven to run, then renamed over
 /// it (the old copy comes back if the run fails later). It runs from the next run on.
-pub fn apply(root: &Root, source: &Source, u: &Update, undo: &mut Undo) -> Result<()> {
+pub(crate) fn apply(root: &Root, source: &Source, u: &Update, undo: &mut Undo) -> Result<()> {
     let (dir, name) = root.parent_of(INSTALLED)?;
     // Under a temp name first: a release is run before it takes the name, and nothing may
     // still write to a file that runs. Whatever fails on the way takes that name away again

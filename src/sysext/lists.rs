@@ -18,7 +18,7 @@ use crate::sysext::sums::{Date, Image, Sums, Version};
 const SIGNATURE_CAP: u64 = 64 << 10;
 
 /// The signed lists of the source, read once each.
-pub struct Lists<'a> {
+pub(crate) struct Lists<'a> {
     pub source: &'a Source<'a>,
     pub url: &'a SysextUrl,
     pub keyring: Option<&'a Keyring>,
@@ -36,12 +36,12 @@ pub struct Lists<'a> {
 impl Lists<'_> {
     /// The images of `name` for this node's architecture in `list`, without those a boot check
     /// refused (docs/verify.md).
-    pub fn offered(&self, list: &Sums, name: &str) -> Result<Vec<Image>> {
+    pub(crate) fn offered(&self, list: &Sums, name: &str) -> Result<Vec<Image>> {
         self.considered(list.images(name, self.arch), name)
     }
 
     /// nodestrap's own releases in `list` (`Sums::executables`), filtered as `offered` does.
-    pub fn offered_executables(&self, list: &Sums, name: &str) -> Result<Vec<Image>> {
+    pub(crate) fn offered_executables(&self, list: &Sums, name: &str) -> Result<Vec<Image>> {
         self.considered(list.executables(name, self.arch), name)
     }
 
@@ -85,7 +85,7 @@ impl Lists<'_> {
 
     /// Why a version the list offers was not taken: it is below `name`'s version floor (the
     /// list as offered leaves it out, so "not offered" would not be true).
-    pub fn below_floor(&self, list: &Sums, name: &str, wanted: &str) -> Option<Error> {
+    pub(crate) fn below_floor(&self, list: &Sums, name: &str, wanted: &str) -> Option<Error> {
         let (floor, f) = self.known.floor.of(name)?;
         let v = Version::parse(wanted.split(['-', '+']).next()?)?;
         let listed = list.images(name, self.arch).iter().any(|i| i.version == v);
@@ -102,7 +102,7 @@ impl Lists<'_> {
     /// What this run accepted, once it succeeded: each staged version raises its floor (or, named
     /// by `--allow-downgrade`, lowers it, recorded), each list's BEST-BEFORE is remembered.
     /// Through `undo`, so a run that fails later leaves the file as it was.
-    pub fn remember(&self, root: &Root, staged: &[&Image], undo: &mut Undo) -> Result<()> {
+    pub(crate) fn remember(&self, root: &Root, staged: &[&Image], undo: &mut Undo) -> Result<()> {
         let mut k = self.known.clone();
         let at = status::rfc3339(std::time::SystemTime::now());
         for img in staged {
@@ -155,7 +155,7 @@ impl Lists<'_> {
 
     /// `SHA256SUMS` of `name`'s directory, its signature checked before it is parsed, and its
     /// freshness; with the directory's URL.
-    pub fn get(&self, name: &str) -> Result<(Sums, String)> {
+    pub(crate) fn get(&self, name: &str) -> Result<(Sums, String)> {
         let dir = self.url.dir(name)?;
         if let Some((_, s)) = self.read.borrow().iter().find(|(d, _)| *d == dir) {
             return Ok((s.clone(), dir));

@@ -14,7 +14,7 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 const OUTPUT_CAP: usize = 1 << 20;
 
 /// An extension expected in the merged /usr after a refresh.
-pub struct Expect<'a> {
+pub(crate) struct Expect<'a> {
     pub name: &'a str,
     /// The version as its image's file name spells it (`v1.32.4`, `1.7.24`).
     pub label: String,
@@ -23,7 +23,7 @@ pub struct Expect<'a> {
 
 /// `systemd-sysext refresh` (under `policy`, the one the boot's merge uses, when nodestrap set
 /// one), then daemon-reload.
-pub fn refresh(policy: Option<&str>) -> Result<()> {
+pub(crate) fn refresh(policy: Option<&str>) -> Result<()> {
     let mut argv = vec![SYSEXT.to_string(), "refresh".into()];
     argv.extend(policy.map(|p| format!("--image-policy={p}")));
     let c = Command::new(&argv, TIMEOUT)?;
@@ -51,7 +51,7 @@ pub fn refresh(policy: Option<&str>) -> Result<()> {
 }
 
 /// Prove every extension in `want` is merged into /usr at its version.
-pub fn prove(want: &[Expect]) -> Result<()> {
+pub(crate) fn prove(want: &[Expect]) -> Result<()> {
     let merged = status_usr()?;
     if !usr_is_overlay()? {
         return Err(Error::failed(
@@ -90,7 +90,7 @@ pub fn prove(want: &[Expect]) -> Result<()> {
 }
 
 /// The program whose `--version` tells which image of `name` is merged.
-pub fn version_probe(name: &str) -> Option<Vec<String>> {
+pub(crate) fn version_probe(name: &str) -> Option<Vec<String>> {
     let bin = match name {
         "kubernetes" => "/usr/bin/kubelet",
         "containerd" => "/usr/bin/containerd",
@@ -101,17 +101,17 @@ pub fn version_probe(name: &str) -> Option<Vec<String>> {
 }
 
 /// The extensions `systemd-sysext status --json=short` lists for /usr.
-pub fn status_usr() -> Result<Vec<String>> {
+pub(crate) fn status_usr() -> Result<Vec<String>> {
     parse_status(&status_json(None)?)
 }
 
 /// The same for the root at `root` (`--root`: the initramfs's view of /sysroot).
-pub fn status_in(root: &std::path::Path) -> Result<Vec<String>> {
+pub(crate) fn status_in(root: &std::path::Path) -> Result<Vec<String>> {
     parse_status(&status_json(Some(root))?)
 }
 
 /// When /usr was merged (`since`, microseconds since the epoch); `None` when it is not.
-pub fn since_usr() -> Result<Option<u64>> {
+pub(crate) fn since_usr() -> Result<Option<u64>> {
     parse_since(&status_json(None)?)
 }
 
@@ -149,7 +149,7 @@ fn parse_since(json: &[u8]) -> Result<Option<u64>> {
 
 /// `[{"hierarchy":"/usr","extensions":["a","b"],…}]`; `extensions` is the string "none" when
 /// nothing is merged.
-pub fn parse_status(json: &[u8]) -> Result<Vec<String>> {
+pub(crate) fn parse_status(json: &[u8]) -> Result<Vec<String>> {
     let bad = |why: &str| Error::failed(format!("{SYSEXT} status --json: {why}"));
     let Some(usr) = usr_entry(json)? else {
         return Ok(Vec::new());
@@ -183,7 +183,7 @@ fn usr_fstype(mountinfo: &str) -> Option<String> {
 }
 
 /// The service that runs from extension `name`'s image.
-pub fn service_of(name: &str) -> Option<&'static str> {
+pub(crate) fn service_of(name: &str) -> Option<&'static str> {
     match name {
         "kubernetes" => Some("kubelet.service"),
         "containerd" => Some("containerd.service"),
@@ -195,7 +195,7 @@ pub fn service_of(name: &str) -> Option<&'static str> {
 /// After a merge that changed images: restart what runs from them (`systemctl try-restart`: a
 /// service that is not running stays stopped), and nothing else. A restart that fails fails
 /// the run, naming the command that finishes the job; the merge stays.
-pub fn restart_changed(restart: &[(&'static str, String)]) -> Result<()> {
+pub(crate) fn restart_changed(restart: &[(&'static str, String)]) -> Result<()> {
     for (unit, version) in restart {
         dbus::systemd_try_restart(unit).map_err(|e| {
             e.hint(format!(

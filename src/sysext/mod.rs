@@ -5,21 +5,21 @@
 //! Contract: docs/bootstrap.md ("sysext").
 
 pub(crate) mod apply;
-pub mod boot_merge;
+pub(crate) mod boot_merge;
 pub mod bootstrap;
-pub mod choose;
+pub(crate) mod choose;
 pub mod ddi;
-pub mod host;
-pub mod image;
-pub mod itself;
+pub(crate) mod host;
+pub(crate) mod image;
+pub(crate) mod itself;
 pub mod known_good;
-pub mod lists;
-pub mod merge;
+pub(crate) mod lists;
+pub(crate) mod merge;
 pub(crate) mod plan;
-pub mod report;
-pub mod rollout;
-pub mod source;
-pub mod stage;
+pub(crate) mod report;
+pub(crate) mod rollout;
+pub(crate) mod source;
+pub(crate) mod stage;
 pub mod sums;
-pub mod trust;
+pub(crate) mod trust;
 pub mod verify;

@@ -12,14 +12,14 @@ use crate::node::status::{Chosen, Record, State};
 
 /// Where the check reports: the kubelet's kubeconfig (a node path) and the Node's name; none
 /// when the API server is not asked.
-pub struct To<'a> {
+pub(crate) struct To<'a> {
     pub root: &'a Root,
     pub kubeconfig: &'a str,
     pub node: &'a str,
 }
 
 /// How the check ended, for the condition and its events.
-pub enum Ending<'a> {
+pub(crate) enum Ending<'a> {
     /// The set runs as chosen (`known_good`: the known-good set, the last bootstrap having
     /// failed).
     Verified { known_good: bool },
@@ -33,7 +33,7 @@ pub enum Ending<'a> {
 }
 
 /// The condition Unknown while the check runs, nothing else: what the check told.
-pub fn checking(to: &To, boot_id: &str) -> String {
+pub(crate) fn checking(to: &To, boot_id: &str) -> String {
     node_report::send(
         to.root,
         to.kubeconfig,
@@ -50,7 +50,7 @@ pub fn checking(to: &To, boot_id: &str) -> String {
 
 /// The verdict of the check on `set` (the record it judged: `record`), sent; what the check
 /// told.
-pub fn verdict(
+pub(crate) fn verdict(
     to: &To,
     record: &Record,
     set: &[Chosen],

@@ -8,12 +8,12 @@ use crate::error::{Error, Result};
 use crate::net::kube::Kube;
 use crate::node::root::Root;
 
-pub const NAMESPACE: &str = "kube-system";
-pub const NAME: &str = "nodestrap-rollout";
+pub(crate) const NAMESPACE: &str = "kube-system";
+pub(crate) const NAME: &str = "nodestrap-rollout";
 
 /// What the fleet's rollout setting says to this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Rollout {
+pub(crate) enum Rollout {
     /// No setting: every node takes what the cluster's version calls for. The reason.
     Open(String),
     /// `hold`: no patch run changes anything. The reason it gives.
@@ -28,7 +28,7 @@ impl Rollout {
     /// The ConfigMap's `hold` (`true`, or any reason text; `false` or empty: no hold) and
     /// `canary-percent` (0 to 100). A value that means neither is refused: the operator's
     /// switch must never be misread.
-    pub fn read(kube: &Kube) -> Result<Rollout> {
+    pub(crate) fn read(kube: &Kube) -> Result<Rollout> {
         let at = format!("ConfigMap {NAMESPACE}/{NAME}");
         let data = match kube.configmap(NAMESPACE, NAME) {
             Ok(Some(d)) => d,
@@ -59,7 +59,7 @@ impl Rollout {
     }
 
     /// `None` when this node may change what it runs; else why not.
-    pub fn stops(&self, point: Option<u8>) -> Option<String> {
+    pub(crate) fn stops(&self, point: Option<u8>) -> Option<String> {
         match self {
             Rollout::Open(_) | Rollout::Unread(_) => None,
             Rollout::Hold(why) => Some(format!("held by {why}")),
@@ -79,7 +79,7 @@ impl Rollout {
 /// This node's place in the fleet, 0 to 99, the same at every run: from the SHA-256 of its
 /// machine ID, so that a canary share of 10 takes the same tenth of the fleet each time and
 /// widening it only adds nodes.
-pub fn share_point(root: &Root) -> Option<u8> {
+pub(crate) fn share_point(root: &Root) -> Option<u8> {
     let id = root.read_text("/etc/machine-id").ok()??;
     let id = id.trim();
     if id.is_empty() {

@@ -9,19 +9,24 @@ use crate::node::dir::Dir;
 use crate::node::verified::BodySink;
 use crate::sysext::sums::Image;
 
-pub struct Source<'a> {
+pub(crate) struct Source<'a> {
     http: &'a Http,
     oci: oci::Client<'a>,
 }
 
 impl<'a> Source<'a> {
-    pub fn new(http: &'a Http, oci: oci::Client<'a>) -> Self {
+    pub(crate) fn new(http: &'a Http, oci: oci::Client<'a>) -> Self {
         Source { http, oci }
     }
 
     /// File `file` of directory `dir` (`SysextUrl::dir`), whole, at most `cap` bytes; an absent
     /// one is `Failure::Passed(404)`.
-    pub fn get(&self, dir: &str, file: &str, cap: u64) -> std::result::Result<Vec<u8>, FetchError> {
+    pub(crate) fn get(
+        &self,
+        dir: &str,
+        file: &str,
+        cap: u64,
+    ) -> std::result::Result<Vec<u8>, FetchError> {
         match registry(dir)? {
             Some(loc) => self.oci.get(&loc, file, cap),
             None => self
@@ -32,7 +37,7 @@ impl<'a> Source<'a> {
 
     /// What file `file` of `dir` is called in logs, errors and the node's records: its URL, or
     /// `oci://HOST/REPOSITORY:FILE`.
-    pub fn shown(dir: &str, file: &str) -> String {
+    pub(crate) fn shown(dir: &str, file: &str) -> String {
         match Location::parse_dir(dir) {
             Ok(Some(loc)) => loc.show(file),
             _ => format!("{dir}{file}"),
@@ -41,7 +46,7 @@ impl<'a> Source<'a> {
 
     /// Image `img` of `dir` streamed to `consume` (`Http::stream`'s bounds), and where it came
     /// from, for the log.
-    pub fn image<T>(
+    pub(crate) fn image<T>(
         &self,
         dir: &str,
         img: &Image,

@@ -17,17 +17,17 @@ use crate::sysext::source::Source;
 use crate::sysext::sums::{Image, Version};
 
 /// systemd-sysext's highest-precedence search directory: symlinks only.
-pub const LINKS: &str = "/etc/extensions";
+pub(crate) const LINKS: &str = "/etc/extensions";
 /// Where the images are kept (never in a search directory: an unchecked or foreign file there
 /// can stop every extension from merging).
-pub const STORE: &str = "/opt/extensions";
+pub(crate) const STORE: &str = "/opt/extensions";
 /// Versions kept per extension: the current one and two older ones (systemd-sysupdate's
 /// `InstancesMax=3` in Flatcar's sysext-bakery transfer files).
-pub const KEEP: usize = 3;
+pub(crate) const KEEP: usize = 3;
 
 /// What `/etc/extensions/<name>.raw` is now.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Link {
+pub(crate) enum Link {
     Absent,
     /// A link into our store.
     Ours,
@@ -38,7 +38,7 @@ pub enum Link {
 }
 
 impl Link {
-    pub fn of(root: &Root, name: &str) -> Result<Link> {
+    pub(crate) fn of(root: &Root, name: &str) -> Result<Link> {
         let Some(dir) = root.dir(LINKS)? else {
             return Ok(Link::Absent);
         };
@@ -66,13 +66,13 @@ impl Link {
     }
 
     /// Whether systemd-sysext would merge something under this name from /etc/extensions.
-    pub fn active(&self) -> bool {
+    pub(crate) fn active(&self) -> bool {
         matches!(self, Link::Ours | Link::Foreign(_))
     }
 }
 
 /// The image's place in the store.
-pub fn image_path(img: &Image) -> String {
+pub(crate) fn image_path(img: &Image) -> String {
     format!("{STORE}/{}/{}", img.name, img.file)
 }
 
@@ -80,7 +80,7 @@ pub fn image_path(img: &Image) -> String {
 /// final name while SHA-256 is computed, checked as systemd-sysext will check it, and only then
 /// fsynced and renamed (recorded in `undo` first). An image already there is hashed and checked
 /// again instead; one that does not match is set aside and fetched again. At most `cap` bytes.
-pub fn fetch_image(
+pub(crate) fn fetch_image(
     source: &Source,
     dir_url: &str,
     img: &Image,
@@ -150,7 +150,7 @@ fn store_dir(name: &str, undo: &mut Undo) -> Result<Dir> {
 
 /// Hold `/etc/extensions` (made if missing) for the rest of the run, so that no other run
 /// switches links meanwhile, and sweep the temp links of runs killed while switching.
-pub fn lock_links(undo: &mut Undo) -> Result<()> {
+pub(crate) fn lock_links(undo: &mut Undo) -> Result<()> {
     let dir = undo.make_dir(LINKS)?;
     undo.keep_locked(dir.lock(std::time::Duration::from_secs(60))?);
     dir.sweep_leftovers(true);
@@ -159,12 +159,12 @@ pub fn lock_links(undo: &mut Undo) -> Result<()> {
 
 /// Point `/etc/extensions/<name>.raw` at the image in one step (nothing when it already does).
 /// Returns whether the link changed.
-pub fn switch_link(root: &Root, img: &Image, undo: &mut Undo) -> Result<bool> {
+pub(crate) fn switch_link(root: &Root, img: &Image, undo: &mut Undo) -> Result<bool> {
     relink(root, &img.name, &image_path(img), undo)
 }
 
 /// Point `/etc/extensions/<name>.raw` at `image`, a node path in the store.
-pub fn relink(root: &Root, name: &str, image: &str, undo: &mut Undo) -> Result<bool> {
+pub(crate) fn relink(root: &Root, name: &str, image: &str, undo: &mut Undo) -> Result<bool> {
     let link = format!("{LINKS}/{name}.raw");
     let changed = undo.link(&link, image)?;
     if changed {
@@ -178,7 +178,7 @@ pub fn relink(root: &Root, name: &str, image: &str, undo: &mut Undo) -> Result<b
 /// Set aside all but the `KEEP` newest versions of `name` for `arch`, to be deleted once the run
 /// is done; the files in `keep` (the new image, the link's target) always stay. Returns the
 /// files set aside.
-pub fn prune(
+pub(crate) fn prune(
     root: &Root,
     name: &str,
     arch: &str,
@@ -232,7 +232,7 @@ const TRANSFER_MARK: &str = "# Written by nodestrap:";
 /// in `/etc/sysupdate.<name>.d` before: they promised a patch stream that never ran
 /// (docs/bootstrap.md, "No systemd-sysupdate files"). Files without nodestrap's first line
 /// are the admin's and stay. Through `undo`, so a failed run puts them back.
-pub fn remove_transfers(root: &Root, name: &str, undo: &mut Undo) -> Result<()> {
+pub(crate) fn remove_transfers(root: &Root, name: &str, undo: &mut Undo) -> Result<()> {
     let dir_path = format!("/etc/sysupdate.{name}.d");
     let Some(dir) = root.dir(&dir_path)? else {
         return Ok(());

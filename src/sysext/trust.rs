@@ -16,7 +16,7 @@ use crate::node::undo::Undo;
 
 /// The only policy strict on every systemd version: an image is signed, or absent. Never
 /// `verity+signed`: from 259 that merges an image signed by an unknown key without checking.
-pub const POLICY: &str = "root=signed+absent:usr=signed+absent";
+pub(crate) const POLICY: &str = "root=signed+absent:usr=signed+absent";
 /// Where systemd's userspace check looks first, on the real root; and this boot's.
 const VERITY_D: &str = "/etc/verity.d";
 const RUN_VERITY_D: &str = "/run/verity.d";
@@ -51,10 +51,10 @@ const DROPINS_MAX: usize = 256;
 /// The first systemd with `--image-policy=`.
 const MIN_POLICY_SYSTEMD: u32 = 254;
 
-pub use crate::cli::SysextTrust as Mode;
+pub(crate) use crate::cli::SysextTrust as Mode;
 
 /// The run's trust: the mode and the certificates (with where they came from).
-pub struct Trust {
+pub(crate) struct Trust {
     pub mode: Mode,
     pub certs: Vec<Cert>,
     pub from: String,
@@ -64,7 +64,7 @@ pub struct Trust {
 
 impl Trust {
     /// The policy every merge of this node runs under, if nodestrap sets one.
-    pub fn policy(&self) -> Option<&'static str> {
+    pub(crate) fn policy(&self) -> Option<&'static str> {
         (self.mode == Mode::Signed).then_some(POLICY)
     }
 
@@ -74,7 +74,7 @@ impl Trust {
     }
 
     /// How the record names the trust root of an image `signer` signed.
-    pub fn root_of(&self, signer: usize) -> String {
+    pub(crate) fn root_of(&self, signer: usize) -> String {
         let c = &self.certs[signer];
         format!(
             "signed by {} (SHA-256 {}), trusted through {VERITY_D}/{}",
@@ -89,7 +89,7 @@ impl Trust {
     /// kernel, libcryptsetup.so.12 (which systemd loads to activate verity) and kmod (without
     /// it no module loads: not even loop). So is a node whose own drop-ins would have systemd
     /// merge under another policy (`overrides`), naming each file.
-    pub fn check_node(&self, root: &Root) -> Result<()> {
+    pub(crate) fn check_node(&self, root: &Root) -> Result<()> {
         if self.mode == Mode::Plain {
             return Ok(());
         }
@@ -144,7 +144,7 @@ impl Trust {
     /// certificate in /etc/verity.d (and /run/verity.d when `live`), nodestrap's certificates
     /// no longer configured taken away, and the policy set (signed) or nodestrap's policy
     /// files taken away (plain). Decisions record each.
-    pub fn install(&self, root: &Root, live: bool, undo: &mut Undo) -> Result<()> {
+    pub(crate) fn install(&self, root: &Root, live: bool, undo: &mut Undo) -> Result<()> {
         let mut dirs = vec![VERITY_D];
         if live {
             dirs.push(RUN_VERITY_D);
@@ -318,7 +318,7 @@ pub(crate) fn settings(text: &str) -> Vec<(String, String, String)> {
 
 /// The policy the run that wrote `record` set for the node's merges (its `image-policy`
 /// decision), for every later systemd-sysext call on its behalf.
-pub fn policy_of(record: &status::Record) -> Option<&'static str> {
+pub(crate) fn policy_of(record: &status::Record) -> Option<&'static str> {
     record
         .decisions
         .iter()
@@ -327,7 +327,7 @@ pub fn policy_of(record: &status::Record) -> Option<&'static str> {
 }
 
 /// The node's systemd version, from its shared library's name (`libsystemd-shared-257.so`).
-pub fn systemd_version(root: &Root) -> Option<u32> {
+pub(crate) fn systemd_version(root: &Root) -> Option<u32> {
     for d in lib_dirs().iter().map(|d| format!("{d}/systemd")) {
         let Ok(Some(dir)) = root.dir(&d) else {
             continue;

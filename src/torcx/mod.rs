@@ -7,6 +7,6 @@ pub mod bootstrap;
 pub mod floor;
 pub mod hook;
 pub mod layout;
-pub mod runtime;
+pub(crate) mod runtime;
 pub mod store;
 pub mod verify;

@@ -17,22 +17,22 @@ use crate::torcx::floor::TorcxFloor;
 use crate::torcx::layout::Layout;
 use crate::torcx::store::{self, PackageList, Source, Staged};
 
-pub const OS_RELEASE: &str = "/usr/lib/os-release";
+pub(crate) const OS_RELEASE: &str = "/usr/lib/os-release";
 
-pub const RUNTIME: &str = "docker";
+pub(crate) const RUNTIME: &str = "docker";
 
 const MANIFEST_CAP: u64 = 1 << 20;
 
 const SIGNATURE_CAP: u64 = 64 << 10;
 
-pub struct OsInfo {
+pub(crate) struct OsInfo {
     pub version: String,
     pub board: String,
     pub board_from_arch: bool,
 }
 
 impl OsInfo {
-    pub fn read(root: &Root) -> Result<OsInfo> {
+    pub(crate) fn read(root: &Root) -> Result<OsInfo> {
         let name = root.show(OS_RELEASE);
         let text = root
             .read_text(OS_RELEASE)?
@@ -93,7 +93,7 @@ fn arch_board() -> Result<&'static str> {
 
 /// The runtime versions the mappings give for a Kubernetes version, most preferred first, and
 /// where they come from (for the error when the manifest offers none of them).
-pub struct Wanted {
+pub(crate) struct Wanted {
     pub versions: Vec<String>,
     pub source: String,
 }
@@ -102,7 +102,7 @@ pub struct Wanted {
 const LIST_IN_ERRORS: usize = 20;
 
 /// `a, b, c` of at most LIST_IN_ERRORS items, each cut to 64 characters, and how many more.
-pub fn bounded_list<'a>(items: impl ExactSizeIterator<Item = &'a str>) -> String {
+pub(crate) fn bounded_list<'a>(items: impl ExactSizeIterator<Item = &'a str>) -> String {
     let n = items.len();
     let mut out: Vec<String> = items
         .take(LIST_IN_ERRORS)
@@ -119,7 +119,7 @@ pub fn bounded_list<'a>(items: impl ExactSizeIterator<Item = &'a str>) -> String
 }
 
 /// The runtime versions the mappings give for `k8s`, most preferred first.
-pub fn pick_versions(mappings: &Mappings, k8s: &str) -> Result<Wanted> {
+pub(crate) fn pick_versions(mappings: &Mappings, k8s: &str) -> Result<Wanted> {
     let wanted = mappings.runtime_for(k8s, RUNTIME)?;
     for v in &wanted {
         if !plain_name(v) {
@@ -142,7 +142,7 @@ pub fn pick_versions(mappings: &Mappings, k8s: &str) -> Result<Wanted> {
 }
 
 /// Fetches and authenticates package lists.
-pub struct Manifests<'a> {
+pub(crate) struct Manifests<'a> {
     /// Manifests over https; images over https or from an OCI registry (`oci://` locations).
     pub registry: &'a oci::Client<'a>,
     pub template: &'a ManifestUrl,
@@ -189,7 +189,7 @@ impl Manifests<'_> {
 }
 
 /// Where and how to stage (steps 5-8, shared by bootstrap and the hook).
-pub struct Stage<'a> {
+pub(crate) struct Stage<'a> {
     pub layout: &'a Layout,
     pub current: &'a str,
     pub next: Option<&'a str>,
@@ -203,7 +203,7 @@ pub struct Stage<'a> {
 
 /// Steps 5-8 (the hook's too), every change recorded in `undo`. Returns the runtime version the
 /// profile now names, if torcx was set up.
-pub fn stage_runtime(
+pub(crate) fn stage_runtime(
     root: &Root,
     m: &Manifests,
     st: &Stage,

@@ -24,7 +24,7 @@ const PROBE: &str = "ticket-permission-check";
 const HOLD_OFF: Duration = Duration::from_secs(3);
 /// A claim is in flight this long beyond --token-timeout: the answer's own deadline (10 s),
 /// two ledger calls and a margin for the clocks of two control-plane nodes.
-pub const LEASE_MARGIN: u64 = 30;
+pub(crate) const LEASE_MARGIN: u64 = 30;
 
 /// Where a ticket record stands.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,7 +158,7 @@ pub(crate) fn judge(
     )
 }
 
-pub struct ClusterLedger {
+pub(crate) struct ClusterLedger {
     kube: Kube,
     ns: String,
     instance: String,
@@ -183,7 +183,7 @@ impl ClusterLedger {
     /// and this instance may create, get and update ConfigMaps in it (dry-run calls of each:
     /// the API server authorizes them as the real ones). `startup` may wait for an API server
     /// that is starting; `kube` (short deadlines) serves the nodes.
-    pub fn open(
+    pub(crate) fn open(
         startup: &Kube,
         kube: Kube,
         ns: &str,
@@ -563,7 +563,7 @@ impl ClusterLedger {
     /// An existing file record (`--state`) carried into the cluster: each identity in it gets
     /// an `issued` record (one already there says issued too, or is made to), then the file is
     /// renamed `<file>.carried` so that this happens once.
-    pub fn carry(&self, root: &Root, path: &str) -> Result<()> {
+    pub(crate) fn carry(&self, root: &Root, path: &str) -> Result<()> {
         let Some(text) = root.read_text(path)? else {
             return Ok(());
         };

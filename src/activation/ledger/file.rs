@@ -60,7 +60,7 @@ fn refused_before(node: &str, at: u64) -> (&'static str, String) {
     )
 }
 
-pub struct FileLedger<'r> {
+pub(crate) struct FileLedger<'r> {
     root: &'r Root,
     path: String,
     issued: Issued,
@@ -69,7 +69,7 @@ pub struct FileLedger<'r> {
 }
 
 impl<'r> FileLedger<'r> {
-    pub fn open(root: &'r Root, path: &str, window: u64) -> Result<FileLedger<'r>> {
+    pub(crate) fn open(root: &'r Root, path: &str, window: u64) -> Result<FileLedger<'r>> {
         let issued = match root.read_text(path)? {
             Some(t) => parse_record(&t, &root.show(path))?,
             None => Issued::new(),

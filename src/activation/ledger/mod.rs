@@ -19,8 +19,8 @@ mod cluster;
 mod file;
 
 pub(crate) use cluster::judge;
-pub use cluster::{ClusterLedger, LEASE_MARGIN};
-pub use file::FileLedger;
+pub(crate) use cluster::{ClusterLedger, LEASE_MARGIN};
+pub(crate) use file::FileLedger;
 pub(crate) use file::{parse_record, RecordOut};
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -41,7 +41,7 @@ fn stamp(secs: u64) -> String {
 }
 
 /// What the ledger answers a node that asks.
-pub enum Claim {
+pub(crate) enum Claim {
     /// This instance issues the ticket, then tells the ledger how it went (`Ledger::settle`).
     Granted(Held),
     /// Not now and not later (409): the answer's code and why.
@@ -52,7 +52,7 @@ pub enum Claim {
 }
 
 /// Who asks for a ticket.
-pub struct Asking<'a> {
+pub(crate) struct Asking<'a> {
     /// `sha256:<hex>` of the node's public key.
     pub identity: &'a str,
     /// The certificate's common name.
@@ -81,7 +81,7 @@ impl Asking<'_> {
 }
 
 /// What the ledger answers a node that says it keeps its ticket.
-pub enum Keep {
+pub(crate) enum Keep {
     /// Recorded (or it was already): the identity is refused for good.
     Kept,
     /// No ticket of this identity to keep (409): the code and why.
@@ -91,7 +91,7 @@ pub enum Keep {
 }
 
 /// A claim this instance holds, until `settle`.
-pub struct Held {
+pub(crate) struct Held {
     identity: String,
     node: String,
     role: Role,
@@ -103,19 +103,19 @@ pub struct Held {
 
 impl Held {
     /// Which claim of this identity it is (1, then one more after each failure), for the log.
-    pub fn attempt(&self) -> u32 {
+    pub(crate) fn attempt(&self) -> u32 {
         self.record.as_ref().map(|r| r.0.attempt()).unwrap_or(1)
     }
 }
 
-pub enum Ledger<'r> {
+pub(crate) enum Ledger<'r> {
     File(FileLedger<'r>),
     Cluster(Box<ClusterLedger>),
 }
 
 impl Ledger<'_> {
     /// Where the records are, for the log.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             Ledger::File(f) => f.describe(),
             Ledger::Cluster(c) => c.describe(),
@@ -123,7 +123,7 @@ impl Ledger<'_> {
     }
 
     /// May `asking` get a ticket now?
-    pub fn claim(&mut self, asking: &Asking) -> Claim {
+    pub(crate) fn claim(&mut self, asking: &Asking) -> Claim {
         match self {
             Ledger::File(f) => f.claim(asking),
             Ledger::Cluster(c) => c.claim(asking),
@@ -131,7 +131,7 @@ impl Ledger<'_> {
     }
 
     /// The node says it keeps the ticket it got (its node lock is durable).
-    pub fn keep(&mut self, identity: &str) -> Keep {
+    pub(crate) fn keep(&mut self, identity: &str) -> Keep {
         match self {
             Ledger::File(f) => f.keep(identity),
             Ledger::Cluster(c) => c.keep(identity),
@@ -140,7 +140,7 @@ impl Ledger<'_> {
 
     /// The ticket is ready and about to leave: the file ledger records it now (its only
     /// record); an error means it must not leave. The cluster's record is the claim.
-    pub fn commit(&mut self, held: &Held) -> std::result::Result<(), String> {
+    pub(crate) fn commit(&mut self, held: &Held) -> std::result::Result<(), String> {
         match self {
             Ledger::File(f) => f.commit(held),
             Ledger::Cluster(_) => Ok(()),
@@ -148,7 +148,7 @@ impl Ledger<'_> {
     }
 
     /// How the issuance ended: the ticket was written to the node (`Ok`), or not (why).
-    pub fn settle(&mut self, held: Held, outcome: std::result::Result<(), String>) {
+    pub(crate) fn settle(&mut self, held: Held, outcome: std::result::Result<(), String>) {
         if let Ledger::Cluster(c) = self {
             c.settle(held, outcome)
         }
@@ -156,7 +156,7 @@ impl Ledger<'_> {
 
     /// Records not yet written because the API server could not be reached: tried again
     /// before each answer and once when stopping.
-    pub fn flush(&mut self) {
+    pub(crate) fn flush(&mut self) {
         if let Ledger::Cluster(c) = self {
             c.flush()
         }

@@ -10,7 +10,7 @@ use crate::inplace::mco;
 use crate::net::fetch::{Failure, FetchError, Http, Request};
 use crate::node::verified::{copy_verified, Expect, Written};
 
-pub struct Check {
+pub(super) struct Check {
     pub check: &'static str,
     pub target: String,
     pub pass: bool,

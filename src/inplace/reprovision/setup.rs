@@ -30,10 +30,10 @@ pub(super) const PAYLOAD_CAP: u64 = 4 << 30;
 pub(super) const EXTRACT_TIMEOUT: Duration = Duration::from_secs(900);
 pub(super) const KILL_GRACE: Duration = Duration::from_secs(10);
 
-pub use crate::cli::Flow;
+pub(super) use crate::cli::Flow;
 
 /// The Secret, one file per key. Not `Debug`: it holds tokens.
-pub struct Secrets {
+pub(super) struct Secrets {
     pub flow: Flow,
     pub url: String,
     pub token: String,
@@ -124,7 +124,7 @@ impl SecretDir {
 }
 
 impl Secrets {
-    pub fn read(dir: &Path, flow: Flow) -> Result<Secrets> {
+    pub(super) fn read(dir: &Path, flow: Flow) -> Result<Secrets> {
         let s = SecretDir::open(dir)?;
         let (url_key, token_key) = match flow {
             Flow::Rhcos => ("ignition-url", "ignition-token"),

@@ -25,20 +25,20 @@ mod auth;
 mod manifest;
 mod reference;
 
-pub use auth::Auths;
+pub(crate) use auth::Auths;
 pub(crate) use auth::{parse_challenge, Challenge};
 pub(crate) use manifest::file_layer;
-pub use reference::{image_repository, image_tag, Location, Reference};
+pub(crate) use reference::{image_repository, image_tag, Location, Reference};
 
 /// nodestrap's artifact type: one file of a release directory.
-pub const ARTIFACT_TYPE: &str = "application/vnd.nodestrap.file.v1";
-pub const MANIFEST_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
-pub const INDEX_TYPE: &str = "application/vnd.oci.image.index.v1+json";
-pub const TITLE: &str = "org.opencontainers.image.title";
+pub(crate) const ARTIFACT_TYPE: &str = "application/vnd.nodestrap.file.v1";
+pub(crate) const MANIFEST_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
+pub(crate) const INDEX_TYPE: &str = "application/vnd.oci.image.index.v1+json";
+pub(crate) const TITLE: &str = "org.opencontainers.image.title";
 /// A manifest is small; one larger than this is not one of ours.
 const MANIFEST_CAP: u64 = 1 << 20;
 /// A Docker config.json with many registries is still small.
-pub const AUTH_FILE_CAP: u64 = 1 << 20;
+pub(crate) const AUTH_FILE_CAP: u64 = 1 << 20;
 const TOKEN_CAP: u64 = 64 << 10;
 /// The distribution spec's default when a token answer has no `expires_in`.
 const TOKEN_DEFAULT_SECS: u64 = 60;

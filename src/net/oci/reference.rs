@@ -61,7 +61,7 @@ impl Location {
 /// `oci://HOST[:PORT]/REPOSITORY@sha256:<hex>`: one artifact pinned by its manifest's digest (a
 /// torcx manifest's location). Signed in the list that names it, so no tag is ever resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reference {
+pub(crate) struct Reference {
     pub loc: Location,
     pub manifest: Digest,
 }
@@ -69,7 +69,7 @@ pub struct Reference {
 impl Reference {
     /// `Some` for an `oci://` URL, `None` for any other scheme; an `oci://` URL that is not a
     /// digest-pinned reference is an error naming the rule.
-    pub fn parse(url: &str) -> Result<Option<Reference>> {
+    pub(crate) fn parse(url: &str) -> Result<Option<Reference>> {
         if !url.starts_with("oci://") {
             return Ok(None);
         }
@@ -120,7 +120,7 @@ fn repo_component(c: &str) -> bool {
 /// An image name's repository part as container tools read it: `[HOST[:PORT]/]PATH`, or a host
 /// alone (kubeadm's `imageRepository` puts `/kube-apiserver` after it). The first part is a host
 /// when it holds a dot or a port, or is `localhost`.
-pub fn image_repository(s: &str) -> bool {
+pub(crate) fn image_repository(s: &str) -> bool {
     let mut parts = s.split('/');
     let first = parts.next().unwrap_or("");
     let host = first.contains(['.', ':']) || first == "localhost";
@@ -135,7 +135,7 @@ pub fn image_repository(s: &str) -> bool {
 }
 
 /// `[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`: an image tag.
-pub fn image_tag(t: &str) -> bool {
+pub(crate) fn image_tag(t: &str) -> bool {
     let b = t.as_bytes();
     !b.is_empty()
         && b.len() <= 128
