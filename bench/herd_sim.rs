@@ -39,16 +39,17 @@
 //!                 at its attempt's deadline);
 //!   apf           kube-apiserver's API Priority and Fairness, one priority level with SLOTS
 //!                 seats and no queue: 429 with delay-seconds from its dropped-requests tracker
-//!                 (k8s.io/apiserver v0.37.2: between 1 and 32, doubled when the last N seconds
-//!                 dropped 3×N requests, one less per second while drops go on);
+//!                 (k8s.io/apiserver v0.37.2, `Apf` below: between 1 and 32, changed only at the
+//!                 first drop of a second, from the seconds before);
 //!   random:P      P % of the requests turned away at random with `Retry-After: 1`, the server
 //!                 never full (bench/herd's `random-503`: load shed by chance, not by a herd).
-//! RTT_MS is each attempt's round trip. Nodes start at random within START seconds.
+//! RTT_MS is each attempt's round trip. Nodes start at random within START seconds. With
+//! `--api-only` the server takes only the two API requests of each node (its minimum is 2).
 //!
 //! Prints one line per run, or with `--table` the matrix of docs/bootstrap.md ("Retries at
 //! scale"): nodes done; initramfs runs that handed over; real-root runs that failed; nodes that
 //! gave up (not done at HORIZON); runs that took the fallback version; the time the last node
-//! finished against the minimum (requests ÷ capacity); requests per node against the minimum 5;
+//! finished against the minimum (requests ÷ capacity); requests per node against the minimum (5);
 //! p50/p99 seconds; resets and timeouts; the peak offered load over capacity once every node has
 //! started and the seconds it was over twice the capacity; and the pauses shorter than the
 //! server's Retry-After (0: the rule's floor, checked here).
@@ -144,6 +145,8 @@ struct Model {
     restart: f64,
     horizon: f64,
     seed: u64,
+    /// Only the API requests are the server's (`--api-only`).
+    api_only: bool,
 }
 
 impl Model {
@@ -151,6 +154,15 @@ impl Model {
     /// and its handshake.
     fn capacity(&self) -> f64 {
         self.slots as f64 / (self.service + self.tls)
+    }
+
+    /// The requests of one node the server takes.
+    fn per_node(&self) -> usize {
+        if self.api_only {
+            API_REQUESTS
+        } else {
+            REQUESTS.len()
+        }
     }
 }
 
@@ -284,30 +296,65 @@ struct Outcome {
     per_second: Vec<u64>,
 }
 
-/// kube-apiserver's dropped-requests tracker for one priority level: its `Retry-After`.
+/// kube-apiserver's dropped-requests tracker for one priority level (k8s.io/apiserver
+/// util/flowcontrol/dropped_requests_tracker.go): the `Retry-After` of its 429s. It changes only
+/// at the first drop of a new second, from the drops of the seconds before: doubled (at most 32)
+/// when the last `Retry-After` seconds dropped 3 × `Retry-After` or more and that long has passed
+/// since it last doubled, one less when they dropped fewer than `Retry-After`.
 struct Apf {
-    retry_after: u64,
-    updated: u64,
-    drops: Vec<u64>,
+    retry_after: i64,
+    doubled_at: i64,
+    /// The second being counted and its drops.
+    current: (i64, i64),
+    /// Earlier seconds with drops: (second, drops), oldest first.
+    history: Vec<(i64, i64)>,
 }
 
 impl Apf {
+    const MAX: i64 = 32;
+
+    fn new() -> Apf {
+        Apf {
+            retry_after: 1,
+            // It may double at any time after the first drop.
+            doubled_at: i64::MIN / 2,
+            current: (-1, 0),
+            history: Vec::new(),
+        }
+    }
+
+    /// A request dropped in second `sec`: the `Retry-After` it is answered with.
     fn dropped(&mut self, sec: u64) -> u64 {
-        let s = sec as usize;
-        if self.drops.len() <= s {
-            self.drops.resize(s + 1, 0);
+        let sec = sec as i64;
+        if self.current.0 == sec {
+            self.current.1 += 1;
+        } else {
+            let (t, n) = self.current;
+            self.history.push((t, n));
+            let keep = (2 * self.retry_after).min(Apf::MAX);
+            self.history.retain(|(s, _)| t - s <= keep);
+            self.current = (sec, 1);
+            self.update(sec);
         }
-        self.drops[s] += 1;
-        let from = s.saturating_sub(self.retry_after as usize - 1);
-        let recent: u64 = self.drops[from..=s].iter().sum();
-        if recent >= 3 * self.retry_after {
-            self.retry_after = (self.retry_after * 2).min(32);
-            self.updated = sec;
-        } else if sec > self.updated {
-            self.retry_after = (self.retry_after - 1).max(1);
-            self.updated = sec;
+        self.retry_after as u64
+    }
+
+    fn update(&mut self, now: i64) {
+        let ra = self.retry_after;
+        let dropped: i64 = self
+            .history
+            .iter()
+            .rev()
+            .take_while(|(t, _)| now - t <= ra)
+            .filter(|(t, _)| *t < now)
+            .map(|(_, n)| n)
+            .sum();
+        if now - self.doubled_at >= ra && dropped >= 3 * ra {
+            self.retry_after = (2 * ra).min(Apf::MAX);
+            self.doubled_at = now;
+        } else if dropped < ra && ra > 1 {
+            self.retry_after = ra - 1;
         }
-        self.retry_after
     }
 }
 
@@ -398,6 +445,10 @@ impl<'m> Sim<'m> {
     }
 
     fn arrives(&mut self, i: u32, a: u32, t: f64) {
+        // A download from the other server, never full: answered in its round trip.
+        if self.m.api_only && self.nodes[i as usize].step >= API_REQUESTS {
+            return self.reply(i, a, t + self.m.rtt / 2.0, Heard::Done);
+        }
         let sec = t as usize;
         if self.out.per_second.len() <= sec {
             self.out.per_second.resize(sec + 1, 0);
@@ -635,11 +686,7 @@ fn simulate(m: &Model, initrd: Rules, real: Rules) -> Outcome {
         queue: VecDeque::new(),
         waiting: 0,
         book: Book::default(),
-        apf: Apf {
-            retry_after: 1,
-            updated: 0,
-            drops: Vec::new(),
-        },
+        apf: Apf::new(),
         refused_cpu: Vec::new(),
     };
     for i in 0..m.nodes {
@@ -689,13 +736,15 @@ struct Row {
     last: f64,
     minimum: f64,
     per_node: f64,
+    /// The requests of one node the server takes: the minimum per node.
+    least: usize,
     peak: f64,
     over: usize,
 }
 
 fn run(m: &Model, initrd: Rules, real: Rules) -> Row {
     let o = simulate(m, initrd, real);
-    let minimum = m.nodes as f64 * REQUESTS.len() as f64 / m.capacity();
+    let minimum = (m.nodes * m.per_node()) as f64 / m.capacity();
     // After the start: every node's first request lands within `start`, whatever the rule.
     let after_start = o.per_second.iter().skip(m.start.ceil() as usize + 1);
     let peak = after_start.clone().copied().max().unwrap_or(0) as f64 / m.capacity();
@@ -708,6 +757,7 @@ fn run(m: &Model, initrd: Rules, real: Rules) -> Row {
         last: o.done.last().copied().unwrap_or(f64::NAN),
         minimum,
         per_node: o.requests as f64 / m.nodes as f64,
+        least: m.per_node(),
         peak,
         over,
         o,
@@ -730,7 +780,7 @@ fn line(r: &Row) -> String {
         r.last,
         r.minimum,
         r.last / r.minimum,
-        r.per_node / REQUESTS.len() as f64,
+        r.per_node / r.least as f64,
         pct(&o.done, 0.5),
         pct(&o.done, 0.99),
         o.resets,
@@ -776,6 +826,11 @@ struct Args {
     /// seed of the draws (default 1)
     #[argh(option, default = "1")]
     seed: u64,
+    /// only the API server's requests (/version, the ConfigMap) are the server's; the manifest,
+    /// its signature and the image come from another that is never full, in one round trip
+    /// each (bench/herd's `apf-N`: a real API server, a release server beside it)
+    #[argh(switch)]
+    api_only: bool,
     /// the matrix: 500, 10,000 and 100,000 nodes, each server (the other options apply)
     #[argh(switch)]
     table: bool,
@@ -839,6 +894,7 @@ fn main() {
         restart,
         horizon: a.horizon,
         seed: a.seed,
+        api_only: a.api_only,
     };
     let started = Instant::now();
     let rules = |ceiling| (Rules::of(&initrd, ceiling), Rules::of(&real, ceiling));
@@ -862,7 +918,7 @@ fn main() {
                         row.last,
                         row.minimum,
                         row.last / row.minimum,
-                        row.per_node / REQUESTS.len() as f64
+                        row.per_node / row.least as f64
                     );
                 }
             }
