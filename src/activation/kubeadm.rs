@@ -175,8 +175,17 @@ impl ImageNames {
 /// versions, image names), so double-quoted scalars are enough.
 pub(crate) fn init_config(s: &InitSpec) -> String {
     let api = api_version(Some(s.kubernetes_version));
+    // The first API call of `kubeadm init` (its admin's ClusterRoleBinding) polls until the new
+    // API server answers, for at most kubeadm's API-call timeout: 1 min by default, less than a
+    // first boot still importing images may need; a failure there resets the node for good.
+    // 4 min, as long as kubeadm already waits for the control plane to be healthy (v1beta4 only).
+    let timeouts = if api == "kubeadm.k8s.io/v1beta4" {
+        "timeouts:\n  kubernetesAPICall: \"4m0s\"\n"
+    } else {
+        ""
+    };
     let mut y = format!(
-        "apiVersion: {api}\nkind: InitConfiguration\n---\napiVersion: {api}\nkind: ClusterConfiguration\n\
+        "apiVersion: {api}\nkind: InitConfiguration\n{timeouts}---\napiVersion: {api}\nkind: ClusterConfiguration\n\
          clusterName: \"{}\"\nkubernetesVersion: \"{}\"\nnetworking:\n  podSubnet: \"{}\"\n  serviceSubnet: \"{}\"\n",
         s.cluster_name, s.kubernetes_version, s.pod_cidr, s.service_cidr
     );
@@ -278,7 +287,10 @@ mod tests {
             },
         });
         assert!(
-            c.starts_with("apiVersion: kubeadm.k8s.io/v1beta4\nkind: InitConfiguration\n---\n"),
+            c.starts_with(
+                "apiVersion: kubeadm.k8s.io/v1beta4\nkind: InitConfiguration\n\
+                 timeouts:\n  kubernetesAPICall: \"4m0s\"\n---\n"
+            ),
             "{c}"
         );
         assert!(
@@ -298,6 +310,20 @@ mod tests {
             },
             ..ImageNames::default()
         };
+        // kubeadm's v1beta3 has no timeouts.
+        let c = init_config(&InitSpec {
+            cluster_name: "demo",
+            kubernetes_version: "v1.30.4",
+            pod_cidr: "10.244.0.0/16",
+            service_cidr: "10.96.0.0/12",
+            sans: &[],
+            control_plane_endpoint: None,
+            images: &ImageNames::default(),
+        });
+        assert!(
+            c.starts_with("apiVersion: kubeadm.k8s.io/v1beta3\nkind: InitConfiguration\n---\n"),
+            "{c}"
+        );
         assert!(old.check_version("v1.31.0").is_ok());
         assert!(old
             .check_version("v1.30.9")
