@@ -47,8 +47,8 @@ pub struct Activate {
     /// kubeadm join attempts after a ticket (default 3)
     #[argh(option, default = "3")]
     pub join_attempts: u32,
-    /// seconds all kubeadm join attempts may take together (default 300)
-    #[argh(option, default = "300")]
+    /// seconds all kubeadm join attempts may take together (default 900)
+    #[argh(option, default = "900")]
     pub join_budget: u64,
     /// kubeadm program (default kubeadm, from PATH)
     #[argh(option, default = "\"kubeadm\".into()")]

@@ -1108,7 +1108,7 @@ fn kubeadm_join_is_tried_three_times_then_fatal() {
     let node = Node::new(&pki, "join-fails", Some("nodestrap:control-plane"));
     write(&node.bin.join("fail-join"), "9");
     let run = node.activate(&[svc.url()]).wait(60);
-    run.assert_fails(1, "kubeadm join failed 3 times within 300 s");
+    run.assert_fails(1, "kubeadm join failed 3 times within 900 s");
     assert_eq!(run.count_lines("kubeadm join attempt"), 3);
     assert_eq!(node.calls().len(), 3);
     assert_eq!(node.state().unwrap()["state"], "reset");
