@@ -48,7 +48,8 @@
 //!
 //! Prints one line per run, or with `--table` the matrix of docs/bootstrap.md ("Retries at
 //! scale"): nodes done; initramfs runs that handed over; real-root runs that failed; nodes that
-//! gave up (not done at HORIZON); runs that took the fallback version; the time the last node
+//! gave up (not done at HORIZON); runs that took the fallback version (and the nodes done on it:
+//! the others' runs failed after it, and a later run asked again); the time the last node
 //! finished against the minimum (requests ÷ capacity); requests per node against the minimum (5);
 //! p50/p99 seconds; resets and timeouts; the peak offered load over capacity once every node has
 //! started and the seconds it was over twice the capacity; and the pauses shorter than the
@@ -281,6 +282,8 @@ struct Node {
     /// Each client's last busy answer: when it came and the wait it asked for (in the binary,
     /// the API server and the mirror are two servers; here one server plays both).
     told: [Option<(f64, f64)>; 2],
+    /// This run took the fallback version.
+    fell_back: bool,
 }
 
 #[derive(Default)]
@@ -289,6 +292,8 @@ struct Outcome {
     handed_over: usize,
     failed_runs: usize,
     fallback: usize,
+    /// Nodes whose run that finished had taken the fallback version.
+    done_on_fallback: usize,
     requests: u64,
     resets: u64,
     timeouts: u64,
@@ -417,6 +422,7 @@ impl<'m> Sim<'m> {
         if self.nodes[i].fresh {
             let n = &mut self.nodes[i];
             n.fresh = false;
+            n.fell_back = false;
             n.run_start = t;
             n.step = 0;
             return self.request(i, t);
@@ -552,9 +558,12 @@ impl<'m> Sim<'m> {
             .map_or(0.0, |s| self.refused_cpu[s]);
         let share = (before / m.slots as f64).min(0.95);
         let took = (m.service + m.tls) / (1.0 - share);
+        // The book measures the request's own time (join-service times the making of a ticket,
+        // not the handshakes of the connections it turned away meanwhile), over the slots.
         if m.server == Server::Appointments {
-            self.book
-                .served(Duration::from_secs_f64(took / m.slots as f64));
+            self.book.served(Duration::from_secs_f64(
+                (m.service + m.tls) / m.slots as f64,
+            ));
         }
         self.push(t + took, Event::Served(i, a));
     }
@@ -618,6 +627,7 @@ impl<'m> Sim<'m> {
                 n.step += 1;
                 if n.step == REQUESTS.len() {
                     n.req = None;
+                    self.out.done_on_fallback += usize::from(n.fell_back);
                     self.out.done.push(t);
                 } else {
                     self.request(i, t);
@@ -643,6 +653,7 @@ impl<'m> Sim<'m> {
         }
         if n.step < API_REQUESTS && r.fallback.allows(class) {
             self.out.fallback += 1;
+            n.fell_back = true;
             n.step = API_REQUESTS;
             return self.request(i, t);
         }
@@ -685,7 +696,12 @@ fn simulate(m: &Model, initrd: Rules, real: Rules) -> Outcome {
         in_service: 0,
         queue: VecDeque::new(),
         waiting: 0,
-        book: Book::default(),
+        // A bootstrap's requests to this server are one session; the server knows its
+        // throughput before it measures it.
+        book: Book::for_sessions(
+            m.per_node() as u32,
+            Duration::from_secs_f64(1.0 / m.capacity()),
+        ),
         apf: Apf::new(),
         refused_cpu: Vec::new(),
     };
@@ -702,6 +718,7 @@ fn simulate(m: &Model, initrd: Rules, real: Rules) -> Outcome {
             answer: Heard::Reset,
             waiting: false,
             told: [None; 2],
+            fell_back: false,
         });
         sim.push(t, Event::Begin(i as u32));
     }
@@ -764,12 +781,12 @@ fn run(m: &Model, initrd: Rules, real: Rules) -> Row {
     }
 }
 
-const HEAD: &str = "| nodes | server | done | initramfs handed over | real-root runs failed | gave up | fallback | all done s (minimum) | time/min | requests/min | p50 s | p99 s | resets | timeouts | peak offered/capacity | s over 2× capacity | sooner than Retry-After |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
+const HEAD: &str = "| nodes | server | done | initramfs handed over | real-root runs failed | gave up | fallback runs (done on it) | all done s (minimum) | time/min | requests/min | p50 s | p99 s | resets | timeouts | peak offered/capacity | s over 2× capacity | sooner than Retry-After |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
 
 fn line(r: &Row) -> String {
     let o = &r.o;
     format!(
-        "| {} | {} | {} | {} | {} | {} | {} | {:.0} ({:.0}) | {:.2} | {:.2} | {:.0} | {:.0} | {} | {} | {:.1} | {} | {} |",
+        "| {} | {} | {} | {} | {} | {} | {} ({}) | {:.0} ({:.0}) | {:.2} | {:.2} | {:.0} | {:.0} | {} | {} | {:.1} | {} | {} |",
         r.nodes,
         r.server,
         o.done.len(),
@@ -777,6 +794,7 @@ fn line(r: &Row) -> String {
         o.failed_runs,
         r.nodes - o.done.len(),
         o.fallback,
+        o.done_on_fallback,
         r.last,
         r.minimum,
         r.last / r.minimum,

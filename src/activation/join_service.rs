@@ -324,7 +324,10 @@ impl Svc<'_> {
 
     /// The node's word that it keeps its ticket: the ledger makes it final.
     fn keep(&mut self, mut asked: Asked) {
-        match self.ledger.keep(&asked.peer.spki) {
+        let started = std::time::Instant::now();
+        let kept = self.ledger.keep(&asked.peer.spki);
+        self.book.kept(started.elapsed());
+        match kept {
             Keep::Kept => {
                 crate::info!(
                     "{}: keeps its ticket (its node lock is durable); recorded in {}",
@@ -378,9 +381,10 @@ impl Svc<'_> {
         let m = match booked {
             true => format!(
                 "the join service makes tickets more slowly than nodes ask ({} waiting, {:.2} s \
-                 a ticket): this node's slot is at {when}; ask again then",
+                 a ticket, {:.2} s its keeping): this node's slot is at {when}; ask again then",
                 self.book.waiting(),
-                self.book.ticket_secs()
+                self.book.ticket_secs(),
+                self.book.keep_secs()
             ),
             false => format!(
                 "the join service's appointment book is full: ask again at {when}, when it ends"
