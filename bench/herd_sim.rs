@@ -3,6 +3,8 @@
 //!
 //!   cargo run --release --example herd-sim -- [OPTIONS]      (bench/herd runs it too)
 //!
+//! (With `--join`, `activate` nodes against join services instead: bench/herd_sim_join.rs.)
+//!
 //! **The nodes.** Each makes the five requests of a torcx bootstrap (docs/bootstrap.md): the API
 //! server's `/version` and the runtime mappings ConfigMap with the API client's retry rule,
 //! then the manifest, its signature and the image with the fetcher's. Every request is
@@ -68,6 +70,9 @@ use nodestrap::error::Error;
 use nodestrap::net::cluster::Fallback;
 use nodestrap::net::fetch::{Attempt, FetchError, Retrying, Start};
 use nodestrap::net::retry::{After, Load, Retry};
+
+#[path = "herd_sim_join.rs"]
+mod join;
 
 /// The five requests, as the binary names them in its errors.
 const REQUESTS: [&str; 5] = [
@@ -516,6 +521,8 @@ impl<'m> Sim<'m> {
                     // The date and the server's `Date` in whole seconds, as `httpdate` writes them.
                     let wait = (at.floor() - t.floor()).max(0.0);
                     let after = After::Date(Duration::from_secs_f64(wait));
+                    self.book
+                        .refused(Duration::from_secs_f64(self.m.tls / self.m.slots as f64), t);
                     self.in_service += 1;
                     self.push(t + self.m.tls, Event::Served(i, 0));
                     self.refuse(i, a, t + self.m.tls, Some(after));
@@ -849,6 +856,28 @@ struct Args {
     /// each (bench/herd's `apf-N`: a real API server, a release server beside it)
     #[argh(switch)]
     api_only: bool,
+    /// activate's join client against join services instead (bench/herd's join3):
+    /// herd_sim_join.rs
+    #[argh(switch)]
+    join: bool,
+    /// with --join: the join services (default 3)
+    #[argh(option, default = "3")]
+    services: usize,
+    /// with --join: milliseconds a ticket takes a join service (default 100)
+    #[argh(option, default = "100.0")]
+    ticket_ms: f64,
+    /// with --join: milliseconds a node's word that it keeps its ticket takes (default 20)
+    #[argh(option, default = "20.0")]
+    kept_ms: f64,
+    /// with --join: milliseconds a refusal takes a join service (default 1)
+    #[argh(option, default = "1.0")]
+    refuse_ms: f64,
+    /// with --join: activate's --join-interval (default 5)
+    #[argh(option, default = "5")]
+    join_interval: u64,
+    /// with --join: activate's --join-timeout (default 30)
+    #[argh(option, default = "30.0")]
+    join_timeout: f64,
     /// the matrix: 500, 10,000 and 100,000 nodes, each server (the other options apply)
     #[argh(switch)]
     table: bool,
@@ -915,6 +944,29 @@ fn main() {
         api_only: a.api_only,
     };
     let started = Instant::now();
+    if a.join {
+        let r = join::run(join::JoinModel {
+            nodes: a.nodes,
+            services: a.services,
+            ticket: a.ticket_ms / 1000.0,
+            kept: a.kept_ms / 1000.0,
+            refuse: a.refuse_ms / 1000.0,
+            rtt: a.rtt_ms / 1000.0,
+            start: a.start,
+            interval: Duration::from_secs(a.join_interval),
+            timeout: a.join_timeout,
+            seed: a.seed,
+        });
+        println!(
+            "| nodes | services | joined | calls/node | p50 s | p99 s | all joined s (minimum) |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        println!(
+            "| {} | {} | {} | {:.2} | {:.1} | {:.1} | {:.1} ({:.1}) |",
+            a.nodes, a.services, r.joined, r.calls_per_node, r.p50, r.p99, r.last, r.minimum
+        );
+        return;
+    }
     let rules = |ceiling| (Rules::of(&initrd, ceiling), Rules::of(&real, ceiling));
     if let Some(c) = &a.curve {
         println!("| window's ceiling s | nodes | server | handed over | gave up | all done s (minimum) | time/min | requests/min |");

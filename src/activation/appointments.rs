@@ -54,6 +54,8 @@ pub struct Book {
     ticket: f64,
     /// Seconds the service spends, per ticket, on the node's later word that it keeps it.
     keep: f64,
+    /// Seconds turning a node away takes the service, measured (for its log).
+    refusal: f64,
 }
 
 impl Default for Book {
@@ -74,6 +76,7 @@ impl Book {
             next_free: 0.0,
             ticket: guess.as_secs_f64(),
             keep: 0.0,
+            refusal: 0.0,
         }
     }
 
@@ -144,6 +147,21 @@ impl Book {
     pub fn kept(&mut self, took: Duration) {
         let t = took.as_secs_f64().clamp(0.0, 600.0);
         self.keep += FOLLOW * (t - self.keep);
+    }
+
+    /// Turning a node away took the service `took` at `now`: every slot still to give is that
+    /// much later (those given stand, and their nodes wait their turn in line).
+    pub fn refused(&mut self, took: Duration, now: f64) {
+        let t = took.as_secs_f64().clamp(0.0, 600.0);
+        if self.next_free > now {
+            self.next_free += t;
+        }
+        self.refusal += FOLLOW * (t - self.refusal);
+    }
+
+    /// Seconds turning a node away takes, as measured.
+    pub fn refusal_secs(&self) -> f64 {
+        self.refusal
     }
 
     /// Seconds a node's visit takes the service: its session's requests, and its keeping.
@@ -306,6 +324,12 @@ mod tests {
             panic!("not booked")
         };
         assert!((next - at - 0.3).abs() < 0.001, "{at} {next}");
+        // Turning a node away takes 0.05 s: the next slot is that much later.
+        b.refused(Duration::from_millis(50), 0.0);
+        let Turn::At { at: later, .. } = b.turn(&id(1002), 0.0, QUEUED) else {
+            panic!("not booked")
+        };
+        assert!((later - next - 0.35).abs() < 0.001, "{next} {later}");
     }
 
     #[test]

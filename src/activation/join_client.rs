@@ -19,7 +19,7 @@ pub(super) fn join_client(ctx: &Ctx) -> Result<Side> {
     if ctx.endpoints.is_empty() {
         crate::info!("join client off: no --join-endpoints");
     }
-    let mut asked_later: Vec<Option<Later>> = vec![None; ctx.endpoints.len()];
+    let mut rounds = Rounds::new(ctx.endpoints.len(), interval);
     // This run's session: a run that starts after a kill asks again as another run, and the
     // join services give it a new ticket if the one before was never kept.
     let body = serde_json::to_vec(&TicketRequest {
@@ -33,13 +33,10 @@ pub(super) fn join_client(ctx: &Ctx) -> Result<Side> {
         if ctx.stop.requested() {
             return Ok(Side::Stopped);
         }
-        // Each pause is random between half and one and a half intervals: a fleet that boots
-        // together does not come back to the join services in waves.
-        let pause = interval.mul_f64(0.5 + crate::crypto::random::fraction());
-        for i in round_order(&asked_later) {
-            let (ep, not_before) = (&ctx.endpoints[i], &mut asked_later[i]);
-            // A join service that said when to ask again (Retry-After) is not asked sooner.
-            if not_before.is_some_and(|l| Instant::now() < l.at) {
+        let pause = rounds.spread(crate::crypto::random::fraction());
+        for i in rounds.order(Instant::now()) {
+            let ep = &ctx.endpoints[i];
+            if !rounds.may_ask(i, Instant::now()) {
                 continue;
             }
             match request_ticket(ctx, ep, &body) {
@@ -49,8 +46,7 @@ pub(super) fn join_client(ctx: &Ctx) -> Result<Side> {
                     pause.as_secs_f64()
                 ),
                 Err((e, Some(after))) => {
-                    let later = Later::new(after);
-                    *not_before = Some(later);
+                    let later = rounds.refused(i, after, Instant::now());
                     let again = match later.appointment {
                         true => "its slot: asking it again then".to_string(),
                         false => format!(
@@ -76,55 +72,90 @@ pub(super) fn join_client(ctx: &Ctx) -> Result<Side> {
         if ctx.endpoints.is_empty() {
             ctx.stop.sleep(Duration::from_secs(3600));
         } else {
-            ctx.stop.sleep(until_next_round(&asked_later, pause));
+            let jitter = crate::crypto::random::fraction();
+            ctx.stop.sleep(rounds.pause(Instant::now(), pause, jitter));
+        }
+    }
+}
+
+/// The join client's rule for whom a round asks and how long it pauses after, from what each
+/// join service answered (docs/activate.md). The clock and the draws are given, so that
+/// bench/herd_sim.rs drives this same rule in virtual time.
+pub struct Rounds {
+    later: Vec<Option<Later>>,
+    interval: Duration,
+}
+
+impl Rounds {
+    pub fn new(services: usize, interval: Duration) -> Rounds {
+        Rounds {
+            later: vec![None; services],
+            interval,
+        }
+    }
+
+    /// A round's pause, from a draw in [0, 1): between half and one and a half intervals, so
+    /// that a fleet that boots together does not come back to the join services in waves.
+    pub fn spread(&self, fraction: f64) -> Duration {
+        self.interval.mul_f64(0.5 + fraction)
+    }
+
+    /// The join services in the order a round asks them: one whose slot for this node has come
+    /// first, then the others in their order.
+    pub fn order(&self, now: Instant) -> Vec<usize> {
+        let due = |i: &usize| self.later[*i].is_some_and(|l| l.appointment && l.at <= now);
+        let (mut first, rest): (Vec<usize>, Vec<usize>) = (0..self.later.len()).partition(due);
+        first.extend(rest);
+        first
+    }
+
+    /// A join service that said when to ask again (Retry-After) is not asked sooner.
+    pub fn may_ask(&self, i: usize, now: Instant) -> bool {
+        self.later[i].is_none_or(|l| now >= l.at)
+    }
+
+    /// Service `i` turned the node away with `after`; an appointment ends the round.
+    pub fn refused(&mut self, i: usize, after: After, now: Instant) -> Later {
+        let later = Later::new(after, now);
+        self.later[i] = Some(later);
+        later
+    }
+
+    /// The pause before the next round: up to the slot a join service holds for this node,
+    /// plus under a second of jitter (docs/join-service.md, "Appointments"), else the round's.
+    pub fn pause(&self, now: Instant, round: Duration, jitter: f64) -> Duration {
+        let slot = self
+            .later
+            .iter()
+            .flatten()
+            .filter(|l| l.appointment && l.at > now)
+            .map(|l| l.at - now)
+            .min();
+        match slot {
+            Some(s) => s + Duration::from_secs(1).mul_f64(jitter),
+            None => round,
         }
     }
 }
 
 /// When a join service said to ask again.
 #[derive(Debug, Clone, Copy)]
-struct Later {
+pub struct Later {
     at: Instant,
     wait: Duration,
     /// A slot it holds for this node (a `Retry-After` date): kept to the second.
-    appointment: bool,
+    pub appointment: bool,
 }
 
 impl Later {
-    fn new(after: After) -> Later {
+    fn new(after: After, now: Instant) -> Later {
         let wait = after.wait().min(LONGEST_RETRY_AFTER);
         Later {
-            at: Instant::now() + wait,
+            at: now + wait,
             wait,
             appointment: matches!(after, After::Date(_)),
         }
     }
-}
-
-/// The pause before the next round: up to the slot a join service holds for this node, plus
-/// under a second of jitter (docs/join-service.md, "Appointments"), else the usual one.
-fn until_next_round(later: &[Option<Later>], pause: Duration) -> Duration {
-    let now = Instant::now();
-    let slot = later
-        .iter()
-        .flatten()
-        .filter(|l| l.appointment && l.at > now)
-        .map(|l| l.at - now)
-        .min();
-    match slot {
-        Some(s) => s + Duration::from_secs(1).mul_f64(crate::crypto::random::fraction()),
-        None => pause,
-    }
-}
-
-/// The join services in the order a round asks them: one whose slot for this node has come
-/// first, then the others in their order.
-fn round_order(later: &[Option<Later>]) -> Vec<usize> {
-    let now = Instant::now();
-    let due = |i: &usize| later[*i].is_some_and(|l| l.appointment && l.at <= now);
-    let (mut first, rest): (Vec<usize>, Vec<usize>) = (0..later.len()).partition(due);
-    first.extend(rest);
-    first
 }
 
 /// A join service's `Retry-After` is honoured up to this: a value beyond it (a misconfigured
@@ -340,4 +371,32 @@ fn join_attempts(ctx: &Ctx, t: &Ticket) -> Result<()> {
         "kubeadm join failed {n} times within {} s: {last}",
         budget.as_secs()
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    #[test]
+    fn a_round_asks_a_due_slot_first_and_pauses_until_the_next_slot() {
+        let now = Instant::now();
+        let mut r = Rounds::new(3, S(10));
+        assert_eq!(r.order(now), vec![0, 1, 2]);
+        assert_eq!(r.spread(0.0), S(5));
+        assert_eq!(r.pause(now, S(7), 0.5), S(7));
+        // Service 0 asks to be left alone for 30 s; service 2 gives a slot in 20 s.
+        assert!(!r.refused(0, After::Delay(S(30)), now).appointment);
+        assert!(r.refused(2, After::Date(S(20)), now).appointment);
+        assert!(!r.may_ask(0, now + S(29)) && r.may_ask(0, now + S(30)));
+        assert!(r.may_ask(1, now));
+        // Until the slot: its wait and under a second of jitter, whatever the round's pause.
+        assert_eq!(r.pause(now, S(7), 0.5), S(20) + Duration::from_millis(500));
+        // At the slot, its service is asked first.
+        assert_eq!(r.order(now + S(20)), vec![2, 0, 1]);
+        // A Retry-After beyond an hour is held to an hour.
+        assert!(!r.refused(1, After::Delay(S(86_400)), now).appointment);
+        assert!(!r.may_ask(1, now + S(3599)) && r.may_ask(1, now + S(3600)));
+    }
 }

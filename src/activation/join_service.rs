@@ -237,6 +237,14 @@ fn open_ledger<'r>(a: &JoinService, root: &'r Root, instance: &str) -> Result<Le
     }
 }
 
+/// The role a node's certificate asks for: its organisation.
+fn role_of(peer: &Peer) -> Role {
+    match peer.orgs.iter().any(|o| o == CONTROL_PLANE_ORG) {
+        true => Role::ControlPlane,
+        false => Role::Worker,
+    }
+}
+
 /// A node that passed its handshake with a well-formed request.
 struct Asked {
     s: exchange::ServerStream,
@@ -326,13 +334,15 @@ impl Svc<'_> {
     fn keep(&mut self, mut asked: Asked) {
         let started = std::time::Instant::now();
         let kept = self.ledger.keep(&asked.peer.spki);
-        self.book.kept(started.elapsed());
+        let took = started.elapsed();
+        self.book.kept(took);
         match kept {
             Keep::Kept => {
                 crate::info!(
-                    "{}: keeps its ticket (its node lock is durable); recorded in {}",
+                    "{}: keeps its ticket (its node lock is durable); recorded in {}, in {:.3} s",
                     asked.who,
-                    self.ledger.describe()
+                    self.ledger.describe(),
+                    took.as_secs_f64()
                 );
                 self.reply(&mut asked, 200, serde_json::json!({}));
             }
@@ -369,8 +379,10 @@ impl Svc<'_> {
                 }
             }
             Turn::At { at, booked } => {
+                let started = std::time::Instant::now();
                 let at = now + Duration::from_secs_f64((at - secs).max(0.0));
-                self.appoint(&mut asked, at, booked)
+                self.appoint(&mut asked, at, booked);
+                self.book.refused(started.elapsed(), secs);
             }
         }
     }
@@ -381,10 +393,12 @@ impl Svc<'_> {
         let m = match booked {
             true => format!(
                 "the join service makes tickets more slowly than nodes ask ({} waiting, {:.2} s \
-                 a ticket, {:.2} s its keeping): this node's slot is at {when}; ask again then",
+                 a ticket, {:.2} s its keeping, {:.3} s a refusal): this node's slot is at \
+                 {when}; ask again then",
                 self.book.waiting(),
                 self.book.ticket_secs(),
-                self.book.keep_secs()
+                self.book.keep_secs(),
+                self.book.refusal_secs()
             ),
             false => format!(
                 "the join service's appointment book is full: ask again at {when}, when it ends"
@@ -401,6 +415,7 @@ impl Svc<'_> {
     /// One ticket, claimed in the ledger before it is made and settled there once it was
     /// written to the node: whether it was written.
     fn issue_now(&mut self, asked: &mut Asked) -> bool {
+        let began = std::time::Instant::now();
         if !asked.s.sock.peer_waiting() {
             crate::warn!(
                 "{}: gone before its turn (it waited longer than it would); nothing spent",
@@ -409,11 +424,7 @@ impl Svc<'_> {
             return false;
         }
         let peer = &asked.peer;
-        let role = if peer.orgs.iter().any(|o| o == CONTROL_PLANE_ORG) {
-            Role::ControlPlane
-        } else {
-            Role::Worker
-        };
+        let role = role_of(peer);
         let asking = ledger::Asking {
             identity: &peer.spki,
             node: &peer.cn,
@@ -459,11 +470,12 @@ impl Svc<'_> {
             Ok(()) => {
                 crate::info!(
                     "{}: ticket issued as {} (role from the certificate's organisation, attempt {}); \
-                     recorded in {}",
+                     recorded in {}, in {:.3} s",
                     asked.who,
                     role.as_str(),
                     held.attempt(),
-                    self.ledger.describe()
+                    self.ledger.describe(),
+                    began.elapsed().as_secs_f64()
                 );
                 crate::node::status::decide(
                     &format!("ticket {}", asked.who),

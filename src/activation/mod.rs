@@ -10,7 +10,7 @@ pub(crate) mod images;
 pub mod init_cluster;
 pub(crate) mod init_secret;
 mod init_server;
-mod join_client;
+pub mod join_client;
 pub mod join_service;
 pub(crate) mod kubeadm;
 pub(crate) mod ledger;
