@@ -262,16 +262,11 @@ pub fn run(m: JoinModel) -> JoinRow {
     }
     let mut done: Vec<f64> = sim.nodes.iter().filter_map(|n| n.joined).collect();
     done.sort_by(f64::total_cmp);
-    let q = |p: f64| {
-        done.get(((done.len() as f64 * p).ceil() as usize).saturating_sub(1))
-            .copied()
-            .unwrap_or(f64::NAN)
-    };
     JoinRow {
         joined: done.len(),
         calls_per_node: sim.calls as f64 / m.nodes as f64,
-        p50: q(0.5),
-        p99: q(0.99),
+        p50: crate::pct(&done, 0.5),
+        p99: crate::pct(&done, 0.99),
         last: done.last().copied().unwrap_or(f64::NAN),
         minimum: m.nodes as f64 * (m.ticket + m.kept) / m.services as f64,
     }

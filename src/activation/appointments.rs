@@ -1,8 +1,8 @@
 //! join-service's appointment book. Only the service knows how many nodes wait for it: when
 //! they come faster than it makes tickets (a request would be served more than `BACKLOG` after
 //! it arrived: its wait in line, then the time the book already holds), each node it turns away
-//! gets its own slot, the next free moment of the service's time (one ticket's measured length
-//! after the slot before), as a `Retry-After` date, and a
+//! gets its own slot, the next free moment of the service's time (one visit's measured length
+//! after the slot before: its ticket and the ticket's keeping), as a `Retry-After` date, and a
 //! node that comes back on time is served ahead of newcomers. A herd is then served in about the
 //! time the service needs, each node asking twice (docs/join-service.md, "Appointments").
 //!

@@ -374,7 +374,7 @@ impl Svc<'_> {
         {
             Turn::Now => {
                 let started = std::time::Instant::now();
-                if self.issue_now(&mut asked) {
+                if self.issue_now(&mut asked, started) {
                     self.book.served(started.elapsed());
                 }
             }
@@ -413,9 +413,8 @@ impl Svc<'_> {
     }
 
     /// One ticket, claimed in the ledger before it is made and settled there once it was
-    /// written to the node: whether it was written.
-    fn issue_now(&mut self, asked: &mut Asked) -> bool {
-        let began = std::time::Instant::now();
+    /// written to the node (its time, logged, from `began`): whether it was written.
+    fn issue_now(&mut self, asked: &mut Asked, began: std::time::Instant) -> bool {
         if !asked.s.sock.peer_waiting() {
             crate::warn!(
                 "{}: gone before its turn (it waited longer than it would); nothing spent",
