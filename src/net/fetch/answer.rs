@@ -29,6 +29,25 @@ pub(super) fn read_failure(e: &io::Error, deadline: Duration) -> String {
     }
 }
 
+/// rustls's verdict that no trust anchor signs the server's certificate, whether ureq hands it
+/// over as its own variant or inside the I/O error of the handshake.
+fn unknown_issuer(e: &ureq::Error) -> bool {
+    let is = |r: &rustls::Error| {
+        matches!(
+            r,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer)
+        )
+    };
+    match e {
+        ureq::Error::Rustls(r) => is(r),
+        ureq::Error::Io(io) => io
+            .get_ref()
+            .and_then(|i| i.downcast_ref::<rustls::Error>())
+            .is_some_and(is),
+        _ => false,
+    }
+}
+
 pub(super) fn classify_transport<T>(
     what: &str,
     e: ureq::Error,
@@ -40,7 +59,7 @@ pub(super) fn classify_transport<T>(
         e => format!("{what}: {e}"),
     };
     // A server whose certificate no anchor signs: say which anchors, and how to add one.
-    if msg.contains("UnknownIssuer") {
+    if unknown_issuer(&e) {
         let fix = tls.fix.as_deref().unwrap_or("a trust anchor");
         msg = format!(
             "{msg}: the server's certificate is not signed by a CA trusted here ({}): add its CA with {fix}",
