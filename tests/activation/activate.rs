@@ -1574,14 +1574,12 @@ fn ask_for_turn(port: u16, ca: &Ca, leaf: &Leaf, session: char) -> (u16, Option<
     (status, slot.map(|(wait, _)| wait))
 }
 
+/// A `Retry-After` date: the wait from the answer's `Date`, and the date itself.
+type Slot = (Duration, std::time::SystemTime);
+
 /// As `ask_for_turn`, with the slot's own date: the waits of two answers come from two `Date`s,
 /// each whole seconds taken when its answer was written, so only the slots' dates compare.
-fn ask_for_slot(
-    port: u16,
-    ca: &Ca,
-    leaf: &Leaf,
-    session: char,
-) -> (u16, Option<(Duration, std::time::SystemTime)>) {
+fn ask_for_slot(port: u16, ca: &Ca, leaf: &Leaf, session: char) -> (u16, Option<Slot>) {
     let body = session_body(session);
     let (status, head, _) = mtls_post(port, ca, leaf, "/v1/ticket", &body, &|| {}).unwrap();
     let header = |name: &str| {
@@ -1610,25 +1608,24 @@ fn a_herd_gets_appointments_and_a_node_on_time_goes_before_newcomers() {
     let herd: Vec<Leaf> = (0..12)
         .map(|i| both_ways(&pki.nodes, &format!("herd-{i}"), None))
         .collect();
-    let first: Vec<(u16, Option<(Duration, std::time::SystemTime)>, Instant)> =
-        std::thread::scope(|sc| {
-            let go = Arc::new(std::sync::Barrier::new(herd.len()));
-            let hs: Vec<_> = herd
-                .iter()
-                .map(|l| {
-                    let go = go.clone();
-                    let ca = &pki.cluster;
-                    sc.spawn(move || {
-                        go.wait();
-                        let (status, slot) = ask_for_slot(port, ca, l, 'a');
-                        (status, slot, Instant::now())
-                    })
+    let first: Vec<(u16, Option<Slot>, Instant)> = std::thread::scope(|sc| {
+        let go = Arc::new(std::sync::Barrier::new(herd.len()));
+        let hs: Vec<_> = herd
+            .iter()
+            .map(|l| {
+                let go = go.clone();
+                let ca = &pki.cluster;
+                sc.spawn(move || {
+                    go.wait();
+                    let (status, slot) = ask_for_slot(port, ca, l, 'a');
+                    (status, slot, Instant::now())
                 })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
     let served = first.iter().filter(|(s, _, _)| *s == 200).count();
-    let given: Vec<(Duration, std::time::SystemTime)> = first
+    let given: Vec<Slot> = first
         .iter()
         .filter(|(s, _, _)| *s == 503)
         .map(|(_, w, _)| w.expect("a 503 of the book carries a Retry-After date"))
