@@ -49,64 +49,35 @@ if [ -n "$need_go" ]; then
   (qemu/build-ddi-tools >"$go_out/ddi" && qemu/build-systemd-forky >"$go_out/forky") 2>"$go_out/debian-log" &
   debian_build=$!
 fi
-# The fuzz targets build in the background from the start, their compilers at the lowest
-# priority: about five minutes of both cores, taken from what the phases before the fuzz phase
-# leave idle (a release link on one core, tests waiting on their servers).
-if want fuzz; then
-  fuzz/run --build-only >"$go_out/fuzz-build" 2>&1 &
-  fuzz_build=$!
-fi
-# The integration test programs against the arm64 binary, under qemu-user (NODESTRAP_RUNNER),
-# so its board fallback and syscalls are exercised, not only built. (sysext's tests are x86-64
-# only: their images are built for x86-64 and merged by this machine's systemd-sysext.)
-arm64_programs="bootstrap hook activate reprovision kubeconfig"
-arm64_runner=${NODESTRAP_RUNNER_ARM64:-/usr/local/lib/nodestrap-ci/qemu-aarch64}
-# The integration test programs as `cargo test --test '*'` builds them: a line each, name and path.
-test_programs() {
-  cargo test --locked --test '*' --no-run --message-format=json-render-diagnostics | python3 -c '
+# Every integration test program, as `cargo test --test '*'` runs them (from the package root),
+# but the ledger's beside the others: its herds spend most of their six minutes waiting on the
+# join services and the API server (the cores were 80 % idle through it), so it runs as a
+# process of its own from the start, its output printed whole once the others are done. Every
+# program runs, whatever failed before it; the phase fails if any did.
+integration_tests() {
+  local progs name exe rc=0 beside
+  progs=$(cargo test --locked --test '*' --no-run --message-format=json-render-diagnostics | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
-        print(m["target"]["name"], m["executable"])'
-}
-# Runs the programs named in $1 of the list on stdin (name, path); every one runs, whatever
-# failed before it; fails if any did. The environment says which binary they test.
-run_programs() {
-  local name exe rc=0
+        print(m["target"]["name"], m["executable"])')
+  beside=$(mktemp -d)
+  local ledger
+  ledger=$(sed -n 's/^ledger //p' <<<"$progs")
+  [ -z "$ledger" ] || ("$ledger" >"$beside/out" 2>&1; echo $? >"$beside/rc") &
   while read -r name exe; do
-    [[ " $1 " == *" $name "* ]] || continue
+    [ "$name" != ledger ] || continue
     echo "     Running $name ($exe)" >&2
     "$exe" || { echo "tests/run.sh: $name failed" >&2; rc=1; }
-  done
-  return "$rc"
-}
-# Every integration test program, as `cargo test --test '*'` runs them (from the package root).
-# Two lanes run beside the amd64 programs, each a process of its own from the start, its output
-# printed whole once they are done: the ledger's herds, which spend most of their six minutes
-# waiting on the join services and the API server, and, with $1 (the arm64 binary), the arm64
-# programs (the cores were a third idle through the amd64 programs, and half through arm64's
-# own phase). The phase fails if any program did; a lane that left no exit status (killed with
-# its subshell) failed too.
-integration_tests() {
-  local arm=${1:-} progs name rc=0 beside lane
-  progs=$(test_programs)
-  beside=$(mktemp -d)
-  if grep -q '^ledger ' <<<"$progs"; then
-    (run_programs ledger <<<"$progs" >"$beside/ledger.out" 2>&1; echo $? >"$beside/ledger.rc") &
-  fi
-  if [ -n "$arm" ]; then
-    (NODESTRAP_BIN=$arm NODESTRAP_RUNNER=$arm64_runner run_programs "$arm64_programs" <<<"$progs" \
-      >"$beside/arm64.out" 2>&1; echo $? >"$beside/arm64.rc") &
-  fi
-  run_programs "$(awk '$1 != "ledger" {print $1}' <<<"$progs" | tr '\n' ' ')" <<<"$progs" || rc=1
+  done <<<"$progs"
   wait
-  for lane in ledger arm64; do
-    [ -e "$beside/$lane.out" ] || continue
-    echo "     Ran the $lane lane, beside the others:" >&2
-    cat "$beside/$lane.out"
-    [ "$(cat "$beside/$lane.rc" 2>/dev/null)" = 0 ] || { echo "tests/run.sh: the $lane lane failed" >&2; rc=1; }
-  done
+  if [ -n "$ledger" ]; then
+    # A run that left no exit status (killed with its subshell) failed too.
+    echo "     Ran ledger ($ledger), beside the others:" >&2
+    cat "$beside/out"
+    [ "$(cat "$beside/rc" 2>/dev/null)" = 0 ] || { echo "tests/run.sh: ledger failed" >&2; rc=1; }
+  fi
   rm -rf "$beside"
   return "$rc"
 }
@@ -174,25 +145,23 @@ if [ -n "$need_bins" ]; then
   NODESTRAP_SYSTEMD_FORKY=$(cat "$go_out/forky")
   export NODESTRAP_TORCX NODESTRAP_KUBE_BIN NODESTRAP_DDI_TOOLS NODESTRAP_SYSTEMD_FORKY
 fi
-# The integration tests against each release binary (arm64's beside amd64's when both run).
+# The integration tests against each release binary: the arm64 one under qemu-user
+# (NODESTRAP_RUNNER), so its board fallback and syscalls are exercised, not only built.
+# (sysext's tests are x86-64 only: their images are built for x86-64 and merged by this
+# machine's systemd-sysext.)
 if want integration; then
-  if want arm64; then
-    phase "integration tests (amd64, and arm64 under qemu-user beside them)"
-    TMPDIR=$worlds NODESTRAP_BIN=$x86 integration_tests "$arm"
-  else
-    phase "integration tests (amd64)"
-    TMPDIR=$worlds NODESTRAP_BIN=$x86 integration_tests
-  fi
-elif want arm64; then
+  phase "integration tests (amd64)"
+  TMPDIR=$worlds NODESTRAP_BIN=$x86 integration_tests
+fi
+if want arm64; then
   phase "integration tests (arm64 under qemu-user)"
-  progs=$(test_programs)
-  TMPDIR=$worlds NODESTRAP_BIN=$arm NODESTRAP_RUNNER=$arm64_runner run_programs "$arm64_programs" <<<"$progs"
+  TMPDIR=$worlds NODESTRAP_BIN=$arm NODESTRAP_RUNNER=${NODESTRAP_RUNNER_ARM64:-/usr/local/lib/nodestrap-ci/qemu-aarch64} \
+    cargo test --locked --test bootstrap --test hook --test activate --test reprovision --test kubeconfig
 fi
 rm -rf "$worlds"
 if want fuzz; then
   # A few seconds of every fuzz target from the committed corpus, one summary line each.
   phase "fuzz targets"
-  wait "$fuzz_build" || { cat "$go_out/fuzz-build" >&2; echo "tests/run.sh: building the fuzz targets failed" >&2; exit 1; }
   fuzz/run -t "${NODESTRAP_FUZZ_SECONDS:-5}"
 fi
 if want qemu; then
