@@ -109,6 +109,7 @@ class ControlPlane:
         proc = dict(self.procs)[name]
         while time.time() < end:
             if proc.poll() is not None:
+                self.stop()  # what started before it: nothing outlives a failed start
                 raise SystemExit("qemu/run: %s exited with %d; its log: %s"
                                  % (name, proc.returncode, os.path.join(self.d, name + ".log")))
             try:
@@ -117,6 +118,7 @@ class ControlPlane:
             except (OSError, subprocess.SubprocessError):
                 pass
             time.sleep(0.1)
+        self.stop()
         raise SystemExit("qemu/run: %s not ready within %d s; its log: %s" % (name, secs, os.path.join(self.d, name + ".log")))
 
     def stop(self):

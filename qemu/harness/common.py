@@ -59,12 +59,20 @@ def run(cmd, **kw):
     return subprocess.run(cmd, check=True, text=True, **kw)
 
 
+_HANDED_OUT = set()
+
+
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A port free now and never handed out before in this run: the kernel may give a closed
+    port back at once, and the host's etcd once got kube-controller-manager's that way."""
+    while True:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 def disk_file(raw, node_path):
     r = subprocess.run(["debugfs", "-R", "cat " + node_path, raw], capture_output=True)

@@ -51,12 +51,22 @@ pub fn own_cluster() -> Cluster {
     Cluster::start()
 }
 
+/// A port free now and never handed out before by this test program: the kernel may give a
+/// closed port back at once (in qemu/run, etcd's peer port once came back as
+/// kube-controller-manager's).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if HANDED_OUT.lock().unwrap().insert(port) {
+            return port;
+        }
+    }
 }
 
 fn spawn(dir: &Path, name: &str, program: &Path, args: &[String]) -> std::process::Child {
