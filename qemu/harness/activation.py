@@ -273,7 +273,7 @@ def run_activate(s, sc, accel, boot_timeout):
     t0 = time.time()
     # Four boots' worth (1,440 s under TCG): two images staged, the imports and kubeadm's init and
     # join took 718 and 898 s in two full runs here, and a third missed 1,080 s with both nodes
-    # activated and node 2 not yet Ready (kubeadm init alone 165 to 295 s).
+    # activated and node 2 not yet Ready (kubeadm init alone took 165 s to over 475 s).
     deadline = min(time.time() + ACTIVATE_BOOTS * boot_timeout, DEADLINE)
     try:
         for n in ("node1", "node2"):
