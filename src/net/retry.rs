@@ -178,7 +178,7 @@ impl Load {
     }
 
     /// As JSON for the next run, its moment on the wall clock (`now` is the same moment on both).
-    pub fn to_json(&self, now: (Instant, SystemTime)) -> serde_json::Value {
+    pub fn to_json(self, now: (Instant, SystemTime)) -> serde_json::Value {
         let after = |a: Option<After>| match a {
             None => serde_json::json!("none"),
             Some(After::Delay(d)) => serde_json::json!({ "delay": d.as_secs_f64() }),
