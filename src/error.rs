@@ -6,7 +6,7 @@
 use std::fmt;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// Something went wrong that a later attempt may fix: exit 1.
     Failed,
     /// The invocation or its configuration is wrong: exit 2.
@@ -19,7 +19,7 @@ pub struct Error {
     msg: String,
 }
 
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub fn failed(msg: impl Into<String>) -> Self {
@@ -28,13 +28,13 @@ impl Error {
             msg: msg.into(),
         }
     }
-    pub fn config(msg: impl Into<String>) -> Self {
+    pub(crate) fn config(msg: impl Into<String>) -> Self {
         Error {
             kind: Kind::Config,
             msg: msg.into(),
         }
     }
-    pub fn exit_code(&self) -> i32 {
+    pub(crate) fn exit_code(&self) -> i32 {
         match self.kind {
             Kind::Failed => 1,
             Kind::Config => 2,
@@ -42,16 +42,16 @@ impl Error {
     }
     /// Same message, other exit code: a node file that is broken is a failure, the same
     /// content given on the command line is a configuration error.
-    pub fn with_kind(mut self, kind: Kind) -> Self {
+    pub(crate) fn with_kind(mut self, kind: Kind) -> Self {
         self.kind = kind;
         self
     }
     /// The setting or step that fixes it, after the reason.
-    pub fn hint(mut self, fix: impl fmt::Display) -> Self {
+    pub(crate) fn hint(mut self, fix: impl fmt::Display) -> Self {
         self.msg = format!("{}: {fix}", self.msg);
         self
     }
-    pub fn context(mut self, what: impl fmt::Display) -> Self {
+    pub(crate) fn context(mut self, what: impl fmt::Display) -> Self {
         self.msg = format!("{what}: {}", self.msg);
         self
     }
@@ -59,7 +59,7 @@ impl Error {
 
 /// At most `max` characters of untrusted input for an error message, control characters
 /// escaped, with the length of what was left out.
-pub fn excerpt(s: &str, max: usize) -> String {
+pub(crate) fn excerpt(s: &str, max: usize) -> String {
     let mut out: String = s.chars().take(max).flat_map(char::escape_debug).collect();
     let n = s.chars().count();
     if n > max {
@@ -77,7 +77,7 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {}
 
 /// `.with_ctx(|| path)` on any fallible call: the message names the input first.
-pub trait Context<T> {
+pub(crate) trait Context<T> {
     fn with_ctx<D: fmt::Display>(self, what: impl FnOnce() -> D) -> Result<T>;
 }
 

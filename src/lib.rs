@@ -17,7 +17,7 @@
 #![warn(unreachable_pub)]
 
 /// This build's version: Cargo.toml's, or `NODESTRAP_VERSION` at build time (build.rs).
-pub const VERSION: &str = env!("NODESTRAP_VERSION");
+pub(crate) const VERSION: &str = env!("NODESTRAP_VERSION");
 
 // Families.
 pub mod activation;

@@ -12,8 +12,8 @@ use crate::error::{Error, Result};
 /// What one YAML document may cost. A ConfigMap that anyone with edit rights can change is read
 /// by every node that bootstraps: a "billion laughs" of aliases, or nesting deep enough to
 /// overflow the stack, must be refused before a tree is built.
-pub const MAX_BYTES: usize = 1 << 20;
-pub const MAX_DEPTH: usize = 64;
+pub(crate) const MAX_BYTES: usize = 1 << 20;
+pub(crate) const MAX_DEPTH: usize = 64;
 /// Nodes of the document with every alias expanded, as the tree would hold them.
 pub const MAX_NODES: u64 = 100_000;
 
@@ -30,7 +30,7 @@ pub fn parse(text: &str, name: &str) -> Result<Yaml> {
 }
 
 /// Parse every document of a YAML text (`---` between them), within one budget for all.
-pub fn parse_all(text: &str, name: &str) -> Result<Vec<Yaml>> {
+pub(crate) fn parse_all(text: &str, name: &str) -> Result<Vec<Yaml>> {
     if text.len() > MAX_BYTES {
         return Err(Error::failed(format!(
             "{name}: {} bytes of YAML is over the {MAX_BYTES}-byte limit",
@@ -121,7 +121,7 @@ impl MarkedEventReceiver for Budget {
 }
 
 /// The literal text of a scalar (string, number, bool); `None` for anything else.
-pub fn scalar(y: &Yaml) -> Option<String> {
+pub(crate) fn scalar(y: &Yaml) -> Option<String> {
     match y {
         Yaml::String(s) | Yaml::Real(s) => Some(s.clone()),
         Yaml::Integer(i) => Some(i.to_string()),
@@ -131,7 +131,7 @@ pub fn scalar(y: &Yaml) -> Option<String> {
 }
 
 /// A string-valued field: missing or null gives `None`, any other non-scalar is an error.
-pub fn opt_str(y: &Yaml, key: &str, name: &str) -> Result<Option<String>> {
+pub(crate) fn opt_str(y: &Yaml, key: &str, name: &str) -> Result<Option<String>> {
     match &y[key] {
         Yaml::BadValue | Yaml::Null => Ok(None),
         v => scalar(v)
@@ -141,7 +141,7 @@ pub fn opt_str(y: &Yaml, key: &str, name: &str) -> Result<Option<String>> {
 }
 
 /// Entries of a mapping as (key text, value).
-pub fn entries<'a>(y: &'a Yaml, name: &str, field: &str) -> Result<Vec<(String, &'a Yaml)>> {
+pub(crate) fn entries<'a>(y: &'a Yaml, name: &str, field: &str) -> Result<Vec<(String, &'a Yaml)>> {
     match y {
         Yaml::Hash(h) => h
             .iter()
@@ -156,7 +156,7 @@ pub fn entries<'a>(y: &'a Yaml, name: &str, field: &str) -> Result<Vec<(String, 
 }
 
 /// Items of a sequence; missing or null is empty.
-pub fn items<'a>(y: &'a Yaml, name: &str, field: &str) -> Result<&'a [Yaml]> {
+pub(crate) fn items<'a>(y: &'a Yaml, name: &str, field: &str) -> Result<&'a [Yaml]> {
     match y {
         Yaml::Array(a) => Ok(a),
         Yaml::BadValue | Yaml::Null => Ok(&[]),

@@ -17,14 +17,14 @@ use std::time::Duration;
 /// A request that would be served longer than this after it arrived (its wait behind others
 /// that arrived with it, and the service's time already booked) shows a backlog: it gets a slot
 /// rather than a wait its client may not survive.
-pub const BACKLOG: Duration = Duration::from_secs(1);
+pub(crate) const BACKLOG: Duration = Duration::from_secs(1);
 /// A node may come back this much before its slot (the date's whole seconds, clocks) ...
 const EARLY: f64 = 1.0;
 /// ... or this much after it and still be served as booked; later, it is a newcomer again.
-pub const LATE: f64 = 5.0;
+pub(crate) const LATE: f64 = 5.0;
 /// Bookings and sessions held at most, about 150 bytes each (15 MB): beyond it a node is told
 /// when the book ends, unbooked, and books when it comes back.
-pub const MAX_BOOKINGS: usize = 100_000;
+pub(crate) const MAX_BOOKINGS: usize = 100_000;
 /// What a ticket is taken to cost before one was measured (`kubeadm token create` and two
 /// ledger calls take about 0.1 s on an idle control plane).
 const FIRST_GUESS: Duration = Duration::from_millis(250);
@@ -160,7 +160,7 @@ impl Book {
     }
 
     /// Seconds turning a node away takes, as measured.
-    pub fn refusal_secs(&self) -> f64 {
+    pub(crate) fn refusal_secs(&self) -> f64 {
         self.refusal
     }
 
@@ -170,17 +170,17 @@ impl Book {
     }
 
     /// Seconds a node's word that it keeps its ticket takes, as measured.
-    pub fn keep_secs(&self) -> f64 {
+    pub(crate) fn keep_secs(&self) -> f64 {
         self.keep
     }
 
     /// Nodes booked and not yet come or missed.
-    pub fn waiting(&self) -> usize {
+    pub(crate) fn waiting(&self) -> usize {
         self.booked.len()
     }
 
     /// Seconds a ticket takes, as measured.
-    pub fn ticket_secs(&self) -> f64 {
+    pub(crate) fn ticket_secs(&self) -> f64 {
         self.ticket
     }
 

@@ -19,19 +19,19 @@ use crate::net::retry::After;
 const BODY_CAP: usize = 1 << 20;
 const HEAD_CAP: usize = 16 << 10;
 
-pub type ServerStream = StreamOwned<rustls::ServerConnection, Timed>;
+pub(crate) type ServerStream = StreamOwned<rustls::ServerConnection, Timed>;
 
 /// A TCP stream under one deadline: every socket read and write gets only the time left, and
 /// fails once it is gone. A per-operation timeout alone lets a peer that trickles a byte now
 /// and then hold the connection (and a one-at-a-time server) for ever.
-pub struct Timed {
+pub(crate) struct Timed {
     tcp: TcpStream,
     limit: Duration,
     end: Instant,
 }
 
 impl Timed {
-    pub fn new(tcp: TcpStream, limit: Duration) -> Timed {
+    pub(crate) fn new(tcp: TcpStream, limit: Duration) -> Timed {
         Timed {
             tcp,
             limit,
@@ -40,14 +40,14 @@ impl Timed {
     }
 
     /// The full limit again from now: for the answer, after work that had its own bound.
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.end = Instant::now() + self.limit;
     }
 
     /// Whether the peer is still waiting for the answer: it sent its whole request, so
     /// anything more from it (its FIN, a TLS close_notify) means it gave up. A node that timed
     /// out in the queue must not be handed a ticket nobody will read.
-    pub fn peer_waiting(&self) -> bool {
+    pub(crate) fn peer_waiting(&self) -> bool {
         if self.tcp.set_nonblocking(true).is_err() {
             return true;
         }
@@ -109,9 +109,9 @@ impl Write for Timed {
 }
 
 /// Connections in their handshake and request at once, at most; more are closed at once.
-pub const MAX_UNAUTHENTICATED: usize = 128;
+pub(crate) const MAX_UNAUTHENTICATED: usize = 128;
 /// Time for the TLS handshake and the request before anyone is known (the answer gets its own).
-pub const PREAUTH_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const PREAUTH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serve until `stopping()` or until `handle` returns false. Each accepted connection gets its
 /// own thread for `preauth` (TLS handshake, authentication, reading and checking the request),
@@ -122,7 +122,7 @@ pub const PREAUTH_TIMEOUT: Duration = Duration::from_secs(10);
 /// handled requests. What is on its way by then is still answered, by `late`, never dropped:
 /// connections waiting in the listen queue are accepted, and requests in their
 /// pre-authentication finish (each bounded by its deadline) and go to `late`.
-pub fn serve<T: Send>(
+pub(crate) fn serve<T: Send>(
     listener: &TcpListener,
     stopping: impl Fn() -> bool,
     preauth: impl Fn(TcpStream, SocketAddr) -> Option<T> + Sync,
@@ -263,7 +263,7 @@ where
 
 /// The TLS handshake on an accepted connection; the client's identity. `timeout` bounds the
 /// whole connection, handshake and request together (see [`Timed::restart`] for the answer).
-pub fn accept(
+pub(crate) fn accept(
     tcp: TcpStream,
     cfg: &Arc<ServerConfig>,
     timeout: Duration,
@@ -286,8 +286,8 @@ pub fn accept(
 }
 
 pub struct Request {
-    pub method: String,
-    pub path: String,
+    pub(crate) method: String,
+    pub(crate) path: String,
     pub body: Vec<u8>,
 }
 
@@ -383,18 +383,22 @@ pub fn read_request(s: &mut impl Read) -> io::Result<Request> {
     })
 }
 
-pub fn respond(s: &mut impl Write, status: u16, body: &serde_json::Value) -> io::Result<()> {
+pub(crate) fn respond(s: &mut impl Write, status: u16, body: &serde_json::Value) -> io::Result<()> {
     respond_with(s, status, body, "")
 }
 
 /// 503 Service Unavailable with `Retry-After: secs`: ask again, not sooner.
-pub fn respond_later(s: &mut impl Write, body: &serde_json::Value, secs: u64) -> io::Result<()> {
+pub(crate) fn respond_later(
+    s: &mut impl Write,
+    body: &serde_json::Value,
+    secs: u64,
+) -> io::Result<()> {
     respond_with(s, 503, body, &format!("Retry-After: {secs}\r\n"))
 }
 
 /// `503` with an appointment: `Retry-After` the moment `at` (an HTTP-date, which clients keep
 /// to the second), and `Date` now, so that a node measures the wait on the server's clock.
-pub fn respond_at(
+pub(crate) fn respond_at(
     s: &mut impl Write,
     body: &serde_json::Value,
     at: std::time::SystemTime,
@@ -434,7 +438,7 @@ fn respond_with(
 }
 
 /// `{"error": message, "code": code}`, plus what the caller adds.
-pub fn error_body(code: &str, message: &str) -> serde_json::Value {
+pub(crate) fn error_body(code: &str, message: &str) -> serde_json::Value {
     serde_json::json!({"error": message, "code": code})
 }
 
@@ -443,14 +447,14 @@ pub fn error_body(code: &str, message: &str) -> serde_json::Value {
 
 /// `https://host:port`, as given for an init server or a join service.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Endpoint {
-    pub url: String,
-    pub host: String,
-    pub port: u16,
+pub(crate) struct Endpoint {
+    pub(crate) url: String,
+    pub(crate) host: String,
+    pub(crate) port: u16,
 }
 
 impl Endpoint {
-    pub fn parse(url: &str, flag: &str) -> Result<Endpoint> {
+    pub(crate) fn parse(url: &str, flag: &str) -> Result<Endpoint> {
         let bad = |why: &str| Error::config(format!("{flag} {url:?}: {why}"));
         let rest = url
             .strip_prefix("https://")
@@ -484,7 +488,7 @@ impl Endpoint {
 }
 
 /// Why a call failed: worth trying again later, or not.
-pub enum CallError {
+pub(crate) enum CallError {
     /// Could not reach the server (refused, unreachable, timed out).
     Unreachable(Error),
     /// Reached it, but the exchange failed (TLS refused, bad answer).
@@ -492,7 +496,7 @@ pub enum CallError {
 }
 
 impl CallError {
-    pub fn into_error(self) -> Error {
+    pub(crate) fn into_error(self) -> Error {
         match self {
             CallError::Unreachable(e) | CallError::Failed(e) => e,
         }
@@ -502,7 +506,7 @@ impl CallError {
 /// POST `body` (JSON) to `path` on `ep` over mutual TLS, verifying the server's certificate
 /// for `server_name` (default: the endpoint's host). Everything after the connection is made,
 /// handshake to the last byte of the answer, is bounded by `io_timeout` together.
-pub fn post(
+pub(crate) fn post(
     cfg: &Arc<ClientConfig>,
     ep: &Endpoint,
     server_name: Option<&str>,
@@ -578,11 +582,11 @@ pub fn post(
 }
 
 /// What a server answered a `post`.
-pub struct Answer {
-    pub status: u16,
-    pub body: Vec<u8>,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) body: Vec<u8>,
     /// Its `Retry-After` (seconds or an HTTP date), if it sent one: ask again, not sooner.
-    pub retry_after: Option<After>,
+    pub(crate) retry_after: Option<After>,
 }
 
 /// The `error` (and `code`) of a JSON error answer, or its first line.

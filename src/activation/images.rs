@@ -23,12 +23,12 @@ const MAX_ARCHIVES: usize = 64;
 
 /// Where the images come from and how containerd is reached.
 pub(crate) struct Images<'a> {
-    pub root: &'a Root,
+    pub(crate) root: &'a Root,
     /// The folder of OCI or Docker image archives (`*.tar`), a node path.
-    pub dir: &'a str,
+    pub(crate) dir: &'a str,
     /// `ctr` and its global options (`--address …`), split on white space.
-    pub ctr: Vec<String>,
-    pub kubeadm: &'a str,
+    pub(crate) ctr: Vec<String>,
+    pub(crate) kubeadm: &'a str,
 }
 
 impl Images<'_> {

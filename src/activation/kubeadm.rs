@@ -15,12 +15,12 @@ const STDOUT_CAP: usize = 1 << 20;
 
 #[derive(Debug)]
 pub(crate) struct Ran {
-    pub ok: bool,
+    pub(crate) ok: bool,
     /// `exit status 1`, `killed by signal SIGKILL (9)`…
-    pub status: String,
-    pub stdout: Vec<u8>,
+    pub(crate) status: String,
+    pub(crate) stdout: Vec<u8>,
     /// The end of stderr then stdout, tokens scrubbed.
-    pub tail: String,
+    pub(crate) tail: String,
 }
 
 /// Run `argv` (no shell; the program looked up in PATH, our environment) for at most
@@ -140,23 +140,23 @@ fn api_version(k8s: Option<&str>) -> &'static str {
 }
 
 pub(crate) struct InitSpec<'a> {
-    pub cluster_name: &'a str,
-    pub kubernetes_version: &'a str,
-    pub pod_cidr: &'a str,
-    pub service_cidr: &'a str,
-    pub sans: &'a [String],
-    pub control_plane_endpoint: Option<&'a str>,
+    pub(crate) cluster_name: &'a str,
+    pub(crate) kubernetes_version: &'a str,
+    pub(crate) pod_cidr: &'a str,
+    pub(crate) service_cidr: &'a str,
+    pub(crate) sans: &'a [String],
+    pub(crate) control_plane_endpoint: Option<&'a str>,
     /// What the node's images are named (`activate --image-repository`, `--etcd-image-tag`)
     /// and which addons it leaves out.
-    pub images: &'a ImageNames,
+    pub(crate) images: &'a ImageNames,
 }
 
 /// The node's side of kubeadm's image names: they must match what its archives hold.
 #[derive(Debug, Default)]
 pub(crate) struct ImageNames {
-    pub repository: Option<String>,
-    pub etcd_tag: Option<String>,
-    pub skip: Addons,
+    pub(crate) repository: Option<String>,
+    pub(crate) etcd_tag: Option<String>,
+    pub(crate) skip: Addons,
 }
 
 impl ImageNames {
@@ -215,11 +215,11 @@ pub(crate) fn init_config(s: &InitSpec) -> String {
 }
 
 pub(crate) struct JoinSpec<'a> {
-    pub api_server_endpoint: &'a str,
-    pub token: &'a str,
-    pub ca_cert_hash: &'a str,
-    pub role: Role,
-    pub kubernetes_version: Option<&'a str>,
+    pub(crate) api_server_endpoint: &'a str,
+    pub(crate) token: &'a str,
+    pub(crate) ca_cert_hash: &'a str,
+    pub(crate) role: Role,
+    pub(crate) kubernetes_version: Option<&'a str>,
 }
 
 /// JoinConfiguration with bootstrap-token discovery: the token stays in a 0600 file, out of

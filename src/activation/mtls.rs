@@ -23,7 +23,7 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 /// A PEM file named on the command line (`flag`), read as a node path under `root`.
-pub fn read_pem(root: &Root, flag: &str, node_path: &str) -> Result<Vec<u8>> {
+pub(crate) fn read_pem(root: &Root, flag: &str, node_path: &str) -> Result<Vec<u8>> {
     if !node_path.starts_with('/') {
         return Err(Error::config(format!(
             "{flag} {node_path}: expected an absolute path"
@@ -44,7 +44,7 @@ fn pem_items(pem: &[u8], name: &str) -> Result<Vec<(SectionKind, Vec<u8>)>> {
 }
 
 /// Every certificate of a PEM bundle (at least one).
-pub fn certs(pem: &[u8], name: &str) -> Result<Vec<CertificateDer<'static>>> {
+pub(crate) fn certs(pem: &[u8], name: &str) -> Result<Vec<CertificateDer<'static>>> {
     let mut certs = Vec::new();
     for (kind, der) in pem_items(pem, name)? {
         if kind == SectionKind::Certificate {
@@ -58,7 +58,7 @@ pub fn certs(pem: &[u8], name: &str) -> Result<Vec<CertificateDer<'static>>> {
 }
 
 /// The first private key of a PEM file.
-pub fn key(pem: &[u8], name: &str) -> Result<PrivateKeyDer<'static>> {
+pub(crate) fn key(pem: &[u8], name: &str) -> Result<PrivateKeyDer<'static>> {
     for (kind, der) in pem_items(pem, name)? {
         match kind {
             SectionKind::RsaPrivateKey => return Ok(PrivateKeyDer::Pkcs1(der.into())),
@@ -71,13 +71,13 @@ pub fn key(pem: &[u8], name: &str) -> Result<PrivateKeyDer<'static>> {
 }
 
 /// Our identity: a certificate chain and its key.
-pub struct Identity {
-    pub chain: Vec<CertificateDer<'static>>,
-    pub key: PrivateKeyDer<'static>,
+pub(crate) struct Identity {
+    pub(crate) chain: Vec<CertificateDer<'static>>,
+    pub(crate) key: PrivateKeyDer<'static>,
 }
 
 /// Certificates named by `flag`, a node path under `root`.
-pub fn load_certs(
+pub(crate) fn load_certs(
     root: &Root,
     flag: &str,
     node_path: &str,
@@ -86,7 +86,11 @@ pub fn load_certs(
 }
 
 /// A certificate chain and its key, named by `--<flag>-cert`-style flags.
-pub fn load_identity(root: &Root, cert: (&str, &str), key: (&str, &str)) -> Result<Identity> {
+pub(crate) fn load_identity(
+    root: &Root,
+    cert: (&str, &str),
+    key: (&str, &str),
+) -> Result<Identity> {
     Ok(Identity {
         chain: load_certs(root, cert.0, cert.1)?,
         key: self::key(&read_pem(root, key.0, key.1)?, &root.show(key.1))?,
@@ -112,7 +116,7 @@ fn mismatch(name: &str) -> impl FnOnce(rustls::Error) -> Error + '_ {
 }
 
 /// Serve with `id`; clients must present a certificate issued by one of `client_cas`.
-pub fn server_config(
+pub(crate) fn server_config(
     id: &Identity,
     client_cas: &[CertificateDer<'static>],
     name: &str,
@@ -134,7 +138,7 @@ pub fn server_config(
 }
 
 /// Trust only `pinned` for the server; present `id`.
-pub fn client_config(
+pub(crate) fn client_config(
     pinned: &[CertificateDer<'static>],
     id: &Identity,
     name: &str,
@@ -154,9 +158,9 @@ pub fn client_config(
 #[derive(Debug, Clone, PartialEq)]
 pub struct Peer {
     /// Subject common name ("" when there is none).
-    pub cn: String,
+    pub(crate) cn: String,
     /// Subject organisations.
-    pub orgs: Vec<String>,
+    pub(crate) orgs: Vec<String>,
     /// `sha256:<hex>` of the DER SubjectPublicKeyInfo: the identity that cannot be re-issued
     /// under the same name by mistake, and the form kubeadm's discovery hash takes.
     pub spki: String,

@@ -18,13 +18,13 @@ pub(crate) const STATE_PATH: &str = "/var/lib/nodestrap/node-state.json";
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
-pub enum Role {
+pub(crate) enum Role {
     ControlPlane,
     Worker,
 }
 
 impl Role {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Role::ControlPlane => "control-plane",
             Role::Worker => "worker",
@@ -43,21 +43,21 @@ pub(crate) enum State {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Marker {
-    pub state: State,
-    pub role: Role,
+    pub(crate) state: State,
+    pub(crate) role: Role,
     /// The cluster's name, as the init request or the ticket gave it.
-    pub cluster: String,
+    pub(crate) cluster: String,
     /// `sha256:<hex>` of the cluster CA's public key, once known (the ticket's discovery hash;
     /// after an init, the CA kubeadm left in /etc/kubernetes/pki).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ca_cert_hash: Option<String>,
+    pub(crate) ca_cert_hash: Option<String>,
     /// `init` or `join`, and from whom: who decided this node's fate.
-    pub source: String,
-    pub committed_at: u64,
-    pub updated_at: u64,
+    pub(crate) source: String,
+    pub(crate) committed_at: u64,
+    pub(crate) updated_at: u64,
     /// Why the activation failed (state `reset`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    pub(crate) reason: Option<String>,
 }
 
 fn now() -> u64 {

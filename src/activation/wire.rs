@@ -10,15 +10,15 @@ use serde::{Deserialize, Serialize};
 use crate::activation::nodelock::Role;
 use crate::net::names::dns_subdomain;
 
-pub const INIT_PATH: &str = "/v1/init";
-pub const TICKET_PATH: &str = "/v1/ticket";
+pub(crate) const INIT_PATH: &str = "/v1/init";
+pub(crate) const TICKET_PATH: &str = "/v1/ticket";
 /// The node's word, once its node lock is durable, that it keeps the ticket it got: from then
 /// on the identity is refused for good (docs/join-service.md, "The states").
-pub const KEPT_PATH: &str = "/v1/ticket/kept";
+pub(crate) const KEPT_PATH: &str = "/v1/ticket/kept";
 
 /// What a control-plane ticket carries, written to /etc/kubernetes/pki/<name> on the node:
 /// the cluster-wide keys kubeadm would otherwise download (Constellation's list).
-pub const CONTROL_PLANE_FILES: &[&str] = &[
+pub(crate) const CONTROL_PLANE_FILES: &[&str] = &[
     "ca.crt",
     "ca.key",
     "sa.key",
@@ -32,17 +32,17 @@ pub const CONTROL_PLANE_FILES: &[&str] = &[
 #[derive(Serialize, Deserialize, Debug, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct InitRequest {
-    pub cluster_name: String,
-    pub kubernetes_version: String,
-    pub pod_cidr: String,
-    pub service_cidr: String,
+    pub(crate) cluster_name: String,
+    pub(crate) kubernetes_version: String,
+    pub(crate) pod_cidr: String,
+    pub(crate) service_cidr: String,
     #[serde(default)]
-    pub apiserver_sans: Vec<String>,
+    pub(crate) apiserver_sans: Vec<String>,
     /// kubeadm's `controlPlaneEndpoint`: the address every node is told to reach the API server
     /// at (a load balancer's, or one that NAT keeps apart from the node's own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub control_plane_endpoint: Option<String>,
-    pub init_secret: String,
+    pub(crate) control_plane_endpoint: Option<String>,
+    pub(crate) init_secret: String,
 }
 
 impl InitRequest {
@@ -104,11 +104,11 @@ pub struct TicketRequest {
     /// again from a new run, before it said it keeps a ticket, lost the one it got (killed
     /// before its node lock was durable). Asks of one run (the same session) never get two.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub session: Option<String>,
+    pub(crate) session: Option<String>,
 }
 
 /// Largest ticket request body: `{"session": ...}` with room for whitespace.
-pub const TICKET_REQUEST_CAP: usize = 4 << 10;
+pub(crate) const TICKET_REQUEST_CAP: usize = 4 << 10;
 
 /// A session: 32 lowercase hex digits.
 fn session_id(s: &str) -> bool {
@@ -159,25 +159,25 @@ impl TicketRequest {
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct File {
-    pub name: String,
-    pub data: String,
+pub(crate) struct File {
+    pub(crate) name: String,
+    pub(crate) data: String,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct Ticket {
-    pub cluster_name: String,
+    pub(crate) cluster_name: String,
     /// `HOST:PORT` of the API server kubeadm join talks to.
-    pub api_server_endpoint: String,
-    pub token: String,
+    pub(crate) api_server_endpoint: String,
+    pub(crate) token: String,
     /// `sha256:<hex>` of the cluster CA's SubjectPublicKeyInfo (kubeadm's discovery hash).
-    pub discovery_token_ca_cert_hash: String,
-    pub role: Role,
+    pub(crate) discovery_token_ca_cert_hash: String,
+    pub(crate) role: Role,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kubernetes_version: Option<String>,
+    pub(crate) kubernetes_version: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub control_plane_files: Vec<File>,
+    pub(crate) control_plane_files: Vec<File>,
 }
 
 impl Ticket {
@@ -268,7 +268,7 @@ pub fn as_flag(m: &str) -> String {
     format!("--{}{}", m[..end].replace('_', "-"), &m[end..])
 }
 
-pub fn check_cluster_name(n: &str) -> Result<(), String> {
+pub(crate) fn check_cluster_name(n: &str) -> Result<(), String> {
     if n.len() <= 63 && !n.contains('.') && dns_subdomain(n) {
         Ok(())
     } else {
@@ -279,7 +279,7 @@ pub fn check_cluster_name(n: &str) -> Result<(), String> {
 }
 
 /// `v1.31.2`, optionally with a pre-release (`v1.32.0-rc.1`).
-pub fn k8s_version(v: &str) -> bool {
+pub(crate) fn k8s_version(v: &str) -> bool {
     let Some(rest) = v.strip_prefix('v') else {
         return false;
     };
@@ -300,7 +300,7 @@ pub fn k8s_version(v: &str) -> bool {
 impl InitRequest {
     /// The node's own address (the one the admin reached) must be in neither range: pods or
     /// services would shadow the node itself.
-    pub fn validate_for_node(&self, node: IpAddr) -> Result<(), String> {
+    pub(crate) fn validate_for_node(&self, node: IpAddr) -> Result<(), String> {
         for (field, v) in [
             ("pod_cidr", &self.pod_cidr),
             ("service_cidr", &self.service_cidr),
@@ -315,14 +315,14 @@ impl InitRequest {
 
 /// An address range, `ADDRESS/PREFIX`.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Cidr {
+pub(crate) struct Cidr {
     net: u128,
     prefix: u8,
     v4: bool,
 }
 
 impl Cidr {
-    pub fn parse(s: &str) -> Option<Cidr> {
+    pub(crate) fn parse(s: &str) -> Option<Cidr> {
         if !cidr(s) {
             return None;
         }
@@ -341,12 +341,12 @@ impl Cidr {
     }
 
     /// Two ranges of one family overlap when one holds the other's network address.
-    pub fn overlaps(&self, o: &Cidr) -> bool {
+    pub(crate) fn overlaps(&self, o: &Cidr) -> bool {
         let p = self.prefix.min(o.prefix);
         self.v4 == o.v4 && (self.net & mask(p)) == (o.net & mask(p))
     }
 
-    pub fn contains(&self, ip: IpAddr) -> bool {
+    pub(crate) fn contains(&self, ip: IpAddr) -> bool {
         let (bits, v4) = match ip {
             IpAddr::V4(a) => (u128::from(u32::from(a)) << 96, true),
             IpAddr::V6(a) => (u128::from(a), false),
@@ -363,7 +363,7 @@ fn mask(bits: u8) -> u128 {
     }
 }
 
-pub fn cidr(s: &str) -> bool {
+pub(crate) fn cidr(s: &str) -> bool {
     let Some((addr, len)) = s.split_once('/') else {
         return false;
     };
@@ -375,7 +375,7 @@ pub fn cidr(s: &str) -> bool {
 }
 
 /// `host:port` or `[v6]:port`.
-pub fn host_port(s: &str) -> bool {
+pub(crate) fn host_port(s: &str) -> bool {
     let (host, port) = match s.strip_prefix('[') {
         Some(r) => match r.split_once("]:") {
             Some((h, p)) if h.parse::<std::net::Ipv6Addr>().is_ok() => (None, p),
@@ -400,7 +400,7 @@ fn endpoint(s: &str) -> bool {
         || dns_subdomain(s)
 }
 
-pub fn spki_hash(h: &str) -> bool {
+pub(crate) fn spki_hash(h: &str) -> bool {
     h.strip_prefix("sha256:").is_some_and(|x| {
         x.len() == 64
             && x.bytes()

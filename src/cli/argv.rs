@@ -52,13 +52,13 @@ pub fn normalize(args: &[String]) -> Vec<String> {
 }
 
 /// Whether `flag` (normalised) takes no value.
-pub fn is_switch(flag: &str) -> bool {
+pub(crate) fn is_switch(flag: &str) -> bool {
     SWITCHES.contains(&flag) || flag == "--help"
 }
 
 /// Go's flag package lets a later `--flag v` override an earlier one; argh refuses duplicates.
 /// Also how settings from the config file and the kernel command line, put first, give way.
-pub fn last_wins(args: Vec<String>) -> Vec<String> {
+pub(crate) fn last_wins(args: Vec<String>) -> Vec<String> {
     let takes_value =
         |a: &str| a.starts_with("--") && a != "--" && a != "--help" && !SWITCHES.contains(&a);
     let mut items: Vec<Vec<String>> = Vec::new();

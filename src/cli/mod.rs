@@ -26,12 +26,12 @@ mod run;
 pub mod settings;
 mod types;
 
-pub use activation::*;
+pub(crate) use activation::*;
 pub use argv::*;
 pub use bootstrap::*;
-pub use hook::*;
+pub(crate) use hook::*;
 pub use inplace::*;
-pub use record::*;
+pub(crate) use record::*;
 pub use run::*;
 pub use types::*;
 
@@ -44,7 +44,7 @@ pub struct Cli {
 }
 
 /// The subcommands' names, for a did-you-mean.
-pub const COMMANDS: &[&str] = &[
+pub(crate) const COMMANDS: &[&str] = &[
     "bootstrap",
     "hook",
     "preflight",
@@ -74,35 +74,35 @@ pub enum Cmd {
 
 /// The options bootstrap and hook share, checked and used by the same code.
 pub struct Common<'a> {
-    pub torcx_manifest_url: &'a str,
-    pub keyring: &'a Input,
-    pub ca_file: Option<&'a Input>,
-    pub registry_auth: Option<&'a Input>,
-    pub registry_config_path: &'a str,
-    pub no_verify_signatures: bool,
-    pub torcx_profile: &'a str,
-    pub api_tries: u32,
-    pub api_retry_delay: u64,
-    pub deadline: u64,
-    pub fetch_attempts: u32,
-    pub fetch_backoff_ms: u64,
-    pub fetch_timeout: u64,
-    pub fetch_min_rate: u64,
-    pub fetch_min_rate_window: u64,
+    pub(crate) torcx_manifest_url: &'a str,
+    pub(crate) keyring: &'a Input,
+    pub(crate) ca_file: Option<&'a Input>,
+    pub(crate) registry_auth: Option<&'a Input>,
+    pub(crate) registry_config_path: &'a str,
+    pub(crate) no_verify_signatures: bool,
+    pub(crate) torcx_profile: &'a str,
+    pub(crate) api_tries: u32,
+    pub(crate) api_retry_delay: u64,
+    pub(crate) deadline: u64,
+    pub(crate) fetch_attempts: u32,
+    pub(crate) fetch_backoff_ms: u64,
+    pub(crate) fetch_timeout: u64,
+    pub(crate) fetch_min_rate: u64,
+    pub(crate) fetch_min_rate_window: u64,
 }
 
 /// `--deadline`'s default: half of k8s-node-bootstrap.service's TimeoutStartSec=1h, so that the
 /// unit's own retry gets a full run before systemd gives up on it.
-pub const DEFAULT_DEADLINE_SECS: u64 = 1800;
+pub(crate) const DEFAULT_DEADLINE_SECS: u64 = 1800;
 
 /// The hook's `--deadline` default. The update operator waits for the hook's annotation with
 /// no time limit of its own, and a hook that exits 1 is started again by the kubelet (its
 /// restart back-off grows to 5 minutes): a shorter run that fails and is restarted beats one
 /// that holds on for half an hour, and the node is asked again about every 15 minutes.
-pub const HOOK_DEADLINE_SECS: u64 = 600;
+pub(crate) const HOOK_DEADLINE_SECS: u64 = 600;
 
 /// When this process started (`args()` reads it first): `--deadline` counts from here.
-pub use crate::node::status::started;
+pub(crate) use crate::node::status::started;
 
 macro_rules! common {
     ($t:ty) => {
@@ -134,7 +134,7 @@ common!(Hook);
 
 impl Common<'_> {
     /// The keyring that signs manifests, or `None` (with a warning) under --no-verify-signatures.
-    pub fn keyring(&self, root: &Root) -> Result<Option<Keyring>> {
+    pub(crate) fn keyring(&self, root: &Root) -> Result<Option<Keyring>> {
         if self.no_verify_signatures {
             crate::warn!("--no-verify-signatures: manifests will NOT be authenticated; anyone on the path can choose what runs on this node");
             crate::node::status::signatures(false, "--no-verify-signatures");
@@ -157,12 +157,12 @@ impl Common<'_> {
     }
 
     /// The moment `--deadline` ends the run's network attempts.
-    pub fn run_deadline(&self) -> std::time::Instant {
+    pub(crate) fn run_deadline(&self) -> std::time::Instant {
         started() + Duration::from_secs(self.deadline)
     }
 
     /// The HTTPS client for manifests and images: system roots plus `--ca-file`.
-    pub fn http(&self, root: &Root) -> Result<Http> {
+    pub(crate) fn http(&self, root: &Root) -> Result<Http> {
         let tls = self.tls(root)?;
         let limits = self.limits()?;
         Ok(Http::new(&tls, self.fetch_retry()).with_limits(limits))
@@ -171,7 +171,7 @@ impl Common<'_> {
     /// The OCI registry client over `http`: `--registry-auth`'s credentials (none without it:
     /// a registry that asks for some is refused, naming the option) and the mirrors of
     /// `--registry-config-path` on the node.
-    pub fn registry<'h>(&self, root: &'h Root, http: &'h Http) -> Result<oci::Client<'h>> {
+    pub(crate) fn registry<'h>(&self, root: &'h Root, http: &'h Http) -> Result<oci::Client<'h>> {
         let auths = match self.registry_auth {
             Some(input) => {
                 let data = input.read(root, oci::AUTH_FILE_CAP, "registry-auth")?;
@@ -187,7 +187,7 @@ impl Common<'_> {
     }
 
     /// The system roots plus `--ca-file`: the downloads' trust, and `--api-server`'s.
-    pub fn tls(&self, root: &Root) -> Result<Tls> {
+    pub(crate) fn tls(&self, root: &Root) -> Result<Tls> {
         let mut tls = Tls::system(root)?;
         tls.fix = Some("--ca-file (a PEM file)".into());
         match self.ca_file {
@@ -220,7 +220,7 @@ impl Common<'_> {
     }
 
     /// The fetch options' own checks (exit 2), shared by every payload family.
-    pub fn check_fetch(&self) -> Result<()> {
+    pub(crate) fn check_fetch(&self) -> Result<()> {
         at_most("--api-tries", self.api_tries as u64, 100)?;
         at_most("--api-retry-delay", self.api_retry_delay, 3600)?;
         deadline(self.deadline)?;
@@ -239,7 +239,7 @@ impl Common<'_> {
     }
 }
 
-pub fn at_most(flag: &str, value: u64, max: u64) -> Result<()> {
+pub(crate) fn at_most(flag: &str, value: u64, max: u64) -> Result<()> {
     if value > max {
         return Err(Error::config(format!("{flag} {value}: at most {max}")));
     }
@@ -281,7 +281,7 @@ pub fn parse(args: &[String]) -> std::result::Result<Cli, i32> {
 
 /// `--deadline SECS` checked (1 s to a week, exit 2 otherwise): the instant it ends, counted
 /// from the run's start.
-pub fn deadline(secs: u64) -> Result<std::time::Instant> {
+pub(crate) fn deadline(secs: u64) -> Result<std::time::Instant> {
     if secs == 0 {
         return Err(Error::config("--deadline 0: at least 1"));
     }

@@ -14,14 +14,14 @@ use super::*;
 pub struct Status {
     /// the node's root, for the record kept under /var/lib when /run has none (default /)
     #[argh(option, default = "PathBuf::from(\"/\")")]
-    pub root: PathBuf,
+    pub(crate) root: PathBuf,
     /// whose record: bootstrap, hook, preflight, reprovision, activate, join-service, or all
     /// (each one found; the exit code is bootstrap's) (default bootstrap)
     #[argh(option, default = "RecordOf::One(\"bootstrap\")")]
-    pub command: RecordOf,
+    pub(crate) command: RecordOf,
     /// print the record as JSON (schema: docs/status.md)
     #[argh(switch)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 #[derive(FromArgs, Debug)]
@@ -43,31 +43,31 @@ pub struct Verify {
     /// the kubelet's kubeconfig, to ask the API server for this Node (node path, default
     /// /etc/kubernetes/kubelet.conf)
     #[argh(option, default = "\"/etc/kubernetes/kubelet.conf\".into()")]
-    pub kubeconfig: String,
+    pub(crate) kubeconfig: String,
     /// the Node's name (default: the host name in lower case, as the kubelet registers)
     #[argh(option)]
-    pub node_name: Option<String>,
+    pub(crate) node_name: Option<String>,
     /// seconds to wait for the API server to confirm the Node's versions; 0: do not ask
     /// (default 60)
     #[argh(option, default = "60")]
-    pub api_wait: u64,
+    pub(crate) api_wait: u64,
     /// send each decision and phase as it happens, one JSON event per POST, to this https URL
     /// (docs/status.md, "Events"; default: none)
     #[argh(option)]
-    pub events_url: Option<String>,
+    pub(crate) events_url: Option<String>,
     /// bearer token for --events-url, used when the node has no kubelet client certificate
     /// (host path; a node path when set on the node; default: none)
     #[argh(option)]
-    pub events_token_file: Option<Input>,
+    pub(crate) events_token_file: Option<Input>,
     /// extra PEM trust anchors for --events-url beside the system roots (host path; a node path
     /// when set on the node; default: the system roots only)
     #[argh(option)]
-    pub events_ca_file: Option<Input>,
+    pub(crate) events_ca_file: Option<Input>,
     /// folder of node_exporter's textfile collector: nodestrap_verify.prom there holds the last
     /// check's figures (docs/status.md, "Metrics"; default: the node's setting, else none)
     #[argh(option)]
-    pub metrics_dir: Option<String>,
+    pub(crate) metrics_dir: Option<String>,
     /// log level, any case: panic, fatal, error, warn, info, debug, trace (default info)
     #[argh(option, default = "\"info\".into()")]
-    pub verbose: String,
+    pub(crate) verbose: String,
 }

@@ -55,7 +55,7 @@ const KUBELET_CLIENT_CERT: &str = "/var/lib/kubelet/pki/kubelet-client-current.p
 /// Where `--events-url` sends (docs/status.md, "Events"): the receiver trusted through the
 /// system roots and `ca`; the node's kubelet client certificate as its identity where it has
 /// one, else the bearer token in `token`.
-pub fn events_target(
+pub(crate) fn events_target(
     root: &Root,
     url: &str,
     token: Option<&Input>,
@@ -232,9 +232,9 @@ pub fn recorded(
 
 /// Where a command's events go (`--events-url`, `--events-token-file`, `--events-ca-file`).
 pub struct EventsTo<'a> {
-    pub url: Option<&'a str>,
-    pub token: Option<&'a Input>,
-    pub ca: Option<&'a Input>,
+    pub(crate) url: Option<&'a str>,
+    pub(crate) token: Option<&'a Input>,
+    pub(crate) ca: Option<&'a Input>,
 }
 
 /// The commands that send events.

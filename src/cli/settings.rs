@@ -11,7 +11,7 @@ use crate::cli::{self, Bootstrap, Cli, Cmd, Input, Payload};
 use crate::error::{excerpt, Error, Kind, Result};
 use crate::node::root::Root;
 
-pub const DEFAULT_CONFIG: &str = "/etc/nodestrap/bootstrap.conf";
+pub(crate) const DEFAULT_CONFIG: &str = "/etc/nodestrap/bootstrap.conf";
 /// Drop-ins of the default config, as systemd orders its own (systemd-system.conf(5)): `*.conf`
 /// in these directories, one set sorted by file name, a name in an earlier directory hiding
 /// the same name in a later one, a link to /dev/null masking it. An explicit `--config FILE`
@@ -75,7 +75,7 @@ pub const KEYS: &[&str] = &[
 ];
 /// The keys `nodestrap verify` also takes from the node's settings: where events and metrics
 /// go.
-pub const EVENTS_KEYS: &[&str] = &[
+pub(crate) const EVENTS_KEYS: &[&str] = &[
     "events-url",
     "events-token-file",
     "events-ca-file",
@@ -101,20 +101,20 @@ pub(crate) struct Setting {
     pub(crate) value: String,
 }
 
-pub struct Merged {
+pub(crate) struct Merged {
     /// Normalised arguments for argh, the user's last.
-    pub args: Vec<String>,
+    pub(crate) args: Vec<String>,
     /// One line per source read, keys only (values may be secret-ish), logged once the logger
     /// is set up with the merged `--verbose`.
-    pub notes: Vec<String>,
+    pub(crate) notes: Vec<String>,
     /// Each option set anywhere, with where the value in force came from (the last source
     /// that set it): how an error about an option names the line to change.
-    pub given: Vec<(&'static str, String)>,
+    pub(crate) given: Vec<(&'static str, String)>,
 }
 
 impl Merged {
     /// Where the value in force of `key` came from; `None` when it is the default.
-    pub fn source(&self, key: &str) -> Option<&str> {
+    pub(crate) fn source(&self, key: &str) -> Option<&str> {
         self.given
             .iter()
             .rev()
@@ -127,7 +127,7 @@ impl Merged {
 /// error naming where it was set and why; one that only turns off what the payload never does
 /// (`--upgrade-os=false`, `--reboot=false`, `--torcx-skip-setup` with sysext, an empty
 /// `--sysext-url` with torcx) is accepted, so one initramfs unit serves both payloads.
-pub fn payload_options(a: &Bootstrap, merged: &Merged) -> Result<()> {
+pub(crate) fn payload_options(a: &Bootstrap, merged: &Merged) -> Result<()> {
     let (other, theirs) = match a.payload {
         Payload::Torcx => ("sysext", SYSEXT_ONLY),
         Payload::Sysext => ("torcx", TORCX_ONLY),
@@ -196,7 +196,7 @@ fn on_command_line(user: &[String]) -> Vec<(&'static str, String)> {
 
 /// Put the settings of the config file and (with `--cmdline`) the kernel command line before
 /// `user`, the already parsed and normalised arguments that gave `b`.
-pub fn merge(b: &Bootstrap, user: &[String]) -> Result<Merged> {
+pub(crate) fn merge(b: &Bootstrap, user: &[String]) -> Result<Merged> {
     let root = Root::open(&b.root)?;
     let (synthetic, notes, mut given) = node_settings(&root, b.config.as_deref(), b.cmdline)?;
     given.extend(on_command_line(user.get(1..).unwrap_or_default()));
@@ -221,7 +221,7 @@ pub fn merge(b: &Bootstrap, user: &[String]) -> Result<Merged> {
 /// The events settings of the node's config file, drop-ins and kernel command line, for
 /// `nodestrap verify` (its command line wins over them): `(key, value)`, a file's value as
 /// `Input` marks it.
-pub fn events(root: &Root) -> Result<Vec<(&'static str, String)>> {
+pub(crate) fn events(root: &Root) -> Result<Vec<(&'static str, String)>> {
     let (synthetic, _, given) = node_settings(root, None, true)?;
     let mut out = Vec::new();
     for (arg, (key, _)) in synthetic.iter().zip(given) {

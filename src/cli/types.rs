@@ -8,7 +8,7 @@ use crate::node::root::{read_host_file, Root};
 
 /// Where join-service records the tickets it issued (`--ledger`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ledger {
+pub(crate) enum Ledger {
     Cluster,
     File,
 }
@@ -25,7 +25,7 @@ impl argh::FromArgValue for Ledger {
 
 /// `status --command`: one command's record, or every command's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecordOf {
+pub(crate) enum RecordOf {
     One(&'static str),
     All,
 }
@@ -69,7 +69,7 @@ impl argh::FromArgValue for Payload {
 
 /// Who vouches for a sysext image on the disk (docs/bootstrap.md, "Signed images").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SysextTrust {
+pub(crate) enum SysextTrust {
     /// Its SHA-256 in the signed SHA256SUMS, checked as it is fetched; signed DDIs taken too.
     Plain,
     /// Signed DDIs only, merged under the strict image policy.
@@ -99,13 +99,13 @@ impl std::fmt::Display for SysextTrust {
 /// and how the node takes its new configuration. Persisted in the state file by these names.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Flow {
+pub(crate) enum Flow {
     Rhcos,
     Rhel,
 }
 
 impl Flow {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Flow::Rhcos => "rhcos",
             Flow::Rhel => "rhel",
@@ -125,7 +125,7 @@ impl argh::FromArgValue for Flow {
 
 /// An option that is `auto` (the command works it out) or a value given.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Pick<T> {
+pub(crate) enum Pick<T> {
     Auto,
     Given(T),
 }
@@ -141,7 +141,7 @@ impl<T: argh::FromArgValue> argh::FromArgValue for Pick<T> {
 
 /// How reprovision's RHEL flow reboots (`--reboot`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum HostReboot {
+pub(crate) enum HostReboot {
     /// Only if --root is / (this system).
     Auto,
     /// --root is the host's root mounted in this pod: through the host's system bus.
@@ -162,7 +162,7 @@ impl argh::FromArgValue for HostReboot {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum RebootMode {
+pub(crate) enum RebootMode {
     Auto,
     Never,
 }
@@ -181,13 +181,13 @@ impl argh::FromArgValue for RebootMode {
 /// The kubeadm addons `activate --skip-addons` leaves out of `kubeadm init` (kubeadm's
 /// `dns.disabled`, `proxy.disabled`).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Addons {
-    pub coredns: bool,
-    pub kube_proxy: bool,
+pub(crate) struct Addons {
+    pub(crate) coredns: bool,
+    pub(crate) kube_proxy: bool,
 }
 
 impl Addons {
-    pub fn any(&self) -> bool {
+    pub(crate) fn any(&self) -> bool {
         self.coredns || self.kube_proxy
     }
 }
@@ -208,7 +208,7 @@ impl argh::FromArgValue for Addons {
 
 /// A file named by `--keyring` or `--ca-file`, and where that name came from.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Input {
+pub(crate) enum Input {
     /// Given on the command line: read as given.
     Host(PathBuf),
     /// Set in the config file or on the kernel command line (`from`): read under `--root`.
@@ -235,7 +235,7 @@ impl Input {
     }
 
     /// How messages name it: `/etc/k.asc`, or `/sysroot/etc/k.asc (from /sysroot/etc/...conf)`.
-    pub fn label(&self, root: &Root) -> String {
+    pub(crate) fn label(&self, root: &Root) -> String {
         match self {
             Input::Host(p) => p.display().to_string(),
             Input::Node { path, from } => format!("{} (from {from})", root.show(path)),
@@ -243,7 +243,7 @@ impl Input {
     }
 
     /// `--keyring /etc/k.asc` or `keyring /sysroot/etc/k.asc (from ...)`.
-    pub fn name(&self, root: &Root, key: &str) -> String {
+    pub(crate) fn name(&self, root: &Root, key: &str) -> String {
         match self {
             Input::Host(_) => format!("--{key} {}", self.label(root)),
             Input::Node { .. } => format!("{key} {}", self.label(root)),
@@ -260,7 +260,7 @@ impl Input {
     }
 
     /// The whole file, at most `cap` bytes; a node path never resolves outside `root`.
-    pub fn read(&self, root: &Root, cap: u64, key: &str) -> Result<Vec<u8>> {
+    pub(crate) fn read(&self, root: &Root, cap: u64, key: &str) -> Result<Vec<u8>> {
         match self {
             Input::Host(p) => read_host_file(p, cap, &format!("--{key}")),
             // A file a setting names that is not there is the setting's error (exit 2), wherever

@@ -2,7 +2,7 @@
 //! The certificate walks (activation's peer names) and the PKCS#7 signatures read through it.
 
 /// A DER reader over definite lengths and one-byte tags: what PKCS#7 and X.509 use.
-pub(crate) struct Der<'a>(pub &'a [u8]);
+pub(crate) struct Der<'a>(pub(crate) &'a [u8]);
 
 impl<'a> Der<'a> {
     /// The next element: (tag, content, the whole element).

@@ -14,20 +14,20 @@ use ring::digest;
 /// A digest in Ignition/torcx notation: `sha512-<hex>` (also `sha256-`, `sha384-`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Digest {
-    pub algo: Algo,
+    pub(crate) algo: Algo,
     /// Lowercase hex.
     pub hex: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Algo {
+pub(crate) enum Algo {
     Sha256,
     Sha384,
     Sha512,
 }
 
 impl Digest {
-    pub fn parse(s: &str) -> Option<Digest> {
+    pub(crate) fn parse(s: &str) -> Option<Digest> {
         let (a, hex) = s.split_once('-')?;
         let (algo, len) = match a {
             "sha256" => (Algo::Sha256, 64),
@@ -45,12 +45,12 @@ impl Digest {
         })
     }
 
-    pub fn hasher(&self) -> Hasher {
+    pub(crate) fn hasher(&self) -> Hasher {
         self.algo.hasher()
     }
 
     /// Hash a whole reader.
-    pub fn matches(&self, mut r: impl Read) -> io::Result<bool> {
+    pub(crate) fn matches(&self, mut r: impl Read) -> io::Result<bool> {
         let mut h = self.hasher();
         match copy_hashing(&mut r, &mut h, &mut io::sink()) {
             Ok(_) => Ok(h.finish_hex() == self.hex),
@@ -60,7 +60,7 @@ impl Digest {
 }
 
 impl Digest {
-    pub fn algo_name(&self) -> &'static str {
+    pub(crate) fn algo_name(&self) -> &'static str {
         match self.algo {
             Algo::Sha256 => "sha256",
             Algo::Sha384 => "sha384",
@@ -76,7 +76,7 @@ impl std::fmt::Display for Digest {
 }
 
 impl Algo {
-    pub fn hasher(self) -> Hasher {
+    pub(crate) fn hasher(self) -> Hasher {
         Hasher(digest::Context::new(match self {
             Algo::Sha256 => &digest::SHA256,
             Algo::Sha384 => &digest::SHA384,
@@ -85,13 +85,13 @@ impl Algo {
     }
 }
 
-pub struct Hasher(digest::Context);
+pub(crate) struct Hasher(digest::Context);
 
 impl Hasher {
-    pub fn update(&mut self, b: &[u8]) {
+    pub(crate) fn update(&mut self, b: &[u8]) {
         self.0.update(b)
     }
-    pub fn finish_hex(self) -> String {
+    pub(crate) fn finish_hex(self) -> String {
         hex(self.0.finish().as_ref())
     }
 }

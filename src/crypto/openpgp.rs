@@ -41,7 +41,7 @@ impl Keyring {
         })
     }
 
-    pub fn fingerprints(&self) -> Vec<String> {
+    pub(crate) fn fingerprints(&self) -> Vec<String> {
         self.certs
             .iter()
             .map(|c| c.fingerprint().to_hex())

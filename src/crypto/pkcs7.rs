@@ -12,7 +12,7 @@ use crate::crypto::der::Der;
 use webpki::ring as alg;
 
 /// Largest signature taken: a few kilobytes in practice.
-pub const MAX_SIGNATURE: usize = 64 << 10;
+pub(crate) const MAX_SIGNATURE: usize = 64 << 10;
 /// Signer infos looked at: systemd-repart writes one.
 const MAX_SIGNERS: usize = 8;
 
@@ -29,8 +29,8 @@ const OID_ED25519: &[u8] = &[0x2b, 0x65, 0x70];
 
 /// A trusted certificate: its DER and how logs name it.
 pub struct Cert {
-    pub der: Vec<u8>,
-    pub name: String,
+    pub(crate) der: Vec<u8>,
+    pub(crate) name: String,
 }
 
 impl Cert {

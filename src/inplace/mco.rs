@@ -147,11 +147,11 @@ fn percent_decode(s: &str) -> Option<Vec<u8>> {
 #[derive(Debug)]
 pub(crate) struct Rendered {
     /// `rendered-<pool>-<hash>`.
-    pub name: String,
+    pub(crate) name: String,
     /// Where the name was found, for the log.
-    pub from: String,
+    pub(crate) from: String,
     /// The non-Ignition spec fields (osImageURL, kernelArguments, ...).
-    pub spec: Map<String, Value>,
+    pub(crate) spec: Map<String, Value>,
 }
 
 /// The rendered config's name and spec fields: from the encapsulated MachineConfig the MCS

@@ -27,9 +27,9 @@ pub enum Fallback {
 }
 
 impl Fallback {
-    pub const WORDS: &'static str = "unreachable, never or always-after-deadline";
+    pub(crate) const WORDS: &'static str = "unreachable, never or always-after-deadline";
 
-    pub fn parse(v: &str) -> Option<Fallback> {
+    pub(crate) fn parse(v: &str) -> Option<Fallback> {
         match v {
             "unreachable" => Some(Fallback::Unreachable),
             "never" => Some(Fallback::Never),
@@ -38,7 +38,7 @@ impl Fallback {
         }
     }
 
-    pub fn word(self) -> &'static str {
+    pub(crate) fn word(self) -> &'static str {
         match self {
             Fallback::Unreachable => "unreachable",
             Fallback::Never => "never",
@@ -63,21 +63,21 @@ impl argh::FromArgValue for Fallback {
 }
 
 /// Where the version may come from, in order.
-pub struct Sources<'a> {
+pub(crate) struct Sources<'a> {
     /// `--force-kube-version`.
-    pub forced: Option<&'a str>,
+    pub(crate) forced: Option<&'a str>,
     /// The API server, when a kubeconfig exists.
-    pub kube: Option<&'a Kube>,
+    pub(crate) kube: Option<&'a Kube>,
     /// Else what `before_join` reached.
-    pub joining: Option<&'a Joining>,
+    pub(crate) joining: Option<&'a Joining>,
     /// A joined node's kubeconfigs (`--kubeconfig`, `--kubelet-kubeconfig`), and the sources of
     /// a node that has not joined, named when none is there.
-    pub kubeconfigs: [&'a str; 2],
-    pub before_join: &'a BeforeJoin<'a>,
+    pub(crate) kubeconfigs: [&'a str; 2],
+    pub(crate) before_join: &'a BeforeJoin<'a>,
     /// `--installer-kubelet-env`.
-    pub installer_env: &'a str,
+    pub(crate) installer_env: &'a str,
     /// `--version-fallback`.
-    pub fallback: Fallback,
+    pub(crate) fallback: Fallback,
 }
 
 impl Sources<'_> {
@@ -103,7 +103,7 @@ impl Sources<'_> {
 /// A joined node's client: the first of `kubeconfigs` that exists (empty paths are skipped):
 /// `--kubeconfig`, then the kubelet's own kubeconfig, so that a node keeps asking with its own
 /// credentials long after its bootstrap token has expired.
-pub fn joined(
+pub(crate) fn joined(
     root: &Root,
     kubeconfigs: [&str; 2],
     retry: crate::net::retry::Retry,
@@ -118,16 +118,16 @@ pub fn joined(
 
 /// Where a node that has not joined finds its cluster, in this order: `--bootstrap-kubeconfig`,
 /// `--join-config`, `--api-server` (empty: not set).
-pub struct BeforeJoin<'a> {
-    pub bootstrap_kubeconfig: &'a str,
-    pub join_config: &'a str,
-    pub api_server: &'a str,
+pub(crate) struct BeforeJoin<'a> {
+    pub(crate) bootstrap_kubeconfig: &'a str,
+    pub(crate) join_config: &'a str,
+    pub(crate) api_server: &'a str,
 }
 
 /// What a node that has not joined reached (`before_join`).
 // One per run: the client's size does not matter.
 #[allow(clippy::large_enum_variant)]
-pub enum Joining {
+pub(crate) enum Joining {
     /// A client, asked for `/version` under the fallback policy.
     Client(Kube),
     /// kubeadm's token discovery could not reach the API server before a client existed.
@@ -138,7 +138,7 @@ pub enum Joining {
 /// `/version` (system:public-info-viewer: anyone, authenticated or not): ask it through the
 /// kubelet's bootstrap kubeconfig, else through kubeadm's join configuration, else at
 /// `--api-server` without credentials. For the version only. `None` when none is set or there.
-pub fn before_join(
+pub(crate) fn before_join(
     root: &Root,
     b: &BeforeJoin,
     retry: crate::net::retry::Retry,
@@ -179,7 +179,7 @@ pub fn before_join(
 
 /// Where the version came from, for the log, the plan and the summary.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
+pub(crate) enum Source {
     Forced,
     /// The API server's `/version`, with where the credentials came from.
     ApiServer(String),
@@ -192,7 +192,7 @@ pub enum Source {
 
 impl Source {
     /// One word for counting nodes: `forced`, `api-server` or `fallback`.
-    pub fn word(&self) -> &'static str {
+    pub(crate) fn word(&self) -> &'static str {
         match self {
             Source::Forced => "forced",
             Source::ApiServer(_) => "api-server",
@@ -217,9 +217,9 @@ impl fmt::Display for Source {
 
 /// The cluster's version and its source.
 #[derive(Debug, Clone)]
-pub struct Version {
-    pub value: String,
-    pub source: Source,
+pub(crate) struct Version {
+    pub(crate) value: String,
+    pub(crate) source: Source,
 }
 
 /// Whether this run printed its plan line.
@@ -242,7 +242,7 @@ impl Version {
 /// The plan line of a run that ended before its version was known, so that every run prints
 /// one (`nodestrap: k8s=unknown from=none (<error>)`): a fleet's count of `from=` words then
 /// covers the failed nodes too.
-pub fn report_unknown(why: &dyn fmt::Display) {
+pub(crate) fn report_unknown(why: &dyn fmt::Display) {
     if !REPORTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
         // Best effort: the run has failed already and says why on stderr.
         let _ = crate::outln!("nodestrap: k8s=unknown from=none ({why})");
@@ -251,7 +251,7 @@ pub fn report_unknown(why: &dyn fmt::Display) {
 
 /// The cluster's version, with one log line saying where it came from (a warning when the
 /// node's files stand in for the cluster), also in the status record.
-pub fn version(root: &Root, s: &Sources) -> Result<Version> {
+pub(crate) fn version(root: &Root, s: &Sources) -> Result<Version> {
     let v = find_version(root, s)?;
     status::decide(
         "k8s",
@@ -340,7 +340,7 @@ fn find_version(root: &Root, s: &Sources) -> Result<Version> {
 }
 
 /// The Kubernetes version a kubelet.env names (`KUBELET_IMAGE_TAG`); `None` if it does not exist.
-pub fn kubelet_env_version(root: &Root, node_path: &str) -> Result<Option<String>> {
+pub(crate) fn kubelet_env_version(root: &Root, node_path: &str) -> Result<Option<String>> {
     let name = root.show(node_path);
     let Some(text) = root.read_text(node_path)? else {
         return Ok(None);
@@ -360,7 +360,7 @@ pub fn kubelet_env_version(root: &Root, node_path: &str) -> Result<Option<String
 }
 
 /// A version the mappings can be looked up by (`v1.10.2+coreos.0`), or an error naming its source.
-pub fn checked_version(v: String, from: &str) -> Result<String> {
+pub(crate) fn checked_version(v: String, from: &str) -> Result<String> {
     match crate::node::mappings::major_minor(&v) {
         Some(_) => Ok(v),
         None => Err(Error::failed(format!(

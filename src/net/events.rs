@@ -27,17 +27,17 @@ pub(crate) const FLUSH: Duration = Duration::from_secs(2);
 pub(crate) const FIRST_ANSWER: Duration = Duration::from_secs(1);
 
 /// Where events go and as whom.
-pub struct Target {
+pub(crate) struct Target {
     /// Checked: https, a host.
-    pub url: String,
+    pub(crate) url: String,
     /// The URL as logged and recorded (no user information, query or fragment).
-    pub shown: String,
+    pub(crate) shown: String,
     /// Trust for the receiver, and the node's client certificate when it has one.
-    pub tls: Tls,
+    pub(crate) tls: Tls,
     /// The bearer token, when there is no client certificate. Never logged.
-    pub token: Option<String>,
+    pub(crate) token: Option<String>,
     /// As whom events are sent, for the log and the record (no secret).
-    pub who: String,
+    pub(crate) who: String,
 }
 
 /// `url` checked as an events receiver: https only (a token may travel with it).

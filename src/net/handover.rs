@@ -18,7 +18,7 @@ const CAP: u64 = 4 << 10;
 
 /// The server a URL names, as the handover's key: scheme, host and port, without the
 /// credentials a URL may carry.
-pub fn server_of(url: &str) -> String {
+pub(crate) fn server_of(url: &str) -> String {
     let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let authority = &rest[..end];
@@ -33,7 +33,7 @@ fn file(key: &str, server: &str) -> String {
 }
 
 /// What the run before left for the client `key` of `server`.
-pub fn take(key: &str, server: &str) -> Load {
+pub(crate) fn take(key: &str, server: &str) -> Load {
     let path = run_file_named(&file(key, server));
     let bytes = match std::fs::File::open(&path).and_then(|f| read_capped(f, CAP)) {
         Ok(b) => b,
@@ -80,7 +80,7 @@ pub fn to_bytes(load: &Load, server: &str, now: (Instant, SystemTime)) -> Vec<u8
 
 /// Leave `load` for the next run's client `key` of `server` (nothing learned: the file goes).
 /// A failure costs only the handover: logged.
-pub fn keep(key: &str, server: &str, load: &Load) {
+pub(crate) fn keep(key: &str, server: &str, load: &Load) {
     let name = file(key, server);
     if !load.is_learned() {
         if let Err(e) = std::fs::remove_file(run_file_named(&name)) {

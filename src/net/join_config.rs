@@ -171,16 +171,16 @@ fn is_token(t: &str) -> bool {
 
 /// Token discovery could not read cluster-info for want of an answer: judged by the fallback
 /// policy as a `/version` that failed the same way.
-pub struct Unreached {
+pub(crate) struct Unreached {
     /// The join configuration, for messages.
-    pub source: String,
-    pub error: String,
-    pub failure: Failure,
+    pub(crate) source: String,
+    pub(crate) error: String,
+    pub(crate) failure: Failure,
 }
 
 /// A client for the cluster the join configuration at `node_path` names, for its version, or
 /// the discovery's failure to reach it. `Ok(None)` when the file does not exist.
-pub fn kube(
+pub(crate) fn kube(
     root: &Root,
     node_path: &str,
     retry: Retry,

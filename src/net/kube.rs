@@ -17,7 +17,7 @@ use crate::node::root::Root;
 const CONFLICT_TRIES: u32 = 4;
 const CONFLICT_FIRST_DELAY: Duration = Duration::from_millis(10);
 
-pub struct Kube {
+pub(crate) struct Kube {
     http: Http,
     server: String,
     /// With `tls-server-name`: requests go to that name (resolved as the server's host), and
@@ -25,7 +25,7 @@ pub struct Kube {
     host_header: Option<String>,
     token: Option<Token>,
     /// Where the credentials came from, for messages.
-    pub source: String,
+    pub(crate) source: String,
 }
 
 /// A bearer token: given once, or the pod's projected service account token, which the
@@ -77,7 +77,7 @@ fn read_token(path: &Path) -> Result<String> {
 
 /// What the API server answered a `Kube::call`: 2xx with its JSON, or one of the statuses the
 /// caller asked to see (404 Not Found, 409 Conflict), with the server's message.
-pub enum Reply {
+pub(crate) enum Reply {
     Ok(serde_json::Value),
     Status(u16, Error),
 }
@@ -86,7 +86,11 @@ impl Kube {
     /// Client from a kubeconfig that lives on the node (`node_path` under `root`); files it
     /// names (CA, certificate, key, token) are node paths too, relative ones next to it.
     /// `Ok(None)` when the kubeconfig does not exist.
-    pub fn from_kubeconfig(root: &Root, node_path: &str, retry: Retry) -> Result<Option<Kube>> {
+    pub(crate) fn from_kubeconfig(
+        root: &Root,
+        node_path: &str,
+        retry: Retry,
+    ) -> Result<Option<Kube>> {
         let name = root.show(node_path);
         let Some(text) = root.read_text(node_path)? else {
             return Ok(None);
@@ -163,7 +167,7 @@ impl Kube {
     }
 
     /// Client from the pod's service account, as client-go's in-cluster config does.
-    pub fn in_cluster(retry: Retry) -> Result<Kube> {
+    pub(crate) fn in_cluster(retry: Retry) -> Result<Kube> {
         let host = std::env::var("KUBERNETES_SERVICE_HOST")
             .ok()
             .filter(|h| !h.is_empty())
@@ -210,7 +214,7 @@ impl Kube {
     }
 
     /// An API server asked without credentials (`--api-server`): what anyone may read.
-    pub fn anonymous(server: &str, tls: Tls, retry: Retry) -> Result<Kube> {
+    pub(crate) fn anonymous(server: &str, tls: Tls, retry: Retry) -> Result<Kube> {
         let mut tls = tls;
         tls.fix = Some("--ca-file (a PEM file)".into());
         Kube::new(
@@ -223,7 +227,7 @@ impl Kube {
     }
 
     /// A client that sends a bearer `token` and trusts `tls` (kubeadm's token discovery).
-    pub fn with_token(
+    pub(crate) fn with_token(
         server: &str,
         tls: Tls,
         token: String,
@@ -287,7 +291,7 @@ impl Kube {
     }
 
     /// `GET /version` → `gitVersion`; a failure says whether the server answered.
-    pub fn server_version(&self) -> std::result::Result<String, FetchError> {
+    pub(crate) fn server_version(&self) -> std::result::Result<String, FetchError> {
         let v = self.get_json("/version")?;
         v.get("gitVersion")
             .and_then(|g| g.as_str())
@@ -303,12 +307,12 @@ impl Kube {
     }
 
     /// A Node object.
-    pub fn get_node(&self, name: &str) -> Result<serde_json::Value> {
+    pub(crate) fn get_node(&self, name: &str) -> Result<serde_json::Value> {
         Ok(self.get_json(&format!("/api/v1/nodes/{name}"))?)
     }
 
     /// A ConfigMap's `data`, `None` when the API server says it does not exist (404).
-    pub fn configmap(
+    pub(crate) fn configmap(
         &self,
         ns: &str,
         name: &str,
@@ -327,7 +331,7 @@ impl Kube {
 
     /// One key of a ConfigMap; a missing or empty key is an error (`Failure::Final`), and so
     /// is a missing ConfigMap (its 404 names it).
-    pub fn configmap_key(
+    pub(crate) fn configmap_key(
         &self,
         ns: &str,
         name: &str,
@@ -352,7 +356,11 @@ impl Kube {
 
     /// JSON merge patch of a Node. A 409 Conflict is tried again a few times at short
     /// intervals; transport errors and 5xx follow the `Retry` given.
-    pub fn patch_node(&self, name: &str, patch: &serde_json::Value) -> Result<serde_json::Value> {
+    pub(crate) fn patch_node(
+        &self,
+        name: &str,
+        patch: &serde_json::Value,
+    ) -> Result<serde_json::Value> {
         let url = format!("{}/api/v1/nodes/{name}", self.server);
         let body = patch.to_string().into_bytes();
         let req = self.request("PATCH", &url, Some(("application/merge-patch+json", body)));
@@ -470,7 +478,7 @@ impl Kube {
     /// `method path` with an optional JSON body; 2xx is `Reply::Ok` with the answer's JSON, a
     /// status in `pass` is `Reply::Status`, anything else fails, saying why (`Failure`). Busy
     /// answers and broken connections follow this client's `Retry`.
-    pub fn call(
+    pub(crate) fn call(
         &self,
         method: &'static str,
         path: &str,
@@ -482,7 +490,7 @@ impl Kube {
 
     /// `call` with the body's media type given (a patch's: `application/merge-patch+json`,
     /// `application/strategic-merge-patch+json`).
-    pub fn call_as(
+    pub(crate) fn call_as(
         &self,
         method: &'static str,
         path: &str,

@@ -20,7 +20,7 @@ pub(crate) fn b64(s: &str, name: &str, field: &str) -> Result<Vec<u8>> {
         .map_err(|e| Error::failed(format!("{name}: {field}: invalid base64: {e}")))
 }
 
-pub fn client_cert(cert_pem: &[u8], key_pem: &[u8], name: &str) -> Result<ClientCert> {
+pub(crate) fn client_cert(cert_pem: &[u8], key_pem: &[u8], name: &str) -> Result<ClientCert> {
     let mut certs = Vec::new();
     for item in ureq::tls::parse_pem(cert_pem) {
         if let Ok(PemItem::Certificate(c)) = item {
@@ -45,30 +45,30 @@ pub fn client_cert(cert_pem: &[u8], key_pem: &[u8], name: &str) -> Result<Client
 #[derive(Default, PartialEq)]
 pub struct Kubeconfig {
     pub server: String,
-    pub ca_data: Option<String>,
-    pub ca_file: Option<String>,
-    pub cert_data: Option<String>,
-    pub cert_file: Option<String>,
-    pub key_data: Option<String>,
-    pub key_file: Option<String>,
-    pub token: Option<String>,
-    pub token_file: Option<String>,
+    pub(crate) ca_data: Option<String>,
+    pub(crate) ca_file: Option<String>,
+    pub(crate) cert_data: Option<String>,
+    pub(crate) cert_file: Option<String>,
+    pub(crate) key_data: Option<String>,
+    pub(crate) key_file: Option<String>,
+    pub(crate) token: Option<String>,
+    pub(crate) token_file: Option<String>,
     /// `proxy-url` of the cluster: http or https.
-    pub proxy: Option<String>,
+    pub(crate) proxy: Option<String>,
     /// `tls-server-name`: the name TLS sends and checks instead of the server URL's host.
-    pub tls_server_name: Option<String>,
-    pub exec: Option<Exec>,
+    pub(crate) tls_server_name: Option<String>,
+    pub(crate) exec: Option<Exec>,
 }
 
 /// A `client.authentication.k8s.io` credential plugin (`users[].user.exec`).
 #[derive(Debug, Default, PartialEq, Clone)]
-pub struct Exec {
-    pub api_version: String,
-    pub command: String,
-    pub args: Vec<String>,
-    pub env: Vec<(String, String)>,
-    pub install_hint: Option<String>,
-    pub provide_cluster_info: bool,
+pub(crate) struct Exec {
+    pub(crate) api_version: String,
+    pub(crate) command: String,
+    pub(crate) args: Vec<String>,
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) install_hint: Option<String>,
+    pub(crate) provide_cluster_info: bool,
 }
 
 /// Fields of the chosen cluster, user and context that nodestrap implements; any other one is

@@ -31,9 +31,9 @@ pub(crate) enum Scheme {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Caps {
-    pub pull: bool,
+    pub(crate) pull: bool,
     /// Resolving a tag is trusted: a host without it is never asked for a manifest by tag.
-    pub resolve: bool,
+    pub(crate) resolve: bool,
 }
 
 /// Client certificate and key files; the key in the certificate's file when `None`.
@@ -42,18 +42,18 @@ pub(crate) type ClientPair = (String, Option<String>);
 /// One host a registry's content may come from.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Endpoint {
-    pub scheme: Scheme,
+    pub(crate) scheme: Scheme,
     /// `host[:port]`: what credentials are looked up by.
-    pub host: String,
+    pub(crate) host: String,
     /// The API root: `/v2` below the URL's path, or the path itself with `override_path`.
-    pub path: String,
-    pub caps: Caps,
+    pub(crate) path: String,
+    pub(crate) caps: Caps,
     /// Node paths of extra CA bundles, trusted beside the system's.
-    pub ca: Vec<String>,
-    pub client: Option<ClientPair>,
-    pub headers: Vec<(String, String)>,
+    pub(crate) ca: Vec<String>,
+    pub(crate) client: Option<ClientPair>,
+    pub(crate) headers: Vec<(String, String)>,
     /// A `[host]` entry, not the server.
-    pub mirror: bool,
+    pub(crate) mirror: bool,
 }
 
 impl Endpoint {

@@ -46,20 +46,20 @@ impl Verdict {
 /// One event on the Node: `Normal` or `Warning`, a CamelCase reason, a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Event {
-    pub warning: bool,
-    pub reason: &'static str,
-    pub message: String,
+    pub(crate) warning: bool,
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
 }
 
 /// What a boot check reports.
 pub(crate) struct Report {
-    pub verdict: Verdict,
+    pub(crate) verdict: Verdict,
     /// CamelCase, as conditions' reasons are (`Verified`, `Mismatch`, `ReturnedToKnownGood`).
-    pub reason: &'static str,
-    pub message: String,
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
     /// Label key and value (already a valid label value: `label_value`).
-    pub labels: Vec<(&'static str, String)>,
-    pub events: Vec<Event>,
+    pub(crate) labels: Vec<(&'static str, String)>,
+    pub(crate) events: Vec<Event>,
 }
 
 /// A label value from free text: at most 63 characters of `[A-Za-z0-9._-]`, beginning and

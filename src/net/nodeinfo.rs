@@ -19,16 +19,16 @@ pub(crate) type Judge<'a> = &'a dyn Fn(&str) -> bool;
 /// What the Node should report.
 pub(crate) struct Want<'a> {
     /// `nodeInfo.kubeletVersion`, compared by `same_version`.
-    pub kubelet: Option<String>,
+    pub(crate) kubelet: Option<String>,
     /// `nodeInfo.containerRuntimeVersion`: how the check names it, and the judge of an answer.
-    pub runtime: Option<(String, Judge<'a>)>,
+    pub(crate) runtime: Option<(String, Judge<'a>)>,
 }
 
 /// The API server's verdict, its note (why not asked, or from where), and its checks.
 pub(crate) struct Answer {
-    pub api: ApiCheck,
-    pub note: Option<String>,
-    pub checks: Vec<Check>,
+    pub(crate) api: ApiCheck,
+    pub(crate) note: Option<String>,
+    pub(crate) checks: Vec<Check>,
 }
 
 /// Asks for Node `name` through `kubeconfig` (node path) until it agrees with `want` or `wait`

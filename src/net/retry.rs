@@ -34,32 +34,32 @@ const LEAST_ATTEMPT: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, Copy)]
 pub struct Retry {
     /// Attempts that failed without a busy answer, at most (at least 1).
-    pub attempts: u32,
+    pub(crate) attempts: u32,
     /// Busy answers, at most: unbounded but for time, except for best-effort clients.
-    pub busy_attempts: u32,
+    pub(crate) busy_attempts: u32,
     /// The first pause is at most this long; each failure without an answer doubles it, up
     /// to `cap`.
-    pub initial: Duration,
-    pub cap: Duration,
+    pub(crate) initial: Duration,
+    pub(crate) cap: Duration,
     /// The longest pause a best-effort client takes: a `Retry-After` above it ends the request
     /// (never sooner than the server asked). `Duration::MAX` for every other client.
-    pub longest: Duration,
+    pub(crate) longest: Duration,
     /// The spread window after busy answers grows up to this (a sixth of `--deadline`).
     pub spread: Duration,
     /// No new attempt of one request starts once this much time has gone by.
-    pub budget: Duration,
+    pub(crate) budget: Duration,
     /// Nor after this moment: the run's deadline.
     pub until: Option<Instant>,
     /// The name under which what the client learned is handed to the next run
     /// (`net::handover`), if it is.
-    pub handover: Option<&'static str>,
+    pub(crate) handover: Option<&'static str>,
 }
 
 impl Retry {
     /// `attempts` (at least 1), pauses with full jitter below `initial`, doubling up to 60 s;
     /// busy answers spread over at most 300 s; no new attempt of a request after 600 s
     /// (`--fetch-attempts`, `--fetch-backoff-ms`; `--api-tries`, `--api-retry-delay`).
-    pub fn exponential(attempts: u32, initial: Duration) -> Retry {
+    pub(crate) fn exponential(attempts: u32, initial: Duration) -> Retry {
         Retry {
             attempts: attempts.max(1),
             busy_attempts: u32::MAX,
@@ -76,27 +76,27 @@ impl Retry {
     /// What the client learns is handed to the next run as `key` (`net::handover`): a run that
     /// ends while its server sheds load leaves the next one its streak and the server's last
     /// `Retry-After`, which the next run waits out before its first attempt.
-    pub fn handed_over_as(mut self, key: &'static str) -> Retry {
+    pub(crate) fn handed_over_as(mut self, key: &'static str) -> Retry {
         self.handover = Some(key);
         self
     }
 
     /// At most `n` busy answers too: for reports that must not hold the node up.
-    pub fn busy_attempts(mut self, n: u32) -> Retry {
+    pub(crate) fn busy_attempts(mut self, n: u32) -> Retry {
         self.busy_attempts = n.max(1);
         self
     }
 
     /// Pauses of at most `cap`, for best-effort clients: a `Retry-After` above it ends the
     /// request as busy instead of being waited out.
-    pub fn capped_at(mut self, cap: Duration) -> Retry {
+    pub(crate) fn capped_at(mut self, cap: Duration) -> Retry {
         self.cap = cap;
         self.longest = cap;
         self
     }
 
     /// No new attempt of one request after `budget`.
-    pub fn within(mut self, budget: Duration) -> Retry {
+    pub(crate) fn within(mut self, budget: Duration) -> Retry {
         self.budget = budget;
         self
     }
@@ -106,7 +106,7 @@ impl Retry {
     /// answers grows up to a sixth of the run's length (300 s of the default 1800): the
     /// deadline is the operator's word on how long a boot may wait, and so on how large a
     /// herd one server may have to serve.
-    pub fn until(mut self, deadline: Instant) -> Retry {
+    pub(crate) fn until(mut self, deadline: Instant) -> Retry {
         self.until = Some(deadline);
         self.budget = Duration::MAX;
         let run = deadline.saturating_duration_since(crate::node::status::started());
@@ -117,7 +117,7 @@ impl Retry {
 
 /// What one failed attempt said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answer {
+pub(crate) enum Answer {
     /// No answer, or a broken one: counts against the attempts.
     Nothing,
     /// 408, 429 or 5xx, with the server's `Retry-After` if it sent one.
@@ -145,7 +145,7 @@ impl After {
 
 /// What to do after a failed attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Next {
+pub(crate) enum Next {
     /// Try again after this pause.
     Pause(Duration),
     /// The attempts without an answer (or a best-effort client's busy answers) are used up.
@@ -173,12 +173,12 @@ pub struct Load {
 
 impl Load {
     /// Whether there is anything to hand to the next run: a streak, or a moment to wait for.
-    pub fn is_learned(&self) -> bool {
+    pub(crate) fn is_learned(&self) -> bool {
         self.streak > 0 || self.not_before.is_some()
     }
 
     /// As JSON for the next run, its moment on the wall clock (`now` is the same moment on both).
-    pub fn to_json(self, now: (Instant, SystemTime)) -> serde_json::Value {
+    pub(crate) fn to_json(self, now: (Instant, SystemTime)) -> serde_json::Value {
         let after = |a: Option<After>| match a {
             None => serde_json::json!("none"),
             Some(After::Delay(d)) => serde_json::json!({ "delay": d.as_secs_f64() }),
@@ -197,7 +197,7 @@ impl Load {
     }
 
     /// What `to_json` wrote; `None` for anything else.
-    pub fn from_json(v: &serde_json::Value, now: (Instant, SystemTime)) -> Option<Load> {
+    pub(crate) fn from_json(v: &serde_json::Value, now: (Instant, SystemTime)) -> Option<Load> {
         let secs = |v: &serde_json::Value| {
             v.as_f64()
                 .filter(|s| s.is_finite() && (0.0..=1e7).contains(s))
@@ -234,7 +234,7 @@ impl Load {
 /// One request's attempts: the counts and the last busy answer, with the decisions taken
 /// from them. Made at the first attempt, told each failure with the time it happened.
 #[derive(Debug, Clone)]
-pub struct Attempts {
+pub(crate) struct Attempts {
     retry: Retry,
     start: Instant,
     made: u32,
@@ -246,7 +246,7 @@ pub struct Attempts {
 
 impl Attempts {
     /// A request's attempts, starting from what the client's earlier requests learned.
-    pub fn new(retry: Retry, now: Instant, load: Load) -> Attempts {
+    pub(crate) fn new(retry: Retry, now: Instant, load: Load) -> Attempts {
         Attempts {
             retry,
             start: now,
@@ -260,7 +260,7 @@ impl Attempts {
     /// What the client's next request starts from. An answer came through at last: the
     /// window steps back once (a half), so that the next request of a node the server just
     /// served is not held back as long as one still waiting for its first answer.
-    pub fn load(&self, answered: bool) -> Load {
+    pub(crate) fn load(&self, answered: bool) -> Load {
         let l = self.learned;
         match answered {
             true => Load {
@@ -274,7 +274,7 @@ impl Attempts {
 
     /// How long the request's first attempt must still wait at `now`: the moment the server
     /// named in the client's last busy answer (of an earlier request, or of the run before).
-    pub fn held_back(&self, now: Instant) -> Option<Duration> {
+    pub(crate) fn held_back(&self, now: Instant) -> Option<Duration> {
         match self.learned.not_before {
             // Under a millisecond is no wait (and a clock's rounding cannot make one for ever).
             Some(t) if self.made == 0 && t > now + Duration::from_millis(1) => Some(t - now),
@@ -283,13 +283,13 @@ impl Attempts {
     }
 
     /// Attempts made so far, and how many of them got no answer.
-    pub fn made(&self) -> (u32, u32) {
+    pub(crate) fn made(&self) -> (u32, u32) {
         (self.made, self.failed)
     }
 
     /// Time the next attempt may take: the smaller of the request's budget and what is left
     /// of the run's deadline; zero means no attempt may start.
-    pub fn left(&self, now: Instant) -> Duration {
+    pub(crate) fn left(&self, now: Instant) -> Duration {
         let own = self
             .retry
             .budget
@@ -314,7 +314,7 @@ impl Attempts {
     /// the server's capacity comes back over a window that grows to its size rather than in
     /// waves. A pause that would end past the deadline, or leave the next attempt under
     /// [`LEAST_ATTEMPT`], ends the request instead.
-    pub fn next(&mut self, answer: Answer, now: Instant, jitter: f64) -> Next {
+    pub(crate) fn next(&mut self, answer: Answer, now: Instant, jitter: f64) -> Next {
         let jitter = jitter.clamp(0.0, 1.0);
         self.made += 1;
         let pause = match answer {

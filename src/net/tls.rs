@@ -21,20 +21,20 @@ const SYSTEM_BUNDLES: &[&str] = &[
 
 /// Trust anchors and an optional client identity for one endpoint family.
 #[derive(Default, Clone)]
-pub struct Tls {
-    pub roots: Vec<Certificate<'static>>,
-    pub client: Option<ClientCert>,
+pub(crate) struct Tls {
+    pub(crate) roots: Vec<Certificate<'static>>,
+    pub(crate) client: Option<ClientCert>,
     /// Where the roots came from, for the log line.
-    pub sources: Vec<String>,
+    pub(crate) sources: Vec<String>,
     /// The setting that adds a trust anchor for this client, named when a server's certificate
     /// is not signed by one (`--ca-file`, a kubeconfig's `certificate-authority`).
-    pub fix: Option<String>,
-    pub check: Check,
+    pub(crate) fix: Option<String>,
+    pub(crate) check: Check,
 }
 
 /// Whether a server's certificate is checked against the roots.
 #[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Check {
+pub(crate) enum Check {
     #[default]
     Roots,
     /// Not on this connection: only kubeadm's token discovery reads cluster-info so, and then
@@ -47,7 +47,7 @@ impl Tls {
     /// The system trust store: the bundle `SSL_CERT_FILE` names, else the first distribution
     /// bundle found on the node `root` (where the bundle the node's admin curates lives; in the
     /// initramfs that is `/sysroot`), else on the system we run on.
-    pub fn system(root: &Root) -> Result<Tls> {
+    pub(crate) fn system(root: &Root) -> Result<Tls> {
         let mut tls = Tls::default();
         if let Some(b) = std::env::var_os("SSL_CERT_FILE") {
             let b = std::path::PathBuf::from(b);
@@ -75,14 +75,14 @@ impl Tls {
     }
 
     /// Add the PEM file given on the command line (`--ca-file`).
-    pub fn add_file(&mut self, p: &Path, flag: &str) -> Result<()> {
+    pub(crate) fn add_file(&mut self, p: &Path, flag: &str) -> Result<()> {
         let pem = read_host_file(p, 16 << 20, flag)?;
         self.add_pem(&pem, &format!("{flag} {}", p.display()))
             .map_err(|e| e.with_kind(Kind::Config))
     }
 
     /// Add every certificate of a PEM bundle; it must hold at least one.
-    pub fn add_pem(&mut self, pem: &[u8], name: &str) -> Result<()> {
+    pub(crate) fn add_pem(&mut self, pem: &[u8], name: &str) -> Result<()> {
         let before = self.roots.len();
         for item in ureq::tls::parse_pem(pem) {
             match item {

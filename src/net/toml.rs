@@ -28,7 +28,7 @@ pub(crate) enum Value {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Table {
     /// In the order the document first names each key.
-    pub entries: Vec<(String, Value)>,
+    pub(crate) entries: Vec<(String, Value)>,
     how: Defined,
 }
 

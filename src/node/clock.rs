@@ -28,8 +28,8 @@ const POLL: Duration = Duration::from_millis(500);
 /// The newest time the clock cannot be before, and where it comes from.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Floor {
-    pub at: SystemTime,
-    pub source: String,
+    pub(crate) at: SystemTime,
+    pub(crate) source: String,
 }
 
 /// The floor: the newest of the build date and the node's stamps (whole seconds).

@@ -267,14 +267,14 @@ pub(crate) const IDLE: &str = "UPDATE_STATUS_IDLE";
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Status {
-    pub operation: String,
-    pub new_version: String,
-    pub progress: f64,
+    pub(crate) operation: String,
+    pub(crate) new_version: String,
+    pub(crate) progress: f64,
 }
 
 /// What update_engine says about the next OS version.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Update {
+pub(crate) enum Update {
     /// No update_engine to ask (no system bus, or nobody owns the name): the reason.
     Unavailable(String),
     /// An update is installed and waits for a reboot.
@@ -413,15 +413,15 @@ pub(crate) fn systemd_start(unit: &str) -> Result<String> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct UnitState {
     /// `loaded`, `not-found`, `masked`, ...
-    pub load: String,
+    pub(crate) load: String,
     /// `enabled`, `disabled`, `static`, ... (empty when systemd does not know)
-    pub file: String,
+    pub(crate) file: String,
     /// `active`, `inactive`, `failed`, ...
-    pub active: String,
+    pub(crate) active: String,
     /// A service's `Result`: `success`, or why it failed.
-    pub result: String,
+    pub(crate) result: String,
     /// Whether its conditions held at its last start (false: it was skipped).
-    pub condition: bool,
+    pub(crate) condition: bool,
 }
 
 /// One property of a systemd object, as `T`.

@@ -19,7 +19,7 @@ use crate::error::{Context, Error, Result};
 pub(crate) const SPACE_MARGIN: u64 = 32 << 20;
 
 /// A directory inside the root, resolved once; files are created relative to it.
-pub struct Dir {
+pub(crate) struct Dir {
     fd: OwnedFd,
     /// Node path of the directory, for messages (`/var/lib/torcx/store/1.2.3`).
     node_path: String,
@@ -27,7 +27,7 @@ pub struct Dir {
 }
 
 /// An exclusive lock on a directory, held until dropped (`Dir::lock`).
-pub struct DirLock {
+pub(crate) struct DirLock {
     _fd: OwnedFd,
 }
 
@@ -54,16 +54,16 @@ impl Dir {
         }
     }
 
-    pub fn show(&self, name: &str) -> String {
+    pub(crate) fn show(&self, name: &str) -> String {
         format!("{}/{}", self.shown.trim_end_matches('/'), name)
     }
 
-    pub fn node_path(&self, name: &str) -> String {
+    pub(crate) fn node_path(&self, name: &str) -> String {
         format!("{}/{}", self.node_path.trim_end_matches('/'), name)
     }
 
     /// Names in this directory (not `.`/`..`).
-    pub fn entries(&self) -> Result<Vec<String>> {
+    pub(crate) fn entries(&self) -> Result<Vec<String>> {
         let fd = rustix::fs::openat(
             &self.fd,
             ".",
@@ -85,7 +85,7 @@ impl Dir {
 
     /// A new temp file in this directory that becomes `name` on `persist`, and vanishes if
     /// dropped first: the final name only ever holds complete, verified content.
-    pub fn create_temp(&self, name: &str, mode: u32) -> Result<TempFile<'_>> {
+    pub(crate) fn create_temp(&self, name: &str, mode: u32) -> Result<TempFile<'_>> {
         self.sweep_temps(name);
         // Another run's sweep may take a new temp file in the instant before its lock is held
         // (it sees an unlocked temp, as a killed run leaves): such a file is unlinked or locked
@@ -139,12 +139,12 @@ impl Dir {
         Ok(t)
     }
 
-    pub fn write_atomic(&self, name: &str, data: &[u8], mode: u32) -> Result<()> {
+    pub(crate) fn write_atomic(&self, name: &str, data: &[u8], mode: u32) -> Result<()> {
         self.replace(name, data, mode, Durability::Synced)
     }
 
     /// `name` replaced by `data` in one rename, after a temp file of nodestrap's naming.
-    pub fn replace(&self, name: &str, data: &[u8], mode: u32, d: Durability) -> Result<()> {
+    pub(crate) fn replace(&self, name: &str, data: &[u8], mode: u32, d: Durability) -> Result<()> {
         let mut t = self.create_temp(name, mode)?;
         t.write_all(data).with_ctx(|| self.show(name))?;
         t.persist_as(d)
@@ -153,7 +153,7 @@ impl Dir {
     /// Remove the temp links for `name` a run killed inside `replace_symlink` left (a link
     /// cannot be locked: only the one writer of `name`, or a caller holding this directory's
     /// `lock`, may).
-    pub fn sweep_temp_links(&self, name: &str) {
+    pub(crate) fn sweep_temp_links(&self, name: &str) {
         self.sweep(Some(name), true);
     }
 
@@ -163,14 +163,14 @@ impl Dir {
         self.sweep(Some(name), false);
     }
 
-    pub fn fsync(&self) -> Result<()> {
+    pub(crate) fn fsync(&self) -> Result<()> {
         rustix::fs::fsync(&self.fd).with_ctx(|| format!("fsync {}", self.shown))
     }
 
     /// Remove the directory `name` directly below this one and everything in it, relative to
     /// directory handles, never following a symlink nor crossing into another mount.
     /// `Ok(false)` when `name` is not a directory (left alone) or is gone already.
-    pub fn remove_dir_tree(&self, name: &str) -> Result<bool> {
+    pub(crate) fn remove_dir_tree(&self, name: &str) -> Result<bool> {
         if name.is_empty() || name == "." || name == ".." || name.contains('/') {
             return Err(Error::failed(format!(
                 "{}: not a plain name to remove",
@@ -196,7 +196,7 @@ impl Dir {
 
     /// Remove the directory `name` below this one if it is empty (anything in it stays, and so
     /// does it), then fsync this one.
-    pub fn remove_empty_dir(&self, name: &str) -> Result<()> {
+    pub(crate) fn remove_empty_dir(&self, name: &str) -> Result<()> {
         match rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR) {
             Ok(()) => self.fsync(),
             Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTEMPTY) => Ok(()),
@@ -205,14 +205,14 @@ impl Dir {
     }
 
     /// Set this directory's permission bits.
-    pub fn chmod(&self, mode: u32) -> Result<()> {
+    pub(crate) fn chmod(&self, mode: u32) -> Result<()> {
         rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(mode)).with_ctx(|| self.shown.clone())
     }
 
     /// The path under which the system we run on reaches `name` here, for programs we start
     /// there; checked to be the very entry this handle sees, so a symlink on the way that leads
     /// elsewhere is refused rather than followed.
-    pub fn host_path(&self, name: &str) -> Result<PathBuf> {
+    pub(crate) fn host_path(&self, name: &str) -> Result<PathBuf> {
         use std::os::unix::fs::MetadataExt;
         let p = PathBuf::from(self.show(name));
         let by_path = std::fs::metadata(&p).with_ctx(|| p.display())?;
@@ -228,7 +228,7 @@ impl Dir {
     }
 
     /// Open the regular file `name` in this directory for reading, never through a symlink.
-    pub fn open(&self, name: &str) -> Result<File> {
+    pub(crate) fn open(&self, name: &str) -> Result<File> {
         let fd = rustix::fs::openat(
             &self.fd,
             name,
@@ -240,7 +240,7 @@ impl Dir {
     }
 
     /// Remove the file `name`; gone already is fine.
-    pub fn remove(&self, name: &str) -> Result<()> {
+    pub(crate) fn remove(&self, name: &str) -> Result<()> {
         match rustix::fs::unlinkat(&self.fd, name, AtFlags::empty()) {
             Ok(()) | Err(rustix::io::Errno::NOENT) => self.fsync(),
             Err(e) => Err(Error::from(e).context(format!("removing {}", self.show(name)))),
@@ -250,7 +250,7 @@ impl Dir {
     /// Create the directory `name` (mode 0700, it must not exist) directly below this one and
     /// open it, for scratch work only we may see (a payload unpacked there). Remove it with
     /// `remove_dir_tree`.
-    pub fn create_private_dir(&self, name: &str) -> Result<File> {
+    pub(crate) fn create_private_dir(&self, name: &str) -> Result<File> {
         if name.is_empty() || name == "." || name == ".." || name.contains('/') {
             return Err(Error::failed(format!(
                 "{}: not a plain name",
@@ -272,7 +272,7 @@ impl Dir {
 
     /// Point the symlink `name` at `target` in one step: a new link under a temp name renamed
     /// over it, then the directory fsynced. A crash leaves the old link or the new one.
-    pub fn replace_symlink(&self, target: &str, name: &str) -> Result<()> {
+    pub(crate) fn replace_symlink(&self, target: &str, name: &str) -> Result<()> {
         let tmp = temp_name(name);
         rustix::fs::symlinkat(target, &self.fd, tmp.as_str())
             .with_ctx(|| format!("creating a link in {}", self.shown))?;
@@ -284,21 +284,21 @@ impl Dir {
     }
 
     /// Rename `from` to `to` in this directory (replacing `to`), then fsync the directory.
-    pub fn rename(&self, from: &str, to: &str) -> Result<()> {
+    pub(crate) fn rename(&self, from: &str, to: &str) -> Result<()> {
         rustix::fs::renameat(&self.fd, from, &self.fd, to)
             .with_ctx(|| format!("renaming {} to {}", self.show(from), self.show(to)))?;
         self.fsync()
     }
 
     /// A second name `to` for the file `name` (a hard link), then fsync the directory.
-    pub fn hard_link(&self, name: &str, to: &str) -> Result<()> {
+    pub(crate) fn hard_link(&self, name: &str, to: &str) -> Result<()> {
         rustix::fs::linkat(&self.fd, name, &self.fd, to, AtFlags::empty())
             .with_ctx(|| format!("linking {} to {}", self.show(to), self.show(name)))?;
         self.fsync()
     }
 
     /// The permission bits of `name` (not following a symlink).
-    pub fn mode_of(&self, name: &str) -> Result<u32> {
+    pub(crate) fn mode_of(&self, name: &str) -> Result<u32> {
         let st = rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW)
             .with_ctx(|| self.show(name))?;
         Ok(st.st_mode & 0o7777)
@@ -306,7 +306,7 @@ impl Dir {
 
     /// Hold this directory's exclusive lock (flock on its handle) until the guard goes, waiting
     /// up to `wait` for another run that holds it: one run at a time changes what is in it.
-    pub fn lock(&self, wait: std::time::Duration) -> Result<DirLock> {
+    pub(crate) fn lock(&self, wait: std::time::Duration) -> Result<DirLock> {
         let fd = rustix::fs::openat(
             &self.fd,
             ".",
@@ -346,7 +346,7 @@ impl Dir {
     /// any name) and, with `links`, temp symlinks of that pattern, which cannot be locked and
     /// so are removed only by a caller holding this directory's `lock`. Best effort: what
     /// cannot be removed is logged and left for the next run.
-    pub fn sweep_leftovers(&self, links: bool) {
+    pub(crate) fn sweep_leftovers(&self, links: bool) {
         self.sweep(None, links);
     }
 
@@ -395,7 +395,7 @@ impl Dir {
 
     /// Open `name` and hold its lock until the handle goes: tells `sweep_leftovers` of another
     /// run that this temp file is in use.
-    pub fn hold(&self, name: &str) -> Result<OwnedFd> {
+    pub(crate) fn hold(&self, name: &str) -> Result<OwnedFd> {
         let fd = rustix::fs::openat(
             &self.fd,
             name,
@@ -409,27 +409,27 @@ impl Dir {
     }
 
     /// What `name` is, without following it.
-    pub fn kind_of(&self, name: &str) -> Option<FileType> {
+    pub(crate) fn kind_of(&self, name: &str) -> Option<FileType> {
         rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW)
             .ok()
             .map(|st| FileType::from_raw_mode(st.st_mode))
     }
 
     /// The target of the symlink `name`, or `None`.
-    pub fn link_target(&self, name: &str) -> Option<String> {
+    pub(crate) fn link_target(&self, name: &str) -> Option<String> {
         let t = rustix::fs::readlinkat(&self.fd, name, Vec::new()).ok()?;
         Some(t.to_string_lossy().into_owned())
     }
 
     /// Bytes an unprivileged writer may still use on this directory's file system.
-    pub fn free_bytes(&self) -> Result<u64> {
+    pub(crate) fn free_bytes(&self) -> Result<u64> {
         let st = rustix::fs::fstatvfs(&self.fd).with_ctx(|| self.shown.clone())?;
         Ok(st.f_bavail.saturating_mul(st.f_frsize))
     }
 
     /// Refuse, with the numbers, a file of `bytes` that would leave less than `SPACE_MARGIN`
     /// free here (a full /var or /opt breaks more than this run).
-    pub fn check_room(&self, name: &str, bytes: u64) -> Result<()> {
+    pub(crate) fn check_room(&self, name: &str, bytes: u64) -> Result<()> {
         let free = self.free_bytes()?;
         if bytes.saturating_add(SPACE_MARGIN) > free {
             return Err(Error::failed(format!(
@@ -443,7 +443,7 @@ impl Dir {
 
     /// Whether this directory's file system is mounted read-only (an extension that ships /opt
     /// turns /opt/extensions read-only).
-    pub fn read_only(&self) -> bool {
+    pub(crate) fn read_only(&self) -> bool {
         rustix::fs::fstatvfs(&self.fd)
             .is_ok_and(|st| st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
     }
@@ -485,7 +485,7 @@ fn remove_tree_at(parent: &impl AsFd, name: &OsStr, dev: u64) -> io::Result<()> 
     Ok(rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)?)
 }
 
-pub struct TempFile<'a> {
+pub(crate) struct TempFile<'a> {
     dir: &'a Dir,
     tmp: String,
     name: String,
@@ -493,18 +493,18 @@ pub struct TempFile<'a> {
 }
 
 impl TempFile<'_> {
-    pub fn file(&mut self) -> &mut File {
+    pub(crate) fn file(&mut self) -> &mut File {
         self.file.as_mut().expect("open until persisted")
     }
 
     /// Bytes written so far.
-    pub fn written(&self) -> Result<u64> {
+    pub(crate) fn written(&self) -> Result<u64> {
         let f = self.file.as_ref().expect("open until persisted");
         Ok(f.metadata().with_ctx(|| self.dir.show(&self.tmp))?.len())
     }
 
     /// The temp file opened again for reading (to check what was written before it is named).
-    pub fn reopen(&self) -> Result<File> {
+    pub(crate) fn reopen(&self) -> Result<File> {
         let fd = rustix::fs::openat(
             &self.dir.fd,
             self.tmp.as_str(),
@@ -516,11 +516,11 @@ impl TempFile<'_> {
     }
 
     /// fsync the data, rename over the final name, fsync the directory.
-    pub fn persist(self) -> Result<()> {
+    pub(crate) fn persist(self) -> Result<()> {
         self.persist_as(Durability::Synced)
     }
 
-    pub fn persist_as(mut self, d: Durability) -> Result<()> {
+    pub(crate) fn persist_as(mut self, d: Durability) -> Result<()> {
         let f = self.file.take().expect("open until persisted");
         if d == Durability::Synced {
             f.sync_all().with_ctx(|| {
@@ -555,7 +555,7 @@ impl TempFile<'_> {
 /// running system's copy of the status record in /run), which a crash takes anyway: no fsync
 /// to wait on, and none to fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Durability {
+pub(crate) enum Durability {
     Synced,
     Volatile,
 }

@@ -11,8 +11,8 @@
 use crate::error::{excerpt, Error, Result};
 
 /// The budget of one file: node files are small, and a bigger one is not what we think it is.
-pub const MAX_BYTES: usize = 64 << 10;
-pub const MAX_VARS: usize = 1024;
+pub(crate) const MAX_BYTES: usize = 64 << 10;
+pub(crate) const MAX_VARS: usize = 1024;
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EnvFile {

@@ -12,9 +12,9 @@ use serde_json::{json, Map, Value};
 
 use crate::error::{Error, Result};
 
-pub const SCHEMA: u32 = 1;
+pub(crate) const SCHEMA: u32 = 1;
 /// The spool, in the running system's run folder.
-pub const SPOOL: &str = "events.jsonl";
+pub(crate) const SPOOL: &str = "events.jsonl";
 /// At most this many events wait anywhere (the sender's queue, the spool): the oldest go first.
 pub const MAX_EVENTS: usize = 256;
 /// One event's bound; a larger one is cut to its envelope.
@@ -22,7 +22,7 @@ pub const MAX_EVENT_BYTES: usize = 16 << 10;
 const SPOOL_CAP: u64 = (MAX_EVENTS * MAX_EVENT_BYTES) as u64;
 
 /// Where a run's events go. `push` must return at once whatever the network does.
-pub trait Sink: Send {
+pub(crate) trait Sink: Send {
     /// One event, a JSON object without its newline, oldest first.
     fn push(&mut self, event: Vec<u8>);
     /// The run ends: deliver within a short bound while the receiver answers, then give back
@@ -32,18 +32,18 @@ pub trait Sink: Send {
 
 /// What became of a run's events, kept in its status record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Delivery {
+pub(crate) struct Delivery {
     /// The receiver, without user information, query or fragment.
-    pub url: String,
+    pub(crate) url: String,
     /// Events the receiver accepted (2xx), those of an earlier run's spool included.
-    pub sent: u64,
+    pub(crate) sent: u64,
     /// Events given up: the queue was full, one waited longer than its bound, or the receiver
     /// refused it (4xx other than 408 and 429).
-    pub dropped: u64,
+    pub(crate) dropped: u64,
     /// Taken from an earlier run's spool at the start (in the initramfs: none).
-    pub from_spool: u64,
+    pub(crate) from_spool: u64,
     /// Left in the spool for the next run of this boot.
-    pub spooled: u64,
+    pub(crate) spooled: u64,
 }
 
 struct Open {
@@ -60,7 +60,7 @@ struct Open {
 static OPEN: Mutex<Option<Open>> = Mutex::new(None);
 
 /// Send this run's events (`command`'s) to `sink`; an earlier run's spool is handed over first.
-pub fn open(command: &str, mut sink: Box<dyn Sink>) {
+pub(crate) fn open(command: &str, mut sink: Box<dyn Sink>) {
     let spooled = take_spool();
     let from_spool = spooled.len() as u64;
     for e in spooled {
@@ -96,13 +96,13 @@ pub fn open(command: &str, mut sink: Box<dyn Sink>) {
 }
 
 /// Whether this run sends events.
-pub fn is_open() -> bool {
+pub(crate) fn is_open() -> bool {
     OPEN.lock().is_ok_and(|g| g.is_some())
 }
 
 /// One event of `kind` with `fields` (a JSON object) under the common envelope. A no-op when
 /// the run sends none.
-pub fn emit(kind: &str, fields: Value) {
+pub(crate) fn emit(kind: &str, fields: Value) {
     let Ok(mut g) = OPEN.lock() else { return };
     let Some(o) = g.as_mut() else { return };
     o.seq += 1;
@@ -142,7 +142,7 @@ pub fn emit(kind: &str, fields: Value) {
 
 /// End the run's events: what the sink could not deliver goes to the spool. `None` when the run
 /// sent none.
-pub fn close() -> Option<Delivery> {
+pub(crate) fn close() -> Option<Delivery> {
     let o = OPEN.lock().ok().and_then(|mut g| g.take())?;
     let (mut d, left) = o.sink.close();
     d.from_spool = o.from_spool;

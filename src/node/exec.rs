@@ -25,14 +25,14 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone)]
 pub(crate) struct Command {
     /// Looked up in `PATH` when it has no `/`.
-    pub program: PathBuf,
-    pub args: Vec<String>,
-    pub cwd: PathBuf,
-    pub env: Env,
+    pub(crate) program: PathBuf,
+    pub(crate) args: Vec<String>,
+    pub(crate) cwd: PathBuf,
+    pub(crate) env: Env,
     /// For the whole run, from start to the end of its output.
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// After the timeout the group gets SIGTERM, then SIGKILL this much later.
-    pub grace: Duration,
+    pub(crate) grace: Duration,
 }
 
 /// The environment a program gets. Values are never logged.
@@ -109,11 +109,11 @@ impl std::fmt::Display for Exit {
 /// What `capture` keeps of a run.
 #[derive(Debug)]
 pub(crate) struct Captured {
-    pub exit: Exit,
+    pub(crate) exit: Exit,
     /// Stdout, at most the cap given.
-    pub stdout: Vec<u8>,
+    pub(crate) stdout: Vec<u8>,
     /// The last `TAIL` bytes of stderr, then of stdout: for messages.
-    pub tail: String,
+    pub(crate) tail: String,
 }
 
 /// How much of each stream `capture` keeps for messages (its end).

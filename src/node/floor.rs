@@ -29,12 +29,12 @@ impl Version {
     }
 
     /// `(major, minor)`; a lone major has minor 0.
-    pub fn minor(&self) -> (u64, u64) {
+    pub(crate) fn minor(&self) -> (u64, u64) {
         (self.0[0], self.0.get(1).copied().unwrap_or(0))
     }
 
     /// Whether `self` is `prefix` or in its stream (`1.7.24` is in `1.7`).
-    pub fn within(&self, prefix: &Version) -> bool {
+    pub(crate) fn within(&self, prefix: &Version) -> bool {
         self.0.starts_with(&prefix.0)
     }
 }
@@ -50,12 +50,12 @@ impl std::fmt::Display for Version {
 pub struct Floor {
     pub name: String,
     /// As the component's name spells it (`v1.37.2`, `1.7.24`, `17.03`).
-    pub version: String,
+    pub(crate) version: String,
     /// RFC 3339, when it was staged.
-    pub at: String,
+    pub(crate) at: String,
     /// `raised` by a run that staged it, `lowered` by an explicit downgrade, or `back` to the
     /// known-good version when the boot check refused the image that raised it.
-    pub how: String,
+    pub(crate) how: String,
 }
 
 /// The floors of one payload, one per component.
@@ -101,7 +101,7 @@ impl Floors {
 
     /// The boot check refused `name` at `version`: a version that did not run as named holds
     /// no floor; it goes back to `known` (the known-good version), or away without one.
-    pub fn back(&mut self, name: &str, version: &str, known: Option<&str>, at: &str) {
+    pub(crate) fn back(&mut self, name: &str, version: &str, known: Option<&str>, at: &str) {
         let Some(i) = self
             .0
             .iter()
@@ -126,7 +126,7 @@ impl Floors {
 }
 
 /// The version `--allow-downgrade` names for `name`, if it names one.
-pub fn allowed(downgrades: &[(String, String)], name: &str) -> Option<Version> {
+pub(crate) fn allowed(downgrades: &[(String, String)], name: &str) -> Option<Version> {
     downgrades
         .iter()
         .find(|(n, _)| n == name)

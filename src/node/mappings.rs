@@ -11,7 +11,7 @@ type Ordered<T> = Vec<(String, T)>;
 pub struct Mappings {
     /// versions[have][minor][want] = [preferred...], in file order.
     versions: Ordered<Ordered<Ordered<Vec<String>>>>,
-    pub source: String,
+    pub(crate) source: String,
 }
 
 impl Mappings {
@@ -89,7 +89,7 @@ impl Mappings {
 impl Mappings {
     /// Every runtime and its preferred versions for Kubernetes `k8s_version`'s minor, in file
     /// order; `None` when the minor (or the `k8s` table) has no entry.
-    pub fn runtimes_for(&self, k8s_version: &str) -> Option<&[(String, Vec<String>)]> {
+    pub(crate) fn runtimes_for(&self, k8s_version: &str) -> Option<&[(String, Vec<String>)]> {
         let minor = minor_of(k8s_version)?;
         let (_, minors) = self.versions.iter().find(|(h, _)| h == "k8s")?;
         minors
@@ -99,7 +99,7 @@ impl Mappings {
     }
 
     /// The Kubernetes minors the file maps, in file order (for messages).
-    pub fn minors(&self) -> Vec<&str> {
+    pub(crate) fn minors(&self) -> Vec<&str> {
         self.versions
             .iter()
             .filter(|(h, _)| h == "k8s")
@@ -112,7 +112,7 @@ impl Mappings {
 /// optional pre-release and build parts.
 /// `1.9` of a full version (`major_minor`) or of a minor alone (`v1.9`, as `--force-kube-version`
 /// takes it).
-pub fn minor_of(v: &str) -> Option<String> {
+pub(crate) fn minor_of(v: &str) -> Option<String> {
     major_minor(v).or_else(|| {
         let (a, b) = v.strip_prefix('v').unwrap_or(v).split_once('.')?;
         let num = |s: &str| {
@@ -125,7 +125,7 @@ pub fn minor_of(v: &str) -> Option<String> {
 }
 
 /// Whether `v` names a minor only (`v1.31`), not a patch.
-pub fn is_minor_only(v: &str) -> bool {
+pub(crate) fn is_minor_only(v: &str) -> bool {
     major_minor(v).is_none() && minor_of(v).is_some()
 }
 

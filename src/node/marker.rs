@@ -18,10 +18,10 @@ pub(crate) enum Template {
 
 /// What to write: `path` from `template`, with `set` applied.
 pub(crate) struct Plan<'a> {
-    pub path: &'a str,
-    pub template: &'a str,
-    pub need: Template,
-    pub set: &'a [(&'a str, &'a str)],
+    pub(crate) path: &'a str,
+    pub(crate) template: &'a str,
+    pub(crate) need: Template,
+    pub(crate) set: &'a [(&'a str, &'a str)],
 }
 
 /// Write the marker (not in a dry run, which prints it as a plan, nor with an empty path).

@@ -62,13 +62,13 @@ const FAMILIES: &[(&str, &str)] = &[
 
 /// What a run ended with, for its file.
 pub(crate) struct Ended<'a> {
-    pub command: &'a str,
-    pub started: std::time::SystemTime,
-    pub exit_code: i32,
+    pub(crate) command: &'a str,
+    pub(crate) started: std::time::SystemTime,
+    pub(crate) exit_code: i32,
     /// (name, version) of what it chose.
-    pub chosen: Vec<(String, String)>,
+    pub(crate) chosen: Vec<(String, String)>,
     /// The boot check's verdict, for `verify`.
-    pub verified: Option<bool>,
+    pub(crate) verified: Option<bool>,
 }
 
 /// The file's text.

@@ -17,7 +17,7 @@ use crate::error::{Context, Error, Result};
 use crate::node::dir::Dir;
 
 /// A size cap for configuration files read whole into memory.
-pub const CONFIG_CAP: u64 = 4 << 20;
+pub(crate) const CONFIG_CAP: u64 = 4 << 20;
 
 /// A directory handle: readable, not O_PATH, since it is listed and fsynced.
 const DIR_FLAGS: OFlags = OFlags::RDONLY.union(OFlags::DIRECTORY);
@@ -29,7 +29,7 @@ pub struct Root {
 }
 
 impl Root {
-    pub fn open(path: &Path) -> Result<Root> {
+    pub(crate) fn open(path: &Path) -> Result<Root> {
         let fd = rustix::fs::open(
             path,
             OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -46,12 +46,12 @@ impl Root {
 
     /// True when the root is the system we run on, the only case where we may talk to its
     /// systemd or reboot it.
-    pub fn is_host(&self) -> bool {
+    pub(crate) fn is_host(&self) -> bool {
         self.host
     }
 
     /// How a node path is named in messages: `/sysroot/etc/kubernetes/kubelet.env`.
-    pub fn show(&self, node_path: &str) -> String {
+    pub(crate) fn show(&self, node_path: &str) -> String {
         if self.host {
             node_path.to_string()
         } else {
@@ -79,7 +79,7 @@ impl Root {
     }
 
     /// The modification time of a regular file; `None` when it cannot be read.
-    pub fn modified(&self, node_path: &str) -> Option<std::time::SystemTime> {
+    pub(crate) fn modified(&self, node_path: &str) -> Option<std::time::SystemTime> {
         self.open_file(node_path)
             .ok()??
             .metadata()
@@ -89,7 +89,7 @@ impl Root {
     }
 
     /// Open a regular file for reading; `None` when it does not exist.
-    pub fn open_file(&self, node_path: &str) -> Result<Option<File>> {
+    pub(crate) fn open_file(&self, node_path: &str) -> Result<Option<File>> {
         match self.resolve(node_path, OFlags::RDONLY, Mode::empty()) {
             Ok(fd) => {
                 let f = File::from(fd);
@@ -105,7 +105,7 @@ impl Root {
     }
 
     /// Read a whole file of at most `cap` bytes; `None` when it does not exist.
-    pub fn read(&self, node_path: &str, cap: u64) -> Result<Option<Vec<u8>>> {
+    pub(crate) fn read(&self, node_path: &str, cap: u64) -> Result<Option<Vec<u8>>> {
         let Some(f) = self.open_file(node_path)? else {
             return Ok(None);
         };
@@ -115,7 +115,7 @@ impl Root {
     }
 
     /// Like `read` but the file must be UTF-8 text.
-    pub fn read_text(&self, node_path: &str) -> Result<Option<String>> {
+    pub(crate) fn read_text(&self, node_path: &str) -> Result<Option<String>> {
         match self.read(node_path, CONFIG_CAP)? {
             None => Ok(None),
             Some(b) => String::from_utf8(b)
@@ -125,7 +125,7 @@ impl Root {
     }
 
     /// Remove a file (not a directory); a missing file is fine.
-    pub fn remove(&self, node_path: &str) -> Result<()> {
+    pub(crate) fn remove(&self, node_path: &str) -> Result<()> {
         let (dir, name) = split_node_path(node_path)
             .ok_or_else(|| Error::config(format!("{node_path}: not a file path")))?;
         match self.dir(dir)? {
@@ -135,7 +135,7 @@ impl Root {
     }
 
     /// The target of a symlink, or `None` when `node_path` is missing or not a symlink.
-    pub fn read_link(&self, node_path: &str) -> Option<String> {
+    pub(crate) fn read_link(&self, node_path: &str) -> Option<String> {
         let (dir, name) = split_node_path(node_path)?;
         let d = self
             .resolve(dir, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())
@@ -144,12 +144,12 @@ impl Root {
         Some(t.to_string_lossy().into_owned())
     }
 
-    pub fn exists(&self, node_path: &str) -> bool {
+    pub(crate) fn exists(&self, node_path: &str) -> bool {
         self.resolve(node_path, OFlags::PATH, Mode::empty()).is_ok()
     }
 
     /// Open a directory; `None` when it does not exist.
-    pub fn dir(&self, node_path: &str) -> Result<Option<Dir>> {
+    pub(crate) fn dir(&self, node_path: &str) -> Result<Option<Dir>> {
         match self.resolve(node_path, DIR_FLAGS, Mode::empty()) {
             Ok(fd) => Ok(Some(self.wrap_dir(fd, node_path))),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -158,7 +158,7 @@ impl Root {
     }
 
     /// Open a directory, creating it and its parents (mode 0755) first when it does not exist.
-    pub fn make_dir(&self, node_path: &str) -> Result<Dir> {
+    pub(crate) fn make_dir(&self, node_path: &str) -> Result<Dir> {
         if let Some(d) = self.dir(node_path)? {
             return Ok(d);
         }
@@ -202,7 +202,7 @@ impl Root {
     }
 
     /// Split a node path into its directory (created if needed) and file name, for writing.
-    pub fn parent_of(&self, node_path: &str) -> Result<(Dir, String)> {
+    pub(crate) fn parent_of(&self, node_path: &str) -> Result<(Dir, String)> {
         let (dir, name) = split_node_path(node_path)
             .ok_or_else(|| Error::config(format!("{node_path}: not a file path")))?;
         let d = self.make_dir(dir)?;
@@ -210,7 +210,7 @@ impl Root {
     }
 
     /// Atomically replace `node_path` with `data`.
-    pub fn write_atomic(&self, node_path: &str, data: &[u8], mode: u32) -> Result<()> {
+    pub(crate) fn write_atomic(&self, node_path: &str, data: &[u8], mode: u32) -> Result<()> {
         let (dir, name) = self.parent_of(node_path)?;
         dir.write_atomic(&name, data, mode)
     }
@@ -225,7 +225,7 @@ pub(crate) fn split_node_path(p: &str) -> Option<(&str, &str)> {
     Some((if dir.is_empty() { "/" } else { dir }, name))
 }
 
-pub fn read_capped(f: impl Read, cap: u64) -> io::Result<Vec<u8>> {
+pub(crate) fn read_capped(f: impl Read, cap: u64) -> io::Result<Vec<u8>> {
     let mut buf = Vec::new();
     f.take(cap + 1).read_to_end(&mut buf)?;
     if buf.len() as u64 > cap {
@@ -237,7 +237,7 @@ pub fn read_capped(f: impl Read, cap: u64) -> io::Result<Vec<u8>> {
 }
 
 /// Open a file given on the command line (not a node path): keyring, CA file.
-pub fn read_host_file(path: &Path, cap: u64, what: &str) -> Result<Vec<u8>> {
+pub(crate) fn read_host_file(path: &Path, cap: u64, what: &str) -> Result<Vec<u8>> {
     let f = rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
         .map_err(|e| Error::config(format!("{what} {}: {}", path.display(), io::Error::from(e))))?;
     read_capped(File::from(f), cap)

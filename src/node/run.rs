@@ -11,7 +11,7 @@ use crate::node::root::Root;
 
 /// `2026-11-25T01:40:00Z`: UTC, whole seconds (civil date from days since 1970, H. Hinnant);
 /// the status record's times and reprovision's progress events.
-pub fn rfc3339(t: SystemTime) -> String {
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
     let z = days + 719_468;

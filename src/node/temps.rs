@@ -40,7 +40,7 @@ pub const FOLDERS: &[&str] = &[
 /// Sweeps the temp files killed runs left in every folder of `FOLDERS` under `root` (never a
 /// read-only one: a merged /opt, a vendor's /usr). Best effort: a folder that cannot be read is
 /// logged and left for the next run.
-pub fn sweep(root: &Root) {
+pub(crate) fn sweep(root: &Root) {
     for f in FOLDERS {
         match f.strip_suffix("/*") {
             Some(parent) => each_inside(root, parent),

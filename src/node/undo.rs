@@ -50,7 +50,7 @@ enum Step {
 
 type Action<'r> = Box<dyn FnOnce() -> Result<()> + 'r>;
 
-pub struct Undo<'r> {
+pub(crate) struct Undo<'r> {
     root: &'r Root,
     steps: Vec<Step>,
     then: Vec<(&'static str, Action<'r>)>,
@@ -60,7 +60,7 @@ pub struct Undo<'r> {
 }
 
 impl<'r> Undo<'r> {
-    pub fn new(root: &'r Root) -> Undo<'r> {
+    pub(crate) fn new(root: &'r Root) -> Undo<'r> {
         Undo {
             root,
             steps: Vec::new(),
@@ -70,12 +70,12 @@ impl<'r> Undo<'r> {
     }
 
     /// Keep `lock` until the run is put back or committed.
-    pub fn keep_locked(&mut self, lock: DirLock) {
+    pub(crate) fn keep_locked(&mut self, lock: DirLock) {
         self.locks.push(lock);
     }
 
     /// Create `dir` and its missing parents, each recorded; the directory.
-    pub fn make_dir(&mut self, dir: &str) -> Result<Dir> {
+    pub(crate) fn make_dir(&mut self, dir: &str) -> Result<Dir> {
         let mut prefix = String::new();
         for comp in dir.split('/').filter(|c| !c.is_empty() && *c != ".") {
             prefix.push('/');
@@ -88,12 +88,12 @@ impl<'r> Undo<'r> {
     }
 
     /// Replace `path` with `data`, atomically.
-    pub fn write(&mut self, path: &str, data: &[u8], mode: u32) -> Result<()> {
+    pub(crate) fn write(&mut self, path: &str, data: &[u8], mode: u32) -> Result<()> {
         self.write_noted(path, data, mode, None)
     }
 
     /// `write`, with a note the error carries when the write is taken back.
-    pub fn write_noted(
+    pub(crate) fn write_noted(
         &mut self,
         path: &str,
         data: &[u8],
@@ -112,7 +112,7 @@ impl<'r> Undo<'r> {
     }
 
     /// Point the symlink `path` at `target` in one step; `false` when it already does.
-    pub fn link(&mut self, path: &str, target: &str) -> Result<bool> {
+    pub(crate) fn link(&mut self, path: &str, target: &str) -> Result<bool> {
         let (dir, name) = split(path)?;
         let d = self.make_dir(dir)?;
         // What a run killed while switching this link left, even when it needs no switch now.
@@ -131,7 +131,7 @@ impl<'r> Undo<'r> {
     }
 
     /// Remove the small file or link `path`.
-    pub fn remove(&mut self, path: &str) -> Result<()> {
+    pub(crate) fn remove(&mut self, path: &str) -> Result<()> {
         let prior = self.prior(path)?;
         if prior == Prior::Absent {
             return Ok(());
@@ -149,7 +149,7 @@ impl<'r> Undo<'r> {
     /// under a second, hidden name until the run ends (a hard link: the caller's rename
     /// replaces it in one step, so the name never goes missing, even if the run is killed) and
     /// comes back on undo.
-    pub fn creating(&mut self, d: &Dir, name: &str) -> Result<()> {
+    pub(crate) fn creating(&mut self, d: &Dir, name: &str) -> Result<()> {
         let path = d.node_path(name);
         match d.kind_of(name) {
             None => {}
@@ -189,7 +189,7 @@ impl<'r> Undo<'r> {
 
     /// Rename the regular file `path` out of the way (a hidden temp name in its directory,
     /// which nothing reads); deleted by `commit`, renamed back by undo.
-    pub fn set_aside(&mut self, path: &str) -> Result<()> {
+    pub(crate) fn set_aside(&mut self, path: &str) -> Result<()> {
         let (dir, name) = split(path)?;
         let d = self
             .root
@@ -218,12 +218,16 @@ impl<'r> Undo<'r> {
     }
 
     /// Run `action` after everything else is put back (in the order registered).
-    pub fn then_on_undo(&mut self, what: &'static str, action: impl FnOnce() -> Result<()> + 'r) {
+    pub(crate) fn then_on_undo(
+        &mut self,
+        what: &'static str,
+        action: impl FnOnce() -> Result<()> + 'r,
+    ) {
         self.then.push((what, Box::new(action)));
     }
 
     /// Put the node back; the error says what was put back and what could not be.
-    pub fn undo(self, e: Error) -> Error {
+    pub(crate) fn undo(self, e: Error) -> Error {
         let mut played = Playback {
             root: self.root,
             back: Vec::new(),
@@ -243,7 +247,7 @@ impl<'r> Undo<'r> {
 
     /// The run succeeded: delete the files set aside. Nothing reads them, so a deletion that
     /// fails is logged, and the file is swept by a later run.
-    pub fn commit(self) {
+    pub(crate) fn commit(self) {
         for step in self.steps {
             if let Step::Aside { aside, _held, .. } = step {
                 drop(_held);

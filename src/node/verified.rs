@@ -41,7 +41,7 @@ impl Expect<'_> {
 }
 
 /// Why a verified copy failed, which decides what its caller does next.
-pub enum Staging {
+pub(crate) enum Staging {
     /// Reading the source failed (for a download: worth another attempt).
     Read(io::Error),
     /// Creating, writing or persisting the file failed.
@@ -52,15 +52,15 @@ pub enum Staging {
 }
 
 /// What a verified copy wrote.
-pub struct Written {
-    pub bytes: u64,
+pub(crate) struct Written {
+    pub(crate) bytes: u64,
     /// The digest of those bytes, lower-case hex, in the expectation's algorithm.
-    pub hex: String,
+    pub(crate) hex: String,
 }
 
 /// Where a downloaded body goes, attempt after attempt. A sink that keeps what a broken
 /// attempt delivered (`kept`) has the next attempt ask for only the rest (HTTP `Range`).
-pub trait BodySink<T> {
+pub(crate) trait BodySink<T> {
     /// Bytes kept from earlier attempts.
     fn kept(&self) -> u64 {
         0

@@ -23,12 +23,12 @@ const MAX_SIG_JSON: u64 = 64 << 10;
 pub struct Part {
     pub offset: u64,
     pub len: u64,
-    pub uuid: [u8; 16],
+    pub(crate) uuid: [u8; 16],
 }
 
 /// Which file system the DDI carries.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Designator {
+pub(crate) enum Designator {
     Root,
     Usr,
 }
@@ -36,7 +36,7 @@ pub enum Designator {
 /// A DDI's layout for the node's architecture.
 #[derive(Debug)]
 pub struct Ddi {
-    pub designator: Designator,
+    pub(crate) designator: Designator,
     pub data: Part,
     pub verity: Part,
     pub sig: Part,
@@ -45,8 +45,8 @@ pub struct Ddi {
 /// A DDI proven: the certificate that signed its root hash, and the root hash.
 #[derive(Debug)]
 pub struct Proven {
-    pub signer: usize,
-    pub root_hash: String,
+    pub(crate) signer: usize,
+    pub(crate) root_hash: String,
 }
 
 #[derive(Deserialize)]
@@ -299,11 +299,11 @@ pub fn prove(file: &File, d: &Ddi, certs: &[Cert]) -> Result<Proven, String> {
 /// The first systemd that sets up dm-verity for a sysext whose data partition is /usr: 257 looks
 /// only for a root partition's signature, mounts the /usr file system straight from its loop
 /// partition and still counts it as signed (upstream 923eabf085a0, in 258).
-pub const MIN_USR_VERITY_SYSTEMD: u32 = 258;
+pub(crate) const MIN_USR_VERITY_SYSTEMD: u32 = 258;
 
 /// Why the node's systemd (`systemd`, its version) would merge a DDI of `designator`
 /// unverified, if it would: a /usr partition before systemd 258 (an unknown one counts as such).
-pub fn unverified(designator: Designator, systemd: Option<u32>) -> Option<String> {
+pub(crate) fn unverified(designator: Designator, systemd: Option<u32>) -> Option<String> {
     let old = systemd.is_none_or(|v| v < MIN_USR_VERITY_SYSTEMD);
     (designator == Designator::Usr && old).then(|| {
         format!(
@@ -316,7 +316,7 @@ pub fn unverified(designator: Designator, systemd: Option<u32>) -> Option<String
 /// The whole judgement of a file as the strict policy's merge will make it: a signed DDI of
 /// one of `certs` (its index), or why not (a plain image, a layout, a /usr partition the node's
 /// systemd would not verify, a signature).
-pub fn judge(
+pub(crate) fn judge(
     file: &File,
     arch: &str,
     certs: &[Cert],

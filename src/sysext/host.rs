@@ -9,13 +9,13 @@ const OS_RELEASE: [&str; 2] = ["/etc/os-release", "/usr/lib/os-release"];
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Host {
-    pub id: String,
-    pub version_id: Option<String>,
-    pub sysext_level: Option<String>,
+    pub(crate) id: String,
+    pub(crate) version_id: Option<String>,
+    pub(crate) sysext_level: Option<String>,
     /// systemd's `ConditionArchitecture=` spelling, which the bakery uses in file names.
-    pub arch: &'static str,
+    pub(crate) arch: &'static str,
     /// The file it was read from, for log lines.
-    pub source: String,
+    pub(crate) source: String,
 }
 
 impl Host {

@@ -26,8 +26,8 @@ const CAP: u64 = 16 << 20;
 
 /// A newer release to install over the installed copy.
 pub(crate) struct Update {
-    pub img: Image,
-    pub dir_url: String,
+    pub(crate) img: Image,
+    pub(crate) dir_url: String,
     installed: Version,
 }
 

@@ -14,49 +14,49 @@ use crate::node::state_file::StateFile;
 use crate::node::status::Chosen;
 use crate::sysext::sums::Date;
 
-pub const PATH: &str = "/var/lib/nodestrap/known-good.json";
+pub(crate) const PATH: &str = "/var/lib/nodestrap/known-good.json";
 /// Refusals kept, newest last: a node refuses a handful of images in its life.
 const MAX_REFUSED: usize = 32;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct KnownGood {
-    pub schema: u32,
+    pub(crate) schema: u32,
     /// The last set found running as chosen; empty before the first verified boot.
-    pub set: Vec<Chosen>,
+    pub(crate) set: Vec<Chosen>,
     /// RFC 3339, when `set` was verified.
-    pub verified: Option<String>,
+    pub(crate) verified: Option<String>,
     pub refused: Vec<Refused>,
     /// The boot in which a check last returned the node to `set`: once per boot, whatever
     /// bootstraps ran since.
     #[serde(default)]
-    pub returned_boot: Option<String>,
+    pub(crate) returned_boot: Option<String>,
     /// Per extension, the highest version staged: never a lower one again, unless a setting
     /// names it (docs/bootstrap.md, "Versions only go forward").
     #[serde(default)]
     pub floor: Floors,
     /// Per signed list (its URL), the newest BEST-BEFORE date accepted.
     #[serde(default)]
-    pub lists: Vec<ListSeen>,
+    pub(crate) lists: Vec<ListSeen>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ListSeen {
-    pub url: String,
+pub(crate) struct ListSeen {
+    pub(crate) url: String,
     /// `YYYY-MM-DD`.
-    pub best_before: String,
+    pub(crate) best_before: String,
     /// RFC 3339, when a run accepted it.
-    pub at: String,
+    pub(crate) at: String,
 }
 
 /// An image that failed the boot check: never staged again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Refused {
     pub name: String,
-    pub version: String,
+    pub(crate) version: String,
     pub digest: String,
-    pub why: String,
+    pub(crate) why: String,
     /// RFC 3339.
-    pub at: String,
+    pub(crate) at: String,
 }
 
 impl StateFile for KnownGood {
@@ -86,7 +86,7 @@ impl KnownGood {
             .find(|r| r.name == name && r.digest == digest)
     }
 
-    pub fn refuse(&mut self, r: Refused) {
+    pub(crate) fn refuse(&mut self, r: Refused) {
         if self.refusal(&r.name, &r.digest).is_some() {
             return;
         }
@@ -97,13 +97,13 @@ impl KnownGood {
     }
 
     /// The newest BEST-BEFORE date accepted for `url`.
-    pub fn list_seen(&self, url: &str) -> Option<(Date, &ListSeen)> {
+    pub(crate) fn list_seen(&self, url: &str) -> Option<(Date, &ListSeen)> {
         let l = self.lists.iter().find(|l| l.url == url)?;
         Some((Date::parse(&l.best_before)?, l))
     }
 
     /// `url`'s list with `best_before` accepted: remembered when newer than the last.
-    pub fn saw_list(&mut self, url: &str, best_before: Date, at: &str) {
+    pub(crate) fn saw_list(&mut self, url: &str, best_before: Date, at: &str) {
         if self.list_seen(url).is_some_and(|(d, _)| d >= best_before) {
             return;
         }
@@ -124,7 +124,7 @@ impl KnownGood {
     }
 
     /// The known-good image of extension `name`, if there is one.
-    pub fn image_of(&self, name: &str) -> Option<&Chosen> {
+    pub(crate) fn image_of(&self, name: &str) -> Option<&Chosen> {
         self.set.iter().find(|c| c.name == name)
     }
 }

@@ -19,18 +19,18 @@ const SIGNATURE_CAP: u64 = 64 << 10;
 
 /// The signed lists of the source, read once each.
 pub(crate) struct Lists<'a> {
-    pub source: &'a Source<'a>,
-    pub url: &'a SysextUrl,
-    pub keyring: Option<&'a Keyring>,
-    pub arch: &'a str,
-    pub known: &'a KnownGood,
+    pub(crate) source: &'a Source<'a>,
+    pub(crate) url: &'a SysextUrl,
+    pub(crate) keyring: Option<&'a Keyring>,
+    pub(crate) arch: &'a str,
+    pub(crate) known: &'a KnownGood,
     /// `--allow-downgrade`: exact versions let through the floor.
-    pub downgrades: &'a [(String, String)],
+    pub(crate) downgrades: &'a [(String, String)],
     /// Lists already read, by directory: a flat source (one folder and one SHA256SUMS for every
     /// extension, as sysext-bakery publishes) is fetched and verified once.
-    pub read: std::cell::RefCell<Vec<(String, Sums)>>,
+    pub(crate) read: std::cell::RefCell<Vec<(String, Sums)>>,
     /// The newest BEST-BEFORE of each list read, remembered once the run succeeds.
-    pub seen: std::cell::RefCell<Vec<(String, Date)>>,
+    pub(crate) seen: std::cell::RefCell<Vec<(String, Date)>>,
 }
 
 impl Lists<'_> {

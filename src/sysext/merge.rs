@@ -15,10 +15,10 @@ const OUTPUT_CAP: usize = 1 << 20;
 
 /// An extension expected in the merged /usr after a refresh.
 pub(crate) struct Expect<'a> {
-    pub name: &'a str,
+    pub(crate) name: &'a str,
     /// The version as its image's file name spells it (`v1.32.4`, `1.7.24`).
-    pub label: String,
-    pub version: String,
+    pub(crate) label: String,
+    pub(crate) version: String,
 }
 
 /// `systemd-sysext refresh` (under `policy`, the one the boot's merge uses, when nodestrap set

@@ -13,9 +13,9 @@ use crate::node::status::{Chosen, Record, State};
 /// Where the check reports: the kubelet's kubeconfig (a node path) and the Node's name; none
 /// when the API server is not asked.
 pub(crate) struct To<'a> {
-    pub root: &'a Root,
-    pub kubeconfig: &'a str,
-    pub node: &'a str,
+    pub(crate) root: &'a Root,
+    pub(crate) kubeconfig: &'a str,
+    pub(crate) node: &'a str,
 }
 
 /// How the check ended, for the condition and its events.

@@ -8,7 +8,7 @@ use crate::error::{excerpt, Error, Result};
 pub use crate::node::floor::Version;
 
 /// The budget of one list: the bakery's per-extension list holds a few hundred lines.
-pub const MAX_BYTES: u64 = 1 << 20;
+pub(crate) const MAX_BYTES: u64 = 1 << 20;
 pub const MAX_LINES: usize = 20_000;
 const BEST_BEFORE: &str = "BEST-BEFORE-";
 
@@ -21,14 +21,14 @@ pub struct Entry {
 /// A calendar date from a `BEST-BEFORE-` marker, valid from 00:00 UTC of that day.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Date {
-    pub y: u32,
-    pub m: u32,
-    pub d: u32,
+    pub(crate) y: u32,
+    pub(crate) m: u32,
+    pub(crate) d: u32,
 }
 
 impl Date {
     /// Only the normalised spelling (`2026-01-05`) of a real date, as sysupdate takes it.
-    pub fn parse(s: &str) -> Option<Date> {
+    pub(crate) fn parse(s: &str) -> Option<Date> {
         let b = s.as_bytes();
         if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
             return None;
@@ -161,7 +161,7 @@ impl Sums {
 
     /// The release executables of `name` (nodestrap's own) for `arch`, named
     /// `<name>-v<version>-<arch>`, as `deploy/sign-sysext-source` lists them.
-    pub fn executables(&self, name: &str, arch: &str) -> Vec<Image> {
+    pub(crate) fn executables(&self, name: &str, arch: &str) -> Vec<Image> {
         self.named(name, arch, "")
     }
 
@@ -196,13 +196,13 @@ impl Sums {
 /// One image a list offers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Image {
-    pub name: String,
+    pub(crate) name: String,
     pub version: Version,
     /// Whether the file name spells the version with a `v` (`kubernetes-v1.32.4-…`).
-    pub v_prefix: bool,
-    pub arch: String,
+    pub(crate) v_prefix: bool,
+    pub(crate) arch: String,
     pub file: String,
-    pub digest: Digest,
+    pub(crate) digest: Digest,
 }
 
 impl Image {

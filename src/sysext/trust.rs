@@ -55,11 +55,11 @@ pub(crate) use crate::cli::SysextTrust as Mode;
 
 /// The run's trust: the mode and the certificates (with where they came from).
 pub(crate) struct Trust {
-    pub mode: Mode,
-    pub certs: Vec<Cert>,
-    pub from: String,
+    pub(crate) mode: Mode,
+    pub(crate) certs: Vec<Cert>,
+    pub(crate) from: String,
     /// The node's systemd, which merges what is staged (`systemd_version`).
-    pub systemd: Option<u32>,
+    pub(crate) systemd: Option<u32>,
 }
 
 impl Trust {

@@ -403,7 +403,7 @@ fn os_update(a: &Bootstrap, root: &Root) -> Result<Update> {
     Ok(u)
 }
 
-pub fn reboot_reasons(
+pub(crate) fn reboot_reasons(
     update: &Update,
     applied: Option<&Option<String>>,
     chosen: Option<&str>,
@@ -428,7 +428,7 @@ pub fn reboot_reasons(
 /// Whether the runtime torcx applied in this boot is not the one now staged, so docker's data
 /// dir (which cannot be downgraded) must be wiped at the shutdown before the reboot. In the
 /// initramfs torcx has not run (`applied` is `None`): nothing to wipe.
-pub fn runtime_changes(applied: Option<&Option<String>>, chosen: Option<&str>) -> bool {
+pub(crate) fn runtime_changes(applied: Option<&Option<String>>, chosen: Option<&str>) -> bool {
     matches!((applied, chosen), (Some(a), Some(c)) if a.as_deref() != Some(c))
 }
 

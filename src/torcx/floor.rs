@@ -8,11 +8,11 @@ use serde::{Deserialize, Serialize};
 use crate::node::floor::Floors;
 use crate::node::state_file::StateFile;
 
-pub const PATH: &str = "/var/lib/nodestrap/torcx-floor.json";
+pub(crate) const PATH: &str = "/var/lib/nodestrap/torcx-floor.json";
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TorcxFloor {
-    pub schema: u32,
+    pub(crate) schema: u32,
     pub floor: Floors,
 }
 

@@ -16,7 +16,7 @@ use serde::de::{MapAccess, Visitor};
 use crate::error::{Error, Result};
 use crate::node::root::{Root, CONFIG_CAP};
 
-pub const DEFAULT_CONFIG: &str = "/etc/torcx/config.json";
+pub(crate) const DEFAULT_CONFIG: &str = "/etc/torcx/config.json";
 const CONFIG_KIND: &str = "torcx-config-v0";
 /// The running OS's own store, searched first.
 pub const VENDOR_STORE: &str = "/usr/share/torcx/store";
@@ -24,14 +24,14 @@ const OEM_STORE: &str = "/usr/share/oem/torcx/store";
 
 /// torcx's paths on this node.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Layout {
-    pub base_dir: String,
-    pub conf_dir: String,
-    pub run_dir: String,
+pub(crate) struct Layout {
+    pub(crate) base_dir: String,
+    pub(crate) conf_dir: String,
+    pub(crate) run_dir: String,
     /// `store_paths` of the configuration, searched after the OEM stores.
-    pub store_paths: Vec<String>,
+    pub(crate) store_paths: Vec<String>,
     /// Where this came from, for log lines: the file, or "torcx's defaults".
-    pub source: String,
+    pub(crate) source: String,
 }
 
 impl Default for Layout {
@@ -48,7 +48,7 @@ impl Default for Layout {
 
 impl Layout {
     /// The node's layout: the kernel command line's `torcx_config=` or the default file.
-    pub fn read(root: &Root) -> Result<Layout> {
+    pub(crate) fn read(root: &Root) -> Result<Layout> {
         let cmdline = crate::node::cmdline::read()?;
         let (path, why) = match crate::node::cmdline::first_value(&cmdline, "torcx_config") {
             Some(p) => (p.to_string(), "torcx_config= on the kernel command line"),
@@ -73,7 +73,7 @@ impl Layout {
     }
 
     /// A configuration file's content, as torcx decodes and checks it.
-    pub fn parse(data: &[u8], name: &str) -> Result<Layout> {
+    pub(crate) fn parse(data: &[u8], name: &str) -> Result<Layout> {
         let refuse = |why: String| {
             Error::failed(format!(
                 "{name}: torcx would not start with this configuration ({why}), so it would \
@@ -140,32 +140,32 @@ impl Layout {
     }
 
     /// `<base_dir>/store/<os>`: where nodestrap stages for OS `os`.
-    pub fn user_store(&self, os: &str) -> String {
+    pub(crate) fn user_store(&self, os: &str) -> String {
         clean(&format!("{}/store/{os}", self.base_dir))
     }
 
     /// `<base_dir>/store`: the user stores' parent, whose versioned stores the hook collects.
-    pub fn store_root(&self) -> String {
+    pub(crate) fn store_root(&self) -> String {
         clean(&format!("{}/store", self.base_dir))
     }
 
-    pub fn profiles_dir(&self) -> String {
+    pub(crate) fn profiles_dir(&self) -> String {
         clean(&format!("{}/profiles", self.conf_dir))
     }
 
-    pub fn next_profile(&self) -> String {
+    pub(crate) fn next_profile(&self) -> String {
         clean(&format!("{}/next-profile", self.conf_dir))
     }
 
     /// The profile torcx applied in this boot.
-    pub fn applied_profile(&self) -> String {
+    pub(crate) fn applied_profile(&self) -> String {
         clean(&format!("{}/profile.json", self.run_dir))
     }
 
     /// The stores torcx searches when it boots OS `os`, in its order. The vendor store belongs
     /// to the OS that is running (`vendor`): for another OS version it is that OS's own, which
     /// this one cannot see.
-    pub fn stores(&self, os: &str, vendor: bool) -> Vec<String> {
+    pub(crate) fn stores(&self, os: &str, vendor: bool) -> Vec<String> {
         let mut s = Vec::new();
         if vendor {
             s.push(VENDOR_STORE.to_string());
@@ -182,7 +182,7 @@ impl Layout {
     /// defines it, else the first tgz (symlinks to regular files count; names split on their
     /// last `:`, the rest joined, as torcx does). `ours`, a tgz nodestrap is about to stage,
     /// counts as there already.
-    pub fn archive_for(
+    pub(crate) fn archive_for(
         root: &Root,
         stores: &[String],
         name: &str,
@@ -223,7 +223,7 @@ impl Layout {
 }
 
 /// `(name, reference, squashfs)` of a store entry, as torcx's store walk reads it.
-pub fn archive_name(file: &str) -> Option<(String, String, bool)> {
+pub(crate) fn archive_name(file: &str) -> Option<(String, String, bool)> {
     let (base, squashfs) = match file.strip_suffix(".torcx.tgz") {
         Some(b) => (b, false),
         None => (file.strip_suffix(".torcx.squashfs")?, true),

@@ -26,9 +26,9 @@ const MANIFEST_CAP: u64 = 1 << 20;
 const SIGNATURE_CAP: u64 = 64 << 10;
 
 pub(crate) struct OsInfo {
-    pub version: String,
-    pub board: String,
-    pub board_from_arch: bool,
+    pub(crate) version: String,
+    pub(crate) board: String,
+    pub(crate) board_from_arch: bool,
 }
 
 impl OsInfo {
@@ -94,8 +94,8 @@ fn arch_board() -> Result<&'static str> {
 /// The runtime versions the mappings give for a Kubernetes version, most preferred first, and
 /// where they come from (for the error when the manifest offers none of them).
 pub(crate) struct Wanted {
-    pub versions: Vec<String>,
-    pub source: String,
+    pub(crate) versions: Vec<String>,
+    pub(crate) source: String,
 }
 
 /// At most this many items of a list go into an error message.
@@ -144,10 +144,10 @@ pub(crate) fn pick_versions(mappings: &Mappings, k8s: &str) -> Result<Wanted> {
 /// Fetches and authenticates package lists.
 pub(crate) struct Manifests<'a> {
     /// Manifests over https; images over https or from an OCI registry (`oci://` locations).
-    pub registry: &'a oci::Client<'a>,
-    pub template: &'a ManifestUrl,
-    pub board: &'a str,
-    pub keyring: Option<&'a Keyring>,
+    pub(crate) registry: &'a oci::Client<'a>,
+    pub(crate) template: &'a ManifestUrl,
+    pub(crate) board: &'a str,
+    pub(crate) keyring: Option<&'a Keyring>,
 }
 
 impl Manifests<'_> {
@@ -190,15 +190,15 @@ impl Manifests<'_> {
 
 /// Where and how to stage (steps 5-8, shared by bootstrap and the hook).
 pub(crate) struct Stage<'a> {
-    pub layout: &'a Layout,
-    pub current: &'a str,
-    pub next: Option<&'a str>,
-    pub profile_default: &'a str,
+    pub(crate) layout: &'a Layout,
+    pub(crate) current: &'a str,
+    pub(crate) next: Option<&'a str>,
+    pub(crate) profile_default: &'a str,
     /// Largest image taken, in bytes (`--image-max-mib`).
-    pub cap: u64,
+    pub(crate) cap: u64,
     /// `--allow-downgrade`: exact versions let through the version floor.
-    pub downgrades: &'a [(String, String)],
-    pub dry_run: bool,
+    pub(crate) downgrades: &'a [(String, String)],
+    pub(crate) dry_run: bool,
 }
 
 /// Steps 5-8 (the hook's too), every change recorded in `undo`. Returns the runtime version the

@@ -13,17 +13,17 @@ use crate::node::undo::Undo;
 use crate::node::verified::{unchecked, write_verified, Expect, Staging, VerifiedWrite};
 use crate::torcx::layout::{Layout, VENDOR_STORE};
 
-pub const PACKAGE_LIST_KIND: &str = "torcx-package-list-v0";
-pub const PROFILE_KIND: &str = "profile-manifest-v0";
+pub(crate) const PACKAGE_LIST_KIND: &str = "torcx-package-list-v0";
+pub(crate) const PROFILE_KIND: &str = "profile-manifest-v0";
 /// The first Container Linux release with remote torcx manifests.
-pub const MIN_REMOTE_OS: &str = "1520.3.0";
+pub(crate) const MIN_REMOTE_OS: &str = "1520.3.0";
 /// The profile the boot check returns to: a copy of the last profile torcx applied in a boot
 /// that worked (docs/verify.md, "torcx nodes"). nodestrap never edits it as the user's.
-pub const KNOWN_GOOD: &str = "nodestrap-known-good";
+pub(crate) const KNOWN_GOOD: &str = "nodestrap-known-good";
 
 #[derive(Debug, Deserialize)]
 pub struct PackageList {
-    pub kind: String,
+    pub(crate) kind: String,
     pub value: PackageListValue,
 }
 
@@ -42,15 +42,15 @@ pub struct Package {
 #[derive(Debug, Deserialize)]
 pub struct PackageVersion {
     pub version: String,
-    pub hash: String,
+    pub(crate) hash: String,
     #[serde(default)]
-    pub locations: Vec<Location>,
+    pub(crate) locations: Vec<Location>,
 }
 
 #[derive(Debug, Deserialize)]
-pub struct Location {
-    pub path: Option<String>,
-    pub url: Option<String>,
+pub(crate) struct Location {
+    pub(crate) path: Option<String>,
+    pub(crate) url: Option<String>,
 }
 
 /// Where one image version comes from.
@@ -112,7 +112,7 @@ impl PackageList {
     }
 
     /// The versions of `name` this list offers, in its order.
-    pub fn versions_of(&self, name: &str) -> Vec<&str> {
+    pub(crate) fn versions_of(&self, name: &str) -> Vec<&str> {
         self.value
             .packages
             .iter()
@@ -143,7 +143,7 @@ impl PackageList {
 }
 
 /// Compare dotted numeric OS versions; `None` when either is not one (treated as new enough).
-pub fn os_version_cmp(a: &str, b: &str) -> Option<std::cmp::Ordering> {
+pub(crate) fn os_version_cmp(a: &str, b: &str) -> Option<std::cmp::Ordering> {
     let parse = |s: &str| {
         s.split('.')
             .map(|p| p.parse::<u64>().ok())
@@ -152,16 +152,16 @@ pub fn os_version_cmp(a: &str, b: &str) -> Option<std::cmp::Ordering> {
     Some(parse(a)?.cmp(&parse(b)?))
 }
 
-pub fn supports_remote(os_version: &str) -> bool {
+pub(crate) fn supports_remote(os_version: &str) -> bool {
     os_version_cmp(os_version, MIN_REMOTE_OS) != Some(std::cmp::Ordering::Less)
 }
 
-pub fn image_file(name: &str, version: &str) -> String {
+pub(crate) fn image_file(name: &str, version: &str) -> String {
     format!("{name}:{version}.torcx.tgz")
 }
 
 #[derive(Debug, PartialEq)]
-pub enum Staged {
+pub(crate) enum Staged {
     /// Already in the store with the right hash.
     Kept,
     /// Copied from another store on this node after its hash matched.
@@ -171,19 +171,19 @@ pub enum Staged {
 
 /// What to stage: `name:version` for OS `os_version`, from `url`, verified against `digest`,
 /// at most `cap` bytes.
-pub struct Wanted<'a> {
-    pub os_version: &'a str,
-    pub name: &'a str,
-    pub version: &'a str,
-    pub url: &'a str,
-    pub digest: &'a Digest,
-    pub cap: u64,
+pub(crate) struct Wanted<'a> {
+    pub(crate) os_version: &'a str,
+    pub(crate) name: &'a str,
+    pub(crate) version: &'a str,
+    pub(crate) url: &'a str,
+    pub(crate) digest: &'a Digest,
+    pub(crate) cap: u64,
 }
 
 /// Put the image into the OS's user store (`<base_dir>/store/<os_version>/`), verified; every
 /// change recorded in `undo` (a store this run made goes again on undo, so that torcx and the
 /// hook never see an empty store of a version as present).
-pub fn stage_image(
+pub(crate) fn stage_image(
     root: &Root,
     registry: &oci::Client,
     layout: &Layout,
@@ -298,10 +298,10 @@ pub struct ProfileValue {
 #[derive(Debug, Serialize, Deserialize, Clone, PartialEq)]
 pub struct ProfileImage {
     pub name: String,
-    pub reference: String,
+    pub(crate) reference: String,
     /// profile-manifest-v1's optional remote, kept if present.
     #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub remote: Option<String>,
+    pub(crate) remote: Option<String>,
 }
 
 impl Profile {
@@ -328,7 +328,11 @@ impl Profile {
 
 /// The profile to edit: an existing user (non-vendor) next-profile, else `default`.
 /// Returns the name and a phrase saying why.
-pub fn choose_profile(root: &Root, layout: &Layout, default: &str) -> Result<(String, String)> {
+pub(crate) fn choose_profile(
+    root: &Root,
+    layout: &Layout,
+    default: &str,
+) -> Result<(String, String)> {
     let next = layout.next_profile();
     if let Some(t) = root.read_text(&next)? {
         let n = t.trim();
@@ -358,14 +362,14 @@ pub fn choose_profile(root: &Root, layout: &Layout, default: &str) -> Result<(St
 }
 
 /// The known-good profile's node path.
-pub fn known_good_path(layout: &Layout) -> String {
+pub(crate) fn known_good_path(layout: &Layout) -> String {
     format!("{}/{KNOWN_GOOD}.json", layout.profiles_dir())
 }
 
 /// Before a run first changes the node's profile: the profile torcx applied in this boot (the
 /// node booted with it) becomes the known-good profile the boot check can return to, unless
 /// the node keeps one already (a boot check's, newer).
-pub fn keep_known_good(root: &Root, layout: &Layout, undo: &mut Undo) -> Result<()> {
+pub(crate) fn keep_known_good(root: &Root, layout: &Layout, undo: &mut Undo) -> Result<()> {
     let path = known_good_path(layout);
     if root.exists(&path) {
         return Ok(());
@@ -386,7 +390,7 @@ pub fn keep_known_good(root: &Root, layout: &Layout, undo: &mut Undo) -> Result<
 
 /// Make `profile` hold `image:reference` (replacing that image's entry, keeping the others)
 /// and select it for the next boot. Both files are replaced atomically, through `undo`.
-pub fn set_profile_image(
+pub(crate) fn set_profile_image(
     root: &Root,
     layout: &Layout,
     profile: &str,
@@ -429,7 +433,7 @@ pub fn set_profile_image(
 /// The vendor reference `com.coreos.cl` is resolved through the vendor store's symlink
 /// (`docker:com.coreos.cl.torcx.tgz -> docker:17.06.torcx.tgz`), so a vendor runtime that is the
 /// chosen version does not count as a change.
-pub fn applied_reference(
+pub(crate) fn applied_reference(
     root: &Root,
     layout: &Layout,
     image: &str,
@@ -450,7 +454,7 @@ const DEFAULT_REFERENCE: &str = "com.coreos.cl";
 
 /// `image`'s `reference` as a version: the vendor reference resolved through the vendor store's
 /// symlink (as `applied_reference` reads it), any other as it is.
-pub fn resolved_reference(root: &Root, image: &str, reference: &str) -> String {
+pub(crate) fn resolved_reference(root: &Root, image: &str, reference: &str) -> String {
     vendor_version(root, image, reference).unwrap_or_else(|| reference.to_string())
 }
 
@@ -469,7 +473,7 @@ fn vendor_version(root: &Root, image: &str, reference: &str) -> Option<String> {
 /// Whether the hook's GC removes store `name`: a dotted version (`^\d+\.\d+\.\d+$`, as
 /// tectonic-torcx) older than `current`, and neither `current` nor `next` (an update may go
 /// back to an older version).
-pub fn gc_candidate(name: &str, current: &str, next: &str) -> bool {
+pub(crate) fn gc_candidate(name: &str, current: &str, next: &str) -> bool {
     let parts: Vec<&str> = name.split('.').collect();
     let dotted = parts.len() == 3
         && parts
@@ -484,15 +488,20 @@ pub fn gc_candidate(name: &str, current: &str, next: &str) -> bool {
 /// What the GC did: the stores removed, and those that could not be (with why), as shown in
 /// messages.
 #[derive(Debug, Default)]
-pub struct Collected {
-    pub removed: Vec<String>,
-    pub skipped: Vec<(String, Error)>,
+pub(crate) struct Collected {
+    pub(crate) removed: Vec<String>,
+    pub(crate) skipped: Vec<(String, Error)>,
 }
 
 /// Remove the versioned stores `gc_candidate` picks (directories only; files and symlinks
 /// stay). A store that cannot be removed (a mount point, EBUSY, EXDEV, a permission error) is
 /// skipped, and the others are still collected, whatever their order.
-pub fn gc_stores(root: &Root, layout: &Layout, current: &str, next: &str) -> Result<Collected> {
+pub(crate) fn gc_stores(
+    root: &Root,
+    layout: &Layout,
+    current: &str,
+    next: &str,
+) -> Result<Collected> {
     let Some(d) = root.dir(&layout.store_root())? else {
         return Ok(Collected::default());
     };
@@ -512,7 +521,7 @@ pub fn gc_stores(root: &Root, layout: &Layout, current: &str, next: &str) -> Res
 
 /// The runtime unit that wipes docker's data dir at shutdown when the runtime version changes
 /// (docker cannot downgrade its data dir). It lives in /run, so it is gone after the reboot.
-pub const CLEANUP_UNIT: &str = "torcx-docker-cleanup.service";
+pub(crate) const CLEANUP_UNIT: &str = "torcx-docker-cleanup.service";
 const CLEANUP_UNIT_TEXT: &str = "\
 [Unit]
 Description=Clean docker datadir for torcx changes
@@ -528,7 +537,7 @@ ExecStart=/usr/bin/rm -rf /var/lib/docker
 RequiredBy=umount.target
 ";
 
-pub fn install_cleanup_unit(undo: &mut Undo) -> Result<()> {
+pub(crate) fn install_cleanup_unit(undo: &mut Undo) -> Result<()> {
     undo.write(
         &format!("/run/systemd/system/{CLEANUP_UNIT}"),
         CLEANUP_UNIT_TEXT.as_bytes(),

@@ -54,12 +54,12 @@ pub(crate) enum Claim {
 /// Who asks for a ticket.
 pub(crate) struct Asking<'a> {
     /// `sha256:<hex>` of the node's public key.
-    pub identity: &'a str,
+    pub(crate) identity: &'a str,
     /// The certificate's common name.
-    pub node: &'a str,
-    pub role: Role,
+    pub(crate) node: &'a str,
+    pub(crate) role: Role,
     /// The node's run (`TicketRequest::session`), if it said.
-    pub session: Option<&'a str>,
+    pub(crate) session: Option<&'a str>,
 }
 
 impl Asking<'_> {

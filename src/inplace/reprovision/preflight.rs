@@ -11,10 +11,10 @@ use crate::net::fetch::{Failure, FetchError, Http, Request};
 use crate::node::verified::{copy_verified, Expect, Written};
 
 pub(super) struct Check {
-    pub check: &'static str,
-    pub target: String,
-    pub pass: bool,
-    pub detail: String,
+    pub(crate) check: &'static str,
+    pub(crate) target: String,
+    pub(crate) pass: bool,
+    pub(crate) detail: String,
 }
 
 pub(super) fn check(check: &'static str, target: &str, r: Result<String>) -> Check {

@@ -34,19 +34,19 @@ pub(super) use crate::cli::Flow;
 
 /// The Secret, one file per key. Not `Debug`: it holds tokens.
 pub(super) struct Secrets {
-    pub flow: Flow,
-    pub url: String,
-    pub token: String,
-    pub ca: Vec<u8>,
+    pub(crate) flow: Flow,
+    pub(crate) url: String,
+    pub(crate) token: String,
+    pub(crate) ca: Vec<u8>,
     /// RHCOS: the kubeconfig the node gets (else its current one).
-    pub kubeconfig: Option<Vec<u8>>,
+    pub(crate) kubeconfig: Option<Vec<u8>>,
     /// RHEL: worker, cluster, region.
-    pub ids: Option<(String, String, String)>,
-    pub payload_sha256: Option<Digest>,
-    pub progress_url: Option<String>,
-    pub progress_token: Option<String>,
-    pub registry_url: Option<String>,
-    pub mirror_urls: Vec<String>,
+    pub(crate) ids: Option<(String, String, String)>,
+    pub(crate) payload_sha256: Option<Digest>,
+    pub(crate) progress_url: Option<String>,
+    pub(crate) progress_token: Option<String>,
+    pub(crate) registry_url: Option<String>,
+    pub(crate) mirror_urls: Vec<String>,
 }
 
 pub(super) struct SecretDir {

@@ -139,7 +139,7 @@ pub(super) fn verdict<T>(r: Refusal) -> Attempt<T> {
 }
 
 /// The Kubernetes `Status.message` of an error body, or its first line of text.
-pub fn server_message(body: &[u8]) -> Option<String> {
+pub(crate) fn server_message(body: &[u8]) -> Option<String> {
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
         if let Some(m) = v.get("message").and_then(|m| m.as_str()) {
             return Some(m.to_string());

@@ -20,7 +20,7 @@ mod attempts;
 mod reader;
 mod stream;
 
-pub use answer::server_message;
+pub(crate) use answer::server_message;
 use answer::{capped, classify_transport, over_limit, read_failure, status_failure, verdict};
 pub use attempts::{Retrying, Start};
 use reader::RateFloor;
@@ -53,11 +53,11 @@ pub enum Failure {
 #[derive(Debug)]
 pub struct FetchError {
     pub class: Failure,
-    pub error: Error,
+    pub(crate) error: Error,
 }
 
 impl FetchError {
-    pub fn new(class: Failure, error: Error) -> FetchError {
+    pub(crate) fn new(class: Failure, error: Error) -> FetchError {
         FetchError { class, error }
     }
 }
@@ -91,7 +91,7 @@ pub fn retry_after(value: &str, now: std::time::SystemTime) -> Option<After> {
 /// The moment an answer was sent, on the server's clock: its `Date` where it sent one that
 /// reads, else this node's clock. A `Retry-After` date is measured from it, so that a node
 /// whose clock is off (an initramfs before time sync) waits what the server meant.
-pub fn server_now(date: Option<&str>) -> std::time::SystemTime {
+pub(crate) fn server_now(date: Option<&str>) -> std::time::SystemTime {
     date.and_then(|d| httpdate::parse_http_date(d.trim()).ok())
         .unwrap_or_else(std::time::SystemTime::now)
 }
@@ -104,8 +104,8 @@ pub struct AttemptLimits {
     /// remainder shortens it, so the budget ends a run even in the middle of an attempt.
     pub deadline: Duration,
     /// Bytes per second that every `window` of a transfer must reach on average; 0: no floor.
-    pub min_rate: u64,
-    pub window: Duration,
+    pub(crate) min_rate: u64,
+    pub(crate) window: Duration,
 }
 
 impl Default for AttemptLimits {
@@ -121,7 +121,7 @@ impl Default for AttemptLimits {
 impl AttemptLimits {
     /// From `--fetch-timeout`, `--fetch-min-rate` and `--fetch-min-rate-window`, checked: a
     /// value out of bounds is a configuration error naming the option.
-    pub fn from_options(timeout: u64, min_rate: u64, window: u64) -> Result<AttemptLimits> {
+    pub(crate) fn from_options(timeout: u64, min_rate: u64, window: u64) -> Result<AttemptLimits> {
         for (flag, v, lo, hi) in [
             ("--fetch-timeout", timeout, 1, 24 * 3600),
             ("--fetch-min-rate", min_rate, 0, 1 << 30),
@@ -143,9 +143,9 @@ impl AttemptLimits {
 }
 
 /// Defaults of `--fetch-timeout`, `--fetch-min-rate` and `--fetch-min-rate-window` (docs/bootstrap.md, "Deadlines").
-pub const DEFAULT_ATTEMPT_SECS: u64 = 300;
-pub const DEFAULT_MIN_RATE: u64 = 1024;
-pub const DEFAULT_RATE_WINDOW_SECS: u64 = 30;
+pub(crate) const DEFAULT_ATTEMPT_SECS: u64 = 300;
+pub(crate) const DEFAULT_MIN_RATE: u64 = 1024;
+pub(crate) const DEFAULT_RATE_WINDOW_SECS: u64 = 30;
 
 /// Resolves one host name as another host (`tls-server-name`): the certificate is checked
 /// against the alias while the connection goes to the real server.
@@ -200,7 +200,7 @@ pub enum Attempt<T> {
     Passed(u16, Error),
 }
 
-pub struct Http {
+pub(crate) struct Http {
     /// Replaced after a failed attempt: the old one's pool goes with it, so no idle
     /// connection is held at a struggling server through the pause (a herd of nodes would
     /// hold one each).
@@ -217,17 +217,17 @@ pub struct Http {
     tls: Tls,
 }
 
-pub struct Request<'a> {
-    pub method: &'static str,
-    pub url: &'a str,
+pub(crate) struct Request<'a> {
+    pub(crate) method: &'static str,
+    pub(crate) url: &'a str,
     /// Header values may be secrets: they are never logged.
-    pub headers: Vec<(Cow<'static, str>, String)>,
+    pub(crate) headers: Vec<(Cow<'static, str>, String)>,
     /// Content type and body.
-    pub body: Option<(&'static str, Vec<u8>)>,
+    pub(crate) body: Option<(&'static str, Vec<u8>)>,
 }
 
 impl<'a> Request<'a> {
-    pub fn get(url: &'a str) -> Self {
+    pub(crate) fn get(url: &'a str) -> Self {
         Request {
             method: "GET",
             url,
@@ -238,14 +238,14 @@ impl<'a> Request<'a> {
 }
 
 impl Http {
-    pub fn new(tls: &Tls, retry: Retry) -> Http {
+    pub(crate) fn new(tls: &Tls, retry: Retry) -> Http {
         Http::build(tls, retry, ureq::Proxy::try_from_env())
     }
 
     /// The same client, with `alias` resolved as `real`'s address: requests then go to `alias`,
     /// so TLS sends it as the server name and checks the certificate against it (a
     /// kubeconfig's `tls-server-name`), while the connection goes where `real` points.
-    pub fn with_server_name(self, alias: &str, real: &str) -> Http {
+    pub(crate) fn with_server_name(self, alias: &str, real: &str) -> Http {
         let mut h = Http::build_with(
             &self.tls,
             self.retry,
@@ -260,7 +260,7 @@ impl Http {
     }
 
     /// The same client, reaching every server through the proxy at `url` (http or https).
-    pub fn via_proxy(self, url: &str) -> Result<Http> {
+    pub(crate) fn via_proxy(self, url: &str) -> Result<Http> {
         let proxy = ureq::Proxy::new(url)
             .map_err(|e| Error::config(format!("{url:?}: not a proxy URL: {e}")))?;
         let mut h = Http::build(&self.tls, self.retry, Some(proxy));
@@ -270,17 +270,17 @@ impl Http {
 
     /// The same client (proxy, server alias, bounds per attempt) with other TLS settings and
     /// retries: a registry mirror's (net::mirrors).
-    pub fn derived(&self, tls: &Tls, retry: Retry) -> Http {
+    pub(crate) fn derived(&self, tls: &Tls, retry: Retry) -> Http {
         let mut h = Http::build_with(tls, retry, self.config.proxy().cloned(), self.alias.clone());
         h.limits = self.limits;
         h
     }
 
-    pub fn tls(&self) -> &Tls {
+    pub(crate) fn tls(&self) -> &Tls {
         &self.tls
     }
 
-    pub fn retry(&self) -> Retry {
+    pub(crate) fn retry(&self) -> Retry {
         self.retry
     }
 
@@ -338,7 +338,7 @@ impl Http {
     }
 
     /// The same client with other bounds per attempt.
-    pub fn with_limits(self, limits: AttemptLimits) -> Http {
+    pub(crate) fn with_limits(self, limits: AttemptLimits) -> Http {
         Http { limits, ..self }
     }
 
@@ -386,13 +386,17 @@ impl Http {
     }
 
     /// A request whose body is read whole (at most `cap` bytes), retried as a unit.
-    pub fn fetch(&self, req: &Request, cap: u64) -> std::result::Result<Vec<u8>, FetchError> {
+    pub(crate) fn fetch(
+        &self,
+        req: &Request,
+        cap: u64,
+    ) -> std::result::Result<Vec<u8>, FetchError> {
         self.fetch_passing(req, cap, &[])
     }
 
     /// `fetch`, but an answer with a status in `pass` is handed back at once as
     /// `Failure::Passed`, for the caller's own rule (409 Conflict on a patch).
-    pub fn fetch_passing(
+    pub(crate) fn fetch_passing(
         &self,
         req: &Request,
         cap: u64,
@@ -432,7 +436,7 @@ impl Http {
     /// A request for its answer's status and one header, body dropped (a registry's `/v2/`
     /// probe and its `WWW-Authenticate`): every 2xx and 4xx answer is the result; no answer and
     /// a busy one are tried again as `fetch` tries them.
-    pub fn probe(
+    pub(crate) fn probe(
         &self,
         req: &Request,
         header: &'static str,

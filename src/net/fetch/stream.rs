@@ -17,7 +17,7 @@ impl Http {
     /// owning it made: the file becomes `name` only if its digest matches. A broken transfer is
     /// tried again (resumed where the sink kept its bytes). The body is bounded as `stream`
     /// bounds one for `dir`.
-    pub fn download(
+    pub(crate) fn download(
         &self,
         url: &str,
         cap: u64,
@@ -37,7 +37,7 @@ impl Http {
     /// there: a declared length that would not is refused before a byte is read, and a body
     /// without one is stopped once it passes what is free less the margin, with an error
     /// naming both numbers.
-    pub fn stream<T>(
+    pub(crate) fn stream<T>(
         &self,
         req: &Request,
         cap: u64,

@@ -15,12 +15,12 @@ use crate::net::mirrors::Scheme;
 /// base64("user:password")}}}`, or `username` and `password` in place of `auth`. Keys written as
 /// URLs (`https://host/v1/`) count for their host. Never printed.
 #[derive(Default)]
-pub struct Auths {
+pub(crate) struct Auths {
     pub(crate) entries: Vec<(String, String, String)>,
     /// Each entry's key in `auths` as the file writes it, for messages.
     keys: Vec<String>,
     /// Where they came from, for messages.
-    pub from: String,
+    pub(crate) from: String,
 }
 
 impl std::fmt::Debug for Auths {
@@ -48,7 +48,7 @@ struct AuthEntry {
 }
 
 impl Auths {
-    pub fn parse(data: &[u8], from: &str) -> Result<Auths> {
+    pub(crate) fn parse(data: &[u8], from: &str) -> Result<Auths> {
         let c: ConfigJson = serde_json::from_slice(data).map_err(|e| {
             Error::config(format!(
                 "{from}: not a Docker config.json ({{\"auths\": {{\"HOST\": {{\"auth\": ...}}}}}}): {e}"

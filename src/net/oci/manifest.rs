@@ -56,7 +56,7 @@ impl Client<'_> {
     /// from a host that may resolve, then the layer titled `file` by digest from a host that
     /// may pull, checked against that digest and size. A tag no host has is
     /// `Failure::Passed(404)`.
-    pub fn get(
+    pub(crate) fn get(
         &self,
         loc: &Location,
         file: &str,
@@ -98,7 +98,7 @@ impl Client<'_> {
     /// does; an `oci://` reference (`Reference`)
     /// is read from its registry or a mirror that may pull: the manifest by its digest (checked),
     /// then its one layer, titled `name`, as a blob.
-    pub fn download(
+    pub(crate) fn download(
         &self,
         url: &str,
         cap: u64,
@@ -138,7 +138,7 @@ impl Client<'_> {
     /// Blob `digest` of `loc` streamed to `consume`, as `Http::stream` streams a download, from
     /// the first host that may pull and serves it: the digest is the signed list's, so no tag
     /// and no manifest is asked for.
-    pub fn stream<T>(
+    pub(crate) fn stream<T>(
         &self,
         loc: &Location,
         digest: &Digest,

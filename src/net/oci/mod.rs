@@ -46,10 +46,10 @@ const TOKEN_DEFAULT_SECS: u64 = 60;
 const TOKEN_MARGIN: Duration = Duration::from_secs(5);
 
 /// Where a run's registries' mirrors are configured: containerd's `config_path` on the node.
-pub struct Mirrors<'a> {
-    pub root: &'a Root,
+pub(crate) struct Mirrors<'a> {
+    pub(crate) root: &'a Root,
     /// A node path; empty for none.
-    pub config_path: String,
+    pub(crate) config_path: String,
 }
 
 /// One host of a registry (`net::mirrors`) and the client that reaches it.
@@ -62,7 +62,7 @@ struct Reach {
 
 /// The registry client of one run: each registry's hosts read once, each host probed once,
 /// each repository's token kept until it ends.
-pub struct Client<'a> {
+pub(crate) struct Client<'a> {
     http: &'a Http,
     auths: Auths,
     mirrors: Mirrors<'a>,
@@ -80,7 +80,7 @@ enum Op {
 }
 
 impl<'a> Client<'a> {
-    pub fn new(http: &'a Http, auths: Auths, mirrors: Mirrors<'a>) -> Self {
+    pub(crate) fn new(http: &'a Http, auths: Auths, mirrors: Mirrors<'a>) -> Self {
         Client {
             http,
             auths,
@@ -92,7 +92,7 @@ impl<'a> Client<'a> {
     }
 
     /// The run's https client.
-    pub fn http(&self) -> &'a Http {
+    pub(crate) fn http(&self) -> &'a Http {
         self.http
     }
 

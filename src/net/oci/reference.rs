@@ -6,16 +6,16 @@ use crate::error::{Error, Result};
 
 /// `oci://HOST[:PORT]/REPO/`: a repository standing for a release directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Location {
+pub(crate) struct Location {
     /// `host` or `host:port`, as it is written in credentials and `hosts.toml`.
-    pub host: String,
-    pub repo: String,
+    pub(crate) host: String,
+    pub(crate) repo: String,
 }
 
 impl Location {
     /// `Some` for an `oci://` directory URL (a trailing slash allowed), `None` for any other
     /// scheme; an `oci://` URL that is not a valid reference is an error naming the rule.
-    pub fn parse_dir(url: &str) -> Result<Option<Location>> {
+    pub(crate) fn parse_dir(url: &str) -> Result<Option<Location>> {
         let Some(rest) = url.strip_prefix("oci://") else {
             return Ok(None);
         };
@@ -53,7 +53,7 @@ impl Location {
     }
 
     /// What a file of this repository is called in logs and errors, and in the node's records.
-    pub fn show(&self, file: &str) -> String {
+    pub(crate) fn show(&self, file: &str) -> String {
         format!("oci://{}/{}:{file}", self.host, self.repo)
     }
 }
@@ -62,8 +62,8 @@ impl Location {
 /// torcx manifest's location). Signed in the list that names it, so no tag is ever resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Reference {
-    pub loc: Location,
-    pub manifest: Digest,
+    pub(crate) loc: Location,
+    pub(crate) manifest: Digest,
 }
 
 impl Reference {

@@ -17,7 +17,7 @@ pub(super) fn to_json(r: &Record) -> Result<Vec<u8>> {
 }
 
 /// The running system's copy of `command`'s record.
-pub fn run_file(command: &str) -> PathBuf {
+pub(crate) fn run_file(command: &str) -> PathBuf {
     run_dir().join(file_name(command))
 }
 
@@ -32,7 +32,7 @@ pub(super) fn save_run_dir(command: &str, json: &[u8]) -> Result<()> {
 
 /// Change the kept record of the last run under `root` (and the running system's copy when it
 /// is of the same run): `nodestrap verify` adds what it found.
-pub fn amend(root: &Root, before: &Record, after: &Record) -> Result<String> {
+pub(crate) fn amend(root: &Root, before: &Record, after: &Record) -> Result<String> {
     let json = to_json(after)?;
     let at = kept(&after.command);
     // Only the record of that run: a bootstrap that ended since has its own.
@@ -59,7 +59,7 @@ pub fn amend(root: &Root, before: &Record, after: &Record) -> Result<String> {
 
 /// The record of the last bootstrap on this system's root, which a boot check verifies; none
 /// is an error naming where it was looked for.
-pub fn last_bootstrap() -> Result<(Record, String)> {
+pub(crate) fn last_bootstrap() -> Result<(Record, String)> {
     load(Path::new("/"), "bootstrap")?.ok_or_else(|| {
         Error::failed(format!(
             "no status record at {} nor {KEPT}: no bootstrap has run, nothing to verify",
@@ -79,7 +79,7 @@ pub fn last_bootstrap_was_torcx(root: &Path) -> bool {
 /// root (a run in the initramfs on /sysroot was on the root this system booted into), else the
 /// one kept under `root`. `None` when neither exists; a file that is not a record is an error
 /// naming it. A record of a run whose process is gone reads as interrupted.
-pub fn load(root: &Path, command: &str) -> Result<Option<(Record, String)>> {
+pub(crate) fn load(root: &Path, command: &str) -> Result<Option<(Record, String)>> {
     let run = run_file(command);
     let found = match std::fs::File::open(&run) {
         Ok(f) => Some(parse(f, &run.display().to_string())?),

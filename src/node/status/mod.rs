@@ -20,17 +20,17 @@ use serde_json::json;
 use crate::error::Error;
 use crate::node::events::emit;
 use crate::node::root::Root;
-pub use crate::node::run::rfc3339;
+pub(crate) use crate::node::run::rfc3339;
 use crate::node::run::start_ticks;
 
-pub const SCHEMA: u32 = 1;
+pub(crate) const SCHEMA: u32 = 1;
 /// The last completed bootstrap's copy, a node path under the root (units test for it).
-pub const KEPT: &str = "/var/lib/nodestrap/status.json";
+pub(crate) const KEPT: &str = "/var/lib/nodestrap/status.json";
 const KEPT_DIR: &str = "/var/lib/nodestrap";
 
 /// The commands that keep a record, each in its own file: `status.json` for bootstrap (the
 /// name units and tools know), `status-<command>.json` for the others.
-pub const COMMANDS: [&str; 6] = [
+pub(crate) const COMMANDS: [&str; 6] = [
     "bootstrap",
     "hook",
     "preflight",
@@ -47,7 +47,7 @@ fn file_name(command: &str) -> String {
 }
 
 /// The kept copy of `command`'s last run, a node path under the root.
-pub fn kept(command: &str) -> String {
+pub(crate) fn kept(command: &str) -> String {
     format!("{KEPT_DIR}/{}", file_name(command))
 }
 /// A record is small; a larger file is not ours.
@@ -58,7 +58,7 @@ const MAX_ENTRIES: usize = 64;
 /// How far the run got. Runs go forward only; a failure names the last phase reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Phase {
+pub(crate) enum Phase {
     /// Options checked, nothing decided yet.
     Started,
     /// The cluster's version is known.
@@ -77,7 +77,7 @@ pub enum Phase {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum State {
+pub(crate) enum State {
     Running,
     Done,
     Failed,
@@ -88,7 +88,7 @@ pub enum State {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "decision", rename_all = "kebab-case")]
-pub enum Reboot {
+pub(crate) enum Reboot {
     /// The run ended before deciding.
     Undecided,
     No,
@@ -99,76 +99,76 @@ pub enum Reboot {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Decision {
-    pub what: String,
-    pub value: String,
-    pub source: String,
+    pub(crate) what: String,
+    pub(crate) value: String,
+    pub(crate) source: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Staged {
     /// Node path (under `root`).
-    pub path: String,
+    pub(crate) path: String,
     /// `sha256-<hex>` or `sha512-<hex>`, as verified.
-    pub digest: String,
+    pub(crate) digest: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Marker {
-    pub path: String,
+pub(crate) struct Marker {
+    pub(crate) path: String,
     /// Seconds from the kernel's start to the marker's write: the node's wait for its kubelet.
-    pub since_boot_s: f64,
+    pub(crate) since_boot_s: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Record {
-    pub schema: u32,
-    pub command: String,
-    pub version: String,
-    pub root: String,
+    pub(crate) schema: u32,
+    pub(crate) command: String,
+    pub(crate) version: String,
+    pub(crate) root: String,
     /// RFC 3339, UTC.
-    pub started: String,
-    pub ended: Option<String>,
-    pub duration_s: Option<f64>,
-    pub state: State,
-    pub exit_code: Option<i32>,
-    pub phase: Phase,
-    pub error: Option<String>,
+    pub(crate) started: String,
+    pub(crate) ended: Option<String>,
+    pub(crate) duration_s: Option<f64>,
+    pub(crate) state: State,
+    pub(crate) exit_code: Option<i32>,
+    pub(crate) phase: Phase,
+    pub(crate) error: Option<String>,
     pub decisions: Vec<Decision>,
     pub files: Vec<Staged>,
-    pub reboot: Reboot,
-    pub kubelet_env: Option<Marker>,
+    pub(crate) reboot: Reboot,
+    pub(crate) kubelet_env: Option<Marker>,
     /// The run's process, so that a reader tells a live run from a killed one (`null` in
     /// records of older versions).
     #[serde(default)]
-    pub process: Option<Process>,
+    pub(crate) process: Option<Process>,
     /// The set the run settled on, one entry per extension it manages (sysext): what
     /// `nodestrap verify` compares with what runs after a boot.
     #[serde(default)]
-    pub chosen: Vec<Chosen>,
+    pub(crate) chosen: Vec<Chosen>,
     /// What `nodestrap verify` found after the last boot (sysext).
     #[serde(default)]
-    pub verification: Option<Verification>,
+    pub(crate) verification: Option<Verification>,
     /// What became of the run's events (`--events-url`); `null` when it sent none.
     #[serde(default)]
-    pub events: Option<crate::node::events::Delivery>,
+    pub(crate) events: Option<crate::node::events::Delivery>,
     /// What the node runs from this command's last run that succeeded (this one, when it did):
     /// carried into every later record, so that a failed attempt never hides the set still in
     /// place; `null` when no run of this command has succeeded on this root.
     #[serde(default)]
-    pub running: Option<Running>,
+    pub(crate) running: Option<Running>,
 }
 
 /// The set in place: what the last successful run staged.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Running {
+pub(crate) struct Running {
     /// When that run ended (RFC 3339, UTC).
-    pub since: String,
+    pub(crate) since: String,
     /// The cluster version it went by (its `k8s` decision), if it had one.
-    pub k8s: Option<String>,
+    pub(crate) k8s: Option<String>,
     /// The extensions it settled on (sysext).
-    pub chosen: Vec<Chosen>,
+    pub(crate) chosen: Vec<Chosen>,
     /// The files it staged, with their verified digests (torcx images, sysext images).
-    pub files: Vec<Staged>,
+    pub(crate) files: Vec<Staged>,
 }
 
 impl Running {
@@ -219,10 +219,10 @@ impl Running {
 /// Who wrote a record: this boot's ID, the PID and the process's start (clock ticks after
 /// boot, /proc/PID/stat field 22), which together name one process even when PIDs are reused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Process {
-    pub pid: u32,
-    pub start_ticks: u64,
-    pub boot_id: String,
+pub(crate) struct Process {
+    pub(crate) pid: u32,
+    pub(crate) start_ticks: u64,
+    pub(crate) boot_id: String,
 }
 
 impl Process {
@@ -272,7 +272,7 @@ fn with(f: impl FnOnce(&mut Open)) {
 }
 
 /// Start this run's record (not for a dry run, which writes nothing).
-pub fn begin(command: &str, root: &Path) {
+pub(crate) fn begin(command: &str, root: &Path) {
     let record = Record {
         schema: SCHEMA,
         command: command.to_string(),
@@ -310,7 +310,7 @@ pub fn begin(command: &str, root: &Path) {
 }
 
 /// One decision: what was decided, the value, and where it came from.
-pub fn decide(what: &str, value: impl std::fmt::Display, source: impl std::fmt::Display) {
+pub(crate) fn decide(what: &str, value: impl std::fmt::Display, source: impl std::fmt::Display) {
     with(|o| {
         let d = &mut o.record.decisions;
         let entry = Decision {
@@ -329,7 +329,7 @@ pub fn decide(what: &str, value: impl std::fmt::Display, source: impl std::fmt::
 }
 
 /// A file now in place at `path` (node path), verified against `digest`.
-pub fn staged(path: &str, digest: impl std::fmt::Display) {
+pub(crate) fn staged(path: &str, digest: impl std::fmt::Display) {
     with(|o| {
         let s = Staged {
             path: path.to_string(),
@@ -343,7 +343,7 @@ pub fn staged(path: &str, digest: impl std::fmt::Display) {
 }
 
 /// One extension of the set this run settles on (replacing an earlier entry of that name).
-pub fn chosen(c: Chosen) {
+pub(crate) fn chosen(c: Chosen) {
     with(|o| {
         emit("chosen", json!(c));
         let set = &mut o.record.chosen;
@@ -357,7 +357,7 @@ pub fn chosen(c: Chosen) {
 
 /// A run that changes nothing on purpose (a rollout hold) settles on the set that runs: the
 /// carried `running` set becomes its `chosen`, which the boot check compares with what runs.
-pub fn keep_running_set() {
+pub(crate) fn keep_running_set() {
     with(|o| {
         if let Some(run) = &o.record.running {
             o.record.chosen = run.chosen.clone();
@@ -372,7 +372,7 @@ static UNVERIFIED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool
 /// Records whether signatures are checked (the `signatures` decision: `verified` and the
 /// keyring, or `not verified`), so that an audit finds every node that took unauthenticated
 /// payloads; from then on `signed` words this run's log lines.
-pub fn signatures(verified: bool, source: impl std::fmt::Display) {
+pub(crate) fn signatures(verified: bool, source: impl std::fmt::Display) {
     UNVERIFIED.store(!verified, std::sync::atomic::Ordering::Relaxed);
     decide(
         "signatures",
@@ -383,7 +383,7 @@ pub fn signatures(verified: bool, source: impl std::fmt::Display) {
 
 /// What names the digests a payload must match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum List {
+pub(crate) enum List {
     /// A sysext source's SHA256SUMS.
     Sums,
     /// A torcx package manifest.
@@ -392,7 +392,7 @@ pub enum List {
 
 /// `the signed SHA256SUMS`, or `the unverified SHA256SUMS` when this run checks no signature:
 /// no line calls signed what nobody checked.
-pub fn signed(what: List) -> &'static str {
+pub(crate) fn signed(what: List) -> &'static str {
     let unverified = UNVERIFIED.load(std::sync::atomic::Ordering::Relaxed);
     match (what, unverified) {
         (List::Sums, false) => "the signed SHA256SUMS",
@@ -402,7 +402,7 @@ pub fn signed(what: List) -> &'static str {
     }
 }
 
-pub fn phase(p: Phase) {
+pub(crate) fn phase(p: Phase) {
     let mut moved = false;
     with(|o| {
         if p > o.record.phase {
@@ -416,14 +416,14 @@ pub fn phase(p: Phase) {
     }
 }
 
-pub fn reboot(r: Reboot) {
+pub(crate) fn reboot(r: Reboot) {
     with(|o| {
         emit("reboot", json!({ "reboot": r }));
         o.record.reboot = r
     });
 }
 
-pub fn marker(path: &str, since_boot: std::time::Duration) {
+pub(crate) fn marker(path: &str, since_boot: std::time::Duration) {
     with(|o| {
         let m = Marker {
             path: path.to_string(),
@@ -436,7 +436,7 @@ pub fn marker(path: &str, since_boot: std::time::Duration) {
 
 /// End the record with the run's exit code and error, and write both copies. A record that
 /// cannot be written is logged; it does not change how the run ended.
-pub fn finish(code: i32, error: Option<&Error>) {
+pub(crate) fn finish(code: i32, error: Option<&Error>) {
     let Some(mut o) = OPEN.lock().ok().and_then(|mut g| g.take()) else {
         return;
     };
@@ -519,7 +519,7 @@ mod show;
 mod verification;
 pub use keep::*;
 pub use show::*;
-pub use verification::*;
+pub(crate) use verification::*;
 
 fn round(s: f64) -> f64 {
     (s * 10.0).round() / 10.0

@@ -11,7 +11,7 @@ use super::*;
 
 /// What `nodestrap status` exits with: 0 the last run is done, 1 it failed or was interrupted,
 /// 3 it is still running, 4 there is no record.
-pub fn print(root: &Path, command: &str, json: bool) -> Result<i32> {
+pub(crate) fn print(root: &Path, command: &str, json: bool) -> Result<i32> {
     let Some((r, from)) = load(root, command)? else {
         crate::error!(
             "no status record at {} nor {}: no {command} has run",
@@ -33,7 +33,7 @@ pub fn print(root: &Path, command: &str, json: bool) -> Result<i32> {
 /// `--command all`: the last record of each command that has one, bootstrap first; the exit
 /// code is bootstrap's when it has a record, else the first found's, else 4. `--json` prints
 /// them as one array.
-pub fn print_all(root: &Path, json: bool) -> Result<i32> {
+pub(crate) fn print_all(root: &Path, json: bool) -> Result<i32> {
     let mut found = Vec::new();
     for c in COMMANDS {
         // One unreadable record does not hide the others.

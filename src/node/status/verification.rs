@@ -10,20 +10,20 @@ use crate::node::events::emit;
 
 /// One extension of the chosen set.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Chosen {
+pub(crate) struct Chosen {
     /// The extension's name (`kubernetes`, `containerd`).
-    pub name: String,
+    pub(crate) name: String,
     /// Its version as the image's file name spells it (`v1.32.4`, `1.7.24`).
-    pub version: String,
+    pub(crate) version: String,
     /// The image, a node path under the root (`/opt/extensions/NAME/FILE`).
-    pub image: String,
+    pub(crate) image: String,
     /// `sha256-<hex>`, as the signed list named it.
-    pub digest: String,
+    pub(crate) digest: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Every check passed: the set is the node's known-good set.
     Verified,
     /// Something else runs than the record says.
@@ -32,7 +32,7 @@ pub enum Outcome {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum ApiCheck {
+pub(crate) enum ApiCheck {
     /// The Node's nodeInfo says the same as the node.
     Confirmed,
     /// The API server could not be asked (no kubeconfig yet, no answer within the bound):
@@ -46,23 +46,27 @@ pub enum ApiCheck {
 
 /// One comparison: what the record expects, what runs, and whether they agree.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Check {
-    pub what: String,
-    pub expected: String,
-    pub running: String,
-    pub ok: bool,
+pub(crate) struct Check {
+    pub(crate) what: String,
+    pub(crate) expected: String,
+    pub(crate) running: String,
+    pub(crate) ok: bool,
 }
 
 impl Check {
     /// `expected` against `running`, logged as the check's line (an error when they differ).
-    pub fn compare(what: String, expected: impl Into<String>, running: impl Into<String>) -> Check {
+    pub(crate) fn compare(
+        what: String,
+        expected: impl Into<String>,
+        running: impl Into<String>,
+    ) -> Check {
         let (expected, running) = (expected.into(), running.into());
         let ok = expected == running;
         Check::judged(what, expected, running, ok)
     }
 
     /// A comparison whose verdict the caller made (a version named inside a longer line).
-    pub fn judged(what: String, expected: String, running: String, ok: bool) -> Check {
+    pub(crate) fn judged(what: String, expected: String, running: String, ok: bool) -> Check {
         // What a probe prints is bounded before it goes into the record.
         let (expected, running) = (bounded(expected), bounded(running));
         let line = format!("check {what}: expected {expected}, found {running}");
@@ -86,7 +90,10 @@ impl Check {
 /// A boot check's verdict as events (the `verified` phase on a match; the verification; the
 /// end; each check went as it was made), then what became of them: the record is amended
 /// after the last.
-pub fn verdict_events(v: &Verification, exit_code: i32) -> Option<crate::node::events::Delivery> {
+pub(crate) fn verdict_events(
+    v: &Verification,
+    exit_code: i32,
+) -> Option<crate::node::events::Delivery> {
     if !crate::node::events::is_open() {
         return None;
     }
@@ -110,44 +117,44 @@ fn bounded(s: String) -> String {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Verification {
+pub(crate) struct Verification {
     /// RFC 3339, UTC.
-    pub at: String,
+    pub(crate) at: String,
     /// The boot it checked (/proc/sys/kernel/random/boot_id).
-    pub boot_id: String,
-    pub duration_s: f64,
+    pub(crate) boot_id: String,
+    pub(crate) duration_s: f64,
     /// The checks on the node itself: the check's cost without the wait for the API server.
     #[serde(default)]
-    pub local_s: Option<f64>,
-    pub outcome: Outcome,
-    pub checks: Vec<Check>,
-    pub api: ApiCheck,
+    pub(crate) local_s: Option<f64>,
+    pub(crate) outcome: Outcome,
+    pub(crate) checks: Vec<Check>,
+    pub(crate) api: ApiCheck,
     /// Why the API server was not asked or did not answer.
-    pub api_note: Option<String>,
+    pub(crate) api_note: Option<String>,
     /// After a mismatch: the known-good set put back (this boot, once), and how that went.
-    pub returned: Option<Returned>,
+    pub(crate) returned: Option<Returned>,
     /// What became of the check's own events (`--events-url`).
     #[serde(default)]
-    pub events: Option<crate::node::events::Delivery>,
+    pub(crate) events: Option<crate::node::events::Delivery>,
     /// Which merge made /usr at this boot (sysext): `initramfs`, `real-root`, or unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub merged_by: Option<String>,
+    pub(crate) merged_by: Option<String>,
     /// What the check told the cluster on the Node (condition, labels, events), or why not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reported: Option<String>,
+    pub(crate) reported: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Returned {
-    pub to: Vec<Chosen>,
-    pub boot_id: String,
+pub(crate) struct Returned {
+    pub(crate) to: Vec<Chosen>,
+    pub(crate) boot_id: String,
     /// `merged` (the known-good set runs again), or the error that stopped the return.
-    pub result: String,
+    pub(crate) result: String,
 }
 
 impl Verification {
     /// The first check that failed, as `what: expected X, found Y` (empty when none did).
-    pub fn first_mismatch(&self) -> String {
+    pub(crate) fn first_mismatch(&self) -> String {
         self.checks
             .iter()
             .find(|c| !c.ok)
@@ -157,7 +164,7 @@ impl Verification {
 
     /// A boot check's verdict, taken now on boot `boot_id`: `verified` when `ok`. Its own time
     /// is set by `timed` at the end.
-    pub fn taken(
+    pub(crate) fn taken(
         boot_id: &str,
         checks: Vec<Check>,
         ok: bool,
@@ -186,12 +193,12 @@ impl Verification {
     }
 
     /// The check's own time, from `since`, to the millisecond.
-    pub fn timed(&mut self, since: std::time::Instant) {
+    pub(crate) fn timed(&mut self, since: std::time::Instant) {
         self.duration_s = millis(since.elapsed());
     }
 }
 
 /// Seconds, to the millisecond, as the record writes durations.
-pub fn millis(d: std::time::Duration) -> f64 {
+pub(crate) fn millis(d: std::time::Duration) -> f64 {
     (d.as_secs_f64() * 1000.0).round() / 1000.0
 }
