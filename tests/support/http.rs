@@ -253,6 +253,9 @@ fn handle(
     seen: Arc<Mutex<Vec<Seen>>>,
 ) -> std::io::Result<()> {
     tcp.set_read_timeout(Some(std::time::Duration::from_secs(20)))?;
+    // As Go's net/http and most servers: a reply's head and body, written apart, go out at once
+    // rather than the body waiting up to 40 ms for the client's delayed ACK of the head.
+    tcp.set_nodelay(true)?;
     let conn = rustls::ServerConnection::new(config).map_err(std::io::Error::other)?;
     let mut tls = rustls::StreamOwned::new(conn, tcp);
     loop {
