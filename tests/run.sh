@@ -55,7 +55,7 @@ fi
 # process of its own from the start, its output printed whole once the others are done. Every
 # program runs, whatever failed before it; the phase fails if any did.
 integration_tests() {
-  local progs name exe rc=0 beside
+  local progs name exe rc=0 beside start began
   progs=$(cargo test --locked --test '*' --no-run --message-format=json-render-diagnostics | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -65,16 +65,19 @@ for line in sys.stdin:
   beside=$(mktemp -d)
   local ledger
   ledger=$(sed -n 's/^ledger //p' <<<"$progs")
-  [ -z "$ledger" ] || ("$ledger" >"$beside/out" 2>&1; echo $? >"$beside/rc") &
+  [ -z "$ledger" ] || ("$ledger" >"$beside/out" 2>&1; echo $? >"$beside/rc"; echo $SECONDS >"$beside/end") &
+  began=$SECONDS
   while read -r name exe; do
     [ "$name" != ledger ] || continue
     echo "     Running $name ($exe)" >&2
+    start=$SECONDS
     "$exe" || { echo "tests/run.sh: $name failed" >&2; rc=1; }
+    echo "tests/run.sh: $name took $((SECONDS - start)) s" >&2
   done <<<"$progs"
   wait
   if [ -n "$ledger" ]; then
     # A run that left no exit status (killed with its subshell) failed too.
-    echo "     Ran ledger ($ledger), beside the others:" >&2
+    echo "     Ran ledger ($ledger), beside the others, in $(($(cat "$beside/end" 2>/dev/null || echo "$SECONDS") - began)) s:" >&2
     cat "$beside/out"
     [ "$(cat "$beside/rc" 2>/dev/null)" = 0 ] || { echo "tests/run.sh: ledger failed" >&2; rc=1; }
   fi
