@@ -63,12 +63,6 @@ fn strace_of(cmd: &Command, extra: &[String], follow: Follow) -> Command {
     let mut c = Command::new("strace");
     if follow == Follow::Children {
         c.arg("-f");
-        // An error's case stops the process only at the traced calls (a seccomp filter, which
-        // needs `-f`), not at every call. Not a kill's: under the filter, strace let the
-        // process run on past the call it was to be killed at.
-        if extra.iter().any(|a| a.contains(":error=")) {
-            c.arg("--seccomp-bpf");
-        }
     }
     c.args(["-qq", "-s", "256"]).args(extra);
     c.arg("--").arg(cmd.get_program()).args(cmd.get_args());
@@ -187,18 +181,21 @@ pub fn injecting(cmd: &Command, syscall: &str, inject: &str, out: &Path) -> Comm
 
 /// `injecting`, following `follow`.
 fn injecting_in(cmd: &Command, syscall: &str, inject: &str, out: &Path, follow: Follow) -> Command {
-    strace_of(
-        cmd,
-        &[
-            "-o".into(),
-            out.display().to_string(),
-            "-e".into(),
-            format!("trace={syscall}"),
-            "-e".into(),
-            format!("inject={syscall}:{inject}"),
-        ],
-        follow,
-    )
+    let mut extra = vec![
+        "-o".into(),
+        out.display().to_string(),
+        "-e".into(),
+        format!("trace={syscall}"),
+        "-e".into(),
+        format!("inject={syscall}:{inject}"),
+    ];
+    // An error's case stops the process only at the traced call (a seccomp filter, which needs
+    // `-f`), not at every call. Not a kill's: under the filter, strace let the process run on
+    // past the call it was to be killed at.
+    if follow == Follow::Children && inject.starts_with("error=") {
+        extra.push("--seccomp-bpf".into());
+    }
+    strace_of(cmd, &extra, follow)
 }
 
 /// The process strace (`pid`) runs, once it has started it.
