@@ -24,6 +24,23 @@ phase() {
   printf 'tests/run.sh: +%dm%02ds %s (%s free in /tmp)\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" \
     "$(df -h --output=avail /tmp 2>/dev/null | tail -1 | tr -d ' ')" >&2
 }
+# One line per scenario of qemu/run's results files (NODESTRAP_QEMU_RESULTS), a failed one's
+# problems under it; a file a run never wrote (it stopped early) is said as such.
+qemu_summary() {
+  python3 - "$@" <<'EOF'
+import json, sys
+for path in sys.argv[1:]:
+    try:
+        scenarios = json.load(open(path))["scenarios"]
+    except (OSError, ValueError, KeyError) as e:
+        print("no results in %s (%s): that qemu/run stopped before its table" % (path, e))
+        continue
+    for s in scenarios:
+        print("%-17s %-4s %5s s" % (s["name"], "pass" if s["pass"] else "FAIL", s.get("wall_seconds", "?")))
+        for p in s.get("problems") or []:
+            print("    problem: " + p)
+EOF
+}
 # What the phases share: the release binaries (integration, arm64, qemu), and the test programs
 # built from the Go module proxy (cached by version; test programs only) with Debian 13's
 # systemd-repart and containerd and Debian 14's systemd (debootstrap'ed roots, cached by their
@@ -189,7 +206,10 @@ if want qemu; then
   export NODESTRAP_BIN=$x86 NODESTRAP_QEMU_ACCEL=${NODESTRAP_QEMU_ACCEL:-tcg}
   end=$((SECONDS + ${NODESTRAP_QEMU_DEADLINE:-3600}))
   rc=0
-  NODESTRAP_QEMU_DEADLINE=$((end - SECONDS)) \
+  # Each call's results (with each failed scenario's problems) are summed up again at the end:
+  # a log cut to its last lines still says which scenario failed and why.
+  results=$(mktemp -d)
+  NODESTRAP_QEMU_DEADLINE=$((end - SECONDS)) NODESTRAP_QEMU_RESULTS=$results/1.json \
     qemu/run firstboot initrd reprovision-rhcos activate sysext-signed sysext-oci flatcar-year || rc=1
   # sysext-initrd-262 runs its vCPUs on one host thread (qemu/harness/vm.py): the fuzz targets
   # build and run on the other core meanwhile, at the lowest priority (docs/build.md, "Tests and
@@ -202,14 +222,24 @@ if want qemu; then
     fuzzing=$!
   fi
   phase "QEMU: sysext-initrd-262"
-  NODESTRAP_QEMU_DEADLINE=$((end - SECONDS)) qemu/run sysext-initrd-262 || rc=1
+  NODESTRAP_QEMU_DEADLINE=$((end - SECONDS)) NODESTRAP_QEMU_RESULTS=$results/2.json \
+    qemu/run sysext-initrd-262 || rc=1
   if [ -n "$fuzzing" ]; then
     wait "$fuzzing" || true
     phase "fuzz targets: done"
-    cat "$fuzz_log" >&2
-    [ "$(cat "$fuzz_log.rc" 2>/dev/null)" = 0 ] || { echo "tests/run.sh: fuzz targets failed" >&2; rc=1; }
+    # The build's output only if the run failed; its summary lines (and cargo's) always.
+    if [ "$(cat "$fuzz_log.rc" 2>/dev/null)" = 0 ]; then
+      grep -E '^fuzz |Finished' "$fuzz_log" >&2 || true
+    else
+      cat "$fuzz_log" >&2
+      echo "tests/run.sh: fuzz targets failed" >&2
+      rc=1
+    fi
     rm -f "$fuzz_log" "$fuzz_log.rc"
   fi
+  phase "QEMU scenarios: summary"
+  qemu_summary "$results"/1.json "$results"/2.json >&2
+  rm -rf "$results"
   [ "$rc" = 0 ] || { echo "tests/run.sh: QEMU scenarios or fuzz targets failed" >&2; exit 1; }
 fi
 phase "done"
