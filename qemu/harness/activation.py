@@ -5,6 +5,7 @@ node lock: node 1 is initialized by the admin through init-cluster (the real `ku
 where `kubeadm init` fails (a port taken): node 1's state goes to `reset` and it reboots, node 2
 waits."""
 import base64
+import glob
 import hashlib
 import json
 import os
@@ -14,7 +15,7 @@ import subprocess
 import time
 
 from harness.common import (
-    ANSI, CURRENT, DEADLINE, GUEST_HOST, HERE, QUIET, TIMELINE, TOP, disk_file, disk_ls, free_port, run, say,
+    ANSI, CURRENT, DEADLINE, GUEST_HOST, HERE, QUIET, TIMELINE, TOP, disk_copy, disk_file, disk_ls, free_port, run, say,
 )
 from harness.sysext import minor, world
 from harness.vm import Boot
@@ -28,7 +29,7 @@ from harness.vm import Boot
 # more port forward: `controlPlaneEndpoint` is the host as the guests see it (10.0.2.2:PORT).
 
 ACTIVATE_DIR = os.path.join(HERE, "guest", "activate")
-ACTIVATE_BOOTS = 4  # the scenario's time limit, in boot timeouts (run_activate)
+ACTIVATE_BOOTS = 5  # the scenario's time limit, in boot timeouts (run_activate)
 # The binary the images carry (qemu/build's default too), run here as the admin's client.
 HOST_BIN = os.environ.get("NODESTRAP_BIN") or os.path.join(TOP, "target/x86_64-unknown-linux-musl/release/nodestrap")
 DONE_RE = re.compile(r"nodestrap: activate done role=(\S+) via=(\S+) cluster=(\S+)")
@@ -271,9 +272,11 @@ def run_activate(s, sc, accel, boot_timeout):
           "reset": None, "ready": {}, "running": {}, "cluster": None, "joins": 0}
     boots, disks, count = {}, {}, {}
     t0 = time.time()
-    # Four boots' worth (1,440 s under TCG): two images staged, the imports and kubeadm's init and
-    # join took 718 and 898 s in two full runs here, and a third missed 1,080 s with both nodes
-    # activated and node 2 not yet Ready (kubeadm init alone took 165 s to over 475 s).
+    # Five boots' worth (1,800 s under TCG): two images staged, the imports and kubeadm's init and
+    # join took 505, 718 and 898 s in full runs here, a standalone run on a loaded machine missed
+    # 1,080 s with both nodes activated and node 2 not yet Ready (kubeadm init alone took 146 s to
+    # over 475 s), and the whole scenario runs about twice as long on a loaded host. A failed run
+    # prints the end of each node's journal (journal_tail).
     deadline = min(time.time() + ACTIVATE_BOOTS * boot_timeout, DEADLINE)
     try:
         for n in ("node1", "node2"):
@@ -318,7 +321,11 @@ def run_activate(s, sc, accel, boot_timeout):
         if st["admin"] and st["admin"].poll() is None:
             st["admin"].kill()
     p = st["problems"]
-    if not p:
+    if p:
+        for n, disk in disks.items():
+            for line in journal_tail(d, n, disk):
+                say("  %s journal: %s" % (n, line[:220]))
+    else:
         p += check_disks(sc, disks, d)
     sc.timings = {k: round(v, 1) for k, v in st.get("timings", {}).items()}
     # The table's columns (qemu/run): node 2's, the node that joined the cluster node 1 made.
@@ -479,6 +486,25 @@ def check_failed(sc, st, d, w):
     if st["done"]:
         p.append("activations: %r" % {n: x[1] for n, x in st["done"].items()})
     return p
+
+
+def journal_tail(d, n, disk, lines=40):
+    """A failed run's evidence (the console shows nodestrap's lines only): the last LINES that
+    nodestrap, the kubelet and containerd wrote to node N's journal (without the kubelet's ten a
+    second about mirror pods before its API server answers), read from its disk by the host's
+    journalctl. The whole journal stays in D, the work dir a failed run keeps."""
+    out = os.path.join(d, n + "-journal")
+    os.makedirs(out, exist_ok=True)
+    with disk_copy(disk) as (raw, _):
+        subprocess.run(["debugfs", "-R", "rdump /var/log/journal " + out, raw], capture_output=True)
+    files = glob.glob(os.path.join(out, "**", "*.journal"), recursive=True)
+    if not files:
+        return ["no journal in /var/log/journal on its disk"]
+    r = subprocess.run(["journalctl", "--no-pager", "-o", "short-monotonic", "-u", "nodestrap-activate.service",
+                        "-u", "kubelet.service", "-u", "containerd.service"] + ["--file=" + f for f in files],
+                       capture_output=True, text=True)
+    kept = [line for line in r.stdout.splitlines() if "mirror pod" not in line]
+    return kept[-lines:] or ["journalctl: exit %d: %s" % (r.returncode, r.stderr.strip()[:200])]
 
 
 def check_disks(sc, disks, d):
