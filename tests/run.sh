@@ -7,7 +7,7 @@
 #   tests/run.sh [PHASE...]    PHASE: lint unit integration arm64 fuzz qemu (default: all of them)
 #
 # `tests/run.sh lint unit integration` is the short loop of a change: amd64 only, no cost per
-# crate, no QEMU (docs/build.md, "Tests and fuzzing").
+# crate, herds of 200 in the ledger's tests, no QEMU (docs/build.md, "Tests and fuzzing").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 all=(lint unit integration arm64 fuzz qemu)
@@ -17,6 +17,13 @@ for p in "${phases[@]}"; do
   [[ " ${all[*]} " == *" $p "* ]] || { echo "tests/run.sh: unknown phase $p (known: ${all[*]})" >&2; exit 2; }
 done
 want() { [[ " ${phases[*]} " == *" $1 "* ]]; }
+# The short loop (no arm64, no QEMU): the amd64 binary alone, and herds of 200 nodes in the
+# ledger's tests (CI's: 500) unless told otherwise.
+short_loop=
+if ! want arm64 && ! want qemu; then
+  short_loop=1
+  export NODESTRAP_LEDGER_NODES=${NODESTRAP_LEDGER_NODES:-200}
+fi
 # Each phase's start, minutes and seconds into the run: CI's 90 minutes are a budget, and a slow
 # runner's log says where it went.
 # Each phase with the disk's free space: a run that fills it says where.
@@ -129,9 +136,8 @@ if [ -n "$need_bins" ]; then
     sed -n 's/^x86_64-unknown-linux-musl=//p') || { cat "$go_out/next" >&2; exit 1; }
   install -D -m 0755 "$next" target/next/nodestrap
   export NODESTRAP_NEXT_BIN=$PWD/target/next/nodestrap
-  # The short loop: the amd64 binary alone.
-  release=(--amd64)
-  if want arm64 || want qemu; then release=(); fi
+  release=()
+  [ -z "$short_loop" ] || release=(--amd64)
   builds=$(.ci/build-release "${release[@]}")
   x86=$(sed -n 's/^x86_64-unknown-linux-musl=//p' <<<"$builds")
   arm=$(sed -n 's/^aarch64-unknown-linux-musl=//p' <<<"$builds")
