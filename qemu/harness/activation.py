@@ -323,7 +323,11 @@ def run_activate(s, sc, accel, boot_timeout):
     p = st["problems"]
     if p:
         for n, disk in disks.items():
-            for line in journal_tail(d, n, disk):
+            try:
+                tail = journal_tail(d, n, disk)
+            except (OSError, subprocess.CalledProcessError) as e:
+                tail = ["not read: %s" % e]  # the evidence must not hide the failure it explains
+            for line in tail:
                 say("  %s journal: %s" % (n, line[:220]))
     else:
         p += check_disks(sc, disks, d)
