@@ -18,7 +18,7 @@ from harness.common import (
     ANSI, CURRENT, DEADLINE, GUEST_HOST, HERE, QUIET, TIMELINE, TOP, disk_copy, disk_file, disk_ls, free_port, run, say,
 )
 from harness.sysext import minor, world
-from harness.vm import Boot
+from harness.vm import Boot, again_after_early_death, died_before_userspace
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,7 +270,7 @@ def run_activate(s, sc, accel, boot_timeout):
             "node2": "user,id=n0"}
     st = {"done": {}, "run_left": {}, "events": [], "problems": [], "admin": None, "asked": 0,
           "reset": None, "ready": {}, "running": {}, "cluster": None, "joins": 0}
-    boots, disks, count = {}, {}, {}
+    boots, disks, count, again = {}, {}, {}, set()
     t0 = time.time()
     # Five boots' worth (1,800 s under TCG): two images staged, the imports and kubeadm's init and
     # join took 505, 718 and 898 s in full runs here, a standalone run on a loaded machine missed
@@ -298,7 +298,11 @@ def run_activate(s, sc, accel, boot_timeout):
                     rebooted = rebooted or "reboot: Restarting system" in line
                     on_line(s, sc, d, ports, st, n, count[n], time.time() - t0, line)
                 if exited:
-                    if rebooted and n == "node1" and sc.init_fails and count[n] == 1:
+                    if not rebooted and n not in again and died_before_userspace(b.log):
+                        again.add(n)
+                        again_after_early_death(b.log)
+                        boots[n] = Boot(s, count[n], disks[n], configs[n], b.kargs, accel, b.log, netdev=nets[n])
+                    elif rebooted and n == "node1" and sc.init_fails and count[n] == 1:
                         # The reboot activate asked for after the reset: the node boots again.
                         count[n] = 2
                         boots[n] = Boot(s, 2, disks[n], configs[n], base, accel,
