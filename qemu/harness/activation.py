@@ -511,7 +511,7 @@ def journal_tail(d, n, disk, lines=40):
         subprocess.run(["debugfs", "-R", "rdump /var/log/journal " + out, raw], capture_output=True)
     files = glob.glob(os.path.join(out, "**", "*.journal"), recursive=True)
     if not files:
-        return ["no journal in /var/log/journal on its disk"]
+        return ["no journal in /var/log/journal on %s" % disk]
     r = subprocess.run(["journalctl", "--no-pager", "-o", "short-monotonic", "-u", "nodestrap-activate.service",
                         "-u", "kubelet.service", "-u", "containerd.service"] + ["--file=" + f for f in files],
                        capture_output=True, text=True)
