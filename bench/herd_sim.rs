@@ -28,8 +28,15 @@
 //! (the client drops its pool after a failure), so a refused one costs the server a handshake
 //! too: the refusals' handshakes of the second before take their share of the slots' time, and
 //! service slows by it. Connections beyond what the server can handshake in one second
-//! (SLOTS / TLS_MS) are reset. A request that finds every slot taken is answered at once, as
-//! `--retry-after` says:
+//! (SLOTS / TLS_MS) overflow, as `--overflow` says:
+//!   drop          (the default) Linux's listen queue (`tcp_abort_on_overflow` 0, its default):
+//!                 the SYN is dropped and the client's kernel sends it again 1, 3, 7 and 15 s
+//!                 after the first (`tcp_syn_retries`' schedule); a connection not accepted
+//!                 within the binary's connect time-out (`net::fetch::CONNECT_TIMEOUT`) is an
+//!                 attempt without an answer. A dropped SYN costs the server nothing.
+//!   reset         the connection is reset (a proxy or a server that sheds at accept): an
+//!                 attempt without an answer at once, its handshake paid.
+//! A request that finds every slot taken is answered at once, as `--retry-after` says:
 //!   fixed:N       503 with `Retry-After: N`, whatever the load (a proxy's constant);
 //!   none          503 with no `Retry-After`;
 //!   backlog       503 with the time the server needs to serve every node it turned away and has
@@ -68,7 +75,7 @@ use nodestrap::activation::appointments::{Book, Turn};
 use nodestrap::cli::Bootstrap;
 use nodestrap::error::Error;
 use nodestrap::net::cluster::Fallback;
-use nodestrap::net::fetch::{Attempt, FetchError, Retrying, Start};
+use nodestrap::net::fetch::{Attempt, FetchError, Retrying, Start, CONNECT_TIMEOUT};
 use nodestrap::net::retry::{After, Load, Retry};
 
 #[path = "herd_sim_join.rs"]
@@ -153,6 +160,32 @@ struct Model {
     seed: u64,
     /// Only the API requests are the server's (`--api-only`).
     api_only: bool,
+    overflow: Overflow,
+}
+
+/// What the server does with a connection beyond what it can handshake in a second.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Overflow {
+    /// Linux's listen queue: the SYN is dropped, the client's kernel sends it again.
+    Drop,
+    /// Reset: an attempt without an answer.
+    Reset,
+}
+
+impl Overflow {
+    fn parse(s: &str) -> Result<Overflow, String> {
+        match s {
+            "drop" => Ok(Overflow::Drop),
+            "reset" => Ok(Overflow::Reset),
+            _ => Err(format!("--overflow: drop or reset, not {s:?}")),
+        }
+    }
+}
+
+/// When the client's kernel sends a dropped SYN again, from the first (Linux's
+/// `tcp_syn_retries` schedule: an initial 1 s, doubled each time).
+fn syn_resend(drops: u32) -> f64 {
+    f64::from((1u32 << drops.min(20)) - 1)
 }
 
 impl Model {
@@ -248,6 +281,8 @@ enum Event {
     Begin(u32),
     /// Its attempt `.1` reaches the server.
     Arrives(u32, u32),
+    /// The client's kernel sends attempt `.1`'s dropped SYN again.
+    Resend(u32, u32),
     /// The server ends its service of attempt `.1`: a slot is free.
     Served(u32, u32),
     /// The server's answer (`Node::answer`) to attempt `.1` reaches the node.
@@ -261,6 +296,8 @@ enum Heard {
     Done,
     Busy(u16, Option<After>),
     Reset,
+    /// No SYN of the attempt was accepted within the connect time-out.
+    ConnectTimeout,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -289,6 +326,8 @@ struct Node {
     told: [Option<(f64, f64)>; 2],
     /// This run took the fallback version.
     fell_back: bool,
+    /// SYNs of the attempt in flight the server dropped, and when its first was sent.
+    syn: (u32, f64),
 }
 
 #[derive(Default)]
@@ -301,6 +340,8 @@ struct Outcome {
     done_on_fallback: usize,
     requests: u64,
     resets: u64,
+    /// SYNs dropped (`--overflow drop`).
+    dropped: u64,
     timeouts: u64,
     sooner: u64,
     per_second: Vec<u64>,
@@ -386,6 +427,8 @@ struct Sim<'m> {
     apf: Apf,
     /// Handshake seconds spent on refused and reset connections, per second.
     refused_cpu: Vec<f64>,
+    /// Connections accepted, per second.
+    accepted: Vec<u64>,
 }
 
 impl<'m> Sim<'m> {
@@ -447,6 +490,7 @@ impl<'m> Sim<'m> {
                     }
                 }
                 n.attempt += 1;
+                n.syn = (0, t + self.m.rtt / 2.0);
                 let a = n.attempt;
                 self.push(t + self.m.rtt / 2.0, Event::Arrives(i as u32, a));
                 self.push(t + given.as_secs_f64(), Event::Expires(i as u32, a));
@@ -460,20 +504,24 @@ impl<'m> Sim<'m> {
         if self.m.api_only && self.nodes[i as usize].step >= API_REQUESTS {
             return self.reply(i, a, t + self.m.rtt / 2.0, Heard::Done);
         }
+        let resent = self.nodes[i as usize].syn.0 > 0;
         let sec = t as usize;
         if self.out.per_second.len() <= sec {
             self.out.per_second.resize(sec + 1, 0);
             self.refused_cpu.resize(sec + 1, 0.0);
+            self.accepted.resize(sec + 1, 0);
         }
-        self.out.per_second[sec] += 1;
-        self.out.requests += 1;
+        // A request is offered once, however many SYNs it takes.
+        if !resent {
+            self.out.per_second[sec] += 1;
+            self.out.requests += 1;
+        }
         let m = self.m;
-        // More connections than the server can handshake in a second: reset.
-        if self.out.per_second[sec] as f64 * m.tls > m.slots as f64 {
-            self.refused_cpu[sec] += m.tls;
-            self.out.resets += 1;
-            return self.reply(i, a, t + m.rtt / 2.0, Heard::Reset);
+        // More connections than the server can handshake in a second overflow.
+        if (self.accepted[sec] + 1) as f64 * m.tls > m.slots as f64 {
+            return self.overflowed(i, a, t);
         }
+        self.accepted[sec] += 1;
         if m.server == Server::Appointments {
             self.queue.push_back((i, a, t));
             return self.next_in_line(t);
@@ -490,6 +538,30 @@ impl<'m> Sim<'m> {
         }
         self.admitted(i);
         self.serve(i, a, t);
+    }
+
+    /// Node `i`'s connection for attempt `a` finds the server's handshakes taken at `t`.
+    fn overflowed(&mut self, i: u32, a: u32, t: f64) {
+        let m = self.m;
+        match m.overflow {
+            Overflow::Reset => {
+                self.refused_cpu[t as usize] += m.tls;
+                self.out.resets += 1;
+                self.reply(i, a, t + m.rtt / 2.0, Heard::Reset)
+            }
+            Overflow::Drop => {
+                self.out.dropped += 1;
+                let n = &mut self.nodes[i as usize];
+                n.syn.0 += 1;
+                let next = n.syn.1 + syn_resend(n.syn.0);
+                let gives_up = n.syn.1 + CONNECT_TIMEOUT.as_secs_f64();
+                match next < gives_up {
+                    true => self.push(next, Event::Resend(i, a)),
+                    // The client's connect time-out: its attempt's own deadline may come first.
+                    false => self.reply(i, a, gives_up, Heard::ConnectTimeout),
+                }
+            }
+        }
     }
 
     fn admitted(&mut self, i: u32) {
@@ -616,6 +688,10 @@ impl<'m> Sim<'m> {
                     Attempt::Busy(Error::failed("busy"), status, after)
                 }
                 Heard::Reset => Attempt::Retry(Error::failed("connection reset")),
+                Heard::ConnectTimeout => {
+                    self.out.timeouts += 1;
+                    Attempt::Retry(Error::failed("connect timed out"))
+                }
             }
         };
         let jitter = self.rng.fraction();
@@ -711,6 +787,7 @@ fn simulate(m: &Model, initrd: Rules, real: Rules) -> Outcome {
         ),
         apf: Apf::new(),
         refused_cpu: Vec::new(),
+        accepted: Vec::new(),
     };
     for i in 0..m.nodes {
         let t = sim.rng.fraction() * m.start;
@@ -726,6 +803,7 @@ fn simulate(m: &Model, initrd: Rules, real: Rules) -> Outcome {
             waiting: false,
             told: [None; 2],
             fell_back: false,
+            syn: (0, 0.0),
         });
         sim.push(t, Event::Begin(i as u32));
     }
@@ -737,6 +815,9 @@ fn simulate(m: &Model, initrd: Rules, real: Rules) -> Outcome {
         match ev {
             Event::Begin(i) => sim.begin(i as usize, t),
             Event::Arrives(i, a) => sim.arrives(i, a, t),
+            // Not once the client gave the attempt up.
+            Event::Resend(i, a) if sim.nodes[i as usize].attempt == a => sim.arrives(i, a, t),
+            Event::Resend(..) => {}
             Event::Served(i, a) => sim.served(i, a, t),
             Event::Reply(i, a) => sim.ended(i as usize, a, t, false),
             Event::Expires(i, a) => sim.ended(i as usize, a, t, true),
@@ -788,12 +869,12 @@ fn run(m: &Model, initrd: Rules, real: Rules) -> Row {
     }
 }
 
-const HEAD: &str = "| nodes | server | done | initramfs handed over | real-root runs failed | gave up | fallback runs (done on it) | all done s (minimum) | time/min | requests/min | p50 s | p99 s | resets | timeouts | peak offered/capacity | s over 2× capacity | sooner than Retry-After |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
+const HEAD: &str = "| nodes | server | done | initramfs handed over | real-root runs failed | gave up | fallback runs (done on it) | all done s (minimum) | time/min | requests/min | p50 s | p99 s | resets | SYNs dropped | timeouts | peak offered/capacity | s over 2× capacity | sooner than Retry-After |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
 
 fn line(r: &Row) -> String {
     let o = &r.o;
     format!(
-        "| {} | {} | {} | {} | {} | {} | {} ({}) | {:.0} ({:.0}) | {:.2} | {:.2} | {:.0} | {:.0} | {} | {} | {:.1} | {} | {} |",
+        "| {} | {} | {} | {} | {} | {} | {} ({}) | {:.0} ({:.0}) | {:.2} | {:.2} | {:.0} | {:.0} | {} | {} | {} | {:.1} | {} | {} |",
         r.nodes,
         r.server,
         o.done.len(),
@@ -809,6 +890,7 @@ fn line(r: &Row) -> String {
         pct(&o.done, 0.5),
         pct(&o.done, 0.99),
         o.resets,
+        o.dropped,
         o.timeouts,
         r.peak,
         r.over,
@@ -856,6 +938,10 @@ struct Args {
     /// each (bench/herd's `apf-N`: a real API server, a release server beside it)
     #[argh(switch)]
     api_only: bool,
+    /// what the server does with connections beyond what it can handshake in a second: drop
+    /// (Linux's listen queue; the client's kernel sends the SYN again) or reset (default drop)
+    #[argh(option, default = "String::from(\"drop\")")]
+    overflow: String,
     /// activate's join client against join services instead (bench/herd's join3):
     /// herd_sim_join.rs
     #[argh(switch)]
@@ -929,6 +1015,7 @@ fn main() {
         ));
     };
     let server = Server::parse(&a.retry_after).unwrap_or_else(|e| fail(format_args!("{e}")));
+    let overflow = Overflow::parse(&a.overflow).unwrap_or_else(|e| fail(format_args!("{e}")));
     let model = |nodes, server| Model {
         nodes,
         slots: a.slots,
@@ -942,6 +1029,7 @@ fn main() {
         horizon: a.horizon,
         seed: a.seed,
         api_only: a.api_only,
+        overflow,
     };
     let started = Instant::now();
     if a.join {

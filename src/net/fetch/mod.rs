@@ -96,6 +96,11 @@ pub(crate) fn server_now(date: Option<&str>) -> std::time::SystemTime {
         .unwrap_or_else(std::time::SystemTime::now)
 }
 
+/// A connection not accepted within this is an attempt without an answer: a server whose
+/// listen queue is full drops the SYN, and the kernel sends it again 1, 3, 7 and 15 s after the
+/// first, so this waits out four of its resends (bench/herd_sim.rs models that).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Bounds on one attempt, so that a server that trickles bytes cannot hold a run for ever
 /// (curl's `--max-time`, `--speed-limit` and `--speed-time`).
 #[derive(Debug, Clone, Copy)]
@@ -307,7 +312,7 @@ impl Http {
             .https_only(false)
             .proxy(proxy)
             .user_agent(concat!("nodestrap/", env!("NODESTRAP_VERSION")))
-            .timeout_connect(Some(Duration::from_secs(30)))
+            .timeout_connect(Some(CONNECT_TIMEOUT))
             .timeout_recv_response(Some(Duration::from_secs(60)))
             .timeout_per_read(Some(Duration::from_secs(60)))
             .max_redirects(5)
