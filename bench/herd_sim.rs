@@ -952,6 +952,11 @@ struct Args {
     /// with --join: milliseconds a ticket takes a join service (default 100)
     #[argh(option, default = "100.0")]
     ticket_ms: f64,
+    /// with --join: a file of the tickets' times a real herd's services logged, one line per
+    /// ticket in the order made: the service's number (from 0) and the seconds (default: each
+    /// takes --ticket-ms)
+    #[argh(option)]
+    ticket_times: Option<String>,
     /// with --join: milliseconds a node's word that it keeps its ticket takes (default 20)
     #[argh(option, default = "20.0")]
     kept_ms: f64,
@@ -1005,6 +1010,34 @@ fn bootstrap(unit: &[&str], extra: &[String]) -> Bootstrap {
     }
 }
 
+/// `--ticket-times`: each service's tickets' seconds, in the order made.
+fn ticket_times(path: &str) -> Vec<Vec<f64>> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| fail(format_args!("--ticket-times {path}: {e}")));
+    let mut times: Vec<Vec<f64>> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let parsed = line.split_once(' ').and_then(|(k, s)| {
+            let s = s
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s >= 0.0)?;
+            Some((k.parse::<usize>().ok().filter(|k| *k < 64)?, s))
+        });
+        let Some((k, secs)) = parsed else {
+            fail(format_args!(
+                "--ticket-times {path}:{}: a service number and seconds, not {line:?}",
+                n + 1
+            ));
+        };
+        if times.len() <= k {
+            times.resize(k + 1, Vec::new());
+        }
+        times[k].push(secs);
+    }
+    times
+}
+
 fn main() {
     let a: Args = argh::from_env();
     let initrd = bootstrap(&unit_options(INITRD_UNIT), &a.bootstrap);
@@ -1033,18 +1066,25 @@ fn main() {
     };
     let started = Instant::now();
     if a.join {
-        let r = join::run(join::JoinModel {
-            nodes: a.nodes,
-            services: a.services,
-            ticket: a.ticket_ms / 1000.0,
-            kept: a.kept_ms / 1000.0,
-            refuse: a.refuse_ms / 1000.0,
-            rtt: a.rtt_ms / 1000.0,
-            start: a.start,
-            interval: Duration::from_secs(a.join_interval),
-            timeout: a.join_timeout,
-            seed: a.seed,
-        });
+        let times = a
+            .ticket_times
+            .as_deref()
+            .map_or_else(Vec::new, ticket_times);
+        let r = join::run(
+            join::JoinModel {
+                nodes: a.nodes,
+                services: a.services,
+                ticket: a.ticket_ms / 1000.0,
+                kept: a.kept_ms / 1000.0,
+                refuse: a.refuse_ms / 1000.0,
+                rtt: a.rtt_ms / 1000.0,
+                start: a.start,
+                interval: Duration::from_secs(a.join_interval),
+                timeout: a.join_timeout,
+                seed: a.seed,
+            },
+            &times,
+        );
         println!(
             "| nodes | services | joined | calls/node | p50 s | p99 s | all joined s (minimum) |"
         );

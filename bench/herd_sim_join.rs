@@ -4,7 +4,9 @@
 //! service its own `activation::appointments::Book` in join-service's order: handshakes in
 //! parallel, then one node at a time in the order they were read; a ticket takes TICKET_MS (the
 //! token command and the ledger's calls), a node's word that it keeps its ticket KEPT_MS (a
-//! ledger call), a refusal REFUSE_MS (its answer). A call not answered within `--join-timeout`
+//! ledger call), a refusal REFUSE_MS (its answer); with `--ticket-times`, each service's tickets
+//! take, in turn, the times a real service logged (its book measures them as they come, so the
+//! slots it gives follow them as the real book's did). A call not answered within `--join-timeout`
 //! is given up and the round goes on to the next service. Counted as bench/herd counts at its
 //! relays: every call, tickets and kept ones.
 
@@ -74,6 +76,8 @@ struct Node {
 
 struct Service {
     book: Book,
+    /// What its next tickets take (`--ticket-times`), before TICKET_MS.
+    times: VecDeque<f64>,
     line: VecDeque<(u32, u32, f64, bool)>,
     busy: bool,
 }
@@ -162,9 +166,10 @@ impl JoinSim {
         let unix = 1.8e9 + t;
         match svc.book.turn(&self.ids[i as usize], unix, waited) {
             Turn::Now => {
-                svc.book.served(Duration::from_secs_f64(m.ticket));
-                self.push(t + m.ticket, Ev::Free(s));
-                self.push(t + m.ticket + m.rtt / 2.0, Ev::Answer(i, c, true));
+                let took = svc.times.pop_front().unwrap_or(m.ticket);
+                svc.book.served(Duration::from_secs_f64(took));
+                self.push(t + took, Ev::Free(s));
+                self.push(t + took + m.rtt / 2.0, Ev::Answer(i, c, true));
             }
             Turn::At { at, .. } => {
                 // The date and the service's `Date` in whole seconds, as `httpdate` writes them.
@@ -213,7 +218,8 @@ impl JoinSim {
     }
 }
 
-pub fn run(m: JoinModel) -> JoinRow {
+/// `m`, its services' tickets taking `times[k]` in turn (then `m.ticket`).
+pub fn run(m: JoinModel, times: &[Vec<f64>]) -> JoinRow {
     let mut sim = JoinSim {
         m,
         base: nodestrap::node::status::started(),
@@ -222,8 +228,9 @@ pub fn run(m: JoinModel) -> JoinRow {
         nodes: Vec::with_capacity(m.nodes),
         ids: (0..m.nodes).map(|i| format!("sha256:{i:064x}")).collect(),
         services: (0..m.services)
-            .map(|_| Service {
+            .map(|k| Service {
                 book: Book::default(),
+                times: times.get(k).cloned().unwrap_or_default().into(),
                 line: VecDeque::new(),
                 busy: false,
             })
