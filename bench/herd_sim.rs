@@ -60,9 +60,10 @@
 //! gave up (not done at HORIZON); runs that took the fallback version (and the nodes done on it:
 //! the others' runs failed after it, and a later run asked again); the time the last node
 //! finished against the minimum (requests ÷ capacity); requests per node against the minimum (5);
-//! p50/p99 seconds; resets and timeouts; the peak offered load over capacity once every node has
-//! started and the seconds it was over twice the capacity; and the pauses shorter than the
-//! server's Retry-After (0: the rule's floor, checked here).
+//! p50/p99 seconds; resets, SYNs dropped and time-outs (an attempt's own, or the connect
+//! time-out); the peak offered load over capacity once every node has started and the seconds
+//! it was over twice the capacity; and the pauses shorter than the server's Retry-After (0: the
+//! rule's floor, checked here).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
