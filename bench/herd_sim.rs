@@ -327,7 +327,8 @@ struct Node {
     told: [Option<(f64, f64)>; 2],
     /// This run took the fallback version.
     fell_back: bool,
-    /// SYNs of the attempt in flight the server dropped, and when its first was sent.
+    /// SYNs of the attempt in flight the server dropped, and when its first was sent (the
+    /// client's connect time-out counts from there).
     syn: (u32, f64),
 }
 
@@ -491,7 +492,7 @@ impl<'m> Sim<'m> {
                     }
                 }
                 n.attempt += 1;
-                n.syn = (0, t + self.m.rtt / 2.0);
+                n.syn = (0, t);
                 let a = n.attempt;
                 self.push(t + self.m.rtt / 2.0, Event::Arrives(i as u32, a));
                 self.push(t + given.as_secs_f64(), Event::Expires(i as u32, a));
@@ -554,7 +555,8 @@ impl<'m> Sim<'m> {
                 self.out.dropped += 1;
                 let n = &mut self.nodes[i as usize];
                 n.syn.0 += 1;
-                let next = n.syn.1 + syn_resend(n.syn.0);
+                // Sent again on the client's schedule, it reaches the server half a round trip on.
+                let next = n.syn.1 + syn_resend(n.syn.0) + m.rtt / 2.0;
                 let gives_up = n.syn.1 + CONNECT_TIMEOUT.as_secs_f64();
                 match next < gives_up {
                     true => self.push(next, Event::Resend(i, a)),
@@ -1071,6 +1073,13 @@ fn main() {
             .ticket_times
             .as_deref()
             .map_or_else(Vec::new, ticket_times);
+        if times.len() > a.services {
+            fail(format_args!(
+                "--ticket-times names service {}, beyond --services {}",
+                times.len() - 1,
+                a.services
+            ));
+        }
         let r = join::run(
             join::JoinModel {
                 nodes: a.nodes,
@@ -1095,6 +1104,9 @@ fn main() {
             a.nodes, a.services, r.joined, r.calls_per_node, r.p50, r.p99, r.last, r.minimum
         );
         return;
+    }
+    if a.ticket_times.is_some() {
+        fail(format_args!("--ticket-times is for --join"));
     }
     let rules = |ceiling| (Rules::of(&initrd, ceiling), Rules::of(&real, ceiling));
     if let Some(c) = &a.curve {
